@@ -1,0 +1,10 @@
+/**
+ * KubeVirt's `kubevirt.io/v1` API as virtnode uses it: VirtualMachineInstance types,
+ * phases, conditions, label and annotation keys, default paths, and quantities.
+ *
+ * @module
+ */
+
+export * from "./types.ts";
+export * from "./constants.ts";
+export * from "./quantity.ts";

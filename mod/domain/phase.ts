@@ -1,0 +1,125 @@
+/**
+ * The VMI phase a domain's status implies: the design's table "Phase from domain
+ * state+reason", as a pure function.
+ *
+ * @module
+ */
+
+import { ConditionReason, VmiPhase } from "../api/constants.ts";
+import { LifeCycle, StateChangeReason } from "./status.ts";
+import type { DomainState } from "./status.ts";
+
+/** How the VMI's launcher answers. */
+export type LauncherState = "notReady" | "unresponsive" | "responsive";
+
+/** What {@linkcode vmiPhaseFromDomain} decides from. */
+export interface PhaseInput {
+  /** The domain's status, or undefined/null when the launcher reports no domain. */
+  domain?: DomainState | null;
+  /** The VMI's current `status.phase`. */
+  vmiPhase: VmiPhase;
+  /** Whether the launcher is still starting, answers, or stopped answering. */
+  launcher: LauncherState;
+  /** The VMI is the target of a live migration on this node. */
+  isMigrationTarget?: boolean;
+  /** The domain has ACPI (so a shutdown was asked of the guest first). */
+  acpiEnabled?: boolean;
+  /** A non-zero grace period applied to the shutdown. */
+  gracePeriodApplied?: boolean;
+}
+
+/** What {@linkcode vmiPhaseFromDomain} decides. */
+export interface PhaseDecision {
+  /** The phase the VMI should have. */
+  phase: VmiPhase;
+  /** Look at the VMI again soon (the launcher is not ready yet). */
+  requeue: boolean;
+  /** Set when the domain is paused: the domain's pause reason, for the Paused condition. */
+  pausedReason?: StateChangeReason;
+}
+
+/**
+ * The VMI phase implied by the domain's status, one branch per row of the design's
+ * table. `domain` absent means the launcher reports no domain.
+ */
+export function vmiPhaseFromDomain(input: PhaseInput): PhaseDecision {
+  const unchanged = { phase: input.vmiPhase, requeue: false };
+  const domain = input.domain;
+
+  if (!domain) {
+    const scheduledOrRunning = input.vmiPhase === VmiPhase.Scheduled ||
+      input.vmiPhase === VmiPhase.Running;
+    if (!scheduledOrRunning) return unchanged;
+    if (input.launcher === "notReady") return { phase: input.vmiPhase, requeue: true };
+    if (input.launcher === "unresponsive") {
+      return {
+        phase: input.isMigrationTarget ? VmiPhase.WaitingForSync : VmiPhase.Failed,
+        requeue: false,
+      };
+    }
+    return unchanged;
+  }
+
+  switch (domain.status) {
+    case LifeCycle.Running:
+    case LifeCycle.Blocked:
+    case LifeCycle.PMSuspended:
+      return { phase: VmiPhase.Running, requeue: false };
+    case LifeCycle.Paused:
+      if (domain.reason === StateChangeReason.PausedPostcopyFailed) {
+        return { phase: VmiPhase.Failed, requeue: false };
+      }
+      return { phase: VmiPhase.Running, requeue: false, pausedReason: domain.reason };
+    case LifeCycle.Shutoff:
+    case LifeCycle.Crashed:
+      return phaseOfStoppedDomain(domain, input);
+    default:
+      return unchanged;
+  }
+}
+
+function phaseOfStoppedDomain(domain: DomainState, input: PhaseInput): PhaseDecision {
+  const unchanged = { phase: input.vmiPhase, requeue: false };
+  switch (domain.reason) {
+    case StateChangeReason.Crashed:
+    case StateChangeReason.Panicked:
+      return { phase: VmiPhase.Failed, requeue: false };
+  }
+  // The remaining rows name Shutoff only; a Crashed domain with another reason keeps
+  // the phase.
+  if (domain.status !== LifeCycle.Shutoff) return unchanged;
+  switch (domain.reason) {
+    case StateChangeReason.Destroyed:
+      // With ACPI the guest was asked to shut down first; destroyed means the grace
+      // period ran out.
+      return {
+        phase: input.acpiEnabled && input.gracePeriodApplied ? VmiPhase.Failed : VmiPhase.Succeeded,
+        requeue: false,
+      };
+    case StateChangeReason.Shutdown:
+    case StateChangeReason.Saved:
+    case StateChangeReason.FromSnapshot:
+      return { phase: VmiPhase.Succeeded, requeue: false };
+    default:
+      // Migrated, Unknown, Failed: the phase is not known from here.
+      return unchanged;
+  }
+}
+
+/**
+ * The reason KubeVirt puts on the VMI's Paused condition for a domain pause reason, or
+ * undefined when KubeVirt adds no condition. `Migration` only counts when the VMI is the
+ * source of a migration that paused it; the caller decides that.
+ */
+export function pausedConditionReason(reason: StateChangeReason): ConditionReason | undefined {
+  switch (reason) {
+    case StateChangeReason.PausedUser:
+      return ConditionReason.PausedByUser;
+    case StateChangeReason.PausedIOError:
+      return ConditionReason.PausedIOError;
+    case StateChangeReason.PausedMigration:
+      return ConditionReason.PausedByMigrationMonitor;
+    default:
+      return undefined;
+  }
+}
