@@ -1,0 +1,205 @@
+/**
+ * An event recorder for core/v1 Events, like client-go's with its aggregation: the
+ * same (object, type, reason, message) seen again within 10 minutes PATCHes the
+ * existing Event's `count` and `lastTimestamp` instead of creating a new one.
+ *
+ * @module
+ */
+
+import type { KubeClient } from "./client.ts";
+import { detailOf, isApiStatus } from "./errors.ts";
+import type { KubeObject } from "./types.ts";
+
+/** Event types Kubernetes knows. */
+export type EventType = "Normal" | "Warning";
+
+/** Options of {@linkcode EventRecorder}. */
+export interface EventRecorderOptions {
+  /** The node name, written as `source.host` and `reportingInstance`. */
+  host: string;
+  /** `source.component` (default "virt-handler", as KubeVirt's). */
+  component?: string;
+  /** Repeats within this window are aggregated (default 10 min). */
+  aggregateWindowMs?: number;
+  /** Remembered (object, reason, message, type) tuples (default 4096, as client-go's LRU). */
+  cacheSize?: number;
+  /** Per-request timeout (default 10 s). */
+  timeoutMs?: number;
+  /** Clock in ms; injectable for tests. */
+  now?: () => number;
+}
+
+/** The core/v1 Event fields we write. */
+export interface KubeEvent extends KubeObject {
+  involvedObject: {
+    apiVersion?: string;
+    kind?: string;
+    namespace?: string;
+    name?: string;
+    uid?: string;
+    resourceVersion?: string;
+  };
+  reason: string;
+  message: string;
+  type: EventType;
+  count: number;
+  firstTimestamp: string;
+  lastTimestamp: string;
+  source: { component: string; host: string };
+}
+
+interface Seen {
+  namespace: string;
+  name: string;
+  count: number;
+  lastMs: number;
+}
+
+/** Records Events about objects; see the module doc. */
+export class EventRecorder {
+  readonly #client: KubeClient;
+  readonly #host: string;
+  readonly #component: string;
+  readonly #windowMs: number;
+  readonly #cacheSize: number;
+  readonly #timeoutMs: number;
+  readonly #now: () => number;
+  /** Insertion-ordered, so the first entry is the least recently used. */
+  readonly #seen = new Map<string, Seen>();
+
+  /** Creates a recorder for one node. */
+  constructor(client: KubeClient, options: EventRecorderOptions) {
+    this.#client = client;
+    this.#host = options.host;
+    this.#component = options.component ?? "virt-handler";
+    this.#windowMs = options.aggregateWindowMs ?? 10 * 60 * 1000;
+    this.#cacheSize = options.cacheSize ?? 4096;
+    this.#timeoutMs = options.timeoutMs ?? 10_000;
+    this.#now = options.now ?? Date.now;
+  }
+
+  /**
+   * Records an Event about `object` in its namespace ("default" for cluster-scoped
+   * objects such as Nodes) and returns it. Rejects when the apiserver does; callers that
+   * treat events as best-effort add `.catch()`.
+   */
+  async record(
+    object: KubeObject,
+    type: EventType,
+    reason: string,
+    message: string,
+  ): Promise<KubeEvent> {
+    const meta = object.metadata ?? {};
+    const namespace = meta.namespace || "default";
+    const key = JSON.stringify([
+      object.kind,
+      namespace,
+      meta.name,
+      meta.uid,
+      type,
+      reason,
+      message,
+    ]);
+    const nowMs = this.#now();
+    const now = timestamp(nowMs);
+    const seen = this.#seen.get(key);
+    if (seen && nowMs - seen.lastMs <= this.#windowMs) {
+      const path = `/api/v1/namespaces/${encodeURIComponent(seen.namespace)}/events/${
+        encodeURIComponent(seen.name)
+      }`;
+      try {
+        const patched = await this.#client.request<KubeEvent>(
+          "PATCH",
+          path,
+          { count: seen.count + 1, lastTimestamp: now },
+          { contentType: "application/strategic-merge-patch+json", timeoutMs: this.#timeoutMs },
+        );
+        seen.count = patched.count ?? seen.count + 1;
+        seen.lastMs = nowMs;
+        this.#touch(key, seen);
+        return patched;
+      } catch (err) {
+        // The Event expired (TTL 1 h by default) or was deleted: create a new one.
+        if (!isApiStatus(err, 404)) throw this.#error(reason, object, err);
+        this.#seen.delete(key);
+      }
+    }
+    const event: KubeEvent = {
+      apiVersion: "v1",
+      kind: "Event",
+      metadata: { name: `${meta.name ?? "unknown"}.${eventSuffix(nowMs)}`, namespace },
+      involvedObject: {
+        apiVersion: object.apiVersion,
+        kind: object.kind,
+        namespace: meta.namespace,
+        name: meta.name,
+        uid: meta.uid,
+        resourceVersion: meta.resourceVersion,
+      },
+      reason,
+      message,
+      type,
+      count: 1,
+      firstTimestamp: now,
+      lastTimestamp: now,
+      source: { component: this.#component, host: this.#host },
+      reportingComponent: this.#component,
+      reportingInstance: this.#host,
+    };
+    let created: KubeEvent;
+    try {
+      created = await this.#client.request<KubeEvent>(
+        "POST",
+        `/api/v1/namespaces/${encodeURIComponent(namespace)}/events`,
+        event,
+        { timeoutMs: this.#timeoutMs },
+      );
+    } catch (err) {
+      throw this.#error(reason, object, err);
+    }
+    this.#touch(key, {
+      namespace,
+      name: created.metadata?.name ?? event.metadata!.name!,
+      count: 1,
+      lastMs: nowMs,
+    });
+    return created;
+  }
+
+  #touch(key: string, seen: Seen): void {
+    this.#seen.delete(key);
+    this.#seen.set(key, seen);
+    while (this.#seen.size > this.#cacheSize) {
+      const oldest = this.#seen.keys().next().value;
+      if (oldest === undefined) break;
+      this.#seen.delete(oldest);
+    }
+  }
+
+  #error(reason: string, object: KubeObject, err: unknown): Error {
+    const name = object.metadata?.namespace
+      ? `${object.metadata.namespace}/${object.metadata.name}`
+      : object.metadata?.name;
+    return new Error(
+      `Cannot record event "${reason}" for ${object.kind ?? "object"} "${name}": ${detailOf(err)}`,
+      {
+        cause: err,
+      },
+    );
+  }
+}
+
+/** RFC 3339 with seconds, as metav1.Time serialises. */
+function timestamp(ms: number): string {
+  return new Date(ms).toISOString().replace(/\.\d{3}Z$/, "Z");
+}
+
+let lastSuffix = 0n;
+
+/** A unique, time-ordered hex suffix (client-go uses the nanosecond time). */
+function eventSuffix(ms: number): string {
+  let ns = BigInt(Math.floor(ms)) * 1_000_000n;
+  if (ns <= lastSuffix) ns = lastSuffix + 1n;
+  lastSuffix = ns;
+  return ns.toString(16);
+}

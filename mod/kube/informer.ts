@@ -1,0 +1,410 @@
+/**
+ * A list/watch informer with a local store, written for this agent instead of
+ * client-node's (which stops on errors other than 410 and must be restarted by hand).
+ *
+ * Loop: LIST (paginated, consistent read) -> diff against the store (adds, updates, and
+ * deletes for objects that vanished) -> WATCH from the list's resourceVersion with
+ * bookmarks -> on a normal end of the watch (server timeout) WATCH again from the last
+ * resourceVersion seen. On 410 Gone (HTTP or an ERROR event) relist at once. On any
+ * other error (refused, reset, 5xx, timeout, a stream that ends early) wait with
+ * exponential backoff (200 ms doubling to 30 s; back to 200 ms after 60 s without a
+ * failure) and relist, so every change made meanwhile reaches the handlers. It never
+ * stops until {@linkcode Informer.stop}.
+ *
+ * @module
+ */
+
+import { getLogger } from "@logtape/logtape";
+import type { KubeClient } from "./client.ts";
+import { detailOf, isApiStatus, KubeApiError } from "./errors.ts";
+import { type KubeList, type KubeObject, objectKey, type WatchEvent } from "./types.ts";
+
+const logger = getLogger(["virtnode", "kube", "informer"]);
+
+/** Event handlers; exceptions they throw are logged and do not stop the informer. */
+export interface InformerHandlers<T> {
+  onAdd?(obj: T): void;
+  onUpdate?(oldObj: T, newObj: T): void;
+  onDelete?(obj: T): void;
+}
+
+/** Backoff of the list/watch loop. */
+export interface InformerBackoff {
+  /** First delay (default 200 ms). */
+  initialMs?: number;
+  /** Longest delay (default 30 s). */
+  maxMs?: number;
+  /** A run this long without a failure resets the delay (default 60 s). */
+  resetAfterMs?: number;
+}
+
+/** Options of {@linkcode Informer}. */
+export interface InformerOptions {
+  /**
+   * Collection path: `/apis/kubevirt.io/v1/virtualmachineinstances` (all namespaces)
+   * or `/apis/kubevirt.io/v1/namespaces/ns/virtualmachineinstances`.
+   */
+  path: string;
+  /** Label selector, e.g. `kubevirt.io/nodeName=node1`. */
+  labelSelector?: string;
+  /** Field selector (only metadata.* for custom resources). */
+  fieldSelector?: string;
+  /** Name used in errors and logs, e.g. "virtualmachineinstances" (default: last path segment). */
+  resource?: string;
+  /** Server-side watch timeout in seconds (default 300); the client watchdog adds 30 s. */
+  watchTimeoutSeconds?: number;
+  /** Timeout of each LIST page request (default 60 s). */
+  listTimeoutMs?: number;
+  /** Page size of LIST (default 500). */
+  pageSize?: number;
+  /** Loop backoff. */
+  backoff?: InformerBackoff;
+  /** Called with every error the loop recovers from (for conditions, events, metrics). */
+  onError?: (err: Error) => void;
+}
+
+/** The list's resourceVersion is too old (410 Gone): relist. */
+class GoneError extends Error {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = "GoneError";
+  }
+}
+
+/** Watches one resource collection and keeps a local store; see the module doc. */
+export class Informer<T extends KubeObject = KubeObject> {
+  readonly #client: KubeClient;
+  readonly #options: InformerOptions;
+  readonly #resource: string;
+  readonly #store = new Map<string, T>();
+  readonly #handlers: InformerHandlers<T>[] = [];
+  #synced = false;
+  #syncWaiters: (() => void)[] = [];
+  #stopped = false;
+  #running: Promise<void> | undefined;
+  #abort = new AbortController();
+  #resourceVersion = "";
+  #lastError: Error | undefined;
+  #restarts = 0;
+
+  /** Creates a stopped informer; call {@linkcode Informer.start}. */
+  constructor(client: KubeClient, options: InformerOptions) {
+    this.#client = client;
+    this.#options = options;
+    this.#resource = options.resource ?? options.path.split("/").filter(Boolean).at(-1) ??
+      options.path;
+  }
+
+  /** Adds handlers; objects already in the store are not replayed. */
+  addHandlers(handlers: InformerHandlers<T>): void {
+    this.#handlers.push(handlers);
+  }
+
+  /** Starts the list/watch loop in the background (idempotent). */
+  start(): void {
+    if (this.#running || this.#stopped) return;
+    this.#running = this.#run();
+  }
+
+  /** Whether the first LIST has been applied to the store. */
+  hasSynced(): boolean {
+    return this.#synced;
+  }
+
+  /** Resolves once {@linkcode Informer.hasSynced} is true (or the informer stops). */
+  waitForSync(): Promise<void> {
+    if (this.#synced || this.#stopped) return Promise.resolve();
+    return new Promise((resolve) => this.#syncWaiters.push(resolve));
+  }
+
+  /** The cached object of `key` ("namespace/name"). */
+  get(key: string): T | undefined {
+    return this.#store.get(key);
+  }
+
+  /** All cached objects. */
+  list(): T[] {
+    return [...this.#store.values()];
+  }
+
+  /** All cached keys. */
+  keys(): string[] {
+    return [...this.#store.keys()];
+  }
+
+  /** The last resourceVersion seen (list, event or bookmark). */
+  get resourceVersion(): string {
+    return this.#resourceVersion;
+  }
+
+  /** The last error the loop recovered from, if any. */
+  get lastError(): Error | undefined {
+    return this.#lastError;
+  }
+
+  /** How many times the loop restarted after an error or 410. */
+  get restarts(): number {
+    return this.#restarts;
+  }
+
+  /** Stops the loop and closes the watch; resolves when it has ended. */
+  async stop(): Promise<void> {
+    this.#stopped = true;
+    this.#abort.abort();
+    for (const w of this.#syncWaiters.splice(0)) w();
+    await this.#running;
+  }
+
+  async #run(): Promise<void> {
+    const initialMs = this.#options.backoff?.initialMs ?? 200;
+    const maxMs = this.#options.backoff?.maxMs ?? 30_000;
+    const resetAfterMs = this.#options.backoff?.resetAfterMs ?? 60_000;
+    let delay = initialMs;
+    let lastFailure = 0;
+    while (!this.#stopped) {
+      try {
+        await this.#listAndWatch();
+      } catch (err) {
+        if (this.#stopped) break;
+        this.#restarts++;
+        const error = err instanceof Error ? err : new Error(String(err));
+        this.#lastError = error;
+        this.#reportError(error);
+        if (err instanceof GoneError) {
+          logger.info("Relisting after 410 Gone", {
+            resource: this.#resource,
+            error: error.message,
+          });
+          continue;
+        }
+        const now = performance.now();
+        if (now - lastFailure > resetAfterMs) delay = initialMs;
+        lastFailure = now;
+        logger.warn("List/watch failed, retrying", {
+          resource: this.#resource,
+          delayMs: delay,
+          error: error.message,
+        });
+        await this.#sleep(delay);
+        delay = Math.min(delay * 2, maxMs);
+      }
+    }
+  }
+
+  /** LIST, then WATCH until an error; only returns by throwing (or when stopped). */
+  async #listAndWatch(): Promise<void> {
+    await this.#relist();
+    while (!this.#stopped) {
+      const started = performance.now();
+      const events = await this.#watchOnce();
+      // A watch the server ends at once, again and again, would be a hot loop.
+      if (events === 0 && performance.now() - started < 1000 && !this.#stopped) {
+        throw new Error(`Cannot watch ${this.#resource}: the watch stream ended early`);
+      }
+    }
+  }
+
+  async #relist(): Promise<void> {
+    const fresh = new Map<string, T>();
+    let resourceVersion = "";
+    let cont: string | undefined;
+    do {
+      let page: KubeList<T>;
+      try {
+        page = await this.#client.request<KubeList<T>>("GET", this.#options.path, undefined, {
+          timeoutMs: this.#options.listTimeoutMs ?? 60_000,
+          signal: this.#abort.signal,
+          query: {
+            labelSelector: this.#options.labelSelector,
+            fieldSelector: this.#options.fieldSelector,
+            limit: this.#options.pageSize ?? 500,
+            continue: cont,
+          },
+        });
+      } catch (err) {
+        if (isApiStatus(err, 410)) {
+          throw new GoneError(`Cannot list ${this.#resource}: continue token expired`, {
+            cause: err,
+          });
+        }
+        throw new Error(`Cannot list ${this.#resource}: ${detailOf(err)}`, { cause: err });
+      }
+      for (const item of page.items ?? []) fresh.set(objectKey(item), item);
+      resourceVersion = page.metadata?.resourceVersion ?? resourceVersion;
+      cont = page.metadata?.continue || undefined;
+    } while (cont);
+    if (this.#stopped) return;
+    this.#replace(fresh);
+    this.#resourceVersion = resourceVersion;
+    if (!this.#synced) {
+      this.#synced = true;
+      for (const w of this.#syncWaiters.splice(0)) w();
+    }
+  }
+
+  /** Makes the store equal `fresh`, emitting deletes, adds and updates. */
+  #replace(fresh: Map<string, T>): void {
+    for (const [key, old] of [...this.#store]) {
+      if (!fresh.has(key)) {
+        this.#store.delete(key);
+        this.#emit((h) => h.onDelete?.(old));
+      }
+    }
+    for (const [key, obj] of fresh) {
+      const old = this.#store.get(key);
+      this.#store.set(key, obj);
+      if (!old) this.#emit((h) => h.onAdd?.(obj));
+      else if (old.metadata?.resourceVersion !== obj.metadata?.resourceVersion) {
+        this.#emit((h) => h.onUpdate?.(old, obj));
+      }
+    }
+  }
+
+  /** One WATCH request; returns the number of events when the server ends it normally. */
+  async #watchOnce(): Promise<number> {
+    const timeoutSeconds = this.#options.watchTimeoutSeconds ?? 300;
+    const watchdog = new AbortController();
+    const timer = setTimeout(
+      () => watchdog.abort(new DOMException("watch watchdog", "TimeoutError")),
+      (timeoutSeconds + 30) * 1000,
+    );
+    const signal = AbortSignal.any([this.#abort.signal, watchdog.signal]);
+    let count = 0;
+    try {
+      const body = await this.#client.stream(this.#options.path, {
+        signal,
+        query: {
+          watch: 1,
+          resourceVersion: this.#resourceVersion,
+          allowWatchBookmarks: true,
+          timeoutSeconds,
+          labelSelector: this.#options.labelSelector,
+          fieldSelector: this.#options.fieldSelector,
+        },
+      });
+      for await (const line of jsonLines(body)) {
+        if (this.#stopped) break;
+        this.#handleEvent(parseEvent<T>(line, this.#resource));
+        count++;
+      }
+      return count;
+    } catch (err) {
+      if (this.#stopped) return count;
+      if (err instanceof GoneError) throw err;
+      if (isApiStatus(err, 410)) {
+        throw new GoneError(`Cannot watch ${this.#resource}: ${detailOf(err)}`, { cause: err });
+      }
+      const detail = watchdog.signal.aborted
+        ? "no end of the watch from the server in time"
+        : detailOf(err);
+      throw new Error(`Cannot watch ${this.#resource}: ${detail}`, { cause: err });
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  #handleEvent(event: WatchEvent<T>): void {
+    const obj = event.object;
+    if (event.type === "ERROR") {
+      const status = obj as unknown as { code?: number; reason?: string; message?: string };
+      const err = new KubeApiError(
+        `Cannot watch ${this.#resource}: ${status.code} ${status.reason}: ${status.message}`,
+        {
+          status: status.code ?? 500,
+          reason: status.reason ?? "",
+          apiMessage: status.message ?? "",
+        },
+      );
+      if (status.code === 410) throw new GoneError(err.message, { cause: err });
+      throw err;
+    }
+    const rv = obj.metadata?.resourceVersion;
+    if (event.type === "BOOKMARK") {
+      if (rv) this.#resourceVersion = rv;
+      return;
+    }
+    const key = objectKey(obj);
+    const old = this.#store.get(key);
+    if (event.type === "DELETED") {
+      this.#store.delete(key);
+      this.#emit((h) => h.onDelete?.(old ?? obj));
+    } else if (event.type === "ADDED" || event.type === "MODIFIED") {
+      this.#store.set(key, obj);
+      if (old) this.#emit((h) => h.onUpdate?.(old, obj));
+      else this.#emit((h) => h.onAdd?.(obj));
+    } else {
+      throw new Error(`Cannot watch ${this.#resource}: unknown event type "${String(event.type)}"`);
+    }
+    if (rv) this.#resourceVersion = rv;
+  }
+
+  #emit(call: (h: InformerHandlers<T>) => void): void {
+    for (const h of this.#handlers) {
+      try {
+        call(h);
+      } catch (err) {
+        logger.error("Informer handler failed", { resource: this.#resource, error: detailOf(err) });
+      }
+    }
+  }
+
+  #reportError(err: Error): void {
+    try {
+      this.#options.onError?.(err);
+    } catch {
+      // A failing error callback must not stop the loop.
+    }
+  }
+
+  #sleep(ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const timer = setTimeout(done, ms);
+      const signal = this.#abort.signal;
+      function done() {
+        clearTimeout(timer);
+        signal.removeEventListener("abort", done);
+        resolve();
+      }
+      signal.addEventListener("abort", done, { once: true });
+    });
+  }
+}
+
+function parseEvent<T extends KubeObject>(line: string, resource: string): WatchEvent<T> {
+  let event: WatchEvent<T>;
+  try {
+    event = JSON.parse(line);
+  } catch (err) {
+    throw new Error(
+      `Cannot watch ${resource}: invalid JSON in the watch stream: ${detailOf(err)}`,
+      { cause: err },
+    );
+  }
+  if (!event || typeof event !== "object" || typeof event.type !== "string" || !event.object) {
+    throw new Error(`Cannot watch ${resource}: malformed watch event: ${line.slice(0, 200)}`);
+  }
+  return event;
+}
+
+/** Splits a byte stream into non-empty lines (newline-delimited JSON). */
+export async function* jsonLines(body: ReadableStream<Uint8Array>): AsyncGenerator<string> {
+  const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  try {
+    while (true) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += value;
+      let nl: number;
+      while ((nl = buffer.indexOf("\n")) >= 0) {
+        const line = buffer.slice(0, nl).trim();
+        buffer = buffer.slice(nl + 1);
+        if (line) yield line;
+      }
+    }
+    const rest = buffer.trim();
+    if (rest) yield rest;
+  } finally {
+    await reader.cancel().catch(() => {});
+  }
+}

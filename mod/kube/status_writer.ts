@@ -1,0 +1,153 @@
+/**
+ * The one place that writes a custom resource's status subresource.
+ *
+ * Why PUT with resourceVersion and not a merge patch: status lists (conditions,
+ * interfaces, volumeStatus, phaseTransitionTimestamps) are atomic in a JSON merge patch
+ * (and CRDs do not support strategic merge), so a patch of `conditions` would replace
+ * conditions another writer just set. Instead the caller gives a `mutate` function that
+ * applies only its own change to a status; the writer applies it to the cached object,
+ * skips the request when nothing changed, and PUTs `/status` with the object's
+ * resourceVersion. On 409 Conflict it re-reads the object and applies `mutate` to the
+ * fresh copy, so fields others wrote meanwhile are kept. Retries are bounded.
+ *
+ * @module
+ */
+
+import type { KubeClient } from "./client.ts";
+import { detailOf, isApiStatus } from "./errors.ts";
+import type { KubeObject } from "./types.ts";
+
+/** Applies the caller's change to a status; may mutate in place or return a new one. */
+export type StatusMutation<S> = (status: S) => S | void;
+
+/** Options of {@linkcode StatusWriter}. */
+export interface StatusWriterOptions {
+  /** The collection path, e.g. `/apis/kubevirt.io/v1`, namespaced objects get `/namespaces/<ns>`. */
+  groupVersionPath: string;
+  /** Plural resource name, e.g. `virtualmachineinstances`. */
+  plural: string;
+  /** Attempts after the first on 409 Conflict (default 5). */
+  maxRetries?: number;
+  /** Per-request timeout (default: the client's). */
+  timeoutMs?: number;
+}
+
+/** Outcome of {@linkcode StatusWriter.update}. */
+export interface StatusWriteResult<T> {
+  /** False when the status already was as desired and no request was made. */
+  written: boolean;
+  /** The object as the apiserver returned it (or the input when nothing was written). */
+  object: T;
+  /** Requests made (PUTs and re-reads). */
+  requests: number;
+}
+
+/** Retries ran out on conflicts. */
+export class StatusConflictError extends Error {
+  /** Creates the error; `cause` is the last 409. */
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = "StatusConflictError";
+  }
+}
+
+/**
+ * Deep equality of two JSON values, treating `undefined` members as absent (as they
+ * are once serialised) so `{a: undefined}` equals `{}`.
+ */
+export function jsonEqual(a: unknown, b: unknown): boolean {
+  if (a === b) return true;
+  if (a === null || b === null || typeof a !== "object" || typeof b !== "object") return false;
+  if (Array.isArray(a) !== Array.isArray(b)) return false;
+  if (Array.isArray(a)) {
+    const bb = b as unknown[];
+    if (a.length !== bb.length) return false;
+    return a.every((v, i) => jsonEqual(v, bb[i]));
+  }
+  const ao = a as Record<string, unknown>;
+  const bo = b as Record<string, unknown>;
+  const ak = Object.keys(ao).filter((k) => ao[k] !== undefined);
+  const bk = Object.keys(bo).filter((k) => bo[k] !== undefined);
+  if (ak.length !== bk.length) return false;
+  return ak.every((k) => Object.hasOwn(bo, k) && jsonEqual(ao[k], bo[k]));
+}
+
+/**
+ * Applies `mutate` to a copy of `current` and returns the result, or `undefined` when
+ * the result equals `current` (no write needed).
+ */
+export function desiredStatus<S extends object>(
+  current: S | undefined,
+  mutate: StatusMutation<S>,
+): S | undefined {
+  const before = (current ?? {}) as S;
+  const copy = structuredClone(before);
+  const after = mutate(copy) ?? copy;
+  return jsonEqual(before, after) ? undefined : after;
+}
+
+/** Writes `.status` of objects of one resource; see the module doc. */
+export class StatusWriter<S extends object, T extends KubeObject & { status?: S }> {
+  readonly #client: KubeClient;
+  readonly #options: StatusWriterOptions;
+
+  /** Creates a writer for one resource type. */
+  constructor(client: KubeClient, options: StatusWriterOptions) {
+    this.#client = client;
+    this.#options = options;
+  }
+
+  /**
+   * Makes `object`'s status what `mutate` makes of it. `object` is usually the
+   * informer's cached copy; it is not modified. Throws `KubeApiError` (404
+   * when the object is gone) or {@linkcode StatusConflictError}.
+   */
+  async update(object: T, mutate: StatusMutation<S>): Promise<StatusWriteResult<T>> {
+    const maxRetries = this.#options.maxRetries ?? 5;
+    const { namespace, name } = {
+      namespace: object.metadata?.namespace,
+      name: object.metadata?.name ?? "",
+    };
+    const path = this.#path(namespace, name);
+    let current = object;
+    let requests = 0;
+    let written = false;
+    for (let attempt = 0;; attempt++) {
+      const desired = desiredStatus(current.status, mutate);
+      if (desired === undefined) return { written, object: current, requests };
+      const body = { ...current, status: desired };
+      try {
+        requests++;
+        current = await this.#client.request<T>("PUT", `${path}/status`, body, {
+          timeoutMs: this.#options.timeoutMs,
+        });
+        written = true;
+        return { written, object: current, requests };
+      } catch (err) {
+        if (!isApiStatus(err, 409)) throw err;
+        if (attempt >= maxRetries) {
+          throw new StatusConflictError(
+            `Cannot update status of ${this.#options.plural} "${
+              keyOf(namespace, name)
+            }": still conflicting after ${attempt + 1} attempts: ${detailOf(err)}`,
+            { cause: err },
+          );
+        }
+      }
+      requests++;
+      current = await this.#client.request<T>("GET", path, undefined, {
+        timeoutMs: this.#options.timeoutMs,
+      });
+    }
+  }
+
+  #path(namespace: string | undefined, name: string): string {
+    let p = this.#options.groupVersionPath;
+    if (namespace) p += `/namespaces/${encodeURIComponent(namespace)}`;
+    return `${p}/${this.#options.plural}/${encodeURIComponent(name)}`;
+  }
+}
+
+function keyOf(namespace: string | undefined, name: string): string {
+  return namespace ? `${namespace}/${name}` : name;
+}
