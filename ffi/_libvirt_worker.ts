@@ -1,0 +1,420 @@
+/**
+ * A libvirt call worker. Runs on one OS thread of its own, so a failing call and the read
+ * of libvirt's per-thread last error always happen on the same thread. Private to `ffi/`.
+ *
+ * @module
+ */
+
+/// <reference lib="deno.worker" />
+
+import type { LibvirtErrorDetails } from "./errors.ts";
+import {
+  cstr,
+  type LibcFreeLibrary,
+  type LibvirtLibrary,
+  type LibvirtQemuLibrary,
+  loadLibcFree,
+  loadLibvirt,
+  loadLibvirtQemu,
+  readCString,
+} from "./_libvirt_symbols.ts";
+import type {
+  DomainRef,
+  HostCpuQuery,
+  RawDomainStats,
+  RawDomainSummary,
+  TypedParamValue,
+  WorkerFailure,
+  WorkerOps,
+  WorkerRequest,
+  WorkerResponse,
+} from "./_libvirt_protocol.ts";
+import { LibvirtLoadError } from "./errors.ts";
+
+/** Thrown inside the worker with the failure already captured from libvirt. */
+class Failure extends Error {
+  readonly failure: WorkerFailure;
+  constructor(failure: WorkerFailure) {
+    super("libvirt call failed");
+    this.failure = failure;
+  }
+}
+
+let lib: LibvirtLibrary | null = null;
+let libc: LibcFreeLibrary | null = null;
+let qemu: LibvirtQemuLibrary | null = null;
+let qemuLoadError: LibvirtLoadError | null = null;
+let qemuPath = "";
+let conn: Deno.PointerValue = null;
+/** Buffers that native code points into during a call; see `baselineHypervisorCPU`. */
+const retained = new Set<unknown>();
+
+function vir(): LibvirtLibrary["symbols"] {
+  if (lib === null) throw new Failure({ kind: "internal", message: "worker not initialised" });
+  return lib.symbols;
+}
+
+function connection(): Deno.PointerObject {
+  if (conn === null) throw new Failure({ kind: "internal", message: "connection is closed" });
+  return conn;
+}
+
+/** Captures libvirt's last error of this thread and clears it. Call right after a failure. */
+function lastError(): Failure {
+  const s = vir();
+  const err = s.virGetLastError();
+  let details: LibvirtErrorDetails;
+  if (err === null) {
+    details = { code: -1, domain: 0, level: 2, message: "unknown error (libvirt reported none)" };
+  } else {
+    const view = new Deno.UnsafePointerView(err);
+    details = {
+      code: view.getInt32(0),
+      domain: view.getInt32(4),
+      message: readCString(view.getPointer(8)) ?? "",
+      level: view.getInt32(16),
+    };
+  }
+  s.virResetLastError();
+  return new Failure({ kind: "libvirt", details });
+}
+
+function checkInt(rc: number): number {
+  if (rc < 0) throw lastError();
+  return rc;
+}
+
+function checkPtr(ptr: Deno.PointerValue): Deno.PointerObject {
+  if (ptr === null) throw lastError();
+  return ptr;
+}
+
+/** Reads and frees a string libvirt allocated for us. */
+function takeString(ptr: Deno.PointerValue): string {
+  const p = checkPtr(ptr);
+  try {
+    return Deno.UnsafePointerView.getCString(p);
+  } finally {
+    libc!.symbols.free(p);
+  }
+}
+
+function domainRef(dom: Deno.PointerObject): DomainRef {
+  const s = vir();
+  const uuid = new Uint8Array(37);
+  checkInt(s.virDomainGetUUIDString(dom, uuid));
+  return {
+    name: readCString(checkPtr(s.virDomainGetName(dom))) ?? "",
+    uuid: new TextDecoder().decode(uuid.subarray(0, 36)),
+  };
+}
+
+/** Looks up a domain, runs `fn` and frees the domain object again. */
+function withDomain<T>(uuid: string, fn: (dom: Deno.PointerObject) => T): T {
+  const s = vir();
+  const dom = checkPtr(s.virDomainLookupByUUIDString(connection(), cstr(uuid)));
+  try {
+    return fn(dom);
+  } finally {
+    s.virDomainFree(dom);
+  }
+}
+
+/** Turns a domain pointer we own into a ref and frees it. */
+function refAndFree(dom: Deno.PointerObject): DomainRef {
+  try {
+    return domainRef(dom);
+  } finally {
+    vir().virDomainFree(dom);
+  }
+}
+
+const TYPED_PARAM_SIZE = 96; // char field[80]; int type; (pad); union value (8 bytes)
+
+function readTypedParam(view: Deno.UnsafePointerView, offset: number): [string, TypedParamValue] {
+  const field = view.getCString(offset);
+  const type = view.getInt32(offset + 80);
+  const at = offset + 88;
+  switch (type) {
+    case 1:
+      return [field, view.getInt32(at)];
+    case 2:
+      return [field, view.getUint32(at)];
+    case 3: {
+      const v = view.getBigInt64(at);
+      return [field, Number.isSafeInteger(Number(v)) ? Number(v) : v];
+    }
+    case 4: {
+      const v = view.getBigUint64(at);
+      return [field, v <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(v) : v];
+    }
+    case 5:
+      return [field, view.getFloat64(at)];
+    case 6:
+      return [field, view.getInt8(at) !== 0];
+    case 7:
+      return [field, readCString(view.getPointer(at)) ?? ""];
+    default:
+      return [field, `<unknown typed parameter type ${type}>`];
+  }
+}
+
+function optional(s: string | undefined): Uint8Array<ArrayBuffer> | null {
+  return cstr(s ?? null);
+}
+
+const ops: WorkerOps = {
+  init(libraryPath, qemuLibraryPath) {
+    lib = loadLibvirt(libraryPath);
+    libc = loadLibcFree();
+    qemuPath = qemuLibraryPath;
+  },
+  open(uri, readOnly) {
+    const s = vir();
+    const p = checkPtr(
+      readOnly ? s.virConnectOpenReadOnly(cstr(uri)) : s.virConnectOpen(cstr(uri)),
+    );
+    conn = p;
+    return BigInt(Deno.UnsafePointer.value(p));
+  },
+  attach(value) {
+    const p = Deno.UnsafePointer.create(value);
+    checkInt(vir().virConnectRef(p));
+    conn = p;
+  },
+  closeConnection() {
+    if (conn === null) return 0;
+    const p = conn;
+    conn = null;
+    return checkInt(vir().virConnectClose(p));
+  },
+  setKeepAlive(interval, count) {
+    return checkInt(vir().virConnectSetKeepAlive(connection(), interval, count));
+  },
+  isAlive() {
+    return checkInt(vir().virConnectIsAlive(connection())) === 1;
+  },
+  registerCloseCallback(cb) {
+    checkInt(
+      vir().virConnectRegisterCloseCallback(
+        connection(),
+        Deno.UnsafePointer.create(cb),
+        null,
+        null,
+      ),
+    );
+  },
+  unregisterCloseCallback(cb) {
+    checkInt(vir().virConnectUnregisterCloseCallback(connection(), Deno.UnsafePointer.create(cb)));
+  },
+  eventRegister(eventId, cb) {
+    const fn = Deno.UnsafePointer.create(cb);
+    return checkInt(
+      vir().virConnectDomainEventRegisterAny(connection(), null, eventId, fn, null, null),
+    );
+  },
+  eventDeregister(callbackId) {
+    checkInt(vir().virConnectDomainEventDeregisterAny(connection(), callbackId));
+  },
+  libVersion() {
+    const out = new BigUint64Array(1);
+    checkInt(vir().virGetVersion(out, null, null));
+    return Number(out[0]);
+  },
+  hypervisorVersion() {
+    const out = new BigUint64Array(1);
+    checkInt(vir().virConnectGetVersion(connection(), out));
+    return Number(out[0]);
+  },
+  capabilities() {
+    return takeString(vir().virConnectGetCapabilities(connection()));
+  },
+  domainCapabilities(q: HostCpuQuery, flags) {
+    return takeString(
+      vir().virConnectGetDomainCapabilities(
+        connection(),
+        optional(q.emulator),
+        optional(q.arch),
+        optional(q.machine),
+        optional(q.virttype),
+        flags,
+      ),
+    );
+  },
+  baselineHypervisorCPU(q, cpuXmls, flags) {
+    const strings = cpuXmls.map((x) => cstr(x));
+    retained.add(strings); // the pointer array below does not keep the strings alive
+    const array = new BigUint64Array(strings.length + 1);
+    strings.forEach((b, i) =>
+      array[i] = BigInt(Deno.UnsafePointer.value(Deno.UnsafePointer.of(b)))
+    );
+    const result = vir().virConnectBaselineHypervisorCPU(
+      connection(),
+      optional(q.emulator),
+      optional(q.arch),
+      optional(q.machine),
+      optional(q.virttype),
+      new Uint8Array(array.buffer),
+      strings.length,
+      flags,
+    );
+    retained.delete(strings);
+    return takeString(result);
+  },
+  defineXML(xml) {
+    return refAndFree(checkPtr(vir().virDomainDefineXML(connection(), cstr(xml))));
+  },
+  createXML(xml, flags) {
+    return refAndFree(checkPtr(vir().virDomainCreateXML(connection(), cstr(xml), flags)));
+  },
+  lookupByName(name) {
+    return refAndFree(checkPtr(vir().virDomainLookupByName(connection(), cstr(name))));
+  },
+  lookupByUUID(uuid) {
+    return refAndFree(checkPtr(vir().virDomainLookupByUUIDString(connection(), cstr(uuid))));
+  },
+  listAll(flags) {
+    const s = vir();
+    const out = new BigUint64Array(1);
+    const n = checkInt(s.virConnectListAllDomains(connection(), out, flags));
+    const array = Deno.UnsafePointer.create(out[0]);
+    if (array === null) return [];
+    const view = new Deno.UnsafePointerView(array);
+    const result: RawDomainSummary[] = [];
+    try {
+      for (let i = 0; i < n; i++) {
+        const dom = view.getPointer(i * 8);
+        if (dom === null) continue;
+        try {
+          const ref = domainRef(dom);
+          const st = new Int32Array(1);
+          const rs = new Int32Array(1);
+          checkInt(s.virDomainGetState(dom, st, rs, 0));
+          result.push({ ...ref, id: s.virDomainGetID(dom) | 0, state: st[0], reason: rs[0] });
+        } finally {
+          s.virDomainFree(dom);
+        }
+      }
+    } finally {
+      libc!.symbols.free(array);
+    }
+    return result;
+  },
+  allDomainStats(stats, flags) {
+    const s = vir();
+    const out = new BigUint64Array(1);
+    const n = checkInt(s.virConnectGetAllDomainStats(connection(), stats, out, flags));
+    const records = Deno.UnsafePointer.create(out[0]);
+    if (records === null) return [];
+    const result: RawDomainStats[] = [];
+    try {
+      const list = new Deno.UnsafePointerView(records);
+      for (let i = 0; i < n; i++) {
+        const rec = list.getPointer(i * 8);
+        if (rec === null) break;
+        const rv = new Deno.UnsafePointerView(rec);
+        const dom = rv.getPointer(0);
+        const params = rv.getPointer(8);
+        const nparams = rv.getInt32(16);
+        const ref = dom === null ? { name: "", uuid: "" } : domainRef(dom);
+        const values: Record<string, TypedParamValue> = {};
+        if (params !== null) {
+          const pv = new Deno.UnsafePointerView(params);
+          for (let j = 0; j < nparams; j++) {
+            const [k, v] = readTypedParam(pv, j * TYPED_PARAM_SIZE);
+            values[k] = v;
+          }
+        }
+        result.push({ ...ref, params: values });
+      }
+    } finally {
+      // Frees the records, their typed parameters and their domain objects.
+      s.virDomainStatsRecordListFree(records);
+    }
+    return result;
+  },
+  domainCreate(uuid, flags) {
+    withDomain(uuid, (d) => checkInt(vir().virDomainCreateWithFlags(d, flags)));
+  },
+  domainState(uuid) {
+    return withDomain(uuid, (d) => {
+      const st = new Int32Array(1);
+      const rs = new Int32Array(1);
+      checkInt(vir().virDomainGetState(d, st, rs, 0));
+      return [st[0], rs[0]];
+    });
+  },
+  domainXML(uuid, flags) {
+    return withDomain(uuid, (d) => takeString(vir().virDomainGetXMLDesc(d, flags)));
+  },
+  domainShutdown(uuid, flags) {
+    withDomain(uuid, (d) => checkInt(vir().virDomainShutdownFlags(d, flags)));
+  },
+  domainDestroy(uuid, flags) {
+    withDomain(uuid, (d) => checkInt(vir().virDomainDestroyFlags(d, flags)));
+  },
+  domainUndefine(uuid, flags) {
+    withDomain(uuid, (d) => checkInt(vir().virDomainUndefineFlags(d, flags)));
+  },
+  domainSuspend(uuid) {
+    withDomain(uuid, (d) => checkInt(vir().virDomainSuspend(d)));
+  },
+  domainResume(uuid) {
+    withDomain(uuid, (d) => checkInt(vir().virDomainResume(d)));
+  },
+  domainReset(uuid) {
+    withDomain(uuid, (d) => checkInt(vir().virDomainReset(d, 0)));
+  },
+  domainReboot(uuid, flags) {
+    withDomain(uuid, (d) => checkInt(vir().virDomainReboot(d, flags)));
+  },
+  domainAgentCommand(uuid, command, timeout, flags) {
+    if (qemu === null && qemuLoadError === null) {
+      try {
+        qemu = loadLibvirtQemu(qemuPath);
+      } catch (error) {
+        qemuLoadError = error as LibvirtLoadError;
+      }
+    }
+    if (qemu === null) {
+      const cause = qemuLoadError!.cause;
+      throw new Failure({
+        kind: "load",
+        library: qemuPath,
+        detail: cause instanceof Error ? cause.message : String(cause),
+      });
+    }
+    const q = qemu.symbols;
+    return withDomain(
+      uuid,
+      (d) => takeString(q.virDomainQemuAgentCommand(d, cstr(command), timeout, flags)),
+    );
+  },
+};
+
+function handle(request: WorkerRequest): WorkerResponse {
+  const fn = ops[request.op] as (...args: unknown[]) => unknown;
+  try {
+    return { id: request.id, ok: true, value: fn(...request.args) };
+  } catch (error) {
+    if (error instanceof Failure) return { id: request.id, ok: false, failure: error.failure };
+    if (error instanceof LibvirtLoadError) {
+      const cause = error.cause;
+      return {
+        id: request.id,
+        ok: false,
+        failure: {
+          kind: "load",
+          library: error.library,
+          detail: cause instanceof Error ? cause.message : String(cause),
+        },
+      };
+    }
+    const message = error instanceof Error ? error.message : String(error);
+    return { id: request.id, ok: false, failure: { kind: "internal", message } };
+  }
+}
+
+self.onmessage = (event: MessageEvent<WorkerRequest>) => {
+  self.postMessage(handle(event.data));
+};

@@ -1,0 +1,80 @@
+/**
+ * Child-process entry of `runInMountNamespace`: enters the mount namespace of a process
+ * with its main thread, performs the actions with synchronous calls only (they run on
+ * that thread), prints one JSON line and exits. Private to `ffi/`.
+ *
+ * Usage: `deno run --allow-all ffi/_mntns_child.ts '{"pid":123,"actions":[...]}'`
+ *
+ * @module
+ */
+
+import { ErrnoError } from "./errors.ts";
+import {
+  bindMount,
+  chmod,
+  enterMountNamespace,
+  lchown,
+  type MountNamespaceAction,
+  type MountNamespaceReply,
+  setPropagation,
+  umount2,
+} from "./libc.ts";
+
+function perform(action: MountNamespaceAction): string | null {
+  switch (action.op) {
+    case "mountinfo":
+      // thread-self: this thread is the one that entered the namespace.
+      return Deno.readTextFileSync("/proc/thread-self/mountinfo");
+    case "readTextFile":
+      return Deno.readTextFileSync(action.path);
+    case "writeTextFile":
+      Deno.writeTextFileSync(action.path, action.data);
+      return null;
+    case "mkdir":
+      Deno.mkdirSync(action.path, { recursive: true });
+      return null;
+    case "bindMount":
+      bindMount(action.source, action.target, { recursive: action.recursive });
+      return null;
+    case "setPropagation":
+      setPropagation(action.target, action.propagation, { recursive: action.recursive });
+      return null;
+    case "umount":
+      umount2(action.target, action.flags ?? 0);
+      return null;
+    case "lchown":
+      lchown(action.path, action.uid, action.gid);
+      return null;
+    case "chmod":
+      chmod(action.path, action.mode);
+      return null;
+  }
+}
+
+function main(arg: string | undefined): MountNamespaceReply {
+  try {
+    const request = JSON.parse(arg ?? "") as { pid: number; actions: MountNamespaceAction[] };
+    enterMountNamespace(request.pid);
+    return { ok: true, results: request.actions.map(perform) };
+  } catch (error) {
+    if (error instanceof ErrnoError) {
+      return {
+        ok: false,
+        error: {
+          message: error.message,
+          action: error.action,
+          errno: error.errno,
+          description: error.description,
+        },
+      };
+    }
+    return {
+      ok: false,
+      error: { message: error instanceof Error ? error.message : String(error) },
+    };
+  }
+}
+
+if (import.meta.main) {
+  console.log(JSON.stringify(main(Deno.args[0])));
+}

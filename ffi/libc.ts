@@ -1,0 +1,458 @@
+/**
+ * The libc calls privileged node work needs: namespaces, mounts, ownership, opening a path
+ * beneath a root without escaping it, and a unix socket peer's credentials. Failures
+ * throw {@linkcode ErrnoError} with the errno's name and the failed action.
+ *
+ * All calls here are synchronous FFI calls on the calling thread, so errno (which is
+ * per thread) is read on the thread that failed. Nothing here moves the agent's own
+ * thread into another namespace: {@linkcode runInMountNamespace} does that work in a
+ * child process.
+ *
+ * @module
+ */
+
+import { ErrnoError } from "./errors.ts";
+
+const P = "pointer" as const;
+const B = "buffer" as const;
+const I = "i32" as const;
+const U = "u32" as const;
+
+const LIBC_SYMBOLS = {
+  __errno_location: { parameters: [], result: P },
+  strerror: { parameters: [I], result: P },
+  open: { parameters: [B, I, U], result: I },
+  close: { parameters: [I], result: I },
+  setns: { parameters: [I, I], result: I },
+  unshare: { parameters: [I], result: I },
+  mount: { parameters: [B, B, B, "u64", B], result: I },
+  umount2: { parameters: [B, I], result: I },
+  fchownat: { parameters: [I, B, U, U, I], result: I },
+  chmod: { parameters: [B, U], result: I },
+  syscall: { parameters: ["i64", "i64", B, B, "u64"], result: "i64" },
+  socket: { parameters: [I, I, I], result: I },
+  connect: { parameters: [I, B, U], result: I },
+  getsockopt: { parameters: [I, I, I, B, B], result: I },
+} as const;
+
+let libc: Deno.DynamicLibrary<typeof LIBC_SYMBOLS> | null = null;
+
+function c(): Deno.DynamicLibrary<typeof LIBC_SYMBOLS>["symbols"] {
+  libc ??= Deno.dlopen("libc.so.6", LIBC_SYMBOLS);
+  return libc.symbols;
+}
+
+const encoder = new TextEncoder();
+
+function cpath(s: string): Uint8Array<ArrayBuffer> {
+  const bytes = encoder.encode(s);
+  const out = new Uint8Array(bytes.length + 1);
+  out.set(bytes);
+  return out;
+}
+
+function optionalPath(s: string | null | undefined): Uint8Array<ArrayBuffer> | null {
+  return s === null || s === undefined ? null : cpath(s);
+}
+
+/** Reads errno of this thread and builds the error. Call right after the failing call. */
+function errnoError(action: string): ErrnoError {
+  const sym = c();
+  const errno = new Deno.UnsafePointerView(sym.__errno_location()!).getInt32(0);
+  const description = Deno.UnsafePointerView.getCString(sym.strerror(errno)!);
+  return new ErrnoError(action, errno, description);
+}
+
+function check(rc: number, action: string): number {
+  if (rc < 0) throw errnoError(action);
+  return rc;
+}
+
+/** `mount(2)` flags. */
+export const MS_RDONLY = 1;
+/** `mount(2)` flag: ignore set-user-ID bits. */
+export const MS_NOSUID = 2;
+/** `mount(2)` flag: no device files. */
+export const MS_NODEV = 4;
+/** `mount(2)` flag: no execution. */
+export const MS_NOEXEC = 8;
+/** `mount(2)` flag: change an existing mount. */
+export const MS_REMOUNT = 32;
+/** `mount(2)` flag: bind mount. */
+export const MS_BIND = 4096;
+/** `mount(2)` flag: move a mount. */
+export const MS_MOVE = 8192;
+/** `mount(2)` flag: recursive (with bind or propagation changes). */
+export const MS_REC = 16384;
+/** `mount(2)` propagation: unbindable. */
+export const MS_UNBINDABLE = 1 << 17;
+/** `mount(2)` propagation: private. */
+export const MS_PRIVATE = 1 << 18;
+/** `mount(2)` propagation: slave. */
+export const MS_SLAVE = 1 << 19;
+/** `mount(2)` propagation: shared. */
+export const MS_SHARED = 1 << 20;
+/** `umount2(2)` flag: force. */
+export const MNT_FORCE = 1;
+/** `umount2(2)` flag: lazy detach. */
+export const MNT_DETACH = 2;
+
+/** `open(2)` flags used here. */
+export const O_RDONLY = 0;
+/** `open(2)`: write only. */
+export const O_WRONLY = 1;
+/** `open(2)`: read and write. */
+export const O_RDWR = 2;
+/** `open(2)`: must be a directory. */
+export const O_DIRECTORY = 0o200000;
+/** `open(2)`: do not follow a final symlink. */
+export const O_NOFOLLOW = 0o400000;
+/** `open(2)`: close on exec. */
+export const O_CLOEXEC = 0o2000000;
+/** `open(2)`: a path-only descriptor. */
+export const O_PATH = 0o10000000;
+
+/** `openat2(2)` resolve flag: no crossing of mount points. */
+export const RESOLVE_NO_XDEV = 0x01;
+/** `openat2(2)` resolve flag: no magic links (`/proc/<pid>/fd/*` and the like). */
+export const RESOLVE_NO_MAGICLINKS = 0x02;
+/** `openat2(2)` resolve flag: no symlinks at all. */
+export const RESOLVE_NO_SYMLINKS = 0x04;
+/** `openat2(2)` resolve flag: stay beneath the directory. */
+export const RESOLVE_BENEATH = 0x08;
+/** `openat2(2)` resolve flag: treat the directory as `/`. */
+export const RESOLVE_IN_ROOT = 0x10;
+
+/** `*at(2)`: the current directory. */
+export const AT_FDCWD = -100;
+/** `*at(2)`: do not follow a final symlink. */
+export const AT_SYMLINK_NOFOLLOW = 0x100;
+/** `*at(2)`: operate on the descriptor itself when the path is empty. */
+export const AT_EMPTY_PATH = 0x1000;
+
+/** Namespace types for `setns(2)` / `unshare(2)`. */
+export const CLONE_NEWNS = 0x00020000;
+/** `unshare(2)`: stop sharing filesystem attributes (root, cwd) with other threads. */
+export const CLONE_FS = 0x00000200;
+/** `setns(2)`: network namespace. */
+export const CLONE_NEWNET = 0x40000000;
+
+const SYS_OPENAT2_X86_64 = 437;
+
+/** Opens `path` (`open(2)`), returning a file descriptor; close it with {@linkcode close}. */
+export function open(path: string, flags: number, mode = 0): number {
+  return check(c().open(cpath(path), flags, mode), `Cannot open "${path}"`);
+}
+
+/** Closes a file descriptor. */
+export function close(fd: number): void {
+  check(c().close(fd), `Cannot close file descriptor ${fd}`);
+}
+
+/**
+ * `setns(2)` on the calling thread. Entering a mount namespace this way moves the thread
+ * that calls it; in the agent use {@linkcode runInMountNamespace} instead.
+ */
+export function setns(fd: number, nstype: number): void {
+  check(c().setns(fd, nstype), `Cannot enter namespace (fd ${fd}, type 0x${nstype.toString(16)})`);
+}
+
+/** `unshare(2)` on the calling thread. */
+export function unshare(flags: number): void {
+  check(c().unshare(flags), `Cannot unshare (flags 0x${flags.toString(16)})`);
+}
+
+/**
+ * Moves the calling thread into the mount namespace of `pid` (via `/proc/<pid>/ns/mnt`).
+ * It first stops sharing filesystem attributes with the process's other threads
+ * (`unshare(CLONE_FS)`), which a multi-threaded process must do before `setns`. Meant
+ * for the child that {@linkcode runInMountNamespace} spawns.
+ */
+export function enterMountNamespace(pid: number | "self"): void {
+  const path = `/proc/${pid}/ns/mnt`;
+  const fd = open(path, O_RDONLY | O_CLOEXEC);
+  try {
+    unshare(CLONE_FS);
+    check(c().setns(fd, CLONE_NEWNS), `Cannot enter mount namespace "${path}"`);
+  } finally {
+    close(fd);
+  }
+}
+
+/** Options of {@linkcode mount}. */
+export interface MountOptions {
+  /** Filesystem type (`tmpfs`, ...); none for bind mounts and propagation changes. */
+  fstype?: string;
+  /** `MS_*` flags. */
+  flags?: number;
+  /** Filesystem-specific data, e.g. `size=1m`. */
+  data?: string;
+}
+
+/**
+ * `mount(2)`. Bind: `mount(src, dst, { flags: MS_BIND | MS_REC })`; propagation:
+ * `mount(null, dst, { flags: MS_PRIVATE | MS_REC })`.
+ */
+export function mount(source: string | null, target: string, options: MountOptions = {}): void {
+  const flags = options.flags ?? 0;
+  check(
+    c().mount(
+      optionalPath(source),
+      cpath(target),
+      optionalPath(options.fstype),
+      BigInt(flags),
+      optionalPath(options.data),
+    ),
+    source === null
+      ? `Cannot change mount "${target}" (flags 0x${flags.toString(16)})`
+      : `Cannot mount "${source}" on "${target}"`,
+  );
+}
+
+/** Bind-mounts `source` on `target`; `recursive` adds `MS_REC`. */
+export function bindMount(source: string, target: string, options: { recursive?: boolean } = {}) {
+  mount(source, target, { flags: MS_BIND | (options.recursive ? MS_REC : 0) });
+}
+
+/** Mount propagation types for {@linkcode setPropagation}. */
+export type Propagation = "private" | "slave" | "shared" | "unbindable";
+
+/** Changes a mount's propagation (`MS_PRIVATE`, `MS_SLAVE`, `MS_SHARED`), optionally recursively. */
+export function setPropagation(
+  target: string,
+  propagation: Propagation,
+  options: { recursive?: boolean } = {},
+): void {
+  const flag = {
+    private: MS_PRIVATE,
+    slave: MS_SLAVE,
+    shared: MS_SHARED,
+    unbindable: MS_UNBINDABLE,
+  }[propagation];
+  mount(null, target, { flags: flag | (options.recursive ? MS_REC : 0) });
+}
+
+/** `umount2(2)`; pass {@linkcode MNT_DETACH} for a lazy unmount. */
+export function umount2(target: string, flags = 0): void {
+  check(c().umount2(cpath(target), flags), `Cannot unmount "${target}"`);
+}
+
+/** `fchownat(2)`; with {@linkcode AT_SYMLINK_NOFOLLOW} a symlink itself changes owner. */
+export function fchownat(
+  dirfd: number,
+  path: string,
+  owner: { uid: number; gid: number },
+  flags = 0,
+): void {
+  check(
+    c().fchownat(dirfd, cpath(path), owner.uid >>> 0, owner.gid >>> 0, flags),
+    `Cannot change owner of "${path}" to ${owner.uid}:${owner.gid}`,
+  );
+}
+
+/** Changes the owner of `path` without following a final symlink (`lchown`). */
+export function lchown(path: string, uid: number, gid: number): void {
+  fchownat(AT_FDCWD, path, { uid, gid }, AT_SYMLINK_NOFOLLOW);
+}
+
+/** `chmod(2)`. */
+export function chmod(path: string, mode: number): void {
+  check(c().chmod(cpath(path), mode), `Cannot change mode of "${path}" to 0${mode.toString(8)}`);
+}
+
+/** Options of {@linkcode openBeneath}. */
+export interface OpenBeneathOptions {
+  /** `open(2)` flags; `O_PATH` unless told (`O_CLOEXEC` is always added). */
+  flags?: number;
+  /** Mode for created files. */
+  mode?: number;
+  /**
+   * `RESOLVE_*` flags; unless told `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+   * RESOLVE_NO_MAGICLINKS`, so neither `..` nor any symlink can lead out of the root.
+   */
+  resolve?: number;
+}
+
+/** Opens a directory as a root for {@linkcode openBeneath}; close it with {@linkcode close}. */
+export function openRoot(root: string): number {
+  return open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+}
+
+/**
+ * Opens `path` relative to the directory `rootFd` with `openat2(2)` (x86_64 syscall 437),
+ * refusing anything that would leave the root: `..` past it fails with EXDEV, a symlink
+ * with ELOOP. Returns a file descriptor; close it with {@linkcode close}.
+ */
+export function openBeneath(
+  rootFd: number,
+  path: string,
+  options: OpenBeneathOptions = {},
+): number {
+  const how = new BigUint64Array(3); // struct open_how { u64 flags; u64 mode; u64 resolve; }
+  how[0] = BigInt((options.flags ?? O_PATH) | O_CLOEXEC);
+  how[1] = BigInt(options.mode ?? 0);
+  how[2] = BigInt(
+    options.resolve ?? (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS),
+  );
+  const rc = c().syscall(
+    BigInt(SYS_OPENAT2_X86_64),
+    BigInt(rootFd),
+    cpath(path),
+    new Uint8Array(how.buffer),
+    BigInt(how.byteLength),
+  );
+  return check(Number(rc), `Cannot open "${path}" beneath its root`);
+}
+
+/**
+ * Changes the owner of `path` beneath `root` without following any symlink on the way:
+ * the path is opened with {@linkcode openBeneath} and the descriptor itself changes owner.
+ */
+export function chownBeneath(root: string, path: string, uid: number, gid: number): void {
+  const rootFd = openRoot(root);
+  try {
+    const fd = openBeneath(rootFd, path);
+    try {
+      fchownat(fd, "", { uid, gid }, AT_EMPTY_PATH);
+    } finally {
+      close(fd);
+    }
+  } finally {
+    close(rootFd);
+  }
+}
+
+/** The credentials of a unix socket's peer (`SO_PEERCRED`). */
+export interface PeerCredentials {
+  /** Peer process ID. */
+  pid: number;
+  /** Peer user ID. */
+  uid: number;
+  /** Peer group ID. */
+  gid: number;
+}
+
+const AF_UNIX = 1;
+const SOCK_STREAM = 1;
+const SOL_SOCKET = 1;
+const SO_PEERCRED = 17;
+
+/** Connects a unix stream socket to `path` and returns its file descriptor. */
+export function connectUnix(path: string): number {
+  const fd = check(c().socket(AF_UNIX, SOCK_STREAM | O_CLOEXEC, 0), "Cannot create a unix socket");
+  const addr = new Uint8Array(110); // struct sockaddr_un { sa_family_t; char sun_path[108]; }
+  const bytes = encoder.encode(path);
+  if (bytes.length >= 108) {
+    c().close(fd);
+    throw new ErrnoError(`Cannot connect to "${path}"`, 36, "File name too long");
+  }
+  new DataView(addr.buffer).setUint16(0, AF_UNIX, true);
+  addr.set(bytes, 2);
+  if (c().connect(fd, addr, addr.length) < 0) {
+    const error = errnoError(`Cannot connect to "${path}"`);
+    c().close(fd);
+    throw error;
+  }
+  return fd;
+}
+
+/** The credentials of the peer of a connected unix socket `fd` (`getsockopt(SO_PEERCRED)`). */
+export function peerCredentials(fd: number): PeerCredentials {
+  const cred = new Int32Array(3); // struct ucred { pid_t pid; uid_t uid; gid_t gid; }
+  const len = new Uint32Array([12]);
+  check(
+    c().getsockopt(
+      fd,
+      SOL_SOCKET,
+      SO_PEERCRED,
+      new Uint8Array(cred.buffer),
+      new Uint8Array(len.buffer),
+    ),
+    `Cannot read peer credentials of file descriptor ${fd}`,
+  );
+  return { pid: cred[0], uid: cred[1] >>> 0, gid: cred[2] >>> 0 };
+}
+
+/** Returns the mount namespace identity of a process, e.g. `mnt:[4026531841]`. */
+export function mountNamespaceOf(pid: number | "self" | "thread-self" = "self"): string {
+  return Deno.readLinkSync(`/proc/${pid}/ns/mnt`);
+}
+
+/** One action {@linkcode runInMountNamespace} can perform inside the namespace. */
+export type MountNamespaceAction =
+  | { op: "mountinfo" }
+  | { op: "readTextFile"; path: string }
+  | { op: "writeTextFile"; path: string; data: string }
+  | { op: "mkdir"; path: string }
+  | { op: "bindMount"; source: string; target: string; recursive?: boolean }
+  | { op: "setPropagation"; target: string; propagation: Propagation; recursive?: boolean }
+  | { op: "umount"; target: string; flags?: number }
+  | { op: "lchown"; path: string; uid: number; gid: number }
+  | { op: "chmod"; path: string; mode: number };
+
+/** Options of {@linkcode runInMountNamespace}. */
+export interface RunInMountNamespaceOptions {
+  /**
+   * The command that starts the child, before its JSON argument. Unless told:
+   * `deno run --allow-all <ffi/_mntns_child.ts>` with this process's Deno (a compiled
+   * binary will pass its own hidden subcommand here).
+   */
+  command?: string[];
+  /** Kill the child after this many milliseconds; 10,000 unless told. */
+  timeoutMs?: number;
+}
+
+/**
+ * Runs `actions` in the mount namespace of `pid`, in a child process, and returns each
+ * action's result (`mountinfo` and `readTextFile` give text, the others `null`). The
+ * agent's own threads never change namespace. A failed action rejects with the child's
+ * {@linkcode ErrnoError} (or `Error`).
+ */
+export async function runInMountNamespace(
+  pid: number,
+  actions: MountNamespaceAction[],
+  options: RunInMountNamespaceOptions = {},
+): Promise<(string | null)[]> {
+  const command = options.command ??
+    [
+      Deno.execPath(),
+      "run",
+      "--allow-all",
+      "--no-lock",
+      new URL("./_mntns_child.ts", import.meta.url).href,
+    ];
+  const [cmd, ...args] = command;
+  const child = new Deno.Command(cmd, {
+    args: [...args, JSON.stringify({ pid, actions })],
+    stdin: "null",
+    stdout: "piped",
+    stderr: "piped",
+    signal: AbortSignal.timeout(options.timeoutMs ?? 10_000),
+  });
+  const out = await child.output();
+  const text = new TextDecoder().decode(out.stdout).trim();
+  let reply: MountNamespaceReply;
+  try {
+    reply = JSON.parse(text.split("\n").at(-1) ?? "");
+  } catch (cause) {
+    const stderr = new TextDecoder().decode(out.stderr).trim();
+    throw new Error(
+      `Cannot run actions in the mount namespace of ${pid}: child exited ${out.code}: ${stderr}`,
+      { cause },
+    );
+  }
+  if (reply.ok) return reply.results;
+  const e = reply.error;
+  if (e.errno !== undefined) {
+    throw new ErrnoError(e.action ?? e.message, e.errno, e.description ?? "");
+  }
+  throw new Error(e.message);
+}
+
+/** The child's answer on stdout (one JSON line). */
+export type MountNamespaceReply =
+  | { ok: true; results: (string | null)[] }
+  | {
+    ok: false;
+    error: { message: string; action?: string; errno?: number; description?: string };
+  };

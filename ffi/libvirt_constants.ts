@@ -1,0 +1,98 @@
+/**
+ * libvirt's numbers, by their C names (values from libvirt 9.0's public headers).
+ *
+ * @module
+ */
+
+/** `virDomainState`: no state. */
+export const VIR_DOMAIN_NOSTATE = 0;
+/** `virDomainState`: running. */
+export const VIR_DOMAIN_RUNNING = 1;
+/** `virDomainState`: blocked on a resource. */
+export const VIR_DOMAIN_BLOCKED = 2;
+/** `virDomainState`: paused. */
+export const VIR_DOMAIN_PAUSED = 3;
+/** `virDomainState`: being shut down. */
+export const VIR_DOMAIN_SHUTDOWN = 4;
+/** `virDomainState`: shut off. */
+export const VIR_DOMAIN_SHUTOFF = 5;
+/** `virDomainState`: crashed. */
+export const VIR_DOMAIN_CRASHED = 6;
+/** `virDomainState`: suspended by guest power management. */
+export const VIR_DOMAIN_PMSUSPENDED = 7;
+
+/** `virDomainEventType`: defined. */
+export const VIR_DOMAIN_EVENT_DEFINED = 0;
+/** `virDomainEventType`: undefined. */
+export const VIR_DOMAIN_EVENT_UNDEFINED = 1;
+/** `virDomainEventType`: started. */
+export const VIR_DOMAIN_EVENT_STARTED = 2;
+/** `virDomainEventType`: suspended. */
+export const VIR_DOMAIN_EVENT_SUSPENDED = 3;
+/** `virDomainEventType`: resumed. */
+export const VIR_DOMAIN_EVENT_RESUMED = 4;
+/** `virDomainEventType`: stopped. */
+export const VIR_DOMAIN_EVENT_STOPPED = 5;
+/** `virDomainEventType`: shutdown. */
+export const VIR_DOMAIN_EVENT_SHUTDOWN = 6;
+/** `virDomainEventType`: PM suspended. */
+export const VIR_DOMAIN_EVENT_PMSUSPENDED = 7;
+/** `virDomainEventType`: crashed. */
+export const VIR_DOMAIN_EVENT_CRASHED = 8;
+
+/** `virDomainEventID`: lifecycle. */
+export const VIR_DOMAIN_EVENT_ID_LIFECYCLE = 0;
+/** `virDomainEventID`: reboot. */
+export const VIR_DOMAIN_EVENT_ID_REBOOT = 1;
+/** `virDomainEventID`: IO error with reason. */
+export const VIR_DOMAIN_EVENT_ID_IO_ERROR_REASON = 6;
+/** `virDomainEventID`: device removed. */
+export const VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED = 15;
+/** `virDomainEventID`: guest agent lifecycle. */
+export const VIR_DOMAIN_EVENT_ID_AGENT_LIFECYCLE = 18;
+
+/** `virDomainCreateFlags`: start paused. */
+export const VIR_DOMAIN_START_PAUSED = 1 << 0;
+/** `virDomainCreateFlags`: kill the guest when the connection closes. */
+export const VIR_DOMAIN_START_AUTODESTROY = 1 << 1;
+/** `virDomainDestroyFlagsValues`: SIGTERM only, never SIGKILL. */
+export const VIR_DOMAIN_DESTROY_GRACEFUL = 1 << 0;
+/** `virDomainUndefineFlagsValues`: also remove NVRAM. */
+export const VIR_DOMAIN_UNDEFINE_NVRAM = 1 << 2;
+/** `virDomainUndefineFlagsValues`: also remove managed save. */
+export const VIR_DOMAIN_UNDEFINE_MANAGED_SAVE = 1 << 0;
+/** `virDomainShutdownFlagValues`: ACPI power button. */
+export const VIR_DOMAIN_SHUTDOWN_ACPI_POWER_BTN = 1 << 0;
+/** `virDomainShutdownFlagValues`: guest agent. */
+export const VIR_DOMAIN_SHUTDOWN_GUEST_AGENT = 1 << 1;
+/** `virDomainXMLFlags`: include secure information. */
+export const VIR_DOMAIN_XML_SECURE = 1 << 0;
+/** `virDomainXMLFlags`: the persistent (inactive) definition. */
+export const VIR_DOMAIN_XML_INACTIVE = 1 << 1;
+
+/** `virConnectListAllDomainsFlags`: active domains. */
+export const VIR_CONNECT_LIST_DOMAINS_ACTIVE = 1 << 0;
+/** `virConnectListAllDomainsFlags`: inactive domains. */
+export const VIR_CONNECT_LIST_DOMAINS_INACTIVE = 1 << 1;
+/** `virConnectListAllDomainsFlags`: persistent domains. */
+export const VIR_CONNECT_LIST_DOMAINS_PERSISTENT = 1 << 2;
+/** `virConnectListAllDomainsFlags`: transient domains. */
+export const VIR_CONNECT_LIST_DOMAINS_TRANSIENT = 1 << 3;
+
+/** `virDomainStatsTypes`: state. */
+export const VIR_DOMAIN_STATS_STATE = 1 << 0;
+/** `virDomainStatsTypes`: total CPU. */
+export const VIR_DOMAIN_STATS_CPU_TOTAL = 1 << 1;
+/** `virDomainStatsTypes`: balloon. */
+export const VIR_DOMAIN_STATS_BALLOON = 1 << 2;
+/** `virDomainStatsTypes`: vCPUs. */
+export const VIR_DOMAIN_STATS_VCPU = 1 << 3;
+/** `virDomainStatsTypes`: interfaces. */
+export const VIR_DOMAIN_STATS_INTERFACE = 1 << 4;
+/** `virDomainStatsTypes`: block devices. */
+export const VIR_DOMAIN_STATS_BLOCK = 1 << 5;
+
+/** `virConnectBaselineCPUFlags`: list all features. */
+export const VIR_CONNECT_BASELINE_CPU_EXPAND_FEATURES = 1 << 0;
+/** `virConnectBaselineCPUFlags`: drop non-migratable features. */
+export const VIR_CONNECT_BASELINE_CPU_MIGRATABLE = 1 << 1;

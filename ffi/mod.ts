@@ -1,0 +1,11 @@
+/**
+ * virtnode's FFI layer: libvirt (through call workers and libvirt's event loop) and the
+ * libc calls privileged node work needs (namespaces, mounts, ownership, peer credentials).
+ *
+ * @module
+ */
+
+export * from "./errors.ts";
+export * from "./libvirt.ts";
+export * from "./libvirt_constants.ts";
+export * from "./libc.ts";
