@@ -1,0 +1,205 @@
+/**
+ * Ghost records: the handler's memory across restarts (seed 3.4).
+ *
+ * One small JSON file per VMI UID, `{name, namespace, socketFile, uid}` as
+ * KubeVirt writes it, created before the first call to a VMI's launcher and
+ * removed after its cleanup. At start-up they give back the UID and the launcher
+ * socket of every VMI the informer has not shown yet, so a restarted handler
+ * re-adopts running VMs instead of forgetting (or stopping) them.
+ *
+ * Files are written atomically (temporary file, fsync, rename) with mode 0600.
+ * A file that cannot be read as a record is reported and moved aside into
+ * `<dir>/.set-aside/`, never fatal.
+ *
+ * @module
+ */
+import { basename, join } from "node:path";
+import { getLogger } from "../log/mod.ts";
+
+const log = getLogger("handler", "ghost-records");
+
+/** What a ghost record remembers of one VMI. */
+export interface GhostRecord {
+  name: string;
+  namespace: string;
+  /** The launcher's cmd socket. */
+  socketFile: string;
+  uid: string;
+}
+
+/** A file found in the ghost record directory that is not a valid record. */
+export interface SetAsideFile {
+  file: string;
+  movedTo: string;
+  reason: string;
+}
+
+/** A ghost record could not be written or removed. */
+export class GhostRecordError extends Error {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = "GhostRecordError";
+  }
+}
+
+const UID = /^[0-9a-zA-Z][0-9a-zA-Z._-]{0,127}$/;
+const DNS_LABELISH = /^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$/;
+
+/** Checks a parsed value is a well-formed record; returns why not, or undefined. */
+export function validateGhostRecord(value: unknown, fileName?: string): string | undefined {
+  if (typeof value !== "object" || value === null || Array.isArray(value)) {
+    return "not a JSON object";
+  }
+  const r = value as Record<string, unknown>;
+  for (const k of ["name", "namespace", "socketFile", "uid"]) {
+    if (typeof r[k] !== "string" || r[k] === "") return `field "${k}" missing or not a string`;
+  }
+  if (!UID.test(r.uid as string)) return `uid ${JSON.stringify(r.uid)} is not a UID`;
+  if (!DNS_LABELISH.test(r.name as string)) return `name ${JSON.stringify(r.name)} is invalid`;
+  if (!DNS_LABELISH.test(r.namespace as string)) {
+    return `namespace ${JSON.stringify(r.namespace)} is invalid`;
+  }
+  if (!(r.socketFile as string).startsWith("/")) return "socketFile is not an absolute path";
+  if (fileName !== undefined && fileName !== r.uid) {
+    return `file name ${JSON.stringify(fileName)} does not match uid ${JSON.stringify(r.uid)}`;
+  }
+  return undefined;
+}
+
+/** The ghost records of one handler, on disk and in memory. */
+export class GhostRecordStore {
+  readonly #dir: string;
+  readonly #byUid = new Map<string, GhostRecord>();
+
+  /** A store over `dir` (KubeVirt: `/var/run/kubevirt-private/ghost-records`). */
+  constructor(dir: string) {
+    this.#dir = dir;
+  }
+
+  /** The directory the records live in. */
+  get dir(): string {
+    return this.#dir;
+  }
+
+  /**
+   * Reads every record on disk into memory. Files that are not valid records are
+   * moved to `.set-aside/` and returned, so the caller can report them.
+   */
+  async load(): Promise<SetAsideFile[]> {
+    await Deno.mkdir(this.#dir, { recursive: true, mode: 0o700 });
+    const setAside: SetAsideFile[] = [];
+    for await (const entry of Deno.readDir(this.#dir)) {
+      if (entry.name === ".set-aside") continue;
+      const file = join(this.#dir, entry.name);
+      if (entry.name.startsWith(".tmp-")) {
+        // A write that never finished its rename: nothing was promised by it.
+        await Deno.remove(file).catch(() => {});
+        continue;
+      }
+      let reason: string | undefined;
+      let record: GhostRecord | undefined;
+      if (!entry.isFile) {
+        reason = entry.isSymlink ? "a symbolic link" : "not a regular file";
+      } else {
+        try {
+          const text = await Deno.readTextFile(file);
+          const parsed: unknown = JSON.parse(text);
+          reason = validateGhostRecord(parsed, entry.name);
+          if (reason === undefined) record = parsed as GhostRecord;
+        } catch (error) {
+          reason = `unreadable: ${error instanceof Error ? error.message : String(error)}`;
+        }
+      }
+      if (record) {
+        this.#byUid.set(record.uid, pick(record));
+        continue;
+      }
+      const movedTo = await this.#setAside(file);
+      log.error("Set aside invalid ghost record {file}: {reason}", { file, reason, movedTo });
+      setAside.push({ file, movedTo, reason: reason! });
+    }
+    return setAside;
+  }
+
+  async #setAside(file: string): Promise<string> {
+    const dir = join(this.#dir, ".set-aside");
+    await Deno.mkdir(dir, { recursive: true, mode: 0o700 });
+    const target = join(dir, `${basename(file)}.${Date.now()}`);
+    await Deno.rename(file, target);
+    return target;
+  }
+
+  /** All records in memory. */
+  list(): GhostRecord[] {
+    return [...this.#byUid.values()];
+  }
+
+  /** The record of a UID. */
+  get(uid: string): GhostRecord | undefined {
+    return this.#byUid.get(uid);
+  }
+
+  /** The records of a `namespace/name` key (usually one; more after a UID change). */
+  findByKey(key: string): GhostRecord[] {
+    return this.list().filter((r) => `${r.namespace}/${r.name}` === key);
+  }
+
+  /** The UID last known for `namespace/name`, or undefined (seed 3.4's second fallback). */
+  lastKnownUid(key: string): string | undefined {
+    return this.findByKey(key)[0]?.uid;
+  }
+
+  /**
+   * Writes a record atomically before the first launcher call. Writing the same
+   * record again is a no-op; a different record for the same UID is an error.
+   */
+  async add(record: GhostRecord): Promise<void> {
+    const why = validateGhostRecord(record);
+    if (why) throw new GhostRecordError(`Cannot write ghost record: ${why}`);
+    const existing = this.#byUid.get(record.uid);
+    if (existing) {
+      if (existing.socketFile === record.socketFile && existing.name === record.name) return;
+      throw new GhostRecordError(
+        `Cannot write ghost record for uid "${record.uid}": a record with socket ` +
+          `"${existing.socketFile}" exists`,
+      );
+    }
+    const data = JSON.stringify(pick(record));
+    const tmp = join(this.#dir, `.tmp-${record.uid}-${crypto.randomUUID()}`);
+    try {
+      await Deno.mkdir(this.#dir, { recursive: true, mode: 0o700 });
+      const f = await Deno.open(tmp, { write: true, createNew: true, mode: 0o600 });
+      try {
+        await f.write(new TextEncoder().encode(data));
+        await f.sync();
+      } finally {
+        f.close();
+      }
+      await Deno.rename(tmp, join(this.#dir, record.uid));
+    } catch (error) {
+      await Deno.remove(tmp).catch(() => {});
+      throw new GhostRecordError(`Cannot write ghost record for uid "${record.uid}"`, {
+        cause: error,
+      });
+    }
+    this.#byUid.set(record.uid, pick(record));
+  }
+
+  /** Removes a UID's record after cleanup; removing a missing one is fine. */
+  async delete(uid: string): Promise<void> {
+    try {
+      await Deno.remove(join(this.#dir, uid));
+    } catch (error) {
+      if (!(error instanceof Deno.errors.NotFound)) {
+        throw new GhostRecordError(`Cannot remove ghost record for uid "${uid}"`, {
+          cause: error,
+        });
+      }
+    }
+    this.#byUid.delete(uid);
+  }
+}
+
+function pick(r: GhostRecord): GhostRecord {
+  return { name: r.name, namespace: r.namespace, socketFile: r.socketFile, uid: r.uid };
+}

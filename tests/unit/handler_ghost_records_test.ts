@@ -1,0 +1,84 @@
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { GhostRecordError, GhostRecordStore } from "../../mod/handler/ghost_records.ts";
+
+const record = {
+  name: "vm1",
+  namespace: "default",
+  socketFile: "/var/run/kubevirt/sockets/u-1/launcher-sock",
+  uid: "u-1",
+};
+
+Deno.test("GhostRecordStore writes a 0600 file named by UID and reads it back after a restart", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const store = new GhostRecordStore(dir);
+    await store.load();
+    await store.add(record);
+    const stat = await Deno.stat(join(dir, "u-1"));
+    assert.equal(stat.mode! & 0o777, 0o600);
+    assert.deepEqual(JSON.parse(await Deno.readTextFile(join(dir, "u-1"))), record);
+    assert.deepEqual([...Deno.readDirSync(dir)].map((e) => e.name), ["u-1"]);
+
+    const restarted = new GhostRecordStore(dir);
+    assert.deepEqual(await restarted.load(), []);
+    assert.deepEqual(restarted.list(), [record]);
+    assert.equal(restarted.lastKnownUid("default/vm1"), "u-1");
+    assert.equal(restarted.lastKnownUid("default/other"), undefined);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("GhostRecordStore sets aside corrupt and foreign files and keeps the good ones", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    await Deno.writeTextFile(join(dir, "u-1"), JSON.stringify(record));
+    await Deno.writeTextFile(join(dir, "u-2"), '{"name": "vm2", "namesp');
+    await Deno.writeTextFile(join(dir, "notes.txt"), "hello");
+    await Deno.writeTextFile(join(dir, "u-3"), JSON.stringify({ ...record, uid: "u-4" }));
+    await Deno.symlink("/etc/passwd", join(dir, "u-5"));
+    await Deno.writeTextFile(join(dir, ".tmp-u-6-x"), "half");
+    const store = new GhostRecordStore(dir);
+    const aside = await store.load();
+    assert.deepEqual(store.list(), [record]);
+    const reasons = Object.fromEntries(aside.map((a) => [a.file.split("/").pop(), a.reason]));
+    assert.match(reasons["u-2"], /unreadable/);
+    assert.match(reasons["notes.txt"], /not a JSON object|unreadable/);
+    assert.match(reasons["u-3"], /does not match uid/);
+    assert.match(reasons["u-5"], /symbolic link/);
+    const left = [...Deno.readDirSync(dir)].map((e) => e.name).sort();
+    assert.deepEqual(left, [".set-aside", "u-1"]);
+    assert.equal([...Deno.readDirSync(join(dir, ".set-aside"))].length, 4);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("GhostRecordStore refuses records whose UID could escape the directory", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const store = new GhostRecordStore(dir);
+    await assert.rejects(store.add({ ...record, uid: "../../etc/x" }), GhostRecordError);
+    await assert.rejects(store.add({ ...record, socketFile: "relative" }), /absolute/);
+    assert.deepEqual([...Deno.readDirSync(dir)], []);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("GhostRecordStore.delete() removes the file and a second delete is fine", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const store = new GhostRecordStore(dir);
+    await store.add(record);
+    await store.add(record);
+    await assert.rejects(store.add({ ...record, socketFile: "/other" }), /exists/);
+    await store.delete("u-1");
+    await store.delete("u-1");
+    assert.deepEqual(store.list(), []);
+    assert.deepEqual([...Deno.readDirSync(dir)], []);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
