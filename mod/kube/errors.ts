@@ -83,8 +83,16 @@ export function isApiStatus(err: unknown, ...statuses: number[]): err is KubeApi
   return err instanceof KubeApiError && statuses.includes(err.status);
 }
 
-/** Turns anything thrown into a one-line detail for an error message. */
+/**
+ * Turns anything thrown into a one-line detail for an error message; an apiserver
+ * answer becomes "<status> <reason>: <message>" without the request prefix.
+ */
 export function detailOf(err: unknown): string {
+  if (err instanceof KubeApiError) {
+    return err.reason
+      ? `${err.status} ${err.reason}: ${err.apiMessage}`
+      : `${err.status}: ${err.apiMessage}`;
+  }
   if (err instanceof Error) return err.message;
   return String(err);
 }

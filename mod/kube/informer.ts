@@ -2,21 +2,25 @@
  * A list/watch informer with a local store, written for this agent instead of
  * client-node's (which stops on errors other than 410 and must be restarted by hand).
  *
- * Loop: LIST (paginated, consistent read) -> diff against the store (adds, updates, and
- * deletes for objects that vanished) -> WATCH from the list's resourceVersion with
- * bookmarks -> on a normal end of the watch (server timeout) WATCH again from the last
- * resourceVersion seen. On 410 Gone (HTTP or an ERROR event) relist at once. On any
- * other error (refused, reset, 5xx, timeout, a stream that ends early) wait with
- * exponential backoff (200 ms doubling to 30 s; back to 200 ms after 60 s without a
- * failure) and relist, so every change made meanwhile reaches the handlers. It never
- * stops until {@linkcode Informer.stop}.
+ * Loop: LIST (paginated) -> diff against the store (adds, updates, and deletes for
+ * objects that vanished) -> WATCH from the list's resourceVersion with bookmarks -> on
+ * a normal end of the watch (server timeout) WATCH again from the last resourceVersion
+ * seen. Errors:
+ * - 410 Gone (HTTP, or an ERROR event with code 410): relist at once;
+ * - an interrupted watch (connection refused or reset, timeout, 429, 5xx, a stream that
+ *   ends at once): back off, then WATCH again from the last resourceVersion (as
+ *   client-go does); if that version is gone meanwhile the 410 relists;
+ * - anything else (a failed LIST, a malformed event): back off, then relist.
+ * Backoff: 200 ms doubling to 30 s, back to 200 ms after 60 s without a failure. The
+ * loop never stops until {@linkcode Informer.stop}; every error it recovers from goes
+ * to `onError` and `lastError`.
  *
  * @module
  */
 
 import { getLogger } from "@logtape/logtape";
 import type { KubeClient } from "./client.ts";
-import { detailOf, isApiStatus, KubeApiError } from "./errors.ts";
+import { detailOf, isApiStatus, KubeApiError, KubeConnectionError } from "./errors.ts";
 import { type KubeList, type KubeObject, objectKey, type WatchEvent } from "./types.ts";
 
 const logger = getLogger(["virtnode", "kube", "informer"]);
@@ -71,6 +75,14 @@ class GoneError extends Error {
   }
 }
 
+/** The watch broke (connection, timeout, 429, 5xx, early end): watch again from the last resourceVersion. */
+class WatchInterrupted extends Error {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = "WatchInterrupted";
+  }
+}
+
 /** Watches one resource collection and keeps a local store; see the module doc. */
 export class Informer<T extends KubeObject = KubeObject> {
   readonly #client: KubeClient;
@@ -86,6 +98,7 @@ export class Informer<T extends KubeObject = KubeObject> {
   #resourceVersion = "";
   #lastError: Error | undefined;
   #restarts = 0;
+  #lists = 0;
 
   /** Creates a stopped informer; call {@linkcode Informer.start}. */
   constructor(client: KubeClient, options: InformerOptions) {
@@ -147,6 +160,11 @@ export class Informer<T extends KubeObject = KubeObject> {
     return this.#restarts;
   }
 
+  /** How many LISTs were applied (1 after the first sync). */
+  get lists(): number {
+    return this.#lists;
+  }
+
   /** Stops the loop and closes the watch; resolves when it has ended. */
   async stop(): Promise<void> {
     this.#stopped = true;
@@ -160,10 +178,15 @@ export class Informer<T extends KubeObject = KubeObject> {
     const maxMs = this.#options.backoff?.maxMs ?? 30_000;
     const resetAfterMs = this.#options.backoff?.resetAfterMs ?? 60_000;
     let delay = initialMs;
-    let lastFailure = 0;
+    let lastFailure = -Infinity;
+    let needList = true;
     while (!this.#stopped) {
       try {
-        await this.#listAndWatch();
+        if (needList) {
+          await this.#relist();
+          needList = false;
+        }
+        await this.#watchOnce();
       } catch (err) {
         if (this.#stopped) break;
         this.#restarts++;
@@ -175,31 +198,23 @@ export class Informer<T extends KubeObject = KubeObject> {
             resource: this.#resource,
             error: error.message,
           });
+          needList = true;
           continue;
         }
+        // An interrupted watch resumes from the last resourceVersion (as client-go does
+        // for refused connections and 429); anything else relists to be safe.
+        needList = needList || !(err instanceof WatchInterrupted);
         const now = performance.now();
         if (now - lastFailure > resetAfterMs) delay = initialMs;
         lastFailure = now;
         logger.warn("List/watch failed, retrying", {
           resource: this.#resource,
           delayMs: delay,
+          relist: needList,
           error: error.message,
         });
         await this.#sleep(delay);
         delay = Math.min(delay * 2, maxMs);
-      }
-    }
-  }
-
-  /** LIST, then WATCH until an error; only returns by throwing (or when stopped). */
-  async #listAndWatch(): Promise<void> {
-    await this.#relist();
-    while (!this.#stopped) {
-      const started = performance.now();
-      const events = await this.#watchOnce();
-      // A watch the server ends at once, again and again, would be a hot loop.
-      if (events === 0 && performance.now() - started < 1000 && !this.#stopped) {
-        throw new Error(`Cannot watch ${this.#resource}: the watch stream ended early`);
       }
     }
   }
@@ -236,6 +251,7 @@ export class Informer<T extends KubeObject = KubeObject> {
     if (this.#stopped) return;
     this.#replace(fresh);
     this.#resourceVersion = resourceVersion;
+    this.#lists++;
     if (!this.#synced) {
       this.#synced = true;
       for (const w of this.#syncWaiters.splice(0)) w();
@@ -260,8 +276,8 @@ export class Informer<T extends KubeObject = KubeObject> {
     }
   }
 
-  /** One WATCH request; returns the number of events when the server ends it normally. */
-  async #watchOnce(): Promise<number> {
+  /** One WATCH request; returns when the server ends it normally (its timeout). */
+  async #watchOnce(): Promise<void> {
     const timeoutSeconds = this.#options.watchTimeoutSeconds ?? 300;
     const watchdog = new AbortController();
     const timer = setTimeout(
@@ -269,7 +285,6 @@ export class Informer<T extends KubeObject = KubeObject> {
       (timeoutSeconds + 30) * 1000,
     );
     const signal = AbortSignal.any([this.#abort.signal, watchdog.signal]);
-    let count = 0;
     try {
       const body = await this.#client.stream(this.#options.path, {
         signal,
@@ -282,22 +297,32 @@ export class Informer<T extends KubeObject = KubeObject> {
           fieldSelector: this.#options.fieldSelector,
         },
       });
+      let received = 0;
+      const started = performance.now();
       for await (const line of jsonLines(body)) {
-        if (this.#stopped) break;
+        if (this.#stopped) return;
         this.#handleEvent(parseEvent<T>(line, this.#resource));
-        count++;
+        received++;
       }
-      return count;
+      // A watch the server ends at once, again and again, would be a hot loop.
+      if (received === 0 && performance.now() - started < 1000 && !this.#stopped) {
+        throw new WatchInterrupted(`Cannot watch ${this.#resource}: the watch stream ended early`);
+      }
     } catch (err) {
-      if (this.#stopped) return count;
-      if (err instanceof GoneError) throw err;
+      if (this.#stopped) return;
+      if (err instanceof GoneError || err instanceof WatchInterrupted) throw err;
       if (isApiStatus(err, 410)) {
         throw new GoneError(`Cannot watch ${this.#resource}: ${detailOf(err)}`, { cause: err });
       }
       const detail = watchdog.signal.aborted
         ? "no end of the watch from the server in time"
         : detailOf(err);
-      throw new Error(`Cannot watch ${this.#resource}: ${detail}`, { cause: err });
+      const message = `Cannot watch ${this.#resource}: ${detail}`;
+      // Broken connections, timeouts and an overloaded apiserver: the resourceVersion is still good.
+      const interrupted = err instanceof KubeConnectionError || err instanceof TypeError ||
+        isApiStatus(err, 429, 500, 502, 503, 504) || watchdog.signal.aborted;
+      if (interrupted) throw new WatchInterrupted(message, { cause: err });
+      throw new Error(message, { cause: err });
     } finally {
       clearTimeout(timer);
     }
