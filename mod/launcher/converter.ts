@@ -1,0 +1,76 @@
+/**
+ * VMI -> libvirt domain XML. Three steps, usable separately:
+ * {@linkcode validateVmi} (allow-list walk, pure), {@linkcode prepareVolumes} (creates
+ * disk files, I/O) and {@linkcode generateDomainXml} (pure). Most callers want
+ * {@linkcode convertVmiToDomainXml}, which runs all three.
+ *
+ * @module
+ */
+
+import { checkVmiSemantics, generateDomainXml } from "./converter_xml.ts";
+import type { PreparedEfi, PreparedVolume } from "./converter_xml.ts";
+import { prepareVolumes } from "./converter_volumes.ts";
+import type { PrepareOptions } from "./converter_volumes.ts";
+import { validateVmi } from "./converter_validate.ts";
+
+export {
+  ConversionError,
+  InvalidFieldError,
+  UnsupportedFieldError,
+  VolumePreparationError,
+} from "./converter_errors.ts";
+export { validateVmi, vmiKeyOf } from "./converter_validate.ts";
+export {
+  checkVmiSemantics,
+  cpuTopology,
+  deviceName,
+  domainNameForVmi,
+  generateDomainXml,
+  guestMemoryBytes,
+} from "./converter_xml.ts";
+export type { DomainXmlOptions, PreparedEfi, PreparedVolume } from "./converter_xml.ts";
+export { containerDiskFileName, DEFAULT_OVMF_DIR, prepareVolumes } from "./converter_volumes.ts";
+export type { PreparedVolumes, PrepareOptions } from "./converter_volumes.ts";
+
+/** Options of {@linkcode convertVmiToDomainXml}. */
+export interface ConvertOptions extends PrepareOptions {
+  /** `kvm` when /dev/kvm is usable, `qemu` for software emulation. */
+  domainType: "kvm" | "qemu";
+  /** The VMI's private run directory, e.g. `/var/run/kubevirt-private/<uid>`. */
+  runDir: string;
+}
+
+/** The result of a conversion. */
+export interface ConversionResult {
+  /** The libvirt domain XML. */
+  xml: string;
+  /** Backing file of each volume, keyed by volume name. */
+  volumes: Record<string, PreparedVolume>;
+  /** EFI firmware files, when used. */
+  efi?: PreparedEfi;
+  /** Files this conversion created (to remove when the VMI goes away). */
+  created: string[];
+}
+
+/**
+ * Validates `vmi` (any JSON value), prepares its volumes and returns the domain XML.
+ * Throws {@linkcode UnsupportedFieldError} for a field virtnode does not support,
+ * {@linkcode InvalidFieldError} for a malformed or unsafe value, and
+ * {@linkcode VolumePreparationError} when a disk file cannot be made. Nothing is
+ * created on disk for a VMI that fails validation.
+ */
+export async function convertVmiToDomainXml(
+  vmi: unknown,
+  options: ConvertOptions,
+): Promise<ConversionResult> {
+  const valid = validateVmi(vmi);
+  checkVmiSemantics(valid);
+  const prepared = await prepareVolumes(valid, options);
+  const xml = generateDomainXml(valid, {
+    domainType: options.domainType,
+    runDir: options.runDir,
+    volumes: prepared.volumes,
+    efi: prepared.efi,
+  });
+  return { xml, volumes: prepared.volumes, efi: prepared.efi, created: prepared.created };
+}

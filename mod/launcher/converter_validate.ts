@@ -1,0 +1,355 @@
+/**
+ * Validation of a VMI against the allow-list of fields the converter supports. The VMI
+ * is walked field by field; a field not on the list fails with
+ * {@linkcode UnsupportedFieldError} naming its JSON path, a value of the wrong type with
+ * {@linkcode InvalidFieldError}. Nothing is ignored silently.
+ *
+ * @module
+ */
+
+import { KUBEVIRT_API_VERSION, VMI_KIND } from "../api/constants.ts";
+import { parseQuantity, QuantityParseError } from "../api/quantity.ts";
+import type { VirtualMachineInstance } from "../api/types.ts";
+import { InvalidFieldError, UnsupportedFieldError } from "./converter_errors.ts";
+
+/** One node of the allow-list. */
+type Rule =
+  | { kind: "string"; values?: readonly string[]; pattern?: RegExp; hint?: string }
+  | { kind: "integer"; min?: number; max?: number }
+  | { kind: "boolean"; only?: boolean; hint?: string }
+  | { kind: "quantity" }
+  | { kind: "empty" }
+  | { kind: "any" }
+  | { kind: "array"; items: Rule }
+  | { kind: "map"; values: Rule }
+  | {
+    kind: "object";
+    fields: Record<string, Rule>;
+    required?: readonly string[];
+    /** Why a known-but-unsupported field is not supported, keyed by field name. */
+    hints?: Record<string, string>;
+  };
+
+const str = (values?: readonly string[]): Rule => ({ kind: "string", values });
+const int = (min = 0, max = Number.MAX_SAFE_INTEGER): Rule => ({ kind: "integer", min, max });
+const bool: Rule = { kind: "boolean" };
+const quantity: Rule = { kind: "quantity" };
+const empty: Rule = { kind: "empty" };
+const any: Rule = { kind: "any" };
+const obj = (
+  fields: Record<string, Rule>,
+  extra: { required?: readonly string[]; hints?: Record<string, string> } = {},
+): Rule => ({ kind: "object", fields, ...extra });
+const arr = (items: Rule): Rule => ({ kind: "array", items });
+const map = (values: Rule): Rule => ({ kind: "map", values });
+
+const DNS_LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
+const DNS_SUBDOMAIN = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
+const name: Rule = { kind: "string", pattern: DNS_LABEL };
+const featureState = obj({ enabled: bool });
+const timer = (tickPolicies?: readonly string[], tracks?: readonly string[]) =>
+  obj({
+    present: bool,
+    ...(tickPolicies ? { tickPolicy: str(tickPolicies) } : {}),
+    ...(tracks ? { track: str(tracks) } : {}),
+  });
+
+/** Disk buses the converter attaches. */
+export const SUPPORTED_DISK_BUSES = ["virtio", "sata", "scsi"] as const;
+/** NIC models QEMU offers for user-mode networking. */
+export const SUPPORTED_NIC_MODELS = [
+  "virtio",
+  "e1000",
+  "e1000e",
+  "igb",
+  "rtl8139",
+  "ne2k_pci",
+  "pcnet",
+] as const;
+
+const POD_BINDING_HINT =
+  "pod network bindings are not supported yet; use user-mode networking (slirp: {})";
+
+const cloudInit = obj({
+  userData: str(),
+  userDataBase64: str(),
+  networkData: str(),
+  networkDataBase64: str(),
+}, {
+  hints: {
+    secretRef: "cloud-init data from Secrets is not supported yet; inline userData",
+    networkDataSecretRef: "cloud-init data from Secrets is not supported yet; inline networkData",
+  },
+});
+
+/** The allow-list: every VMI field the converter turns into domain XML (or uses). */
+const VMI_RULE: Rule = obj({
+  apiVersion: str([KUBEVIRT_API_VERSION]),
+  kind: str([VMI_KIND]),
+  metadata: any,
+  status: any,
+  spec: obj({
+    domain: obj({
+      cpu: obj({
+        cores: int(1),
+        sockets: int(1),
+        threads: int(1),
+        model: str(),
+        features: arr(obj({
+          name: str(),
+          policy: str(["force", "require", "optional", "disable", "forbid"]),
+        }, { required: ["name"] })),
+        dedicatedCpuPlacement: {
+          kind: "boolean",
+          only: false,
+          hint: "dedicated CPU placement needs a CPU manager",
+        },
+      }),
+      memory: obj({
+        guest: quantity,
+        hugepages: obj({ pageSize: str() }),
+      }),
+      resources: obj({ requests: map(quantity), limits: map(quantity) }),
+      machine: obj({ type: str() }),
+      firmware: obj({
+        uuid: str(),
+        serial: str(),
+        bootloader: obj({
+          bios: obj({ useSerial: bool }),
+          efi: obj({ secureBoot: bool }),
+        }),
+      }),
+      features: obj({
+        acpi: featureState,
+        apic: featureState,
+        smm: featureState,
+        hyperv: obj({
+          relaxed: featureState,
+          vapic: featureState,
+          spinlocks: obj({ enabled: bool, spinlocks: int(4095) }),
+          vpindex: featureState,
+          runtime: featureState,
+          synic: featureState,
+          reset: featureState,
+          frequencies: featureState,
+          ipi: featureState,
+          vendorid: obj({ enabled: bool, vendorid: str() }),
+        }),
+      }),
+      clock: obj({
+        utc: obj({ offsetSeconds: int(Number.MIN_SAFE_INTEGER) }),
+        timezone: str(),
+        timer: obj({
+          hpet: timer(["delay", "catchup", "merge", "discard"]),
+          kvm: timer(),
+          pit: timer(["delay", "catchup", "discard"]),
+          rtc: timer(["delay", "catchup"], ["guest", "wall"]),
+          hyperv: timer(),
+        }),
+      }),
+      devices: obj({
+        disks: arr(obj({
+          name: name,
+          disk: obj({ bus: str(SUPPORTED_DISK_BUSES), readonly: bool }),
+          cdrom: obj({ bus: str(SUPPORTED_DISK_BUSES), readonly: bool, tray: str(["closed"]) }),
+          bootOrder: int(1),
+          cache: str(["none", "writethrough", "writeback"]),
+          serial: { kind: "string", pattern: /^[A-Za-z0-9_.+-]{1,20}$/ },
+        }, {
+          required: ["name"],
+          hints: { lun: "LUN disks need a block device; not supported yet" },
+        })),
+        interfaces: arr(obj({
+          name: name,
+          slirp: empty,
+          model: str(SUPPORTED_NIC_MODELS),
+          macAddress: { kind: "string", pattern: /^([0-9A-Fa-f]{2}[:-]){5}[0-9A-Fa-f]{2}$/ },
+          bootOrder: int(1),
+        }, {
+          required: ["name"],
+          hints: {
+            masquerade: POD_BINDING_HINT,
+            bridge: POD_BINDING_HINT,
+            passt: POD_BINDING_HINT,
+            passtBinding: POD_BINDING_HINT,
+            binding: POD_BINDING_HINT,
+            sriov: "SR-IOV needs host devices; not supported yet",
+            macvtap: POD_BINDING_HINT,
+          },
+        })),
+        autoattachSerialConsole: bool,
+        autoattachGraphicsDevice: bool,
+        autoattachMemBalloon: bool,
+        autoattachPodInterface: {
+          kind: "boolean",
+          only: false,
+          hint: "an automatic pod interface needs a pod network binding",
+        },
+        rng: empty,
+        watchdog: obj({
+          name: name,
+          i6300esb: obj({ action: str(["poweroff", "reset", "shutdown"]) }),
+        }, { required: ["name", "i6300esb"] }),
+      }),
+    }, { required: ["devices"] }),
+    volumes: arr(obj({
+      name: name,
+      containerDisk: obj({ image: str(), path: str(), imagePullPolicy: str() }, {
+        required: ["image"],
+      }),
+      emptyDisk: obj({ capacity: quantity }, { required: ["capacity"] }),
+      hostDisk: obj({ path: str(), type: str(["Disk", "DiskOrCreate"]), capacity: quantity }, {
+        required: ["path", "type"],
+      }),
+      cloudInitNoCloud: cloudInit,
+      cloudInitConfigDrive: cloudInit,
+    }, { required: ["name"] })),
+    networks: arr(obj({ name: name, pod: empty }, {
+      required: ["name"],
+      hints: { multus: "Multus networks are not supported yet" },
+    })),
+    terminationGracePeriodSeconds: int(0),
+    nodeSelector: map(str()),
+    hostname: { kind: "string", pattern: DNS_LABEL },
+    architecture: str(["amd64"]),
+  }, { required: ["domain"] }),
+}, { required: ["metadata", "spec"] });
+
+function describe(value: unknown): string {
+  if (value === null) return "null";
+  if (Array.isArray(value)) return "an array";
+  return `a ${typeof value}`;
+}
+
+function isPlainObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+function walk(key: string, path: string, value: unknown, rule: Rule): void {
+  const invalid = (detail: string) => new InvalidFieldError(key, path, detail);
+  switch (rule.kind) {
+    case "any":
+      return;
+    case "string":
+      if (typeof value !== "string") throw invalid(`expected a string, got ${describe(value)}`);
+      if (rule.values && !rule.values.includes(value)) {
+        throw new UnsupportedFieldError(
+          key,
+          path,
+          `value "${value}" is not supported (supported: ${rule.values.join(", ")})`,
+        );
+      }
+      if (rule.pattern && !rule.pattern.test(value)) {
+        throw invalid(`value "${value}" does not match ${rule.pattern}`);
+      }
+      return;
+    case "integer":
+      if (typeof value !== "number" || !Number.isInteger(value)) {
+        throw invalid(`expected an integer, got ${describe(value)}`);
+      }
+      if (value < (rule.min ?? 0) || value > (rule.max ?? Number.MAX_SAFE_INTEGER)) {
+        throw invalid(`value ${value} is out of range`);
+      }
+      return;
+    case "boolean":
+      if (typeof value !== "boolean") throw invalid(`expected a boolean, got ${describe(value)}`);
+      if (rule.only !== undefined && value !== rule.only) {
+        throw new UnsupportedFieldError(
+          key,
+          path,
+          `value ${value} is not supported${rule.hint ? `: ${rule.hint}` : ""}`,
+        );
+      }
+      return;
+    case "quantity":
+      if (typeof value !== "string" && typeof value !== "number") {
+        throw invalid(`expected a quantity, got ${describe(value)}`);
+      }
+      try {
+        parseQuantity(value);
+      } catch (error) {
+        if (error instanceof QuantityParseError) {
+          throw new InvalidFieldError(key, path, `"${value}" is not a quantity`, { cause: error });
+        }
+        throw error;
+      }
+      return;
+    case "empty":
+      if (!isPlainObject(value)) throw invalid(`expected an object, got ${describe(value)}`);
+      for (const field of Object.keys(value)) {
+        throw new UnsupportedFieldError(key, `${path}.${field}`);
+      }
+      return;
+    case "array":
+      if (!Array.isArray(value)) throw invalid(`expected an array, got ${describe(value)}`);
+      value.forEach((item, i) => walk(key, `${path}[${i}]`, item, rule.items));
+      return;
+    case "map":
+      if (!isPlainObject(value)) throw invalid(`expected an object, got ${describe(value)}`);
+      for (const [field, item] of Object.entries(value)) {
+        walk(key, `${path}.${field}`, item, rule.values);
+      }
+      return;
+    case "object": {
+      if (!isPlainObject(value)) throw invalid(`expected an object, got ${describe(value)}`);
+      for (const field of rule.required ?? []) {
+        if (value[field] === undefined || value[field] === null) {
+          throw new InvalidFieldError(key, join(path, field), "is required");
+        }
+      }
+      for (const [field, item] of Object.entries(value)) {
+        const fieldPath = join(path, field);
+        const fieldRule = rule.fields[field];
+        if (!fieldRule) {
+          throw new UnsupportedFieldError(key, fieldPath, rule.hints?.[field]);
+        }
+        // JSON null means "not set" in Kubernetes objects.
+        if (item === null) continue;
+        walk(key, fieldPath, item, fieldRule);
+      }
+      return;
+    }
+  }
+}
+
+function join(path: string, field: string): string {
+  return path === "" ? field : `${path}.${field}`;
+}
+
+/** `namespace/name` of a VMI-shaped value, for error messages, even when malformed. */
+export function vmiKeyOf(vmi: unknown): string {
+  const metadata = isPlainObject(vmi) && isPlainObject(vmi.metadata) ? vmi.metadata : {};
+  const name = typeof metadata.name === "string" && metadata.name ? metadata.name : "<unnamed>";
+  const namespace = typeof metadata.namespace === "string" && metadata.namespace
+    ? metadata.namespace
+    : "default";
+  return `${namespace}/${name}`;
+}
+
+/**
+ * Checks that `vmi` is a VMI whose every field the converter supports and returns it
+ * typed. Throws {@linkcode UnsupportedFieldError} or {@linkcode InvalidFieldError}.
+ */
+export function validateVmi(vmi: unknown): VirtualMachineInstance {
+  const key = vmiKeyOf(vmi);
+  if (!isPlainObject(vmi)) {
+    throw new InvalidFieldError(key, "(root)", `expected an object, got ${describe(vmi)}`);
+  }
+  walk(key, "", vmi, VMI_RULE);
+  const metadata = vmi.metadata;
+  if (!isPlainObject(metadata)) {
+    throw new InvalidFieldError(key, "metadata", `expected an object, got ${describe(metadata)}`);
+  }
+  for (const field of ["name", "namespace"] as const) {
+    const value = metadata[field];
+    if (field === "namespace" && value === undefined) continue;
+    const pattern = field === "name" ? DNS_SUBDOMAIN : DNS_LABEL;
+    if (typeof value !== "string" || value.length > 253 || !pattern.test(value)) {
+      throw new InvalidFieldError(key, `metadata.${field}`, `expected a name matching ${pattern}`);
+    }
+  }
+  if (metadata.uid !== undefined && typeof metadata.uid !== "string") {
+    throw new InvalidFieldError(key, "metadata.uid", "expected a string");
+  }
+  return vmi as unknown as VirtualMachineInstance;
+}

@@ -1,0 +1,629 @@
+/**
+ * The pure half of the converter: a validated VMI plus the files its volumes were
+ * prepared into -> libvirt domain XML. No I/O happens here.
+ *
+ * @module
+ */
+
+import { DEFAULT_GRACE_PERIOD_SECONDS, SocketNames } from "../api/constants.ts";
+import { quantityToInteger } from "../api/quantity.ts";
+import type {
+  Disk,
+  DiskBus,
+  FeatureState,
+  Interface,
+  Timer,
+  VirtualMachineInstance,
+} from "../api/types.ts";
+import { ConversionError, InvalidFieldError, UnsupportedFieldError } from "./converter_errors.ts";
+import { el, renderXml } from "./_xml.ts";
+import type { XmlElement } from "./_xml.ts";
+
+/** The file backing one volume, as the preparation step left it. */
+export interface PreparedVolume {
+  /** Absolute path of the image file. */
+  path: string;
+  /** Image format for QEMU's driver. */
+  format: "qcow2" | "raw";
+}
+
+/** EFI firmware files, checked to exist by the preparation step. */
+export interface PreparedEfi {
+  /** Read-only firmware code (OVMF_CODE). */
+  code: string;
+  /** Variable store template (OVMF_VARS). */
+  varsTemplate: string;
+  /** Where libvirt keeps this VM's copy of the variable store. */
+  nvram: string;
+  /** Secure boot firmware. */
+  secureBoot: boolean;
+}
+
+/** Inputs of {@linkcode generateDomainXml} besides the VMI. */
+export interface DomainXmlOptions {
+  /** `kvm` with /dev/kvm, `qemu` for software emulation. */
+  domainType: "kvm" | "qemu";
+  /** The VMI's private run directory (serial console and VNC sockets). */
+  runDir: string;
+  /** Prepared backing files, keyed by volume name. */
+  volumes: Record<string, PreparedVolume>;
+  /** EFI firmware, when the VMI asks for EFI. */
+  efi?: PreparedEfi;
+}
+
+/** The libvirt domain name of a VMI: `<namespace>_<name>`, as KubeVirt names it. */
+export function domainNameForVmi(vmi: VirtualMachineInstance): string {
+  return `${vmi.metadata.namespace ?? "default"}_${vmi.metadata.name}`;
+}
+
+/** `namespace/name` of a VMI. */
+export function vmiKey(vmi: VirtualMachineInstance): string {
+  return `${vmi.metadata.namespace ?? "default"}/${vmi.metadata.name}`;
+}
+
+const UUID_RE = /^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$/;
+const TIMEZONE_RE = /^[a-zA-Z0-9_.+\-/]+$/;
+const VENDOR_ID_RE = /^[^,]{0,12}$/;
+
+/** Guest memory size in bytes: `memory.guest`, else requests, else limits. */
+export function guestMemoryBytes(vmi: VirtualMachineInstance): number {
+  const domain = vmi.spec.domain;
+  const quantity = domain.memory?.guest ?? domain.resources?.requests?.memory ??
+    domain.resources?.limits?.memory;
+  if (quantity === undefined) {
+    throw new InvalidFieldError(
+      vmiKey(vmi),
+      "spec.domain.memory.guest",
+      "no memory size: set it or spec.domain.resources.requests.memory",
+    );
+  }
+  const bytes = quantityToInteger(quantity);
+  if (bytes < 1024 * 1024) {
+    throw new InvalidFieldError(vmiKey(vmi), "spec.domain.memory.guest", "less than 1Mi");
+  }
+  return bytes;
+}
+
+/** The vCPU topology: from `cpu`, else sockets from the CPU limit or request. */
+export function cpuTopology(
+  vmi: VirtualMachineInstance,
+): { sockets: number; cores: number; threads: number } {
+  const cpu = vmi.spec.domain.cpu;
+  const topology = {
+    sockets: cpu?.sockets ?? 1,
+    cores: cpu?.cores ?? 1,
+    threads: cpu?.threads ?? 1,
+  };
+  if (!cpu?.sockets && !cpu?.cores && !cpu?.threads) {
+    const resources = vmi.spec.domain.resources;
+    const count = resources?.limits?.cpu ?? resources?.requests?.cpu;
+    if (count !== undefined) topology.sockets = Math.max(1, quantityToInteger(count));
+  }
+  return topology;
+}
+
+function enabled(state: FeatureState | undefined, fallback: boolean): boolean {
+  if (state === undefined) return fallback;
+  return state.enabled ?? true;
+}
+
+function onOff(state: FeatureState | undefined): string {
+  return enabled(state, true) ? "on" : "off";
+}
+
+function yesNo(value: boolean): string {
+  return value ? "yes" : "no";
+}
+
+/** Device name for the n-th (0-based) disk with a prefix: vda, vdb, ..., vdz, vdaa. */
+export function deviceName(prefix: string, index: number): string {
+  let suffix = "";
+  let n = index;
+  do {
+    suffix = String.fromCharCode(97 + (n % 26)) + suffix;
+    n = Math.floor(n / 26) - 1;
+  } while (n >= 0);
+  return prefix + suffix;
+}
+
+function busPrefix(bus: DiskBus): string {
+  return bus === "virtio" ? "vd" : "sd";
+}
+
+/** The device kind, bus and read-only flag a disk entry asks for, with KubeVirt's defaults. */
+function diskShape(
+  vmi: VirtualMachineInstance,
+  disk: Disk,
+  index: number,
+): { device: "disk" | "cdrom"; bus: DiskBus; readonly: boolean } {
+  const path = `spec.domain.devices.disks[${index}]`;
+  const kinds = (["disk", "cdrom", "lun"] as const).filter((kind) => disk[kind] !== undefined);
+  if (kinds.length > 1) {
+    throw new InvalidFieldError(vmiKey(vmi), path, `sets ${kinds.join(" and ")}; set one`);
+  }
+  if (disk.cdrom) {
+    const bus = disk.cdrom.bus ?? "sata";
+    if (bus === "virtio") {
+      throw new UnsupportedFieldError(
+        vmiKey(vmi),
+        `${path}.cdrom.bus`,
+        `value "virtio" is not supported for a cdrom (use sata or scsi)`,
+      );
+    }
+    return { device: "cdrom", bus, readonly: disk.cdrom.readonly ?? true };
+  }
+  return {
+    device: "disk",
+    bus: disk.disk?.bus ?? "virtio",
+    readonly: disk.disk?.readonly ?? false,
+  };
+}
+
+function buildDisks(vmi: VirtualMachineInstance, options: DomainXmlOptions): XmlElement[] {
+  const key = vmiKey(vmi);
+  const disks = vmi.spec.domain.devices.disks ?? [];
+  const volumes = vmi.spec.volumes ?? [];
+  const counters = new Map<string, number>();
+  const seen = new Set<string>();
+  return disks.map((disk, i) => {
+    const path = `spec.domain.devices.disks[${i}]`;
+    if (seen.has(disk.name)) {
+      throw new InvalidFieldError(key, `${path}.name`, `duplicate disk name "${disk.name}"`);
+    }
+    seen.add(disk.name);
+    if (!volumes.some((volume) => volume.name === disk.name)) {
+      throw new InvalidFieldError(key, `${path}.name`, `no volume named "${disk.name}"`);
+    }
+    const prepared = options.volumes[disk.name];
+    if (!prepared) {
+      throw new ConversionError(key, `volume "${disk.name}" was not prepared`);
+    }
+    const shape = diskShape(vmi, disk, i);
+    const prefix = busPrefix(shape.bus);
+    const n = counters.get(prefix) ?? 0;
+    counters.set(prefix, n + 1);
+    return el(
+      "disk",
+      { type: "file", device: shape.device },
+      el("driver", {
+        name: "qemu",
+        type: prepared.format,
+        cache: disk.cache,
+        error_policy: "stop",
+      }),
+      el("source", { file: prepared.path }),
+      el("target", {
+        dev: deviceName(prefix, n),
+        bus: shape.bus,
+        tray: shape.device === "cdrom" ? "closed" : undefined,
+      }),
+      disk.bootOrder !== undefined && el("boot", { order: disk.bootOrder }),
+      shape.readonly && el("readonly"),
+      disk.serial !== undefined && el("serial", {}, disk.serial),
+      el("alias", { name: `ua-${disk.name}` }),
+    );
+  });
+}
+
+function hasScsiDisk(vmi: VirtualMachineInstance): boolean {
+  return (vmi.spec.domain.devices.disks ?? []).some((disk) =>
+    (disk.disk?.bus ?? disk.cdrom?.bus) === "scsi"
+  );
+}
+
+function buildInterfaces(vmi: VirtualMachineInstance): XmlElement[] {
+  const key = vmiKey(vmi);
+  const interfaces = vmi.spec.domain.devices.interfaces ?? [];
+  const networks = vmi.spec.networks ?? [];
+  networks.forEach((network, i) => {
+    if (!network.pod) {
+      throw new InvalidFieldError(key, `spec.networks[${i}]`, "needs a source (pod: {})");
+    }
+    if (!interfaces.some((nic) => nic.name === network.name)) {
+      throw new InvalidFieldError(
+        key,
+        `spec.networks[${i}].name`,
+        `no interface named "${network.name}"`,
+      );
+    }
+  });
+  const seen = new Set<string>();
+  return interfaces.map((nic: Interface, i) => {
+    const path = `spec.domain.devices.interfaces[${i}]`;
+    if (seen.has(nic.name)) {
+      throw new InvalidFieldError(key, `${path}.name`, `duplicate interface name "${nic.name}"`);
+    }
+    seen.add(nic.name);
+    if (!networks.some((network) => network.name === nic.name)) {
+      throw new InvalidFieldError(key, `${path}.name`, `no network named "${nic.name}"`);
+    }
+    if (!nic.slirp) {
+      throw new InvalidFieldError(
+        key,
+        path,
+        "needs a binding; only user-mode networking (slirp: {}) is supported",
+      );
+    }
+    return el(
+      "interface",
+      { type: "user" },
+      nic.macAddress !== undefined &&
+        el("mac", { address: nic.macAddress.replaceAll("-", ":").toLowerCase() }),
+      el("model", { type: nic.model ?? "virtio" }),
+      nic.bootOrder !== undefined && el("boot", { order: nic.bootOrder }),
+      el("alias", { name: `ua-${nic.name}` }),
+    );
+  });
+}
+
+function buildCpu(vmi: VirtualMachineInstance, options: DomainXmlOptions): XmlElement {
+  const cpu = vmi.spec.domain.cpu;
+  const topology = cpuTopology(vmi);
+  // KubeVirt defaults to host-model; under software emulation libvirt's default model is
+  // the one that works, so no mode is set there unless the VMI asks.
+  const model = cpu?.model ?? (options.domainType === "kvm" ? "host-model" : undefined);
+  const features = cpu?.features ?? [];
+  if (model === undefined && features.length > 0) {
+    throw new InvalidFieldError(
+      vmiKey(vmi),
+      "spec.domain.cpu.features",
+      "needs spec.domain.cpu.model",
+    );
+  }
+  let attrs: Record<string, string | undefined> = {};
+  let modelElement: XmlElement | undefined;
+  if (model === "host-model" || model === "host-passthrough") {
+    attrs = { mode: model };
+  } else if (model !== undefined) {
+    attrs = { mode: "custom", match: "exact" };
+    modelElement = el("model", {}, model);
+  }
+  return el(
+    "cpu",
+    attrs,
+    modelElement,
+    el("topology", {
+      sockets: topology.sockets,
+      dies: undefined,
+      cores: topology.cores,
+      threads: topology.threads,
+    }),
+    features.map((feature) =>
+      el("feature", { policy: feature.policy ?? "require", name: feature.name })
+    ),
+  );
+}
+
+function buildMemoryBacking(vmi: VirtualMachineInstance): XmlElement | undefined {
+  const hugepages = vmi.spec.domain.memory?.hugepages;
+  if (!hugepages) return undefined;
+  if (hugepages.pageSize === undefined) return el("memoryBacking", {}, el("hugepages"));
+  let kib: number;
+  try {
+    kib = quantityToInteger(hugepages.pageSize) / 1024;
+  } catch (error) {
+    throw new InvalidFieldError(
+      vmiKey(vmi),
+      "spec.domain.memory.hugepages.pageSize",
+      `"${hugepages.pageSize}" is not a quantity`,
+      { cause: error },
+    );
+  }
+  if (!Number.isInteger(kib) || kib < 4) {
+    throw new InvalidFieldError(
+      vmiKey(vmi),
+      "spec.domain.memory.hugepages.pageSize",
+      `"${hugepages.pageSize}" is not a page size`,
+    );
+  }
+  return el(
+    "memoryBacking",
+    {},
+    el("hugepages", {}, el("page", { size: kib, unit: "KiB" })),
+  );
+}
+
+function firmwareUuid(vmi: VirtualMachineInstance): string | undefined {
+  const uuid = vmi.spec.domain.firmware?.uuid;
+  if (uuid !== undefined && !UUID_RE.test(uuid)) {
+    throw new InvalidFieldError(
+      vmiKey(vmi),
+      "spec.domain.firmware.uuid",
+      `"${uuid}" is not a UUID`,
+    );
+  }
+  return uuid;
+}
+
+function buildSysinfo(vmi: VirtualMachineInstance): XmlElement | undefined {
+  const firmware = vmi.spec.domain.firmware;
+  const uuid = firmwareUuid(vmi);
+  if (uuid === undefined && firmware?.serial === undefined) return undefined;
+  return el(
+    "sysinfo",
+    { type: "smbios" },
+    el(
+      "system",
+      {},
+      uuid !== undefined && el("entry", { name: "uuid" }, uuid),
+      firmware?.serial !== undefined && el("entry", { name: "serial" }, firmware.serial),
+    ),
+  );
+}
+
+/** Whether the VMI asks for EFI firmware. */
+export function wantsEfi(vmi: VirtualMachineInstance): boolean {
+  return vmi.spec.domain.firmware?.bootloader?.efi !== undefined;
+}
+
+/** Whether an EFI VMI asks for secure boot (KubeVirt's default: yes). */
+export function wantsSecureBoot(vmi: VirtualMachineInstance): boolean {
+  return wantsEfi(vmi) && (vmi.spec.domain.firmware?.bootloader?.efi?.secureBoot ?? true);
+}
+
+function buildOs(
+  vmi: VirtualMachineInstance,
+  options: DomainXmlOptions,
+  withSysinfo: boolean,
+): XmlElement {
+  const bootloader = vmi.spec.domain.firmware?.bootloader;
+  if (bootloader?.bios && bootloader.efi) {
+    throw new InvalidFieldError(
+      vmiKey(vmi),
+      "spec.domain.firmware.bootloader",
+      "sets bios and efi; set one",
+    );
+  }
+  let efi: XmlElement[] = [];
+  if (wantsEfi(vmi)) {
+    if (!options.efi) {
+      throw new ConversionError(vmiKey(vmi), "EFI firmware was not prepared");
+    }
+    efi = [
+      el(
+        "loader",
+        { readonly: "yes", secure: yesNo(options.efi.secureBoot), type: "pflash" },
+        options.efi.code,
+      ),
+      el("nvram", { template: options.efi.varsTemplate }, options.efi.nvram),
+    ];
+  }
+  return el(
+    "os",
+    {},
+    el(
+      "type",
+      { arch: "x86_64", machine: vmi.spec.domain.machine?.type ?? "q35" },
+      "hvm",
+    ),
+    efi,
+    bootloader?.bios?.useSerial !== undefined &&
+      el("bios", { useserial: yesNo(bootloader.bios.useSerial) }),
+    withSysinfo && el("smbios", { mode: "sysinfo" }),
+  );
+}
+
+function buildFeatures(vmi: VirtualMachineInstance): XmlElement {
+  const features = vmi.spec.domain.features;
+  const hyperv = features?.hyperv;
+  let hypervElement: XmlElement | undefined;
+  if (hyperv) {
+    const state = (name: string, value: FeatureState | undefined) =>
+      value !== undefined && el(name, { state: onOff(value) });
+    const spinlocksOn = enabled(hyperv.spinlocks, false);
+    const vendorId = hyperv.vendorid;
+    if (vendorId?.vendorid !== undefined && !VENDOR_ID_RE.test(vendorId.vendorid)) {
+      throw new InvalidFieldError(
+        vmiKey(vmi),
+        "spec.domain.features.hyperv.vendorid.vendorid",
+        "at most 12 characters",
+      );
+    }
+    hypervElement = el(
+      "hyperv",
+      { mode: "custom" },
+      state("relaxed", hyperv.relaxed),
+      state("vapic", hyperv.vapic),
+      hyperv.spinlocks !== undefined &&
+        el("spinlocks", {
+          state: spinlocksOn ? "on" : "off",
+          retries: spinlocksOn ? hyperv.spinlocks.spinlocks ?? 4096 : undefined,
+        }),
+      state("vpindex", hyperv.vpindex),
+      state("runtime", hyperv.runtime),
+      state("synic", hyperv.synic),
+      state("reset", hyperv.reset),
+      vendorId !== undefined &&
+        el("vendor_id", {
+          state: onOff(vendorId),
+          value: enabled(vendorId, true) ? vendorId.vendorid ?? "" : undefined,
+        }),
+      state("frequencies", hyperv.frequencies),
+      state("ipi", hyperv.ipi),
+    );
+  }
+  return el(
+    "features",
+    {},
+    // KubeVirt's API defaulting turns ACPI on unless the VMI turns it off.
+    enabled(features?.acpi, true) && el("acpi"),
+    enabled(features?.apic, false) && el("apic"),
+    hypervElement,
+    features?.smm !== undefined && el("smm", { state: onOff(features.smm) }),
+  );
+}
+
+function buildClock(vmi: VirtualMachineInstance): XmlElement | undefined {
+  const clock = vmi.spec.domain.clock;
+  if (!clock) return undefined;
+  const key = vmiKey(vmi);
+  if (clock.utc && clock.timezone !== undefined) {
+    throw new InvalidFieldError(key, "spec.domain.clock", "sets utc and timezone; set one");
+  }
+  let attrs: Record<string, string | number | undefined>;
+  if (clock.timezone !== undefined) {
+    if (!TIMEZONE_RE.test(clock.timezone)) {
+      throw new InvalidFieldError(
+        key,
+        "spec.domain.clock.timezone",
+        `"${clock.timezone}" is not a time zone name`,
+      );
+    }
+    attrs = { offset: "timezone", timezone: clock.timezone };
+  } else {
+    attrs = { offset: "utc", adjustment: clock.utc?.offsetSeconds ?? "reset" };
+  }
+  const timers = clock.timer ?? {};
+  const timer = (name: string, value: Timer | undefined) =>
+    value !== undefined &&
+    el("timer", {
+      name,
+      tickpolicy: value.tickPolicy,
+      track: value.track,
+      present: yesNo(value.present ?? true),
+    });
+  return el(
+    "clock",
+    attrs,
+    timer("hpet", timers.hpet),
+    timer("kvmclock", timers.kvm),
+    timer("pit", timers.pit),
+    timer("rtc", timers.rtc),
+    timer("hypervclock", timers.hyperv),
+  );
+}
+
+function buildConsoleAndGraphics(
+  vmi: VirtualMachineInstance,
+  options: DomainXmlOptions,
+): XmlElement[] {
+  const devices = vmi.spec.domain.devices;
+  const result: XmlElement[] = [];
+  if (devices.autoattachSerialConsole ?? true) {
+    result.push(
+      el(
+        "serial",
+        { type: "unix" },
+        el("source", { mode: "bind", path: `${options.runDir}/${SocketNames.Serial0}` }),
+        el("target", { port: 0 }),
+      ),
+      el("console", { type: "pty" }, el("target", { type: "serial", port: 0 })),
+    );
+  }
+  if (devices.autoattachGraphicsDevice ?? true) {
+    result.push(
+      el(
+        "graphics",
+        { type: "vnc" },
+        el("listen", { type: "socket", socket: `${options.runDir}/${SocketNames.Vnc}` }),
+      ),
+      el("video", {}, el("model", { type: "vga", vram: 16384, heads: 1 })),
+    );
+  }
+  return result;
+}
+
+function buildMetadata(vmi: VirtualMachineInstance): XmlElement {
+  const grace = vmi.spec.terminationGracePeriodSeconds ?? DEFAULT_GRACE_PERIOD_SECONDS;
+  return el(
+    "metadata",
+    {},
+    el(
+      "kubevirt",
+      { xmlns: "http://kubevirt.io" },
+      el("uid", {}, vmi.metadata.uid ?? ""),
+      el("graceperiod", {}, el("deletionGracePeriodSeconds", {}, String(grace))),
+    ),
+  );
+}
+
+function checkVolumes(vmi: VirtualMachineInstance): void {
+  const key = vmiKey(vmi);
+  const disks = vmi.spec.domain.devices.disks ?? [];
+  const seen = new Set<string>();
+  (vmi.spec.volumes ?? []).forEach((volume, i) => {
+    const path = `spec.volumes[${i}]`;
+    if (seen.has(volume.name)) {
+      throw new InvalidFieldError(key, `${path}.name`, `duplicate volume name "${volume.name}"`);
+    }
+    seen.add(volume.name);
+    const sources = Object.keys(volume).filter((field) => field !== "name");
+    if (sources.length !== 1) {
+      throw new InvalidFieldError(key, path, "needs exactly one volume source");
+    }
+    if (!disks.some((disk) => disk.name === volume.name)) {
+      throw new InvalidFieldError(key, `${path}.name`, `no disk named "${volume.name}"`);
+    }
+  });
+}
+
+/**
+ * Checks what the allow-list cannot: cross-references between disks, volumes,
+ * interfaces and networks, and values libvirt would reject. Throws the converter's
+ * typed errors; pure.
+ */
+export function checkVmiSemantics(vmi: VirtualMachineInstance): void {
+  checkVolumes(vmi);
+  (vmi.spec.domain.devices.disks ?? []).forEach((disk, i) => diskShape(vmi, disk, i));
+  buildInterfaces(vmi);
+  guestMemoryBytes(vmi);
+  firmwareUuid(vmi);
+  if (wantsSecureBoot(vmi) && !enabled(vmi.spec.domain.features?.smm, false)) {
+    throw new InvalidFieldError(
+      vmiKey(vmi),
+      "spec.domain.features.smm",
+      "EFI secure boot needs SMM: enable it or set spec.domain.firmware.bootloader.efi.secureBoot to false",
+    );
+  }
+}
+
+/**
+ * The libvirt domain XML for a validated VMI whose volumes were prepared. Pure: the same
+ * inputs give the same text.
+ */
+export function generateDomainXml(vmi: VirtualMachineInstance, options: DomainXmlOptions): string {
+  checkVmiSemantics(vmi);
+  const devices = vmi.spec.domain.devices;
+  const topology = cpuTopology(vmi);
+  const sysinfo = buildSysinfo(vmi);
+  const uuid = firmwareUuid(vmi);
+  const domain = el(
+    "domain",
+    { type: options.domainType },
+    el("name", {}, domainNameForVmi(vmi)),
+    uuid !== undefined && el("uuid", {}, uuid),
+    buildMetadata(vmi),
+    el("memory", { unit: "b" }, String(guestMemoryBytes(vmi))),
+    buildMemoryBacking(vmi),
+    el(
+      "vcpu",
+      { placement: "static" },
+      String(topology.sockets * topology.cores * topology.threads),
+    ),
+    sysinfo,
+    buildOs(vmi, options, sysinfo !== undefined),
+    buildFeatures(vmi),
+    buildCpu(vmi, options),
+    buildClock(vmi),
+    el(
+      "devices",
+      {},
+      buildDisks(vmi, options),
+      hasScsiDisk(vmi) && el("controller", { type: "scsi", index: 0, model: "virtio-scsi" }),
+      buildInterfaces(vmi),
+      buildConsoleAndGraphics(vmi, options),
+      (devices.autoattachMemBalloon ?? true)
+        ? el("memballoon", { model: "virtio" }, el("stats", { period: 10 }))
+        : el("memballoon", { model: "none" }),
+      devices.rng !== undefined &&
+        el("rng", { model: "virtio" }, el("backend", { model: "random" }, "/dev/urandom")),
+      devices.watchdog !== undefined &&
+        el(
+          "watchdog",
+          { model: "i6300esb", action: devices.watchdog.i6300esb?.action },
+          el("alias", { name: `ua-${devices.watchdog.name}` }),
+        ),
+    ),
+  );
+  return renderXml(domain);
+}

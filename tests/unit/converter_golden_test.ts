@@ -1,0 +1,52 @@
+import assert from "node:assert/strict";
+import { convertVmiToDomainXml } from "../../mod/launcher/converter.ts";
+import type { ConvertOptions } from "../../mod/launcher/converter.ts";
+import { createWorkspace, FIXTURE_DIR, virtXmlValidate } from "./converter_workspace.ts";
+
+/** Fixtures converted for a KVM host; the others for software emulation. */
+const KVM_FIXTURES = new Set(["named-cpu"]);
+
+const UPDATE = Deno.env.get("UPDATE_GOLDEN") === "1";
+
+const fixtures: string[] = [];
+for (const entry of Deno.readDirSync(FIXTURE_DIR)) {
+  if (entry.isFile && entry.name.endsWith(".vmi.json")) {
+    fixtures.push(entry.name.slice(0, -".vmi.json".length));
+  }
+}
+fixtures.sort();
+
+Deno.test("converter golden fixtures exist", () => {
+  assert.ok(fixtures.length >= 6, `only ${fixtures.length} fixtures`);
+});
+
+for (const name of fixtures) {
+  Deno.test(`convertVmiToDomainXml() turns fixture "${name}" into its golden XML, valid for libvirt`, async () => {
+    const workspace = await createWorkspace();
+    try {
+      const text = await Deno.readTextFile(new URL(`${name}.vmi.json`, FIXTURE_DIR));
+      const vmi = JSON.parse(workspace.localize(text));
+      const options: ConvertOptions = {
+        ...workspace.options(vmi.metadata.namespace, vmi.metadata.name, vmi.metadata.uid),
+        domainType: KVM_FIXTURES.has(name) ? "kvm" : "qemu",
+      };
+      const result = await convertVmiToDomainXml(vmi, options);
+
+      const validation = await virtXmlValidate(result.xml);
+      assert.ok(validation.ok, `virt-xml-validate rejected "${name}":\n${validation.output}`);
+
+      for (const file of Object.values(result.volumes)) {
+        const info = await Deno.stat(file.path);
+        assert.ok(info.isFile, `${file.path} is not a file`);
+      }
+
+      const actual = workspace.normalize(result.xml);
+      const goldenUrl = new URL(`${name}.xml`, FIXTURE_DIR);
+      if (UPDATE) await Deno.writeTextFile(goldenUrl, actual);
+      const golden = await Deno.readTextFile(goldenUrl).catch(() => "");
+      assert.equal(actual, golden, `output differs from ${name}.xml (UPDATE_GOLDEN=1 rewrites it)`);
+    } finally {
+      await workspace.dispose();
+    }
+  });
+}
