@@ -1,0 +1,86 @@
+import assert from "node:assert/strict";
+import { useCluster } from "../cluster/cluster.ts";
+
+const main = new URL("../../main.ts", import.meta.url).pathname;
+
+async function virtnode(args: string[], env: Record<string, string> = {}) {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", main, ...args],
+    env: { NO_COLOR: "1", ...env },
+    stdin: "null",
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const dec = new TextDecoder();
+  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+}
+
+Deno.test("virtnode --help lists the global flags and the subcommands", async () => {
+  const r = await virtnode(["--help"]);
+  assert.equal(r.code, 0);
+  for (const word of ["--node-name", "--kubeconfig", "--libvirt-uri", "--log-level", "check"]) {
+    assert.ok(r.stdout.includes(word), `help lacks ${word}`);
+  }
+});
+
+Deno.test("virtnode version prints virtnode's, Deno's and libvirt's versions", async () => {
+  const r = await virtnode(["version"]);
+  assert.equal(r.code, 0, r.stderr);
+  assert.match(r.stdout, /^virtnode \d+\.\d+\.\d+$/m);
+  assert.match(r.stdout, new RegExp(`^deno ${Deno.version.deno}$`, "m"));
+  assert.match(r.stdout, /^libvirt \d+\.\d+\.\d+$/m);
+});
+
+Deno.test("a bad flag value exits 2 with a message naming the flag, the value and what is allowed", async () => {
+  const r = await virtnode(["--log-level", "loud", "check"]);
+  assert.equal(r.code, 2);
+  assert.match(r.stderr, /Invalid value "loud" for --log-level: allowed: trace, debug, info/);
+  const fromEnv = await virtnode(["check"], { VIRTNODE_LIBVIRT_URI: "xen:///" });
+  assert.equal(fromEnv.code, 2);
+  assert.match(fromEnv.stderr, /--libvirt-uri \(from VIRTNODE_LIBVIRT_URI\)/);
+  const unknown = await virtnode(["--bogus"]);
+  assert.equal(unknown.code, 2);
+  assert.match(unknown.stderr, /unknown option '--bogus'/);
+});
+
+Deno.test("virtnode check passes against a real apiserver and libvirt, and fails naming a missing kubeconfig", async () => {
+  const cluster = await useCluster();
+  const dir = await Deno.makeTempDir();
+  try {
+    const common = [
+      "--libvirt-uri",
+      "test:///default",
+      "--state-dir",
+      `${dir}/state`,
+      "--run-dir",
+      `${dir}/run`,
+    ];
+    const ok = await virtnode(["--kubeconfig", cluster.kubeconfigPath, ...common, "check"]);
+    assert.match(ok.stdout, /^PASS {2}libvirt library +libvirt\.so\.0 loaded/m);
+    assert.match(ok.stdout, /^PASS {2}apiserver +reached with .*Kubernetes v1\.\d+/m);
+    assert.match(ok.stdout, /^PASS {2}state directory/m);
+    assert.match(ok.stdout, /^(PASS|WARN) {2}kvm/m);
+    assert.equal(ok.code, 0, ok.stdout + ok.stderr);
+
+    const missing = await virtnode(["--kubeconfig", `${dir}/nope.yaml`, ...common, "check"]);
+    assert.equal(missing.code, 1);
+    assert.match(missing.stdout, /^FAIL {2}apiserver .*nope\.yaml/m);
+    assert.match(missing.stdout, /1 check\(s\) failed/);
+
+    await Deno.writeTextFile(`${dir}/ro`, "");
+    const unwritable = await virtnode([
+      "--kubeconfig",
+      cluster.kubeconfigPath,
+      "--libvirt-uri",
+      "test:///default",
+      "--state-dir",
+      `${dir}/ro/state`,
+      "check",
+    ]);
+    assert.equal(unwritable.code, 1);
+    assert.match(unwritable.stdout, /^FAIL {2}state directory/m);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+    await cluster.stop();
+  }
+});
