@@ -209,11 +209,23 @@ const VMI_RULE: Rule = obj({
       hints: { multus: "Multus networks are not supported yet" },
     })),
     terminationGracePeriodSeconds: int(0),
+    // Scheduling fields: the scheduler consumes them before the VMI reaches a node, and
+    // they do not shape the domain.
     nodeSelector: map(str()),
+    affinity: any,
+    tolerations: arr(any),
+    topologySpreadConstraints: arr(any),
+    schedulerName: str(),
+    priorityClassName: str(),
+    evictionStrategy: str(["None", "LiveMigrate", "LiveMigrateIfPossible", "External"]),
     hostname: { kind: "string", pattern: DNS_LABEL },
     architecture: str(["amd64"]),
   }, { required: ["domain"] }),
 }, { required: ["metadata", "spec"] });
+
+// Characters XML 1.0 cannot carry, so no domain XML could hold them.
+// deno-lint-ignore no-control-regex
+const CONTROL_CHARS = /[\u0000-\u0008\u000B\u000C\u000E-\u001F\uFFFE\uFFFF]/;
 
 function describe(value: unknown): string {
   if (value === null) return "null";
@@ -232,6 +244,7 @@ function walk(key: string, path: string, value: unknown, rule: Rule): void {
       return;
     case "string":
       if (typeof value !== "string") throw invalid(`expected a string, got ${describe(value)}`);
+      if (CONTROL_CHARS.test(value)) throw invalid("contains a control character");
       if (rule.values && !rule.values.includes(value)) {
         throw new UnsupportedFieldError(
           key,

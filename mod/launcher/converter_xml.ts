@@ -159,13 +159,11 @@ function diskShape(
   };
 }
 
-function buildDisks(vmi: VirtualMachineInstance, options: DomainXmlOptions): XmlElement[] {
+function checkDisks(vmi: VirtualMachineInstance): void {
   const key = vmiKey(vmi);
-  const disks = vmi.spec.domain.devices.disks ?? [];
   const volumes = vmi.spec.volumes ?? [];
-  const counters = new Map<string, number>();
   const seen = new Set<string>();
-  return disks.map((disk, i) => {
+  (vmi.spec.domain.devices.disks ?? []).forEach((disk, i) => {
     const path = `spec.domain.devices.disks[${i}]`;
     if (seen.has(disk.name)) {
       throw new InvalidFieldError(key, `${path}.name`, `duplicate disk name "${disk.name}"`);
@@ -174,6 +172,15 @@ function buildDisks(vmi: VirtualMachineInstance, options: DomainXmlOptions): Xml
     if (!volumes.some((volume) => volume.name === disk.name)) {
       throw new InvalidFieldError(key, `${path}.name`, `no volume named "${disk.name}"`);
     }
+    diskShape(vmi, disk, i);
+  });
+}
+
+function buildDisks(vmi: VirtualMachineInstance, options: DomainXmlOptions): XmlElement[] {
+  const key = vmiKey(vmi);
+  const disks = vmi.spec.domain.devices.disks ?? [];
+  const counters = new Map<string, number>();
+  return disks.map((disk, i) => {
     const prepared = options.volumes[disk.name];
     if (!prepared) {
       throw new ConversionError(key, `volume "${disk.name}" was not prepared`);
@@ -563,8 +570,8 @@ function checkVolumes(vmi: VirtualMachineInstance): void {
  * typed errors; pure.
  */
 export function checkVmiSemantics(vmi: VirtualMachineInstance): void {
+  checkDisks(vmi);
   checkVolumes(vmi);
-  (vmi.spec.domain.devices.disks ?? []).forEach((disk, i) => diskShape(vmi, disk, i));
   buildInterfaces(vmi);
   guestMemoryBytes(vmi);
   firmwareUuid(vmi);

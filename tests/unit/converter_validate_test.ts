@@ -1,0 +1,300 @@
+import assert from "node:assert/strict";
+import {
+  checkVmiSemantics,
+  ConversionError,
+  InvalidFieldError,
+  UnsupportedFieldError,
+  validateVmi,
+} from "../../mod/launcher/converter.ts";
+
+// deno-lint-ignore no-explicit-any
+type Json = any;
+
+function baseVmi(): Json {
+  return {
+    apiVersion: "kubevirt.io/v1",
+    kind: "VirtualMachineInstance",
+    metadata: { name: "vm1", namespace: "default", uid: "u1" },
+    spec: {
+      domain: {
+        memory: { guest: "128Mi" },
+        devices: {
+          disks: [{ name: "rootdisk", disk: { bus: "virtio" } }],
+          interfaces: [{ name: "default", slirp: {} }],
+        },
+      },
+      networks: [{ name: "default", pod: {} }],
+      volumes: [{ name: "rootdisk", containerDisk: { image: "quay.io/containerdisks/fedora:39" } }],
+    },
+  };
+}
+
+function check(vmi: Json): void {
+  checkVmiSemantics(validateVmi(vmi));
+}
+
+/** Each case: a change to a valid VMI and the JSON path the error must name. */
+const UNSUPPORTED: [string, (vmi: Json) => void][] = [
+  [
+    "spec.domain.devices.gpus",
+    (v) => v.spec.domain.devices.gpus = [{ name: "g", deviceName: "x" }],
+  ],
+  ["spec.domain.devices.hostDevices", (v) => v.spec.domain.devices.hostDevices = []],
+  ["spec.domain.devices.filesystems", (v) => v.spec.domain.devices.filesystems = []],
+  ["spec.domain.devices.inputs", (v) => v.spec.domain.devices.inputs = []],
+  ["spec.domain.devices.tpm", (v) => v.spec.domain.devices.tpm = {}],
+  ["spec.domain.devices.blockMultiQueue", (v) => v.spec.domain.devices.blockMultiQueue = true],
+  [
+    "spec.domain.devices.disks[0].lun",
+    (v) => v.spec.domain.devices.disks[0] = { name: "rootdisk", lun: {} },
+  ],
+  ["spec.domain.devices.disks[0].io", (v) => v.spec.domain.devices.disks[0].io = "native"],
+  ["spec.domain.devices.disks[0].disk.bus", (v) => v.spec.domain.devices.disks[0].disk.bus = "usb"],
+  [
+    "spec.domain.devices.disks[0].disk.pciAddress",
+    (v) => v.spec.domain.devices.disks[0].disk.pciAddress = "0000:81:01.0",
+  ],
+  ["spec.domain.devices.disks[0].cache", (v) => v.spec.domain.devices.disks[0].cache = "unsafe"],
+  [
+    "spec.domain.devices.disks[0].cdrom.bus",
+    (v) => v.spec.domain.devices.disks[0] = { name: "rootdisk", cdrom: { bus: "virtio" } },
+  ],
+  [
+    "spec.domain.devices.interfaces[0].masquerade",
+    (v) => v.spec.domain.devices.interfaces[0] = { name: "default", masquerade: {} },
+  ],
+  [
+    "spec.domain.devices.interfaces[0].bridge",
+    (v) => v.spec.domain.devices.interfaces[0] = { name: "default", bridge: {} },
+  ],
+  [
+    "spec.domain.devices.interfaces[0].sriov",
+    (v) => v.spec.domain.devices.interfaces[0] = { name: "default", sriov: {} },
+  ],
+  [
+    "spec.domain.devices.interfaces[0].binding",
+    (v) => v.spec.domain.devices.interfaces[0] = { name: "default", binding: { name: "passt" } },
+  ],
+  [
+    "spec.domain.devices.interfaces[0].model",
+    (v) => v.spec.domain.devices.interfaces[0].model = "vmxnet3",
+  ],
+  [
+    "spec.domain.devices.interfaces[0].ports",
+    (v) => v.spec.domain.devices.interfaces[0].ports = [{ port: 80 }],
+  ],
+  [
+    "spec.domain.devices.autoattachPodInterface",
+    (v) => v.spec.domain.devices.autoattachPodInterface = true,
+  ],
+  [
+    "spec.domain.devices.watchdog.diag288",
+    (v) => v.spec.domain.devices.watchdog = { name: "w", i6300esb: {}, diag288: {} },
+  ],
+  [
+    "spec.domain.cpu.dedicatedCpuPlacement",
+    (v) => v.spec.domain.cpu = { dedicatedCpuPlacement: true },
+  ],
+  ["spec.domain.cpu.numa", (v) => v.spec.domain.cpu = { numa: {} }],
+  ["spec.domain.cpu.maxSockets", (v) => v.spec.domain.cpu = { maxSockets: 4 }],
+  ["spec.domain.memory.maxGuest", (v) => v.spec.domain.memory.maxGuest = "1Gi"],
+  ["spec.domain.features.kvm", (v) => v.spec.domain.features = { kvm: { hidden: true } }],
+  ["spec.domain.features.hyperv.evmcs", (v) => v.spec.domain.features = { hyperv: { evmcs: {} } }],
+  ["spec.domain.firmware.kernelBoot", (v) => v.spec.domain.firmware = { kernelBoot: {} }],
+  [
+    "spec.domain.firmware.bootloader.efi.persistent",
+    (v) => v.spec.domain.firmware = { bootloader: { efi: { persistent: true } } },
+  ],
+  ["spec.domain.launchSecurity", (v) => v.spec.domain.launchSecurity = {}],
+  ["spec.domain.ioThreadsPolicy", (v) => v.spec.domain.ioThreadsPolicy = "auto"],
+  [
+    "spec.volumes[0].persistentVolumeClaim",
+    (v) => v.spec.volumes[0] = { name: "rootdisk", persistentVolumeClaim: { claimName: "c" } },
+  ],
+  [
+    "spec.volumes[0].dataVolume",
+    (v) => v.spec.volumes[0] = { name: "rootdisk", dataVolume: { name: "d" } },
+  ],
+  [
+    "spec.volumes[0].configMap",
+    (v) => v.spec.volumes[0] = { name: "rootdisk", configMap: { name: "c" } },
+  ],
+  [
+    "spec.volumes[0].containerDisk.imagePullSecret",
+    (v) => v.spec.volumes[0].containerDisk.imagePullSecret = "s",
+  ],
+  [
+    "spec.volumes[0].cloudInitNoCloud.secretRef",
+    (v) => v.spec.volumes[0] = { name: "rootdisk", cloudInitNoCloud: { secretRef: { name: "s" } } },
+  ],
+  [
+    "spec.volumes[0].hostDisk.shared",
+    (v) =>
+      v.spec.volumes[0] = {
+        name: "rootdisk",
+        hostDisk: { path: "/x", type: "Disk", shared: true },
+      },
+  ],
+  [
+    "spec.networks[0].multus",
+    (v) => v.spec.networks[0] = { name: "default", multus: { networkName: "n" } },
+  ],
+  ["spec.readinessProbe", (v) => v.spec.readinessProbe = { tcpSocket: { port: 22 } }],
+  ["spec.accessCredentials", (v) => v.spec.accessCredentials = []],
+  ["spec.architecture", (v) => v.spec.architecture = "arm64"],
+  ["apiVersion", (v) => v.apiVersion = "kubevirt.io/v1alpha3"],
+];
+
+for (const [path, change] of UNSUPPORTED) {
+  Deno.test(`validateVmi() refuses unsupported field "${path}"`, () => {
+    const vmi = baseVmi();
+    change(vmi);
+    assert.throws(() => check(vmi), (error: unknown) => {
+      assert.ok(error instanceof UnsupportedFieldError, `got ${error}`);
+      assert.equal(error.path, path);
+      assert.ok(
+        error.message.startsWith(`Cannot convert VMI "default/vm1": unsupported field "${path}"`),
+        error.message,
+      );
+      return true;
+    });
+  });
+}
+
+Deno.test("validateVmi() accepts the base VMI and scheduling-only fields", () => {
+  const vmi = baseVmi();
+  vmi.spec.affinity = { nodeAffinity: {} };
+  vmi.spec.tolerations = [{ key: "k", operator: "Exists" }];
+  vmi.spec.evictionStrategy = "LiveMigrate";
+  vmi.spec.domain.resources = { requests: { memory: "128Mi", "devices.kubevirt.io/kvm": "1" } };
+  vmi.status = { phase: "Running", anything: { goes: true } };
+  check(vmi);
+});
+
+Deno.test("validateVmi() names pod network bindings as not supported yet", () => {
+  const vmi = baseVmi();
+  vmi.spec.domain.devices.interfaces[0] = { name: "default", masquerade: {} };
+  assert.throws(() => check(vmi), /pod network bindings are not supported yet/);
+});
+
+/** Malformed input: each case and a pattern its message must match. */
+const MALFORMED: [string, Json, RegExp][] = [
+  ["null", null, /invalid field "\(root\)": expected an object, got null/],
+  ["a string", "vm", /expected an object, got a string/],
+  ["an array", [], /expected an object, got an array/],
+  ["no spec", { metadata: { name: "vm1" } }, /invalid field "spec": is required/],
+  [
+    "no name",
+    { metadata: {}, spec: { domain: { devices: {} } } },
+    /"default\/<unnamed>": invalid field "metadata.name"/,
+  ],
+  [
+    "a bad name",
+    { metadata: { name: "VM_1" }, spec: { domain: { devices: {} } } },
+    /metadata.name/,
+  ],
+];
+
+for (const [what, vmi, pattern] of MALFORMED) {
+  Deno.test(`validateVmi() refuses ${what} with a clear error`, () => {
+    assert.throws(() => validateVmi(vmi), (error: unknown) => {
+      assert.ok(error instanceof InvalidFieldError, `got ${error}`);
+      assert.match(error.message, pattern);
+      return true;
+    });
+  });
+}
+
+/** Semantically wrong VMIs: each change and the field the error must name. */
+const INVALID: [string, string, (vmi: Json) => void][] = [
+  ["a string for cores", "spec.domain.cpu.cores", (v) => v.spec.domain.cpu = { cores: "2" }],
+  ["zero sockets", "spec.domain.cpu.sockets", (v) => v.spec.domain.cpu = { sockets: 0 }],
+  ["a non-quantity memory", "spec.domain.memory.guest", (v) => v.spec.domain.memory.guest = "lots"],
+  ["no memory at all", "spec.domain.memory.guest", (v) => delete v.spec.domain.memory],
+  [
+    "a disk without volume",
+    "spec.domain.devices.disks[1].name",
+    (v) => v.spec.domain.devices.disks.push({ name: "other" }),
+  ],
+  [
+    "a volume without disk",
+    "spec.volumes[1].name",
+    (v) => v.spec.volumes.push({ name: "other", emptyDisk: { capacity: "1Gi" } }),
+  ],
+  [
+    "a volume with two sources",
+    "spec.volumes[0]",
+    (v) => v.spec.volumes[0].emptyDisk = { capacity: "1Gi" },
+  ],
+  ["a volume without source", "spec.volumes[0]", (v) => v.spec.volumes[0] = { name: "rootdisk" }],
+  [
+    "duplicate disks",
+    "spec.domain.devices.disks[1].name",
+    (v) => v.spec.domain.devices.disks.push({ name: "rootdisk" }),
+  ],
+  [
+    "disk and cdrom at once",
+    "spec.domain.devices.disks[0]",
+    (v) => v.spec.domain.devices.disks[0].cdrom = {},
+  ],
+  [
+    "an interface without network",
+    "spec.domain.devices.interfaces[0].name",
+    (v) => v.spec.networks = [],
+  ],
+  [
+    "a network without interface",
+    "spec.networks[1].name",
+    (v) => v.spec.networks.push({ name: "x", pod: {} }),
+  ],
+  [
+    "an interface without binding",
+    "spec.domain.devices.interfaces[0]",
+    (v) => v.spec.domain.devices.interfaces[0] = { name: "default" },
+  ],
+  [
+    "a bad MAC",
+    "spec.domain.devices.interfaces[0].macAddress",
+    (v) => v.spec.domain.devices.interfaces[0].macAddress = "zz:00",
+  ],
+  [
+    "a bad firmware UUID",
+    "spec.domain.firmware.uuid",
+    (v) => v.spec.domain.firmware = { uuid: "not-a-uuid" },
+  ],
+  [
+    "secure boot without SMM",
+    "spec.domain.features.smm",
+    (v) => v.spec.domain.firmware = { bootloader: { efi: {} } },
+  ],
+  [
+    "a boolean as string",
+    "spec.domain.devices.autoattachSerialConsole",
+    (v) => v.spec.domain.devices.autoattachSerialConsole = "false",
+  ],
+  [
+    "a required watchdog type",
+    "spec.domain.devices.watchdog.i6300esb",
+    (v) => v.spec.domain.devices.watchdog = { name: "w" },
+  ],
+  ["a bad volume name", "spec.volumes[0].name", (v) => v.spec.volumes[0].name = "../etc"],
+  [
+    "a control character",
+    "spec.domain.firmware.serial",
+    (v) => v.spec.domain.firmware = { serial: "a\u0001" },
+  ],
+];
+
+for (const [what, path, change] of INVALID) {
+  Deno.test(`checkVmiSemantics() refuses ${what}, naming "${path}"`, () => {
+    const vmi = baseVmi();
+    change(vmi);
+    assert.throws(() => check(vmi), (error: unknown) => {
+      assert.ok(error instanceof InvalidFieldError, `got ${error}`);
+      assert.equal(error.path, path);
+      assert.ok(error instanceof ConversionError);
+      assert.match(error.message, /^Cannot convert VMI "default\/vm1": invalid field "/);
+      return true;
+    });
+  });
+}
