@@ -93,6 +93,10 @@ export function detailOf(err: unknown): string {
       ? `${err.status} ${err.reason}: ${err.apiMessage}`
       : `${err.status}: ${err.apiMessage}`;
   }
-  if (err instanceof Error) return err.message;
+  if (err instanceof Error) {
+    // Deno's fetch says only "fetch failed"; the reason (refused, TLS, reset) is in `cause`.
+    const cause = err.cause instanceof Error ? err.cause.message : undefined;
+    return cause && !err.message.includes(cause) ? `${err.message}: ${cause}` : err.message;
+  }
   return String(err);
 }
