@@ -64,7 +64,7 @@ export async function convertVmiToDomainXml(
   options: ConvertOptions,
 ): Promise<ConversionResult> {
   const valid = validateVmi(vmi);
-  checkVmiSemantics(valid);
+  checkVmiSemantics(valid, options);
   const prepared = await prepareVolumes(valid, options);
   const xml = generateDomainXml(valid, {
     domainType: options.domainType,

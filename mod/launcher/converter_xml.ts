@@ -263,25 +263,17 @@ function buildInterfaces(vmi: VirtualMachineInstance): XmlElement[] {
   });
 }
 
-function buildCpu(vmi: VirtualMachineInstance, options: DomainXmlOptions): XmlElement {
+function buildCpu(vmi: VirtualMachineInstance): XmlElement {
   const cpu = vmi.spec.domain.cpu;
   const topology = cpuTopology(vmi);
-  // KubeVirt defaults to host-model; under software emulation libvirt's default model is
-  // the one that works, so no mode is set there unless the VMI asks.
-  const model = cpu?.model ?? (options.domainType === "kvm" ? "host-model" : undefined);
+  // KubeVirt's default; libvirt also offers host-model to software-emulated guests.
+  const model = cpu?.model ?? "host-model";
   const features = cpu?.features ?? [];
-  if (model === undefined && features.length > 0) {
-    throw new InvalidFieldError(
-      vmiKey(vmi),
-      "spec.domain.cpu.features",
-      "needs spec.domain.cpu.model",
-    );
-  }
   let attrs: Record<string, string | undefined> = {};
   let modelElement: XmlElement | undefined;
   if (model === "host-model" || model === "host-passthrough") {
     attrs = { mode: model };
-  } else if (model !== undefined) {
+  } else {
     attrs = { mode: "custom", match: "exact" };
     modelElement = el("model", {}, model);
   }
@@ -569,7 +561,31 @@ function checkVolumes(vmi: VirtualMachineInstance): void {
  * interfaces and networks, and values libvirt would reject. Throws the converter's
  * typed errors; pure.
  */
-export function checkVmiSemantics(vmi: VirtualMachineInstance): void {
+export function checkVmiSemantics(
+  vmi: VirtualMachineInstance,
+  options: { domainType?: "kvm" | "qemu" } = {},
+): void {
+  const key = vmiKey(vmi);
+  if (options.domainType === "qemu") {
+    // What libvirt or QEMU refuse for software-emulated guests, refused here by name.
+    if (vmi.spec.domain.cpu?.model === "host-passthrough") {
+      throw new UnsupportedFieldError(
+        key,
+        "spec.domain.cpu.model",
+        `value "host-passthrough" needs KVM; this node emulates guests in software`,
+      );
+    }
+    if (vmi.spec.domain.features?.hyperv !== undefined) {
+      throw new UnsupportedFieldError(
+        key,
+        "spec.domain.features.hyperv",
+        "Hyper-V enlightenments need KVM; this node emulates guests in software",
+      );
+    }
+  }
+  if (wantsEfi(vmi) && !enabled(vmi.spec.domain.features?.acpi, true)) {
+    throw new InvalidFieldError(key, "spec.domain.features.acpi", "EFI firmware needs ACPI");
+  }
   checkDisks(vmi);
   checkVolumes(vmi);
   buildInterfaces(vmi);
@@ -589,7 +605,7 @@ export function checkVmiSemantics(vmi: VirtualMachineInstance): void {
  * inputs give the same text.
  */
 export function generateDomainXml(vmi: VirtualMachineInstance, options: DomainXmlOptions): string {
-  checkVmiSemantics(vmi);
+  checkVmiSemantics(vmi, options);
   const devices = vmi.spec.domain.devices;
   const topology = cpuTopology(vmi);
   const sysinfo = buildSysinfo(vmi);
@@ -610,7 +626,7 @@ export function generateDomainXml(vmi: VirtualMachineInstance, options: DomainXm
     sysinfo,
     buildOs(vmi, options, sysinfo !== undefined),
     buildFeatures(vmi),
-    buildCpu(vmi, options),
+    buildCpu(vmi),
     buildClock(vmi),
     el(
       "devices",

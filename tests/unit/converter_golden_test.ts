@@ -4,7 +4,7 @@ import type { ConvertOptions } from "../../mod/launcher/converter.ts";
 import { createWorkspace, FIXTURE_DIR, virtXmlValidate } from "./converter_workspace.ts";
 
 /** Fixtures converted for a KVM host; the others for software emulation. */
-const KVM_FIXTURES = new Set(["named-cpu"]);
+const KVM_FIXTURES = new Set(["named-cpu", "efi-hyperv", "cpu-memory"]);
 
 const UPDATE = Deno.env.get("UPDATE_GOLDEN") === "1";
 

@@ -298,3 +298,38 @@ for (const [what, path, change] of INVALID) {
     });
   });
 }
+
+Deno.test("checkVmiSemantics() refuses KVM-only fields for software-emulated guests", () => {
+  const passthrough = baseVmi();
+  passthrough.spec.domain.cpu = { model: "host-passthrough" };
+  const hyperv = baseVmi();
+  hyperv.spec.domain.features = { hyperv: { relaxed: {} } };
+  for (
+    const [vmi, path] of [[passthrough, "spec.domain.cpu.model"], [
+      hyperv,
+      "spec.domain.features.hyperv",
+    ]]
+  ) {
+    checkVmiSemantics(validateVmi(vmi), { domainType: "kvm" });
+    assert.throws(
+      () => checkVmiSemantics(validateVmi(vmi), { domainType: "qemu" }),
+      (error: unknown) => {
+        assert.ok(error instanceof UnsupportedFieldError, `got ${error}`);
+        assert.equal(error.path, path);
+        assert.match(error.message, /needs? KVM/);
+        return true;
+      },
+    );
+  }
+});
+
+Deno.test("checkVmiSemantics() refuses EFI without ACPI, naming spec.domain.features.acpi", () => {
+  const vmi = baseVmi();
+  vmi.spec.domain.firmware = { bootloader: { efi: { secureBoot: false } } };
+  vmi.spec.domain.features = { acpi: { enabled: false } };
+  assert.throws(() => check(vmi), (error: unknown) => {
+    assert.ok(error instanceof InvalidFieldError);
+    assert.equal(error.path, "spec.domain.features.acpi");
+    return true;
+  });
+});
