@@ -1,0 +1,274 @@
+/**
+ * The launcher's cmd server: `kubevirt.cmd.v1.Cmd` and `kubevirt.cmd.info.CmdInfo` over
+ * a unix socket, laid out as KubeVirt's virt-launcher lays it out: the server binds
+ * `<socket dir>/launcher-init-sock` (mode 0600, root only) and, once the launcher is
+ * ready, renames it to `<socket dir>/launcher-sock`, the name the handler dials (in a
+ * KubeVirt pod the socket dir is `/var/run/kubevirt/sockets`).
+ *
+ * Every RPC answers; none throws. Failures are `Response{success: false, message}` with
+ * a message naming the VMI and the problem; RPCs virtnode does not implement answer gRPC
+ * status UNIMPLEMENTED naming the RPC.
+ *
+ * @module
+ */
+
+import * as grpc from "@grpc/grpc-js";
+import { join } from "node:path";
+import { SocketNames } from "../api/constants.ts";
+import { encodeDomainJson } from "../domain/mod.ts";
+import {
+  CMD_METHODS,
+  cmdInfoService,
+  type CmdMethod,
+  cmdService,
+  type DomainResponse,
+  type DomainStatsResponse,
+  type GuestInfoResponse,
+  type QemuVersionResponse,
+  type Response,
+  SUPPORTED_CMD_VERSIONS,
+  unixTarget,
+  type VMIRequest,
+} from "../proto/mod.ts";
+import type { DomainManager } from "./domain_manager.ts";
+import { getLogger } from "../log/mod.ts";
+
+const log = getLogger("launcher", "cmd-server");
+
+/** `<dir>/launcher-sock`: where the handler dials a ready launcher. */
+export function launcherSocketPath(socketDir: string): string {
+  return join(socketDir, SocketNames.Launcher);
+}
+
+/** `<dir>/launcher-init-sock`: the socket while the launcher starts. */
+export function launcherInitSocketPath(socketDir: string): string {
+  return join(socketDir, SocketNames.LauncherInit);
+}
+
+/** What the cmd server needs from the domain manager. */
+export type CmdBackend = Pick<
+  DomainManager,
+  | "vmiKey"
+  | "syncVmi"
+  | "pause"
+  | "unpause"
+  | "shutdown"
+  | "kill"
+  | "deleteDomain"
+  | "softReboot"
+  | "reset"
+  | "getDomain"
+  | "getDomainStats"
+  | "qemuVersion"
+  | "guestInfo"
+>;
+
+/** Options of {@linkcode CmdServer.start}. */
+export interface CmdServerOptions {
+  /** Directory of the sockets; created (0755) when missing. */
+  socketDir: string;
+  /** Carries out the commands. */
+  backend: CmdBackend;
+}
+
+/** The socket could not be served. */
+export class CmdServerError extends Error {
+  /** Creates the error; `detail` follows `Cannot serve the cmd socket "<path>": `. */
+  constructor(path: string, detail: string, options?: ErrorOptions) {
+    super(`Cannot serve the cmd socket "${path}": ${detail}`, options);
+    this.name = "CmdServerError";
+  }
+}
+
+type Callback<T> = (error: Partial<grpc.ServiceError> | null, value?: T) => void;
+type Call<Req> = grpc.ServerUnaryCall<Req, unknown>;
+type Handler = (call: Call<unknown>, callback: Callback<unknown>) => void;
+
+function errorMessage(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+const ok = (): Response => ({ success: true, message: "" });
+const failed = (error: unknown): Response => ({ success: false, message: errorMessage(error) });
+
+/** Wraps an async handler so that nothing escapes: any throw becomes `onError(error)`. */
+function safe<Req, Res>(
+  name: string,
+  fn: (request: Req) => Promise<Res>,
+  onError: (error: unknown) => Res,
+): Handler {
+  return (call, callback) => {
+    let request: Req;
+    try {
+      request = (call.request ?? {}) as Req;
+    } catch (error) {
+      callback(null, onError(error));
+      return;
+    }
+    fn(request).then(
+      (value) => callback(null, value),
+      (error) => {
+        log.warn("Command failed", { rpc: name, error: errorMessage(error) });
+        callback(null, onError(error));
+      },
+    );
+  };
+}
+
+function vmiJsonOf(request: VMIRequest): Uint8Array | null {
+  return request.vmi?.vmiJson ?? null;
+}
+
+function buildHandlers(backend: CmdBackend): Record<string, Handler> {
+  const command = (name: string, fn: (json: Uint8Array | null) => Promise<void>): Handler =>
+    safe<VMIRequest, Response>(name, async (request) => {
+      await fn(vmiJsonOf(request));
+      return ok();
+    }, failed);
+
+  const implemented: Partial<Record<CmdMethod, Handler>> = {
+    SyncVirtualMachine: command("SyncVirtualMachine", (json) => backend.syncVmi(json)),
+    PauseVirtualMachine: command("PauseVirtualMachine", (json) => backend.pause(json)),
+    UnpauseVirtualMachine: command("UnpauseVirtualMachine", (json) => backend.unpause(json)),
+    ShutdownVirtualMachine: command("ShutdownVirtualMachine", (json) => backend.shutdown(json)),
+    KillVirtualMachine: command("KillVirtualMachine", (json) => backend.kill(json)),
+    DeleteVirtualMachine: command("DeleteVirtualMachine", (json) => backend.deleteDomain(json)),
+    SoftRebootVirtualMachine: command(
+      "SoftRebootVirtualMachine",
+      (json) => backend.softReboot(json),
+    ),
+    ResetVirtualMachine: command("ResetVirtualMachine", (json) => backend.reset(json)),
+    Ping: safe("Ping", () => Promise.resolve(ok()), failed),
+    GetDomain: safe<unknown, DomainResponse>("GetDomain", async () => {
+      const domain = await backend.getDomain();
+      return { response: ok(), domain: domain ? encodeDomainJson(domain) : "" };
+    }, (error) => ({ response: failed(error), domain: "" })),
+    GetDomainStats: safe<unknown, DomainStatsResponse>("GetDomainStats", async () => {
+      const stats = await backend.getDomainStats();
+      return { response: ok(), domainStats: stats ? JSON.stringify(stats) : "" };
+    }, (error) => ({ response: failed(error), domainStats: "" })),
+    GetQemuVersion: safe<unknown, QemuVersionResponse>("GetQemuVersion", async () => {
+      return { response: ok(), version: await backend.qemuVersion() };
+    }, (error) => ({ response: failed(error), version: "" })),
+    GetGuestInfo: safe<unknown, GuestInfoResponse>("GetGuestInfo", async () => {
+      const info = await backend.guestInfo();
+      return { response: ok(), guestInfoResponse: JSON.stringify(info) };
+    }, (error) => ({ response: failed(error), guestInfoResponse: "" })),
+  };
+
+  const handlers: Record<string, Handler> = {};
+  for (const name of CMD_METHODS) {
+    handlers[name] = implemented[name] ?? ((_call, callback) => {
+      callback({
+        code: grpc.status.UNIMPLEMENTED,
+        details:
+          `${name} is not implemented by the virtnode launcher serving VMI "${backend.vmiKey}"`,
+      });
+    });
+  }
+  return handlers;
+}
+
+async function removeIfExists(path: string): Promise<void> {
+  try {
+    await Deno.remove(path);
+  } catch (error) {
+    if (!(error instanceof Deno.errors.NotFound)) throw error;
+  }
+}
+
+/** A running cmd server. */
+export class CmdServer {
+  /** Directory of the sockets. */
+  readonly socketDir: string;
+  readonly #server: grpc.Server;
+  #path: string;
+  #stopped = false;
+
+  private constructor(socketDir: string, server: grpc.Server, path: string) {
+    this.socketDir = socketDir;
+    this.#server = server;
+    this.#path = path;
+  }
+
+  /** Where the socket is now: the init socket until {@linkcode markReady}. */
+  get socketPath(): string {
+    return this.#path;
+  }
+
+  /**
+   * Binds `<socketDir>/launcher-init-sock` (replacing a stale one), restricts it to mode
+   * 0600 and serves Cmd and CmdInfo on it. Throws {@linkcode CmdServerError}.
+   */
+  static async start(options: CmdServerOptions): Promise<CmdServer> {
+    const path = launcherInitSocketPath(options.socketDir);
+    try {
+      await Deno.mkdir(options.socketDir, { recursive: true, mode: 0o755 });
+      await removeIfExists(path);
+      await removeIfExists(launcherSocketPath(options.socketDir));
+    } catch (error) {
+      throw new CmdServerError(path, errorMessage(error), { cause: error });
+    }
+    const server = new grpc.Server();
+    server.addService(cmdService(), buildHandlers(options.backend));
+    server.addService(cmdInfoService(), {
+      Info: (_call: Call<unknown>, callback: Callback<unknown>) => {
+        callback(null, { supportedCmdVersions: [...SUPPORTED_CMD_VERSIONS] });
+      },
+    });
+    try {
+      await new Promise<void>((resolve, reject) => {
+        server.bindAsync(unixTarget(path), grpc.ServerCredentials.createInsecure(), (error) => {
+          if (error) reject(error);
+          else resolve();
+        });
+      });
+      await Deno.chmod(path, 0o600);
+    } catch (error) {
+      server.forceShutdown();
+      await removeIfExists(path).catch(() => {});
+      throw new CmdServerError(path, errorMessage(error), { cause: error });
+    }
+    log.info("Cmd server listening", { socket: path });
+    return new CmdServer(options.socketDir, server, path);
+  }
+
+  /** Renames the init socket to `launcher-sock`: the handler may now dial the launcher. */
+  async markReady(): Promise<void> {
+    const ready = launcherSocketPath(this.socketDir);
+    if (this.#path === ready) return;
+    try {
+      await Deno.rename(this.#path, ready);
+    } catch (error) {
+      throw new CmdServerError(
+        this.#path,
+        `cannot rename it to "${ready}": ${errorMessage(error)}`,
+        {
+          cause: error,
+        },
+      );
+    }
+    this.#path = ready;
+    log.info("Marked as ready", { socket: ready });
+  }
+
+  /**
+   * Stops serving (in-flight calls get up to `graceMs`, 1 s as in KubeVirt) and removes
+   * the socket.
+   */
+  async stop(graceMs = 1_000): Promise<void> {
+    if (this.#stopped) return;
+    this.#stopped = true;
+    await new Promise<void>((resolve) => {
+      const timer = setTimeout(() => {
+        this.#server.forceShutdown();
+        resolve();
+      }, graceMs);
+      this.#server.tryShutdown(() => {
+        clearTimeout(timer);
+        resolve();
+      });
+    });
+    await removeIfExists(this.#path).catch(() => {});
+  }
+}

@@ -1,0 +1,426 @@
+/**
+ * The launcher's domain manager: what each cmd RPC does to the one libvirt domain of
+ * the launcher's VMI. Commands run one at a time; each is idempotent where KubeVirt's
+ * are (a second Sync of a running domain, a Pause of a paused one, a Kill of a stopped
+ * one change nothing).
+ *
+ * @module
+ */
+
+import {
+  type Connection,
+  type Domain as LibvirtDomain,
+  LIBVIRT_ERROR_CODES,
+  LibvirtError,
+} from "../../ffi/mod.ts";
+import type { VirtualMachineInstance } from "../api/types.ts";
+import { isFinalPhase } from "../api/constants.ts";
+import {
+  type Domain,
+  domainNameOf,
+  type DomainState,
+  domainStateFromLibvirt,
+  isDomainActive,
+  LifeCycle,
+  newDomain,
+  StateChangeReason,
+} from "../domain/mod.ts";
+import {
+  checkVmiSemantics,
+  ConversionError,
+  convertVmiToDomainXml,
+  type PrepareOptions,
+  validateVmi,
+} from "./converter.ts";
+import { domainFromXml, type VmiRef } from "./_domain_reader.ts";
+import { domainStatsToKubevirt } from "./_domain_stats.ts";
+import { getLogger } from "../log/mod.ts";
+
+export type { VmiRef };
+
+const log = getLogger("launcher", "domain-manager");
+
+/** A cmd failed; the message is what the handler shows the user. */
+export class LauncherCommandError extends Error {
+  /** The failed action, e.g. `sync`. */
+  readonly action: string;
+  /** `namespace/name` of the VMI. */
+  readonly vmiKey: string;
+  /** Creates `Cannot <action> VMI "<key>": <detail>`. */
+  constructor(action: string, vmiKey: string, detail: string, options?: ErrorOptions) {
+    super(`Cannot ${action} VMI "${vmiKey}": ${detail}`, options);
+    this.name = "LauncherCommandError";
+    this.action = action;
+    this.vmiKey = vmiKey;
+  }
+}
+
+/** How the converter runs for this VMI (see `PrepareOptions` of the converter). */
+export interface ConverterSettings extends PrepareOptions {
+  /** The VMI's private run directory (serial console and VNC sockets). */
+  runDir: string;
+  /** `kvm` or `qemu`; detected from `/dev/kvm` unless told. */
+  domainType?: "kvm" | "qemu";
+}
+
+/** Options of {@linkcode DomainManager}. */
+export interface DomainManagerOptions {
+  /** The launcher's VMI. */
+  vmi: VmiRef;
+  /** The libvirt connection. */
+  connection: Connection;
+  /** Converter settings. */
+  converter: ConverterSettings;
+}
+
+function detail(error: unknown): string {
+  if (error instanceof ConversionError) {
+    // The converter's message repeats the VMI; keep its detail only.
+    return error.message.replace(/^Cannot convert VMI "[^"]*": /, "");
+  }
+  return error instanceof Error ? error.message : String(error);
+}
+
+function isNoDomain(error: unknown): boolean {
+  return error instanceof LibvirtError && error.code === LIBVIRT_ERROR_CODES.VIR_ERR_NO_DOMAIN;
+}
+
+function isUnsupportedFlags(error: unknown): boolean {
+  return error instanceof LibvirtError && error.code === LIBVIRT_ERROR_CODES.VIR_ERR_INVALID_ARG;
+}
+
+function kvmAvailable(): boolean {
+  try {
+    return Deno.statSync("/dev/kvm").isCharDevice === true;
+  } catch {
+    return false;
+  }
+}
+
+/** Reads the VMI JSON of a request; throws a plain Error with the reason. */
+export function parseVmiJson(bytes: Uint8Array | string | undefined | null): unknown {
+  const text = typeof bytes === "string" ? bytes : new TextDecoder().decode(bytes ?? undefined);
+  if (text.trim() === "") throw new Error("the request carries no VMI JSON");
+  try {
+    return JSON.parse(text);
+  } catch (error) {
+    throw new Error(`malformed VMI JSON: ${detail(error)}`, { cause: error });
+  }
+}
+
+/** The domain manager of one VMI. */
+export class DomainManager {
+  /** The VMI served. */
+  readonly vmi: VmiRef;
+  /** libvirt domain name, `<namespace>_<name>`. */
+  readonly domainName: string;
+  readonly #conn: Connection;
+  readonly #converter: ConverterSettings;
+  #lock: Promise<unknown> = Promise.resolve();
+  #stopRequested = false;
+
+  /** Creates the manager; no libvirt call happens yet. */
+  constructor(options: DomainManagerOptions) {
+    this.vmi = options.vmi;
+    this.domainName = domainNameOf(options.vmi.namespace, options.vmi.name);
+    this.#conn = options.connection;
+    this.#converter = options.converter;
+  }
+
+  /** `namespace/name`. */
+  get vmiKey(): string {
+    return `${this.vmi.namespace}/${this.vmi.name}`;
+  }
+
+  /** Whether the last lifecycle command asked the domain to stop (Shutdown, Kill, Delete). */
+  get stopRequested(): boolean {
+    return this.#stopRequested;
+  }
+
+  /** Marks a stop as requested by the launcher itself (SIGTERM handling). */
+  requestStop(): void {
+    this.#stopRequested = true;
+  }
+
+  #run<T>(action: string, fn: () => Promise<T>): Promise<T> {
+    const result = this.#lock.then(async () => {
+      try {
+        return await fn();
+      } catch (error) {
+        if (error instanceof LauncherCommandError) throw error;
+        throw new LauncherCommandError(action, this.vmiKey, detail(error), { cause: error });
+      }
+    });
+    this.#lock = result.catch(() => {});
+    return result;
+  }
+
+  /** The domain, or `undefined` when libvirt has none by our name. */
+  async lookup(): Promise<LibvirtDomain | undefined> {
+    try {
+      return await this.#conn.lookupByName(this.domainName);
+    } catch (error) {
+      if (isNoDomain(error)) return undefined;
+      throw error;
+    }
+  }
+
+  /** Checks that a request's VMI is this launcher's; returns the parsed value. */
+  #checkVmi(action: string, vmiJson: Uint8Array | string | null | undefined): unknown {
+    let vmi: unknown;
+    try {
+      vmi = parseVmiJson(vmiJson);
+    } catch (error) {
+      throw new LauncherCommandError(action, this.vmiKey, detail(error), { cause: error });
+    }
+    const meta = (vmi as { metadata?: { namespace?: unknown; name?: unknown; uid?: unknown } })
+      ?.metadata;
+    if (typeof vmi !== "object" || vmi === null || Array.isArray(vmi) || !meta) {
+      throw new LauncherCommandError(action, this.vmiKey, "the VMI JSON has no metadata");
+    }
+    const namespace = meta.namespace ?? "default";
+    if (meta.name !== this.vmi.name || namespace !== this.vmi.namespace) {
+      throw new LauncherCommandError(
+        action,
+        this.vmiKey,
+        `the request is for VMI "${String(namespace)}/${String(meta.name)}"`,
+      );
+    }
+    if (this.vmi.uid && meta.uid !== undefined && meta.uid !== this.vmi.uid) {
+      throw new LauncherCommandError(
+        action,
+        this.vmiKey,
+        `the request is for UID "${String(meta.uid)}", this launcher serves "${this.vmi.uid}"`,
+      );
+    }
+    return vmi;
+  }
+
+  /**
+   * Defines and starts the domain of `vmiJson`, or leaves an existing active domain as it
+   * is. A stopped domain is redefined from the VMI and started again unless the VMI's
+   * phase is final.
+   */
+  syncVmi(vmiJson: Uint8Array | string | null | undefined): Promise<void> {
+    return this.#run("sync", async () => {
+      const raw = this.#checkVmi("sync", vmiJson);
+      // Pure checks first, so a bad spec is reported even when the domain runs.
+      const vmi: VirtualMachineInstance = validateVmi(raw);
+      checkVmiSemantics(vmi);
+      const existing = await this.lookup();
+      if (existing) {
+        const info = await existing.getState();
+        const state = domainStateFromLibvirt(info.state, info.reason);
+        if (isDomainActive(state.status)) return;
+        if (isFinalPhase(vmi.status?.phase)) return;
+      }
+      await this.#prepareDirs();
+      const { xml } = await convertVmiToDomainXml(raw, {
+        ...this.#converter,
+        domainType: this.#converter.domainType ?? (kvmAvailable() ? "kvm" : "qemu"),
+      });
+      const domain = await this.#conn.defineXML(xml);
+      this.#stopRequested = false;
+      await domain.start();
+      log.info("Domain started", { ...this.vmi, domain: this.domainName });
+    });
+  }
+
+  async #prepareDirs(): Promise<void> {
+    for (const dir of [this.#converter.runDir, this.#converter.diskDir]) {
+      await Deno.mkdir(dir, { recursive: true, mode: 0o750 });
+    }
+  }
+
+  async #withDomain(
+    action: string,
+    vmiJson: Uint8Array | string | null | undefined,
+    fn: (domain: LibvirtDomain, state: DomainState) => Promise<void>,
+    whenMissing: "ok" | "error" = "error",
+  ): Promise<void> {
+    return await this.#run(action, async () => {
+      if (vmiJson !== undefined) this.#checkVmi(action, vmiJson);
+      const domain = await this.lookup();
+      if (!domain) {
+        if (whenMissing === "ok") return;
+        throw new LauncherCommandError(
+          action,
+          this.vmiKey,
+          `domain "${this.domainName}" not found`,
+        );
+      }
+      const info = await domain.getState();
+      await fn(domain, domainStateFromLibvirt(info.state, info.reason));
+    });
+  }
+
+  /** Pauses a running domain; a paused one stays paused. */
+  pause(vmiJson?: Uint8Array | string | null): Promise<void> {
+    return this.#withDomain("pause", vmiJson, async (domain, state) => {
+      if (state.status === LifeCycle.Paused) return;
+      await domain.suspend();
+    });
+  }
+
+  /** Resumes a paused domain; a running one stays running. */
+  unpause(vmiJson?: Uint8Array | string | null): Promise<void> {
+    return this.#withDomain("unpause", vmiJson, async (domain, state) => {
+      if (state.status !== LifeCycle.Paused) return;
+      await domain.resume();
+    });
+  }
+
+  /** Presses the ACPI power button of an active domain (no-op when it is down). */
+  shutdown(vmiJson?: Uint8Array | string | null): Promise<void> {
+    return this.#withDomain("shut down", vmiJson, async (domain, state) => {
+      if (!isDomainActive(state.status)) return;
+      this.#stopRequested = true;
+      try {
+        await domain.shutdown({ acpi: true });
+      } catch (error) {
+        // Drivers without the ACPI flag (the test driver) choose their own method.
+        if (!isUnsupportedFlags(error)) throw error;
+        await domain.shutdown();
+      }
+    }, "ok");
+  }
+
+  /** Stops an active domain at once (`virDomainDestroy`); no-op when it is down. */
+  kill(vmiJson?: Uint8Array | string | null): Promise<void> {
+    return this.#withDomain("kill", vmiJson, async (domain, state) => {
+      if (!isDomainActive(state.status)) return;
+      this.#stopRequested = true;
+      await domain.destroy();
+    }, "ok");
+  }
+
+  /** Destroys the domain if it is active and removes its definition; no-op when gone. */
+  deleteDomain(vmiJson?: Uint8Array | string | null): Promise<void> {
+    return this.#withDomain("delete", vmiJson, async (domain, state) => {
+      this.#stopRequested = true;
+      if (isDomainActive(state.status)) await domain.destroy();
+      try {
+        await domain.undefine({ nvram: true });
+      } catch (error) {
+        if (!isUnsupportedFlags(error)) throw error;
+        await domain.undefine();
+      }
+    }, "ok");
+  }
+
+  /** Asks the guest to reboot. */
+  softReboot(vmiJson?: Uint8Array | string | null): Promise<void> {
+    return this.#withDomain("soft reboot", vmiJson, async (domain, state) => {
+      if (state.status !== LifeCycle.Running) {
+        throw new Error(`domain is ${state.status}, not Running`);
+      }
+      await domain.reboot();
+    });
+  }
+
+  /** Resets the domain like a reset button. */
+  reset(vmiJson?: Uint8Array | string | null): Promise<void> {
+    return this.#withDomain("reset", vmiJson, async (domain, state) => {
+      if (!isDomainActive(state.status)) {
+        throw new Error(`domain is ${state.status}, not active`);
+      }
+      await domain.reset();
+    });
+  }
+
+  /**
+   * The domain as KubeVirt's Domain object; `undefined` when it does not exist. A domain
+   * that disappears between calls reads as `undefined` too.
+   */
+  async getDomain(): Promise<Domain | undefined> {
+    try {
+      const domain = await this.lookup();
+      if (!domain) return undefined;
+      const info = await domain.getState();
+      const xml = await domain.getXMLDesc();
+      return domainFromXml(this.vmi, xml, domainStateFromLibvirt(info.state, info.reason));
+    } catch (error) {
+      if (isNoDomain(error)) return undefined;
+      throw new LauncherCommandError("get domain of", this.vmiKey, detail(error), {
+        cause: error,
+      });
+    }
+  }
+
+  /** A domain that no longer exists: NoState/NonExistent, for the final notify event. */
+  nonExistentDomain(): Domain {
+    const domain = newDomain(this.vmi, {
+      status: LifeCycle.NoState,
+      reason: StateChangeReason.NonExistent,
+    });
+    domain.metadata.deletionTimestamp = new Date().toISOString().replace(/\.\d+Z$/, "Z");
+    return domain;
+  }
+
+  /** The domain's statistics as KubeVirt's DomainStats JSON; `undefined` without a domain. */
+  async getDomainStats(): Promise<Record<string, unknown> | undefined> {
+    try {
+      const all = await this.#conn.getAllDomainStats();
+      const mine = all.find((s) => s.name === this.domainName);
+      return mine ? domainStatsToKubevirt(mine) : undefined;
+    } catch (error) {
+      throw new LauncherCommandError("get statistics of", this.vmiKey, detail(error), {
+        cause: error,
+      });
+    }
+  }
+
+  /** The hypervisor (QEMU) version, `major.minor.release`. */
+  async qemuVersion(): Promise<string> {
+    try {
+      const v = await this.#conn.getHypervisorVersion();
+      return `${v.major}.${v.minor}.${v.release}`;
+    } catch (error) {
+      throw new LauncherCommandError("get QEMU version for", this.vmiKey, detail(error), {
+        cause: error,
+      });
+    }
+  }
+
+  /**
+   * What the guest agent reports (`guest-info`), in the shape of KubeVirt's
+   * `VirtualMachineInstanceGuestAgentInfo`. Fails when no agent answers.
+   */
+  async guestInfo(): Promise<Record<string, unknown>> {
+    const domain = await this.lookup().catch(() => undefined);
+    if (!domain) {
+      throw new LauncherCommandError(
+        "get guest info of",
+        this.vmiKey,
+        `domain "${this.domainName}" not found`,
+      );
+    }
+    let reply: string;
+    try {
+      reply = await domain.agentCommand('{"execute":"guest-info"}', 5);
+    } catch (error) {
+      throw new LauncherCommandError(
+        "get guest info of",
+        this.vmiKey,
+        `the guest agent is not available: ${detail(error)}`,
+        { cause: error },
+      );
+    }
+    let info: { return?: { version?: string; supported_commands?: unknown[] } };
+    try {
+      info = JSON.parse(reply);
+    } catch (error) {
+      throw new LauncherCommandError("get guest info of", this.vmiKey, "malformed agent reply", {
+        cause: error,
+      });
+    }
+    const commands = (info.return?.supported_commands ?? []) as {
+      name?: string;
+      enabled?: boolean;
+    }[];
+    return {
+      guestAgentVersion: info.return?.version ?? "",
+      supportedCommands: commands.map((c) => ({ name: c.name ?? "", enabled: c.enabled === true })),
+    };
+  }
+}

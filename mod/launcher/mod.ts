@@ -1,0 +1,45 @@
+/**
+ * The launcher role (`virtnode launcher`): one per VMI. It serves KubeVirt's cmd gRPC API
+ * on `<socket dir>/launcher-sock`, turns the VMI into a libvirt domain through the
+ * converter and `ffi/`, and streams the domain's events to the handler's notify socket.
+ *
+ * @example
+ * ```ts
+ * import { parseLauncherArgs, runLauncher } from "./mod/launcher/mod.ts";
+ * Deno.exit(await runLauncher(parseLauncherArgs(Deno.args)));
+ * ```
+ *
+ * @module
+ */
+
+export { LauncherArgsError, type LauncherOptions, parseLauncherArgs } from "./args.ts";
+export {
+  EXIT_DOMAIN_FAILED,
+  EXIT_START_FAILED,
+  type LauncherRuntime,
+  runLauncher,
+} from "./launcher.ts";
+export {
+  type CmdBackend,
+  CmdServer,
+  CmdServerError,
+  type CmdServerOptions,
+  launcherInitSocketPath,
+  launcherSocketPath,
+} from "./cmd_server.ts";
+export {
+  type ConverterSettings,
+  DomainManager,
+  type DomainManagerOptions,
+  LauncherCommandError,
+  parseVmiJson,
+  type VmiRef,
+} from "./domain_manager.ts";
+export {
+  type InvolvedObject,
+  isTransientNotifyError,
+  type K8sEventType,
+  NotifyClient,
+  NotifyError,
+  type NotifyTimeouts,
+} from "./notify_client.ts";
