@@ -20,6 +20,28 @@ import { detailOf, KubeApiError, KubeConfigError, KubeConnectionError } from "./
 const SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount";
 const DEFAULT_TIMEOUT_MS = 30_000;
 const TOKEN_FILE_REFRESH_MS = 60_000;
+const MAX_429_ATTEMPTS = 10;
+
+/** The delay a Retry-After header asks for (seconds), 1 s when absent, at most 10 s. */
+function retryAfterMs(header: string | null): number {
+  const seconds = Number(header);
+  return Number.isFinite(seconds) && seconds > 0 ? Math.min(seconds, 10) * 1000 : 1000;
+}
+
+function abortableSleep(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal.aborted) return reject(signal.reason);
+    const onAbort = () => {
+      clearTimeout(timer);
+      reject(signal.reason);
+    };
+    const timer = setTimeout(() => {
+      signal.removeEventListener("abort", onAbort);
+      resolve();
+    }, ms);
+    signal.addEventListener("abort", onAbort, { once: true });
+  });
+}
 
 /** Where to find credentials; see {@linkcode loadKubeClient} for the search order. */
 export interface KubeClientOptions {
@@ -103,7 +125,8 @@ export class KubeClient {
   }
 
   /**
-   * Sends one request and returns the decoded JSON answer (undefined when empty).
+   * Sends one request and returns the decoded JSON answer (undefined when empty). A 429
+   * answer is retried after its Retry-After delay (up to 10 attempts, within the timeout).
    * Throws {@linkcode KubeApiError} for a non-2xx answer and
    * {@linkcode KubeConnectionError} when the apiserver cannot be reached in time.
    */
@@ -124,10 +147,24 @@ export class KubeClient {
       payload = typeof body === "string" ? body : JSON.stringify(body);
     }
     try {
-      const res = await fetch(url, { method, headers, body: payload, signal, client: this.#http });
-      const text = await res.text();
-      if (!res.ok) throw apiError(method, path, res.status, text);
-      return (text.length > 0 ? JSON.parse(text) : undefined) as T;
+      for (let attempt = 1;; attempt++) {
+        const res = await fetch(url, {
+          method,
+          headers,
+          body: payload,
+          signal,
+          client: this.#http,
+        });
+        const text = await res.text();
+        // 429 means the request was not processed (e.g. a CRD's storage still
+        // initialising): wait as told and retry within the timeout, as client-go does.
+        if (res.status === 429 && attempt < MAX_429_ATTEMPTS) {
+          await abortableSleep(retryAfterMs(res.headers.get("Retry-After")), signal);
+          continue;
+        }
+        if (!res.ok) throw apiError(method, path, res.status, text);
+        return (text.length > 0 ? JSON.parse(text) : undefined) as T;
+      }
     } catch (err) {
       throw this.#connectionError(method, path, err, timeout, timeoutMs);
     }

@@ -46,6 +46,9 @@ export interface KubeEvent extends KubeObject {
   firstTimestamp: string;
   lastTimestamp: string;
   source: { component: string; host: string };
+  reportingComponent?: string;
+  reportingInstance?: string;
+  action?: string;
 }
 
 interface Seen {

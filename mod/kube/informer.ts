@@ -55,7 +55,7 @@ export interface InformerOptions {
   fieldSelector?: string;
   /** Name used in errors and logs, e.g. "virtualmachineinstances" (default: last path segment). */
   resource?: string;
-  /** Server-side watch timeout in seconds (default 300); the client watchdog adds 30 s. */
+  /** Server-side watch timeout in seconds (default 300-600 at random); the client watchdog adds 30 s. */
   watchTimeoutSeconds?: number;
   /** Timeout of each LIST page request (default 60 s). */
   listTimeoutMs?: number;
@@ -278,7 +278,9 @@ export class Informer<T extends KubeObject = KubeObject> {
 
   /** One WATCH request; returns when the server ends it normally (its timeout). */
   async #watchOnce(): Promise<void> {
-    const timeoutSeconds = this.#options.watchTimeoutSeconds ?? 300;
+    // Like client-go: 5 to 10 minutes at random, so many agents do not rewatch in step.
+    const timeoutSeconds = this.#options.watchTimeoutSeconds ??
+      300 + Math.floor(Math.random() * 300);
     const watchdog = new AbortController();
     const timer = setTimeout(
       () => watchdog.abort(new DOMException("watch watchdog", "TimeoutError")),

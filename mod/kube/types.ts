@@ -11,12 +11,11 @@ export interface ObjectMeta {
   uid?: string;
   resourceVersion?: string;
   generation?: number;
-  creationTimestamp?: string;
-  deletionTimestamp?: string;
+  creationTimestamp?: string | null;
+  deletionTimestamp?: string | null;
   labels?: Record<string, string>;
   annotations?: Record<string, string>;
   finalizers?: string[];
-  [field: string]: unknown;
 }
 
 /** Any Kubernetes object. */
@@ -24,7 +23,6 @@ export interface KubeObject {
   apiVersion?: string;
   kind?: string;
   metadata?: ObjectMeta;
-  [field: string]: unknown;
 }
 
 /** A `List` response, e.g. `VirtualMachineInstanceList`. */

@@ -33,7 +33,7 @@ interface VmiStatus {
   conditions?: { type: string; status: string; reason?: string }[];
   [field: string]: unknown;
 }
-type Vmi = KubeObject & { status?: VmiStatus };
+type Vmi = KubeObject & { spec?: unknown; status?: VmiStatus };
 
 function vmiPath(namespace: string, name?: string): string {
   const base = `${GROUP_VERSION}/namespaces/${namespace}/virtualmachineinstances`;
@@ -473,7 +473,7 @@ Deno.test("kubectl applies deploy/examples and shows KubeVirt's printer columns 
   });
 });
 
-Deno.test("a kubeconfig with a wrong CA or token gives a clear error from the apiserver", async () => {
+Deno.test("in-cluster credentials work; a kubeconfig with a wrong token or no CA fails clearly", async () => {
   await withCluster(async (cluster) => {
     const text = await Deno.readTextFile(cluster.kubeconfigPath);
     const badTokenPath = `${cluster.dir}/kubeconfig-bad-token`;
@@ -487,6 +487,31 @@ Deno.test("a kubeconfig with a wrong CA or token gives a clear error from the ap
     } finally {
       badToken.close();
     }
+    // In-cluster: service account token and CA files, apiserver from the environment.
+    const saDir = `${cluster.dir}/serviceaccount`;
+    await Deno.mkdir(saDir);
+    await Deno.writeTextFile(`${saDir}/token`, cluster.token);
+    await Deno.copyFile(`${cluster.dir}/certs/apiserver.crt`, `${saDir}/ca.crt`);
+    const env = ["KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"];
+    const saved = env.map((k) => Deno.env.get(k));
+    Deno.env.delete("KUBECONFIG");
+    Deno.env.set("KUBERNETES_SERVICE_HOST", "127.0.0.1");
+    Deno.env.set("KUBERNETES_SERVICE_PORT", new URL(cluster.server).port);
+    try {
+      const inCluster = await loadKubeClient({ serviceAccountDir: saDir });
+      try {
+        assert.equal(inCluster.source, "in-cluster");
+        const list = await inCluster.request<KubeList>("GET", ALL_VMIS);
+        assert.deepEqual(list.items, []);
+      } finally {
+        inCluster.close();
+      }
+    } finally {
+      env.forEach((k, i) =>
+        saved[i] === undefined ? Deno.env.delete(k) : Deno.env.set(k, saved[i]!)
+      );
+    }
+
     const noCaPath = `${cluster.dir}/kubeconfig-no-ca`;
     await Deno.writeTextFile(noCaPath, text.replace(/^\s*certificate-authority-data:.*$/m, ""));
     const noCa = await loadKubeClient({ kubeconfigPath: noCaPath });
