@@ -1,0 +1,606 @@
+/**
+ * A real Kubernetes control plane for tests, envtest style: etcd and
+ * kube-apiserver built from source by `build.sh`, no controllers, no kubelet.
+ *
+ * Run it by hand with `deno task cluster`; tests call {@linkcode useCluster}.
+ *
+ * @module
+ */
+
+import * as path from "node:path";
+import { fileURLToPath } from "node:url";
+
+/** A running (or borrowed) control plane and how to reach it. */
+export interface Cluster {
+  /** A kubeconfig that authenticates as a member of `system:masters`. */
+  kubeconfigPath: string;
+  /** The apiserver URL, `https://127.0.0.1:<port>`. */
+  server: string;
+  /** The bearer token of the admin user. */
+  token: string;
+  /** The directory that holds the kubeconfig, certificates, data and logs. */
+  dir: string;
+  /** Stops only kube-apiserver; etcd and the port stay reserved. */
+  stopApiserver(): Promise<void>;
+  /** Starts kube-apiserver again on the same port and waits until it is ready. */
+  startApiserver(): Promise<void>;
+  /** Stops both processes and removes {@linkcode Cluster.dir}. */
+  stop(): Promise<void>;
+}
+
+/** Options of {@linkcode startCluster}. */
+export interface StartClusterOptions {
+  /**
+   * A directory of CRD manifests to apply once the apiserver is ready.
+   * Defaults to `deploy/crds/` of the repository when it holds YAML files;
+   * `false` applies none.
+   */
+  crdDir?: string | false;
+  /** A directory holding `kube-apiserver` and `etcd`; skips `build.sh`. */
+  binDir?: string;
+}
+
+/** Raised when the control plane cannot be built, started, reached or stopped. */
+export class ClusterError extends Error {
+  /** Creates the error; `cause` carries the underlying failure. */
+  constructor(message: string, options?: ErrorOptions) {
+    super(message, options);
+    this.name = "ClusterError";
+  }
+}
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+const REPO_ROOT = path.resolve(HERE, "..", "..");
+const BUILD_SCRIPT = path.join(HERE, "build.sh");
+const KUBECTL = Deno.env.get("KUBECTL") ?? "kubectl";
+const ETCD_READY_TIMEOUT_MS = 30_000;
+const APISERVER_READY_TIMEOUT_MS = 90_000;
+const STOP_GRACE_MS = 10_000;
+const TEMP_PREFIX = "virtnode-cluster-";
+const OWNER_FILE = "owner.pid";
+
+/** A child process with its log file and the promise that drains its output. */
+interface Managed {
+  name: string;
+  child: Deno.ChildProcess;
+  logPath: string;
+  drained: Promise<void>;
+}
+
+/**
+ * Starts etcd and kube-apiserver on free loopback ports in a fresh temporary
+ * directory, writes a kubeconfig there and applies the CRDs.
+ */
+export async function startCluster(options: StartClusterOptions = {}): Promise<Cluster> {
+  const binDir = options.binDir ?? await buildBinaries();
+  const dir = await Deno.makeTempDir({ prefix: TEMP_PREFIX });
+  await Deno.writeTextFile(path.join(dir, OWNER_FILE), `${Deno.pid}\n`);
+  await removeOrphanedDirs(path.dirname(dir));
+  const controlPlane = new ControlPlane(binDir, dir);
+  live.add(controlPlane);
+  try {
+    await controlPlane.start();
+    await applyCrds(controlPlane.kubeconfigPath, options.crdDir);
+  } catch (error) {
+    await controlPlane.stop();
+    throw error;
+  }
+  return controlPlane;
+}
+
+/**
+ * The cluster tests should use: the one `VIRTNODE_TEST_KUBECONFIG` points to
+ * when set (it is never stopped), else a fresh one from {@linkcode startCluster}.
+ */
+export async function useCluster(options: StartClusterOptions = {}): Promise<Cluster> {
+  const kubeconfigPath = Deno.env.get("VIRTNODE_TEST_KUBECONFIG");
+  if (!kubeconfigPath) return await startCluster(options);
+  const view = (field: string) =>
+    kubectl(["--kubeconfig", kubeconfigPath, "config", "view", "--raw", "--minify", "-o", field]);
+  let server: string;
+  let token: string;
+  try {
+    server = await view("jsonpath={.clusters[0].cluster.server}");
+    token = await view("jsonpath={.users[0].user.token}");
+  } catch (error) {
+    throw new ClusterError(
+      `Cannot use the cluster of VIRTNODE_TEST_KUBECONFIG "${kubeconfigPath}": ${message(error)}`,
+      { cause: error },
+    );
+  }
+  const unsupported = (action: string) => () =>
+    Promise.reject(
+      new ClusterError(
+        `Cannot ${action}: the cluster of VIRTNODE_TEST_KUBECONFIG is not managed by this process`,
+      ),
+    );
+  return {
+    kubeconfigPath,
+    server,
+    token,
+    dir: path.dirname(kubeconfigPath),
+    stopApiserver: unsupported("stop the apiserver"),
+    startApiserver: unsupported("start the apiserver"),
+    stop: () => Promise.resolve(),
+  };
+}
+
+/** Runs build.sh (a no-op when its cache holds the binaries) and returns the binary directory. */
+async function buildBinaries(): Promise<string> {
+  let output: Deno.CommandOutput;
+  try {
+    output = await new Deno.Command("bash", {
+      args: [BUILD_SCRIPT],
+      stdin: "null",
+      stdout: "piped",
+      stderr: "inherit",
+    }).output();
+  } catch (error) {
+    throw new ClusterError(`Cannot build the control plane: ${message(error)}`, { cause: error });
+  }
+  if (!output.success) {
+    throw new ClusterError(
+      `Cannot build the control plane: "${BUILD_SCRIPT}" exited with code ${output.code}`,
+    );
+  }
+  const lines = new TextDecoder().decode(output.stdout).trim().split("\n");
+  return lines[lines.length - 1];
+}
+
+/** The processes and files of one cluster started by this process. */
+class ControlPlane implements Cluster {
+  readonly dir: string;
+  readonly kubeconfigPath: string;
+  readonly token = crypto.randomUUID();
+  server = "";
+  #binDir: string;
+  #etcd?: Managed;
+  #apiserver?: Managed;
+  #apiserverArgs: string[] = [];
+  #stopping?: Promise<void>;
+
+  constructor(binDir: string, dir: string) {
+    this.#binDir = binDir;
+    this.dir = dir;
+    this.kubeconfigPath = path.join(dir, "kubeconfig");
+  }
+
+  async start(): Promise<void> {
+    const [clientPort, peerPort, securePort] = freePorts(3);
+    this.server = `https://127.0.0.1:${securePort}`;
+    await this.#startEtcd(clientPort, peerPort);
+    await this.#writeApiserverFiles();
+    this.#apiserverArgs = [
+      `--etcd-servers=http://127.0.0.1:${clientPort}`,
+      "--bind-address=127.0.0.1",
+      `--secure-port=${securePort}`,
+      "--advertise-address=127.0.0.1",
+      `--cert-dir=${path.join(this.dir, "certs")}`,
+      "--service-cluster-ip-range=10.0.0.0/24",
+      "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+      `--service-account-key-file=${path.join(this.dir, "service-account.pub")}`,
+      `--service-account-signing-key-file=${path.join(this.dir, "service-account.key")}`,
+      `--token-auth-file=${path.join(this.dir, "tokens.csv")}`,
+      "--authorization-mode=RBAC",
+      "--disable-admission-plugins=ServiceAccount",
+      "--allow-privileged=true",
+      "--endpoint-reconciler-type=none",
+    ];
+    await this.startApiserver();
+    await this.#writeKubeconfig();
+  }
+
+  async startApiserver(): Promise<void> {
+    if (this.#stopping) {
+      throw new ClusterError("Cannot start kube-apiserver: the cluster is stopped");
+    }
+    if (this.#apiserver) return;
+    const binary = path.join(this.#binDir, "kube-apiserver");
+    const apiserver = await this.#spawn("kube-apiserver", binary, this.#apiserverArgs);
+    this.#apiserver = apiserver;
+    try {
+      await this.#waitForApiserver(apiserver);
+    } catch (error) {
+      await this.stopApiserver();
+      throw error;
+    }
+  }
+
+  async stopApiserver(): Promise<void> {
+    const apiserver = this.#apiserver;
+    this.#apiserver = undefined;
+    if (apiserver) await terminate(apiserver);
+  }
+
+  stop(): Promise<void> {
+    this.#stopping ??= this.#stop();
+    return this.#stopping;
+  }
+
+  /** Kills the processes without waiting: the last resort on process exit. */
+  killNow(): void {
+    for (const managed of [this.#apiserver, this.#etcd]) {
+      try {
+        managed?.child.kill("SIGKILL");
+      } catch {
+        // Already gone.
+      }
+    }
+    try {
+      Deno.removeSync(this.dir, { recursive: true });
+    } catch {
+      // Already removed or never created.
+    }
+  }
+
+  async #stop(): Promise<void> {
+    try {
+      await this.stopApiserver();
+      const etcd = this.#etcd;
+      this.#etcd = undefined;
+      if (etcd) await terminate(etcd);
+      await Deno.remove(this.dir, { recursive: true }).catch((error) => {
+        if (!(error instanceof Deno.errors.NotFound)) throw error;
+      });
+    } catch (error) {
+      throw new ClusterError(`Cannot stop the cluster in "${this.dir}": ${message(error)}`, {
+        cause: error,
+      });
+    } finally {
+      live.delete(this);
+    }
+  }
+
+  async #startEtcd(clientPort: number, peerPort: number): Promise<void> {
+    const clientUrl = `http://127.0.0.1:${clientPort}`;
+    const peerUrl = `http://127.0.0.1:${peerPort}`;
+    const etcd = await this.#spawn("etcd", path.join(this.#binDir, "etcd"), [
+      "--name=virtnode-test",
+      `--data-dir=${path.join(this.dir, "etcd")}`,
+      `--listen-client-urls=${clientUrl}`,
+      `--advertise-client-urls=${clientUrl}`,
+      `--listen-peer-urls=${peerUrl}`,
+      `--initial-advertise-peer-urls=${peerUrl}`,
+      `--initial-cluster=virtnode-test=${peerUrl}`,
+      "--unsafe-no-fsync",
+      "--log-level=warn",
+    ]);
+    this.#etcd = etcd;
+    await waitUntil(etcd, ETCD_READY_TIMEOUT_MS, async () => {
+      const response = await fetch(`${clientUrl}/health`);
+      const body = await response.text();
+      return response.ok && body.includes('"health":"true"');
+    });
+  }
+
+  async #writeApiserverFiles(): Promise<void> {
+    await Deno.mkdir(path.join(this.dir, "certs"));
+    // One EC key both signs and verifies service account tokens.
+    const key = await crypto.subtle.generateKey({ name: "ECDSA", namedCurve: "P-256" }, true, [
+      "sign",
+      "verify",
+    ]);
+    const privateKey = await crypto.subtle.exportKey("pkcs8", key.privateKey);
+    const publicKey = await crypto.subtle.exportKey("spki", key.publicKey);
+    await Deno.writeTextFile(
+      path.join(this.dir, "service-account.key"),
+      pem("PRIVATE KEY", privateKey),
+      { mode: 0o600 },
+    );
+    await Deno.writeTextFile(
+      path.join(this.dir, "service-account.pub"),
+      pem("PUBLIC KEY", publicKey),
+    );
+    await Deno.writeTextFile(
+      path.join(this.dir, "tokens.csv"),
+      `${this.token},admin,admin,"system:masters"\n`,
+      { mode: 0o600 },
+    );
+  }
+
+  /** The self-signed serving certificate, followed by its CA, as kube-apiserver writes it. */
+  get #servingCertPath(): string {
+    return path.join(this.dir, "certs", "apiserver.crt");
+  }
+
+  async #waitForApiserver(apiserver: Managed): Promise<void> {
+    let client: Deno.HttpClient | undefined;
+    try {
+      await waitUntil(apiserver, APISERVER_READY_TIMEOUT_MS, async () => {
+        if (!client) {
+          const caCert = await Deno.readTextFile(this.#servingCertPath).catch(() => undefined);
+          if (!caCert) return false;
+          client = Deno.createHttpClient({ caCerts: [caCert] });
+        }
+        const response = await fetch(`${this.server}/readyz`, {
+          client,
+          headers: { authorization: `Bearer ${this.token}` },
+        });
+        await response.body?.cancel();
+        return response.ok;
+      });
+    } finally {
+      client?.close();
+    }
+  }
+
+  async #writeKubeconfig(): Promise<void> {
+    const caData = btoa(await Deno.readTextFile(this.#servingCertPath));
+    await Deno.writeTextFile(
+      this.kubeconfigPath,
+      [
+        "apiVersion: v1",
+        "kind: Config",
+        "clusters:",
+        "  - name: virtnode-test",
+        "    cluster:",
+        `      server: ${this.server}`,
+        `      certificate-authority-data: ${caData}`,
+        "users:",
+        "  - name: admin",
+        "    user:",
+        `      token: ${this.token}`,
+        "contexts:",
+        "  - name: virtnode-test",
+        "    context:",
+        "      cluster: virtnode-test",
+        "      user: admin",
+        "      namespace: default",
+        "current-context: virtnode-test",
+        "",
+      ].join("\n"),
+      { mode: 0o600 },
+    );
+  }
+
+  async #spawn(name: string, binary: string, args: string[]): Promise<Managed> {
+    const logPath = path.join(this.dir, `${name}.log`);
+    // setpriv makes the kernel kill the child when we die, even by SIGKILL;
+    // it execs the binary, so the pid we signal is the server's own.
+    const [command, commandArgs] = await hasSetpriv()
+      ? ["setpriv", ["--pdeathsig", "SIGKILL", "--", binary, ...args]]
+      : [binary, args];
+    let child: Deno.ChildProcess;
+    try {
+      child = new Deno.Command(command, {
+        args: commandArgs,
+        cwd: this.dir,
+        stdin: "null",
+        stdout: "piped",
+        stderr: "piped",
+      }).spawn();
+    } catch (error) {
+      throw new ClusterError(`Cannot start ${name}: ${message(error)}`, { cause: error });
+    }
+    const open = () => Deno.open(logPath, { append: true, create: true });
+    const [stdoutLog, stderrLog] = [await open(), await open()];
+    const drained = Promise.all([
+      child.stdout.pipeTo(stdoutLog.writable),
+      child.stderr.pipeTo(stderrLog.writable),
+    ]).then(() => {});
+    return { name, child, logPath, drained };
+  }
+}
+
+/**
+ * The clusters this process started and has not stopped; while there are any,
+ * SIGINT, SIGTERM and unload stop them so no server outlives us.
+ */
+class LiveClusters {
+  #planes = new Set<ControlPlane>();
+
+  add(plane: ControlPlane): void {
+    if (this.#planes.size === 0) this.#listen();
+    this.#planes.add(plane);
+  }
+
+  delete(plane: ControlPlane): void {
+    if (!this.#planes.delete(plane) || this.#planes.size > 0) return;
+    this.#unlisten();
+  }
+
+  #onUnload = (): void => {
+    for (const plane of this.#planes) plane.killNow();
+  };
+
+  #onSigint = () => this.#stopAllAndExit(130);
+  #onSigterm = () => this.#stopAllAndExit(143);
+
+  async #stopAllAndExit(code: number): Promise<void> {
+    this.#unlisten();
+    await Promise.allSettled([...this.#planes].map((plane) => plane.stop()));
+    Deno.exit(code);
+  }
+
+  #listen(): void {
+    globalThis.addEventListener("unload", this.#onUnload);
+    Deno.addSignalListener("SIGINT", this.#onSigint);
+    Deno.addSignalListener("SIGTERM", this.#onSigterm);
+  }
+
+  #unlisten(): void {
+    globalThis.removeEventListener("unload", this.#onUnload);
+    Deno.removeSignalListener("SIGINT", this.#onSigint);
+    Deno.removeSignalListener("SIGTERM", this.#onSigterm);
+  }
+}
+
+const live = new LiveClusters();
+
+/** Polls `ready` until it returns true; fails early when the process exits. */
+async function waitUntil(
+  managed: Managed,
+  timeoutMs: number,
+  ready: () => Promise<boolean>,
+): Promise<void> {
+  let exited: Deno.CommandStatus | undefined;
+  managed.child.status.then((status) => exited = status);
+  const deadline = Date.now() + timeoutMs;
+  let lastError: unknown;
+  while (Date.now() < deadline) {
+    if (exited) {
+      throw new ClusterError(
+        `Cannot start ${managed.name}: it exited with code ${exited.code}: ${await logTail(
+          managed.logPath,
+        )}`,
+      );
+    }
+    try {
+      if (await ready()) return;
+    } catch (error) {
+      lastError = error;
+    }
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+  throw new ClusterError(
+    `Cannot start ${managed.name}: not ready after ${timeoutMs} ms: ${await logTail(
+      managed.logPath,
+    )}`,
+    { cause: lastError },
+  );
+}
+
+/** SIGTERM, then SIGKILL after a grace period; waits for exit and the log to drain. */
+async function terminate(managed: Managed): Promise<void> {
+  const { child } = managed;
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  try {
+    child.kill("SIGTERM");
+    const killed = new Promise<void>((resolve) => {
+      timer = setTimeout(() => {
+        try {
+          child.kill("SIGKILL");
+        } catch {
+          // Exited just now.
+        }
+        resolve();
+      }, STOP_GRACE_MS);
+    });
+    await Promise.race([child.status, killed]);
+  } catch {
+    // Already exited: kill() throws on a reaped child.
+  } finally {
+    await child.status;
+    clearTimeout(timer);
+    await managed.drained;
+  }
+}
+
+/** Applies every YAML file of the CRD directory and waits until each is Established. */
+async function applyCrds(kubeconfigPath: string, crdDir?: string | false): Promise<void> {
+  if (crdDir === false) return;
+  const dir = crdDir ?? path.join(REPO_ROOT, "deploy", "crds");
+  let files: string[];
+  try {
+    files = [];
+    for await (const entry of Deno.readDir(dir)) {
+      if (entry.isFile && /\.ya?ml$/.test(entry.name)) files.push(path.join(dir, entry.name));
+    }
+  } catch (error) {
+    if (crdDir === undefined && error instanceof Deno.errors.NotFound) return;
+    throw new ClusterError(`Cannot read the CRD directory "${dir}": ${message(error)}`, {
+      cause: error,
+    });
+  }
+  files.sort();
+  for (const file of files) {
+    try {
+      await kubectl(["--kubeconfig", kubeconfigPath, "apply", "-f", file]);
+    } catch (error) {
+      throw new ClusterError(`Cannot apply CRD "${file}": ${message(error)}`, { cause: error });
+    }
+  }
+  for (const file of files) {
+    try {
+      await kubectl([
+        "--kubeconfig",
+        kubeconfigPath,
+        "wait",
+        "--for=condition=established",
+        "--timeout=60s",
+        "-f",
+        file,
+      ]);
+    } catch (error) {
+      throw new ClusterError(`Cannot establish CRD "${file}": ${message(error)}`, {
+        cause: error,
+      });
+    }
+  }
+}
+
+/**
+ * Removes the directories of clusters whose owner died without cleaning up
+ * (SIGKILL): its servers died with it, by the parent-death signal.
+ */
+async function removeOrphanedDirs(tempDir: string): Promise<void> {
+  for await (const entry of Deno.readDir(tempDir)) {
+    if (!entry.isDirectory || !entry.name.startsWith(TEMP_PREFIX)) continue;
+    const dir = path.join(tempDir, entry.name);
+    const owner = await Deno.readTextFile(path.join(dir, OWNER_FILE)).catch(() => "");
+    // No owner file: a cluster still being created, or not ours to judge.
+    if (!/^\d+\s*$/.test(owner)) continue;
+    const ownerAlive = await Deno.stat(`/proc/${owner.trim()}`).then(() => true, () => false);
+    if (!ownerAlive) await Deno.remove(dir, { recursive: true }).catch(() => {});
+  }
+}
+
+/** Runs kubectl and returns its stdout; throws with its stderr. */
+async function kubectl(args: string[]): Promise<string> {
+  const output = await new Deno.Command(KUBECTL, { args, stdin: "null" }).output();
+  const decoder = new TextDecoder();
+  if (!output.success) {
+    throw new Error(`kubectl exited with code ${output.code}: ${decoder.decode(output.stderr)}`);
+  }
+  return decoder.decode(output.stdout).trim();
+}
+
+let setprivAvailable: Promise<boolean> | undefined;
+
+function hasSetpriv(): Promise<boolean> {
+  setprivAvailable ??= new Deno.Command("setpriv", {
+    args: ["--pdeathsig", "SIGKILL", "--", "true"],
+    stdin: "null",
+    stdout: "null",
+    stderr: "null",
+  }).output().then((output) => output.success, () => false);
+  return setprivAvailable;
+}
+
+/** Distinct free loopback ports: all are held open until every one is chosen. */
+function freePorts(count: number): number[] {
+  const listeners = Array.from(
+    { length: count },
+    () => Deno.listen({ hostname: "127.0.0.1", port: 0 }),
+  );
+  const ports = listeners.map((listener) => listener.addr.port);
+  for (const listener of listeners) listener.close();
+  return ports;
+}
+
+function pem(label: string, der: ArrayBuffer): string {
+  const base64 = btoa(String.fromCharCode(...new Uint8Array(der)));
+  const lines = base64.match(/.{1,64}/g) ?? [];
+  return `-----BEGIN ${label}-----\n${lines.join("\n")}\n-----END ${label}-----\n`;
+}
+
+async function logTail(logPath: string): Promise<string> {
+  const text = await Deno.readTextFile(logPath).catch(() => "");
+  const tail = text.trimEnd().split("\n").slice(-15).join("\n");
+  return tail ? `last log lines of "${logPath}":\n${tail}` : `no log in "${logPath}"`;
+}
+
+function message(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+if (import.meta.main) {
+  const cluster = await startCluster();
+  console.log(`Kubeconfig: ${cluster.kubeconfigPath}`);
+  console.log(`Server: ${cluster.server}`);
+  console.log(`export KUBECONFIG=${cluster.kubeconfigPath}`);
+  console.log("Press Ctrl-C to stop the cluster");
+  // The listeners of LiveClusters stop the cluster and exit on SIGINT or SIGTERM.
+  await new Promise<void>((resolve) => Deno.addSignalListener("SIGINT", resolve));
+  await cluster.stop();
+}

@@ -1,0 +1,15 @@
+// Command kube-apiserver is the upstream API server, built from the
+// k8s.io/kubernetes module so tests get a real control plane without a
+// prebuilt download.
+package main
+
+import (
+	"os"
+
+	"k8s.io/component-base/cli"
+	"k8s.io/kubernetes/cmd/kube-apiserver/app"
+)
+
+func main() {
+	os.Exit(cli.Run(app.NewAPIServerCommand()))
+}
