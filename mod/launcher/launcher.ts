@@ -51,7 +51,10 @@ export interface LauncherRuntime {
   onReady?: (socketPath: string) => void;
   /** Notify retry timing; KubeVirt's unless told. */
   notifyTimeouts?: NotifyTimeouts;
-  /** Open libvirt with these extra options (tests: worker count). */
+  /**
+   * libvirt call workers (each is a V8 isolate of roughly 10 MB); 1 unless told. Commands
+   * run one at a time anyway, so one worker only delays a GetDomain behind a start.
+   */
   libvirtWorkers?: number;
 }
 
@@ -257,7 +260,7 @@ export async function runLauncher(
   const vmi = { namespace: options.namespace, name: options.name, uid: options.uid };
   let conn: Connection;
   try {
-    conn = await openLibvirt(options.libvirtUri, { workers: runtime.libvirtWorkers });
+    conn = await openLibvirt(options.libvirtUri, { workers: runtime.libvirtWorkers ?? 1 });
   } catch (error) {
     log.error("Cannot start the launcher", { ...vmi, error: String(error) });
     return EXIT_START_FAILED;
