@@ -1,0 +1,564 @@
+/**
+ * KubeVirt's permanent device plugins, speaking the kubelet's device plugin API
+ * `v1beta1`: `devices.kubevirt.io/kvm` (/dev/kvm), `devices.kubevirt.io/tun`
+ * (/dev/net/tun) and `devices.kubevirt.io/vhost-net` (/dev/vhost-net), each advertising
+ * `maxDevices` interchangeable devices named like KubeVirt's (`kvm0`, `kvm1`, ...).
+ *
+ * Each plugin serves `v1beta1.DevicePlugin` on `kubevirt-<name>.sock` (mode 0600) in the
+ * kubelet's device-plugins directory and registers at `kubelet.sock` there. A session
+ * lasts until the kubelet restarts: the kubelet wipes the directory (our socket goes)
+ * and re-creates its socket; the plugin then serves and registers again. Failed starts
+ * back off 1, 2, 5, 10 s. Health follows the device node: it turns Unhealthy when the
+ * node disappears and Healthy when it returns (a `Deno.watchFs` on the parent directory,
+ * with a periodic stat as the fallback), pushed to every ListAndWatch stream.
+ *
+ * @module
+ */
+
+import * as grpc from "@grpc/grpc-js";
+import { basename, dirname, join } from "node:path";
+import { DeviceResources } from "../api/mod.ts";
+import { getLogger } from "../log/mod.ts";
+import {
+  type AllocateRequest,
+  type AllocateResponse,
+  type Device,
+  DEVICE_PLUGIN_API_VERSION,
+  DeviceHealth,
+  devicePluginService,
+  type Empty,
+  KUBELET_SOCKET,
+  type ListAndWatchResponse,
+  newRegistrationClient,
+  type PreferredAllocationRequest,
+  type PreferredAllocationResponse,
+} from "../proto/deviceplugin.ts";
+import { unixTarget } from "../proto/mod.ts";
+
+const log = getLogger("device-plugins");
+
+/** The kubelet's device-plugins directory. */
+export const DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins";
+/** Devices per plugin KubeVirt advertises unless told. */
+export const DEFAULT_MAX_DEVICES = 1000;
+/** Restart delays after failures (KubeVirt's `defaultBackoffTime`). */
+export const DEFAULT_BACKOFF_MS: readonly number[] = Object.freeze([1_000, 2_000, 5_000, 10_000]);
+
+/** A host device one plugin hands out. */
+export interface PermanentDevice {
+  /** Short name: the socket is `kubevirt-<name>.sock`, device IDs `<name><n>`. */
+  name: string;
+  /** Device node path on the host and in the container. */
+  path: string;
+  /** Extended resource name. */
+  resourceName: string;
+  /** Open and close the node once before serving (loads tun/vhost-net modules). */
+  preOpen: boolean;
+}
+
+/** KubeVirt's permanent host devices. */
+export const PERMANENT_DEVICES: readonly PermanentDevice[] = Object.freeze([
+  { name: "kvm", path: "/dev/kvm", resourceName: DeviceResources.Kvm, preOpen: false },
+  { name: "tun", path: "/dev/net/tun", resourceName: DeviceResources.Tun, preOpen: true },
+  {
+    name: "vhost-net",
+    path: "/dev/vhost-net",
+    resourceName: DeviceResources.VhostNet,
+    preOpen: true,
+  },
+]);
+
+/** Options shared by the plugins and the manager. */
+export interface DevicePluginConfig {
+  /** The kubelet's device-plugins directory ({@linkcode DEFAULT_DEVICE_PLUGIN_DIR}). */
+  pluginDir?: string;
+  /** Where the host's `/` is seen (tests point it at a temporary directory); "/" unless told. */
+  deviceRoot?: string;
+  /** Devices per plugin ({@linkcode DEFAULT_MAX_DEVICES}). */
+  maxDevices?: number;
+  /** Cgroup permissions in Allocate's DeviceSpec ("rw"). */
+  permissions?: string;
+  /** Restart delays after failures ({@linkcode DEFAULT_BACKOFF_MS}). */
+  backoffMs?: readonly number[];
+  /** Fallback stat period of the device node, sockets and missing devices (5 s). */
+  pollIntervalMs?: number;
+  /** Timeout of the Register call (5 s). */
+  registerTimeoutMs?: number;
+}
+
+/** The socket file name of a plugin: `kubevirt-<name>.sock`. */
+export function pluginSocketName(deviceName: string): string {
+  return `kubevirt-${deviceName}.sock`;
+}
+
+/** KubeVirt's device IDs of a plugin: `<name>0` ... `<name><max-1>`. */
+export function deviceIds(deviceName: string, maxDevices: number): string[] {
+  return Array.from({ length: maxDevices }, (_, i) => `${deviceName}${i}`);
+}
+
+/** A plugin could not serve or register. */
+export class DevicePluginError extends Error {
+  /** The resource of the plugin that failed. */
+  readonly resourceName: string;
+  /** Creates the error. */
+  constructor(resourceName: string, message: string, options?: ErrorOptions) {
+    super(message, options);
+    this.name = "DevicePluginError";
+    this.resourceName = resourceName;
+  }
+}
+
+async function statOrUndefined(path: string): Promise<Deno.FileInfo | undefined> {
+  try {
+    return await Deno.stat(path);
+  } catch (error) {
+    if (error instanceof Deno.errors.NotFound || error instanceof Deno.errors.NotADirectory) {
+      return undefined;
+    }
+    throw error;
+  }
+}
+
+async function removeIfExists(path: string): Promise<void> {
+  try {
+    await Deno.remove(path);
+  } catch (error) {
+    if (!(error instanceof Deno.errors.NotFound)) throw error;
+  }
+}
+
+function sleep(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    if (signal.aborted) return resolve();
+    const timer = setTimeout(done, ms);
+    signal.addEventListener("abort", done, { once: true });
+    function done() {
+      clearTimeout(timer);
+      signal.removeEventListener("abort", done);
+      resolve();
+    }
+  });
+}
+
+function message(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+/** A wake-up flag: `wake()` any number of times, `wait()` resolves once per batch. */
+class Waker {
+  #pending = false;
+  #resolve: (() => void) | undefined;
+  wake(): void {
+    this.#pending = true;
+    this.#resolve?.();
+    this.#resolve = undefined;
+  }
+  wait(signal: AbortSignal): Promise<void> {
+    if (this.#pending || signal.aborted) {
+      this.#pending = false;
+      return Promise.resolve();
+    }
+    return new Promise((resolve) => {
+      const onAbort = () => resolve();
+      signal.addEventListener("abort", onAbort, { once: true });
+      this.#resolve = () => {
+        signal.removeEventListener("abort", onAbort);
+        this.#pending = false;
+        resolve();
+      };
+    });
+  }
+}
+
+/** Why a session ended without an error. */
+type SessionEnd = "stopped" | "socket-removed";
+
+/** One device plugin: serves, registers, watches health, restarts; see the module doc. */
+export class GenericDevicePlugin {
+  /** The device. */
+  readonly device: PermanentDevice;
+  /** The plugin's socket path. */
+  readonly socketPath: string;
+  /** The kubelet's registration socket path. */
+  readonly kubeletSocket: string;
+  /** Where the device node is looked for (device root + device path). */
+  readonly watchedPath: string;
+  readonly #ids: string[];
+  readonly #permissions: string;
+  readonly #backoff: readonly number[];
+  readonly #pollMs: number;
+  readonly #registerTimeoutMs: number;
+  readonly #streams = new Set<grpc.ServerWritableStream<Empty, ListAndWatchResponse>>();
+  #healthy = true;
+  #registered = false;
+  #registrations = 0;
+  #kubeletIno: number | null = null;
+  #abort: AbortController | undefined;
+  #loop: Promise<void> | undefined;
+
+  /** Creates the plugin; nothing happens until {@linkcode start}. */
+  constructor(device: PermanentDevice, config: DevicePluginConfig = {}) {
+    const pluginDir = config.pluginDir ?? DEFAULT_DEVICE_PLUGIN_DIR;
+    this.device = device;
+    this.socketPath = join(pluginDir, pluginSocketName(device.name));
+    this.kubeletSocket = join(pluginDir, KUBELET_SOCKET);
+    this.watchedPath = join(config.deviceRoot ?? "/", device.path);
+    this.#ids = deviceIds(device.name, config.maxDevices ?? DEFAULT_MAX_DEVICES);
+    this.#permissions = config.permissions ?? "rw";
+    this.#backoff = config.backoffMs?.length ? config.backoffMs : DEFAULT_BACKOFF_MS;
+    this.#pollMs = config.pollIntervalMs ?? 5_000;
+    this.#registerTimeoutMs = config.registerTimeoutMs ?? 5_000;
+  }
+
+  /** The extended resource name, e.g. `devices.kubevirt.io/kvm`. */
+  get resourceName(): string {
+    return this.device.resourceName;
+  }
+
+  /** Whether the kubelet accepted the current session's registration. */
+  get registered(): boolean {
+    return this.#registered;
+  }
+
+  /** How many times the plugin registered since it was created. */
+  get registrations(): number {
+    return this.#registrations;
+  }
+
+  /** Whether the device node is present. */
+  get healthy(): boolean {
+    return this.#healthy;
+  }
+
+  /** The device list as ListAndWatch sends it. */
+  devices(): Device[] {
+    const health = this.#healthy ? DeviceHealth.Healthy : DeviceHealth.Unhealthy;
+    return this.#ids.map((ID) => ({ ID, health }));
+  }
+
+  /** Starts the serve-register-watch loop. */
+  start(): void {
+    if (this.#abort) return;
+    const abort = new AbortController();
+    this.#abort = abort;
+    this.#loop = this.#run(abort.signal);
+  }
+
+  /** Stops serving: streams get an empty device list and end; the socket is removed. */
+  async stop(): Promise<void> {
+    this.#abort?.abort();
+    await this.#loop;
+    this.#abort = undefined;
+    this.#loop = undefined;
+  }
+
+  async #run(signal: AbortSignal): Promise<void> {
+    let failures = 0;
+    while (!signal.aborted) {
+      try {
+        const end = await this.#session(signal);
+        failures = 0;
+        if (end === "stopped") break;
+        log.info("Plugin socket removed, the kubelet probably restarted; registering again", {
+          resource: this.resourceName,
+        });
+      } catch (error) {
+        failures++;
+        log.error("Device plugin failed: {error}", { resource: this.resourceName, error });
+      }
+      if (signal.aborted) break;
+      const delay = this.#backoff[Math.min(Math.max(failures - 1, 0), this.#backoff.length - 1)];
+      await sleep(delay, signal);
+    }
+  }
+
+  async #session(signal: AbortSignal): Promise<SessionEnd> {
+    await removeIfExists(this.socketPath);
+    if (this.device.preOpen) {
+      try {
+        (await Deno.open(this.watchedPath, { read: true })).close();
+      } catch {
+        // Health reports a missing node; opening only triggers module loading.
+      }
+    }
+    const server = new grpc.Server();
+    server.addService(devicePluginService(), this.#handlers());
+    let socketIno: number | null = null;
+    try {
+      await new Promise<number>((resolve, reject) =>
+        server.bindAsync(
+          unixTarget(this.socketPath),
+          grpc.ServerCredentials.createInsecure(),
+          (error, port) => error ? reject(error) : resolve(port),
+        )
+      ).catch((error) => {
+        throw new DevicePluginError(
+          this.resourceName,
+          `Cannot serve device plugin "${this.resourceName}" on "${this.socketPath}": ${
+            message(error)
+          }`,
+          { cause: error },
+        );
+      });
+      await Deno.chmod(this.socketPath, 0o600);
+      socketIno = (await Deno.stat(this.socketPath)).ino;
+      this.#setHealth((await statOrUndefined(this.watchedPath)) !== undefined);
+      this.#kubeletIno = await this.#register();
+      return await this.#watch(signal, socketIno);
+    } finally {
+      this.#registered = false;
+      for (const stream of this.#streams) {
+        // An empty list makes the kubelet drop the devices at once (KubeVirt does this).
+        stream.write({ devices: [] });
+        stream.end();
+      }
+      this.#streams.clear();
+      server.forceShutdown();
+      const current = await statOrUndefined(this.socketPath).catch(() => undefined);
+      if (current && socketIno !== null && current.ino === socketIno) {
+        await removeIfExists(this.socketPath).catch(() => {});
+      }
+    }
+  }
+
+  /** Registers with the kubelet; returns the inode of the kubelet socket registered with. */
+  async #register(): Promise<number | null> {
+    const kubelet = await statOrUndefined(this.kubeletSocket);
+    const client = newRegistrationClient(this.kubeletSocket);
+    try {
+      await new Promise<void>((resolve, reject) => {
+        client.Register(
+          {
+            version: DEVICE_PLUGIN_API_VERSION,
+            endpoint: basename(this.socketPath),
+            resource_name: this.resourceName,
+            options: { pre_start_required: false, get_preferred_allocation_available: false },
+          },
+          { deadline: Date.now() + this.#registerTimeoutMs },
+          (error) => error ? reject(error) : resolve(),
+        );
+      });
+    } catch (error) {
+      throw new DevicePluginError(
+        this.resourceName,
+        `Cannot register device plugin "${this.resourceName}" with the kubelet at "${this.kubeletSocket}": ${
+          message(error)
+        }`,
+        { cause: error },
+      );
+    } finally {
+      client.close();
+    }
+    this.#registered = true;
+    this.#registrations++;
+    log.info("Device plugin registered", {
+      resource: this.resourceName,
+      devices: this.#ids.length,
+    });
+    return kubelet?.ino ?? null;
+  }
+
+  /**
+   * Watches the device node and both sockets until the plugin is stopped or its socket
+   * goes; a re-created kubelet socket (new inode) means a new kubelet: register again.
+   */
+  async #watch(signal: AbortSignal, socketIno: number | null): Promise<SessionEnd> {
+    const waker = new Waker();
+    const relevant = new Set([this.watchedPath, this.socketPath, this.kubeletSocket]);
+    const dirs = [...new Set([dirname(this.watchedPath), dirname(this.socketPath)])];
+    const watchers: Deno.FsWatcher[] = [];
+    for (const dir of dirs) {
+      try {
+        const watcher = Deno.watchFs(dir, { recursive: false });
+        watchers.push(watcher);
+        (async () => {
+          for await (const event of watcher) {
+            if (event.paths.some((p) => relevant.has(p))) waker.wake();
+          }
+        })().catch(() => waker.wake());
+      } catch (error) {
+        log.debug("Cannot watch {dir}, polling only: {error}", { dir, error });
+      }
+    }
+    const poll = setInterval(() => waker.wake(), this.#pollMs);
+    try {
+      while (!signal.aborted) {
+        await waker.wait(signal);
+        if (signal.aborted) break;
+        this.#setHealth((await statOrUndefined(this.watchedPath)) !== undefined);
+        const own = await statOrUndefined(this.socketPath);
+        if (!own || (socketIno !== null && own.ino !== socketIno)) return "socket-removed";
+        const kubelet = await statOrUndefined(this.kubeletSocket);
+        if (kubelet && kubelet.ino !== this.#kubeletIno) {
+          log.info("Kubelet socket re-created; registering again", {
+            resource: this.resourceName,
+          });
+          this.#registered = false;
+          this.#kubeletIno = await this.#register();
+        }
+      }
+      return "stopped";
+    } finally {
+      clearInterval(poll);
+      for (const watcher of watchers) {
+        try {
+          watcher.close();
+        } catch {
+          // already closed
+        }
+      }
+    }
+  }
+
+  #setHealth(healthy: boolean): void {
+    if (healthy === this.#healthy) return;
+    this.#healthy = healthy;
+    log.info(healthy ? "Device appeared" : "Device disappeared", {
+      resource: this.resourceName,
+      path: this.device.path,
+    });
+    const update = { devices: this.devices() };
+    for (const stream of this.#streams) stream.write(update);
+  }
+
+  #handlers(): grpc.UntypedServiceImplementation {
+    return {
+      GetDevicePluginOptions: (
+        _call: grpc.ServerUnaryCall<Empty, unknown>,
+        callback: grpc.sendUnaryData<unknown>,
+      ) => callback(null, { pre_start_required: false, get_preferred_allocation_available: false }),
+      ListAndWatch: (call: grpc.ServerWritableStream<Empty, ListAndWatchResponse>) => {
+        this.#streams.add(call);
+        const drop = () => this.#streams.delete(call);
+        call.on("cancelled", drop);
+        call.on("close", drop);
+        call.on("error", drop);
+        call.write({ devices: this.devices() });
+      },
+      GetPreferredAllocation: (
+        call: grpc.ServerUnaryCall<PreferredAllocationRequest, PreferredAllocationResponse>,
+        callback: grpc.sendUnaryData<PreferredAllocationResponse>,
+      ) => callback(null, preferredAllocation(call.request)),
+      Allocate: (
+        call: grpc.ServerUnaryCall<AllocateRequest, AllocateResponse>,
+        callback: grpc.sendUnaryData<AllocateResponse>,
+      ) => {
+        const known = new Set(this.#ids);
+        const unknown = call.request.container_requests.flatMap((r) => r.devices_ids)
+          .filter((id) => !known.has(id));
+        if (unknown.length > 0) {
+          callback({
+            code: grpc.status.INVALID_ARGUMENT,
+            details: `Cannot allocate "${this.resourceName}": unknown device IDs ${
+              unknown.map((id) => `"${id}"`).join(", ")
+            }`,
+          });
+          return;
+        }
+        log.debug("Allocate", { resource: this.resourceName });
+        const spec = {
+          container_path: this.device.path,
+          host_path: this.device.path,
+          permissions: this.#permissions,
+        };
+        const requests = Math.max(call.request.container_requests.length, 1);
+        callback(null, {
+          container_responses: Array.from({ length: requests }, () => ({
+            envs: {},
+            mounts: [],
+            devices: [spec],
+            annotations: {},
+            cdi_devices: [],
+          })),
+        });
+      },
+      PreStartContainer: (
+        _call: grpc.ServerUnaryCall<unknown, unknown>,
+        callback: grpc.sendUnaryData<unknown>,
+      ) => callback(null, {}),
+    };
+  }
+}
+
+/** Must-include IDs first, then available ones in order, up to the allocation size. */
+export function preferredAllocation(
+  request: PreferredAllocationRequest,
+): PreferredAllocationResponse {
+  return {
+    container_responses: request.container_requests.map((r) => {
+      const chosen = [...new Set(r.must_include_deviceIDs)];
+      for (const id of r.available_deviceIDs) {
+        if (chosen.length >= r.allocation_size) break;
+        if (!chosen.includes(id)) chosen.push(id);
+      }
+      return { deviceIDs: chosen };
+    }),
+  };
+}
+
+/** Options of {@linkcode DevicePluginManager}. */
+export interface DevicePluginManagerOptions extends DevicePluginConfig {
+  /** The devices to serve ({@linkcode PERMANENT_DEVICES}). */
+  devices?: readonly PermanentDevice[];
+}
+
+/**
+ * Runs one plugin per device whose node exists; devices that appear later get their
+ * plugin on the next poll. {@linkcode allRegistered} feeds the heartbeat.
+ */
+export class DevicePluginManager {
+  readonly #config: DevicePluginManagerOptions;
+  readonly #plugins = new Map<string, GenericDevicePlugin>();
+  #poll: ReturnType<typeof setInterval> | undefined;
+  #started = false;
+
+  /** Creates the manager; nothing runs until {@linkcode start}. */
+  constructor(options: DevicePluginManagerOptions = {}) {
+    this.#config = options;
+  }
+
+  /** The running plugins, by device name. */
+  get plugins(): GenericDevicePlugin[] {
+    return [...this.#plugins.values()];
+  }
+
+  /** Starts plugins for the devices present now and polls for the others. */
+  async start(): Promise<void> {
+    if (this.#started) return;
+    this.#started = true;
+    await Deno.mkdir(this.#config.pluginDir ?? DEFAULT_DEVICE_PLUGIN_DIR, { recursive: true });
+    await this.#startPresent();
+    this.#poll = setInterval(() => {
+      this.#startPresent().catch((error) =>
+        log.error("Cannot look for devices: {error}", { error })
+      );
+    }, this.#config.pollIntervalMs ?? 5_000);
+  }
+
+  async #startPresent(): Promise<void> {
+    for (const device of this.#config.devices ?? PERMANENT_DEVICES) {
+      if (!this.#started || this.#plugins.has(device.name)) continue;
+      const path = join(this.#config.deviceRoot ?? "/", device.path);
+      if (!(await statOrUndefined(path))) continue;
+      if (!this.#started || this.#plugins.has(device.name)) continue;
+      const plugin = new GenericDevicePlugin(device, this.#config);
+      this.#plugins.set(device.name, plugin);
+      log.info("Starting device plugin", { resource: device.resourceName, path: device.path });
+      plugin.start();
+    }
+  }
+
+  /** Whether every started plugin is registered (true when none runs, as KubeVirt's). */
+  allRegistered(): boolean {
+    return this.plugins.every((p) => p.registered);
+  }
+
+  /** Stops every plugin. */
+  async stop(): Promise<void> {
+    this.#started = false;
+    clearInterval(this.#poll);
+    this.#poll = undefined;
+    await Promise.all(this.plugins.map((p) => p.stop()));
+    this.#plugins.clear();
+  }
+}

@@ -1,0 +1,268 @@
+/**
+ * The node heartbeat, as KubeVirt's virt-handler writes it: a strategic merge patch of
+ * the Node with the label `kubevirt.io/schedulable` ("true" only once the device plugins
+ * are registered), the annotation `kubevirt.io/heartbeat` (an RFC 3339 timestamp that
+ * virt-controller reads to find dead handlers) and the labels `kubevirt.io/cpumanager`
+ * and `cpumanager` (the kubelet runs the static CPU manager policy). Every minute with
+ * jitter; "false" at start-up and on stop, so no VMI lands on a node whose handler is
+ * gone.
+ *
+ * @module
+ */
+
+import { Annotations, Labels } from "../api/mod.ts";
+import { detailOf, type KubeClient, type KubeObject, patchNodeMetadata } from "../kube/mod.ts";
+import { getLogger } from "../log/mod.ts";
+
+const log = getLogger("heartbeat");
+
+/** The CPU manager label KubeVirt writes (and its older, unprefixed twin). */
+export const CPU_MANAGER_LABEL = "kubevirt.io/cpumanager";
+/** KubeVirt's deprecated CPU manager label, still written for older selectors. */
+export const DEPRECATED_CPU_MANAGER_LABEL = "cpumanager";
+/** Where the kubelet keeps its CPU manager state. */
+export const DEFAULT_CPU_MANAGER_STATE_PATH = "/var/lib/kubelet/cpu_manager_state";
+
+/** Options of {@linkcode Heartbeat}. */
+export interface HeartbeatOptions {
+  /** Whether the device plugins are registered; schedulable is "true" only then. */
+  isReady?: () => boolean;
+  /** Base period (1 min, KubeVirt's). */
+  intervalMs?: number;
+  /** Each wait is `interval + random * jitterFactor * interval` (1.2, KubeVirt's). */
+  jitterFactor?: number;
+  /** CPU manager state files, first readable wins (the kubelet's path). */
+  cpuManagerStatePaths?: string[];
+  /** How long start-up waits for `isReady` before the periodic beats (10 s). */
+  readyWaitMs?: number;
+  /** Poll period of `isReady` during that wait (1 s). */
+  readyPollMs?: number;
+  /** Per-request timeout (10 s). */
+  timeoutMs?: number;
+  /** Clock (tests). */
+  now?: () => Date;
+  /** Random source in [0, 1) (tests). */
+  random?: () => number;
+}
+
+/** What one beat wrote. */
+export interface HeartbeatState {
+  /** The `kubevirt.io/schedulable` value written. */
+  schedulable: boolean;
+  /** The `kubevirt.io/cpumanager` value written. */
+  cpuManager: boolean;
+  /** The `kubevirt.io/heartbeat` timestamp written. */
+  heartbeat: string;
+}
+
+/** A heartbeat could not be written; `cause` has the failure. */
+export class HeartbeatError extends Error {
+  /** Creates the error. */
+  constructor(message: string, options?: ErrorOptions) {
+    super(message, options);
+    this.name = "HeartbeatError";
+  }
+}
+
+/** RFC 3339 with second precision, as `metav1.Time` marshals: `2026-01-02T03:04:05Z`. */
+export function rfc3339(date: Date): string {
+  return date.toISOString().replace(/\.\d{3}Z$/, "Z");
+}
+
+/**
+ * Whether the kubelet runs the static CPU manager policy: the first existing file of
+ * `paths` is JSON with `policyName` "static". Unreadable or malformed means false.
+ */
+export async function readCpuManagerEnabled(
+  paths: readonly string[] = [DEFAULT_CPU_MANAGER_STATE_PATH],
+): Promise<boolean> {
+  for (const path of paths) {
+    let text: string;
+    try {
+      text = await Deno.readTextFile(path);
+    } catch (error) {
+      if (error instanceof Deno.errors.NotFound) continue;
+      log.debug("Cannot read the CPU manager state {path}: {error}", { path, error });
+      return false;
+    }
+    try {
+      const state = JSON.parse(text) as { policyName?: unknown };
+      return state?.policyName === "static";
+    } catch (error) {
+      log.debug("Cannot parse the CPU manager state {path}: {error}", { path, error });
+      return false;
+    }
+  }
+  return false;
+}
+
+/** The heartbeat fields as a node carries them (for `virtnode heartbeat --show`). */
+export interface NodeHeartbeatView {
+  /** The node name. */
+  node: string;
+  /** `kubevirt.io/schedulable`, when set. */
+  schedulable?: string;
+  /** `kubevirt.io/cpumanager`, when set. */
+  cpuManager?: string;
+  /** `kubevirt.io/heartbeat`, when set. */
+  heartbeat?: string;
+  /** Seconds since the heartbeat, when it parses. */
+  ageSeconds?: number;
+}
+
+/** Reads a node's heartbeat fields. */
+export async function readNodeHeartbeat(
+  client: KubeClient,
+  nodeName: string,
+  now: Date = new Date(),
+): Promise<NodeHeartbeatView> {
+  let node: KubeObject;
+  try {
+    node = await client.request<KubeObject>("GET", `/api/v1/nodes/${encodeURIComponent(nodeName)}`);
+  } catch (error) {
+    throw new HeartbeatError(`Cannot read node "${nodeName}": ${detailOf(error)}`, {
+      cause: error,
+    });
+  }
+  const labels = node.metadata?.labels ?? {};
+  const heartbeat = node.metadata?.annotations?.[Annotations.Heartbeat];
+  const parsed = heartbeat ? Date.parse(heartbeat) : NaN;
+  return {
+    node: nodeName,
+    ...(labels[Labels.NodeSchedulable] !== undefined
+      ? { schedulable: labels[Labels.NodeSchedulable] }
+      : {}),
+    ...(labels[CPU_MANAGER_LABEL] !== undefined ? { cpuManager: labels[CPU_MANAGER_LABEL] } : {}),
+    ...(heartbeat ? { heartbeat } : {}),
+    ...(Number.isNaN(parsed) ? {} : { ageSeconds: Math.round((now.getTime() - parsed) / 1000) }),
+  };
+}
+
+/** The innermost error with a cause chain, for short messages. */
+function rootCause(error: unknown): unknown {
+  let current = error;
+  while (current instanceof Error && current.cause !== undefined) current = current.cause;
+  return current;
+}
+
+const sleep = (ms: number, signal: AbortSignal) =>
+  new Promise<void>((resolve) => {
+    if (signal.aborted) return resolve();
+    const timer = setTimeout(done, ms);
+    signal.addEventListener("abort", done, { once: true });
+    function done() {
+      clearTimeout(timer);
+      signal.removeEventListener("abort", done);
+      resolve();
+    }
+  });
+
+/** Writes the node heartbeat; see the module doc. */
+export class Heartbeat {
+  readonly #client: KubeClient;
+  readonly #nodeName: string;
+  readonly #options: HeartbeatOptions;
+  #abort: AbortController | undefined;
+  #loop: Promise<void> | undefined;
+  #last: HeartbeatState | undefined;
+
+  /** Creates the heartbeat of `nodeName`; nothing is written until a beat. */
+  constructor(client: KubeClient, nodeName: string, options: HeartbeatOptions = {}) {
+    this.#client = client;
+    this.#nodeName = nodeName;
+    this.#options = options;
+  }
+
+  /** What the last successful beat wrote. */
+  get last(): HeartbeatState | undefined {
+    return this.#last;
+  }
+
+  /** Writes one heartbeat; `schedulable` overrides what `isReady` says. */
+  async beatOnce(options: { schedulable?: boolean } = {}): Promise<HeartbeatState> {
+    const schedulable = options.schedulable ?? (this.#options.isReady?.() ?? true);
+    const cpuManager = await readCpuManagerEnabled(
+      this.#options.cpuManagerStatePaths ?? [DEFAULT_CPU_MANAGER_STATE_PATH],
+    );
+    const heartbeat = rfc3339(this.#options.now?.() ?? new Date());
+    try {
+      await patchNodeMetadata(this.#client, this.#nodeName, {
+        labels: {
+          [Labels.NodeSchedulable]: String(schedulable),
+          [DEPRECATED_CPU_MANAGER_LABEL]: String(cpuManager),
+          [CPU_MANAGER_LABEL]: String(cpuManager),
+        },
+        annotations: { [Annotations.Heartbeat]: heartbeat },
+      }, { timeoutMs: this.#options.timeoutMs ?? 10_000 });
+    } catch (error) {
+      throw new HeartbeatError(
+        `Cannot write the heartbeat of node "${this.#nodeName}": ${detailOf(rootCause(error))}`,
+        { cause: error },
+      );
+    }
+    const state = { schedulable, cpuManager, heartbeat };
+    this.#last = state;
+    log.debug("Heartbeat sent", { name: this.#nodeName, ...state });
+    return state;
+  }
+
+  /**
+   * Starts beating: "false" at once (device plugins are not up yet), then as soon as
+   * `isReady` turns true within `readyWaitMs`, then every interval with jitter.
+   */
+  start(): void {
+    if (this.#abort) return;
+    const abort = new AbortController();
+    this.#abort = abort;
+    this.#loop = this.#run(abort.signal);
+  }
+
+  async #tryBeat(options: { schedulable?: boolean } = {}): Promise<void> {
+    try {
+      await this.beatOnce(options);
+    } catch (error) {
+      log.error("Heartbeat failed: {error}", { error, name: this.#nodeName });
+    }
+  }
+
+  async #run(signal: AbortSignal): Promise<void> {
+    await this.#tryBeat({ schedulable: false });
+    const isReady = this.#options.isReady ?? (() => true);
+    const deadline = Date.now() + (this.#options.readyWaitMs ?? 10_000);
+    while (!signal.aborted && !isReady() && Date.now() < deadline) {
+      await sleep(this.#options.readyPollMs ?? 1_000, signal);
+    }
+    while (!signal.aborted) {
+      await this.#tryBeat();
+      if (signal.aborted) break;
+      const interval = this.#options.intervalMs ?? 60_000;
+      const random = this.#options.random ?? Math.random;
+      await sleep(interval + random() * (this.#options.jitterFactor ?? 1.2) * interval, signal);
+    }
+  }
+
+  /**
+   * Stops beating and marks the node unschedulable, retrying like client-go's default
+   * backoff (10 ms, 50 ms, 250 ms, 1.25 s). Rejects when every attempt failed.
+   */
+  async stop(): Promise<void> {
+    this.#abort?.abort();
+    await this.#loop;
+    this.#abort = undefined;
+    this.#loop = undefined;
+    let lastError: unknown;
+    for (const delay of [10, 50, 250, 1_250, 0]) {
+      try {
+        await this.beatOnce({ schedulable: false });
+        return;
+      } catch (error) {
+        lastError = error;
+        if (delay > 0) await new Promise((r) => setTimeout(r, delay));
+      }
+    }
+    throw new HeartbeatError(
+      `Cannot mark node "${this.#nodeName}" unschedulable: ${detailOf(rootCause(lastError))}`,
+      { cause: lastError },
+    );
+  }
+}

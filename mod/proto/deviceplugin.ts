@@ -1,0 +1,179 @@
+/**
+ * The kubelet device plugin API `v1beta1` (`deviceplugin_v1beta1.proto`): the
+ * `v1beta1.Registration` service the kubelet serves and the `v1beta1.DevicePlugin`
+ * service each plugin serves, with message types in `@grpc/proto-loader`'s `keepCase`
+ * shape (field names exactly as in the `.proto`).
+ *
+ * @module
+ */
+
+import * as grpc from "@grpc/grpc-js";
+import * as protoLoader from "@grpc/proto-loader";
+import { PROTO_LOADER_OPTIONS, ProtoLoadError, protoPath, unixTarget } from "./mod.ts";
+
+/** The `.proto` file of the device plugin API. */
+export const DEVICE_PLUGIN_PROTO = "deviceplugin_v1beta1.proto";
+/** Fully qualified name of the kubelet's registration service. */
+export const REGISTRATION_SERVICE = "v1beta1.Registration";
+/** Fully qualified name of a device plugin's service. */
+export const DEVICE_PLUGIN_SERVICE = "v1beta1.DevicePlugin";
+/** The API version a plugin registers with. */
+export const DEVICE_PLUGIN_API_VERSION = "v1beta1";
+/** The kubelet's registration socket name in the device-plugins directory. */
+export const KUBELET_SOCKET = "kubelet.sock";
+/** Device health values. */
+export const DeviceHealth = { Healthy: "Healthy", Unhealthy: "Unhealthy" } as const;
+/** A device health value. */
+export type DeviceHealth = typeof DeviceHealth[keyof typeof DeviceHealth];
+
+/** `v1beta1.DevicePluginOptions`. */
+export interface DevicePluginOptions {
+  pre_start_required: boolean;
+  get_preferred_allocation_available: boolean;
+}
+
+/** `v1beta1.RegisterRequest`. */
+export interface RegisterRequest {
+  version: string;
+  endpoint: string;
+  resource_name: string;
+  options?: DevicePluginOptions | null;
+}
+
+/** `v1beta1.Empty`. */
+export type Empty = Record<string, never>;
+
+/** `v1beta1.Device`. */
+export interface Device {
+  ID: string;
+  health: string;
+  topology?: { nodes: { ID: string }[] } | null;
+}
+
+/** `v1beta1.ListAndWatchResponse`. */
+export interface ListAndWatchResponse {
+  devices: Device[];
+}
+
+/** `v1beta1.AllocateRequest`. */
+export interface AllocateRequest {
+  container_requests: { devices_ids: string[] }[];
+}
+
+/** `v1beta1.DeviceSpec`. */
+export interface DeviceSpec {
+  container_path: string;
+  host_path: string;
+  permissions: string;
+}
+
+/** `v1beta1.Mount`. */
+export interface Mount {
+  container_path: string;
+  host_path: string;
+  read_only: boolean;
+}
+
+/** `v1beta1.ContainerAllocateResponse`. */
+export interface ContainerAllocateResponse {
+  envs: Record<string, string>;
+  mounts: Mount[];
+  devices: DeviceSpec[];
+  annotations: Record<string, string>;
+  cdi_devices: { name: string }[];
+}
+
+/** `v1beta1.AllocateResponse`. */
+export interface AllocateResponse {
+  container_responses: ContainerAllocateResponse[];
+}
+
+/** `v1beta1.PreferredAllocationRequest`. */
+export interface PreferredAllocationRequest {
+  container_requests: {
+    available_deviceIDs: string[];
+    must_include_deviceIDs: string[];
+    allocation_size: number;
+  }[];
+}
+
+/** `v1beta1.PreferredAllocationResponse`. */
+export interface PreferredAllocationResponse {
+  container_responses: { deviceIDs: string[] }[];
+}
+
+/** `v1beta1.PreStartContainerRequest`. */
+export interface PreStartContainerRequest {
+  devices_ids: string[];
+}
+
+let definition: protoLoader.PackageDefinition | undefined;
+
+function service(name: string): grpc.ServiceDefinition {
+  const path = protoPath(DEVICE_PLUGIN_PROTO);
+  if (!definition) {
+    try {
+      definition = protoLoader.loadSync(path, { ...PROTO_LOADER_OPTIONS });
+    } catch (error) {
+      throw new ProtoLoadError(path, { cause: error });
+    }
+  }
+  const found = definition[name];
+  if (!found || "format" in found) {
+    throw new ProtoLoadError(path, { cause: new Error(`service "${name}" is not defined`) });
+  }
+  return found as unknown as grpc.ServiceDefinition;
+}
+
+/** The `v1beta1.Registration` service definition. */
+export function registrationService(): grpc.ServiceDefinition {
+  return service(REGISTRATION_SERVICE);
+}
+
+/** The `v1beta1.DevicePlugin` service definition. */
+export function devicePluginService(): grpc.ServiceDefinition {
+  return service(DEVICE_PLUGIN_SERVICE);
+}
+
+type Callback<Res> = (error: grpc.ServiceError | null, response?: Res) => void;
+
+/** A unary method with optional call options. */
+export interface Unary<Req, Res> {
+  (request: Req, callback: Callback<Res>): grpc.ClientUnaryCall;
+  (request: Req, options: grpc.CallOptions, callback: Callback<Res>): grpc.ClientUnaryCall;
+}
+
+/** A `v1beta1.Registration` client (what a plugin uses to reach the kubelet). */
+export interface RegistrationClient extends grpc.Client {
+  Register: Unary<RegisterRequest, Empty>;
+}
+
+/** A `v1beta1.DevicePlugin` client (what the kubelet uses to reach a plugin). */
+export interface DevicePluginClient extends grpc.Client {
+  GetDevicePluginOptions: Unary<Empty, DevicePluginOptions>;
+  ListAndWatch(
+    request: Empty,
+    options?: grpc.CallOptions,
+  ): grpc.ClientReadableStream<ListAndWatchResponse>;
+  GetPreferredAllocation: Unary<PreferredAllocationRequest, PreferredAllocationResponse>;
+  Allocate: Unary<AllocateRequest, AllocateResponse>;
+  PreStartContainer: Unary<PreStartContainerRequest, Empty>;
+}
+
+/** A Registration client for a kubelet socket path (no I/O until the first call). */
+export function newRegistrationClient(socketPath: string): RegistrationClient {
+  const Ctor = grpc.makeClientConstructor(registrationService(), "Registration");
+  return new Ctor(
+    unixTarget(socketPath),
+    grpc.credentials.createInsecure(),
+  ) as unknown as RegistrationClient;
+}
+
+/** A DevicePlugin client for a plugin socket path. */
+export function newDevicePluginClient(socketPath: string): DevicePluginClient {
+  const Ctor = grpc.makeClientConstructor(devicePluginService(), "DevicePlugin");
+  return new Ctor(
+    unixTarget(socketPath),
+    grpc.credentials.createInsecure(),
+  ) as unknown as DevicePluginClient;
+}
