@@ -140,6 +140,11 @@ function sleep(ms: number, signal: AbortSignal): Promise<void> {
   });
 }
 
+/** Inode numbers are reused at once on tmpfs; the change time tells a new file apart. */
+function fileId(info: Deno.FileInfo): string {
+  return `${info.dev}:${info.ino}:${info.ctime?.getTime()}:${info.birthtime?.getTime()}`;
+}
+
 function message(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
 }
@@ -192,7 +197,8 @@ export class GenericDevicePlugin {
   #healthy = true;
   #registered = false;
   #registrations = 0;
-  #kubeletIno: number | null = null;
+  /** Identity of the kubelet socket registered with; undefined once it was seen gone. */
+  #kubeletId: string | undefined;
   #abort: AbortController | undefined;
   #loop: Promise<void> | undefined;
 
@@ -303,7 +309,7 @@ export class GenericDevicePlugin {
       await Deno.chmod(this.socketPath, 0o600);
       socketIno = (await Deno.stat(this.socketPath)).ino;
       this.#setHealth((await statOrUndefined(this.watchedPath)) !== undefined);
-      this.#kubeletIno = await this.#register();
+      this.#kubeletId = await this.#register();
       return await this.#watch(signal, socketIno);
     } finally {
       this.#registered = false;
@@ -321,8 +327,8 @@ export class GenericDevicePlugin {
     }
   }
 
-  /** Registers with the kubelet; returns the inode of the kubelet socket registered with. */
-  async #register(): Promise<number | null> {
+  /** Registers with the kubelet; returns the identity of the kubelet socket registered with. */
+  async #register(): Promise<string | undefined> {
     const kubelet = await statOrUndefined(this.kubeletSocket);
     const client = newRegistrationClient(this.kubeletSocket);
     try {
@@ -355,12 +361,13 @@ export class GenericDevicePlugin {
       resource: this.resourceName,
       devices: this.#ids.length,
     });
-    return kubelet?.ino ?? null;
+    return kubelet && fileId(kubelet);
   }
 
   /**
    * Watches the device node and both sockets until the plugin is stopped or its socket
-   * goes; a re-created kubelet socket (new inode) means a new kubelet: register again.
+   * goes; a re-created kubelet socket (seen missing, or a new inode or creation time)
+   * means a new kubelet: register again.
    */
   async #watch(signal: AbortSignal, socketIno: number | null): Promise<SessionEnd> {
     const waker = new Waker();
@@ -389,12 +396,13 @@ export class GenericDevicePlugin {
         const own = await statOrUndefined(this.socketPath);
         if (!own || (socketIno !== null && own.ino !== socketIno)) return "socket-removed";
         const kubelet = await statOrUndefined(this.kubeletSocket);
-        if (kubelet && kubelet.ino !== this.#kubeletIno) {
+        if (!kubelet) this.#kubeletId = undefined;
+        else if (fileId(kubelet) !== this.#kubeletId) {
           log.info("Kubelet socket re-created; registering again", {
             resource: this.resourceName,
           });
           this.#registered = false;
-          this.#kubeletIno = await this.#register();
+          this.#kubeletId = await this.#register();
         }
       }
       return "stopped";

@@ -1,0 +1,383 @@
+/**
+ * KubeVirt's permanent device plugins against a test kubelet that speaks the real
+ * v1beta1 protocol over unix sockets: a grpc-js `v1beta1.Registration` server on a
+ * temporary `kubelet.sock`, and `v1beta1.DevicePlugin` clients dialing the plugins'
+ * sockets. Device nodes are plain files under a temporary device root.
+ */
+
+import * as grpc from "@grpc/grpc-js";
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { DevicePluginManager, type DevicePluginManagerOptions } from "../../mod/node/mod.ts";
+import {
+  type AllocateResponse,
+  type DevicePluginClient,
+  type ListAndWatchResponse,
+  newDevicePluginClient,
+  type PreferredAllocationResponse,
+  type RegisterRequest,
+  registrationService,
+} from "../../mod/proto/deviceplugin.ts";
+import { unixTarget } from "../../mod/proto/mod.ts";
+
+const grpcTest = { sanitizeOps: false, sanitizeResources: false };
+
+/** The kubelet's side of registration, nothing more. */
+class TestKubelet {
+  readonly registrations: RegisterRequest[] = [];
+  readonly socketPath: string;
+  #server: grpc.Server | undefined;
+
+  constructor(dir: string) {
+    this.socketPath = join(dir, "kubelet.sock");
+  }
+
+  async start(): Promise<this> {
+    const server = new grpc.Server();
+    server.addService(registrationService(), {
+      Register: (
+        call: grpc.ServerUnaryCall<RegisterRequest, unknown>,
+        callback: grpc.sendUnaryData<unknown>,
+      ) => {
+        this.registrations.push(call.request);
+        callback(null, {});
+      },
+    });
+    await new Promise<void>((resolve, reject) =>
+      server.bindAsync(
+        unixTarget(this.socketPath),
+        grpc.ServerCredentials.createInsecure(),
+        (error) => error ? reject(error) : resolve(),
+      )
+    );
+    this.#server = server;
+    return this;
+  }
+
+  stop(): void {
+    this.#server?.forceShutdown();
+    this.#server = undefined;
+  }
+
+  resources(): string[] {
+    return this.registrations.map((r) => r.resource_name).sort();
+  }
+}
+
+async function waitFor(what: string, cond: () => boolean, timeoutMs = 10_000): Promise<number> {
+  const started = performance.now();
+  while (!cond()) {
+    if (performance.now() - started > timeoutMs) throw new Error(`Timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  return performance.now() - started;
+}
+
+/** Collects a ListAndWatch stream's messages. */
+function watch(client: DevicePluginClient) {
+  const messages: ListAndWatchResponse[] = [];
+  const stream = client.ListAndWatch({});
+  let ended = false;
+  stream.on("data", (m: ListAndWatchResponse) => messages.push(m));
+  stream.on("error", () => ended = true);
+  stream.on("end", () => ended = true);
+  return { messages, stream, ended: () => ended };
+}
+
+function unary<Res>(
+  call: (cb: (error: grpc.ServiceError | null, response?: Res) => void) => unknown,
+): Promise<Res> {
+  return new Promise((resolve, reject) =>
+    call((error, response) => error ? reject(error) : resolve(response!))
+  );
+}
+
+interface Env {
+  dir: string;
+  pluginDir: string;
+  deviceRoot: string;
+  kubelet: TestKubelet;
+  manager: DevicePluginManager;
+}
+
+async function setup(
+  devices: string[],
+  options: DevicePluginManagerOptions = {},
+  startKubelet = true,
+): Promise<Env> {
+  const dir = await Deno.makeTempDir({ prefix: "virtnode-dp-" });
+  const pluginDir = join(dir, "device-plugins");
+  const deviceRoot = join(dir, "root");
+  await Deno.mkdir(pluginDir);
+  for (const device of devices) {
+    await Deno.mkdir(join(deviceRoot, device, ".."), { recursive: true });
+    await Deno.writeTextFile(join(deviceRoot, device), "");
+  }
+  const kubelet = new TestKubelet(pluginDir);
+  if (startKubelet) await kubelet.start();
+  const manager = new DevicePluginManager({
+    pluginDir,
+    deviceRoot,
+    maxDevices: 5,
+    backoffMs: [100, 200],
+    pollIntervalMs: 60_000,
+    ...options,
+  });
+  return { dir, pluginDir, deviceRoot, kubelet, manager };
+}
+
+async function teardown(env: Env): Promise<void> {
+  await env.manager.stop();
+  env.kubelet.stop();
+  await Deno.remove(env.dir, { recursive: true });
+}
+
+Deno.test(
+  "device plugins register with the kubelet for present devices only",
+  grpcTest,
+  async () => {
+    const env = await setup(["dev/kvm", "dev/net/tun"]);
+    try {
+      const started = performance.now();
+      await env.manager.start();
+      await waitFor(
+        "two registrations",
+        () => env.kubelet.registrations.length === 2 && env.manager.allRegistered(),
+      );
+      const ms = performance.now() - started;
+      console.log(`  start to both plugins registered: ${ms.toFixed(0)} ms`);
+      assert.deepEqual(env.kubelet.resources(), [
+        "devices.kubevirt.io/kvm",
+        "devices.kubevirt.io/tun",
+      ]);
+      const kvm = env.kubelet.registrations.find((r) => r.resource_name.endsWith("/kvm"))!;
+      assert.equal(kvm.version, "v1beta1");
+      assert.equal(kvm.endpoint, "kubevirt-kvm.sock");
+      assert.equal(kvm.options?.pre_start_required, false);
+      assert.equal(env.manager.allRegistered(), true);
+      const info = await Deno.stat(join(env.pluginDir, "kubevirt-kvm.sock"));
+      assert.equal(info.isSocket, true);
+      assert.equal(info.mode! & 0o777, 0o600);
+      await assert.rejects(Deno.stat(join(env.pluginDir, "kubevirt-vhost-net.sock")));
+      // Stopped plugins take their sockets with them.
+      await env.manager.stop();
+      const left = [...Deno.readDirSync(env.pluginDir)].map((e) => e.name);
+      assert.deepEqual(left, ["kubelet.sock"]);
+    } finally {
+      await teardown(env);
+    }
+  },
+);
+
+Deno.test("a device that appears later gets its plugin on the next poll", grpcTest, async () => {
+  const env = await setup(["dev/kvm"], { pollIntervalMs: 100 });
+  try {
+    await env.manager.start();
+    await waitFor("kvm registration", () => env.kubelet.registrations.length === 1);
+    await Deno.writeTextFile(join(env.deviceRoot, "dev/vhost-net"), "");
+    await waitFor("vhost-net registration", () => env.kubelet.registrations.length === 2);
+    assert.deepEqual(env.kubelet.resources(), [
+      "devices.kubevirt.io/kvm",
+      "devices.kubevirt.io/vhost-net",
+    ]);
+  } finally {
+    await teardown(env);
+  }
+});
+
+Deno.test(
+  "ListAndWatch reports a device Unhealthy when its node goes and Healthy when it returns",
+  grpcTest,
+  async () => {
+    const env = await setup(["dev/kvm"]);
+    const client = newDevicePluginClient(join(env.pluginDir, "kubevirt-kvm.sock"));
+    try {
+      await env.manager.start();
+      await waitFor("registration", () => env.manager.allRegistered());
+      const w = watch(client);
+      await waitFor("the first list", () => w.messages.length === 1);
+      assert.deepEqual(w.messages[0].devices.map((d) => [d.ID, d.health]), [
+        ["kvm0", "Healthy"],
+        ["kvm1", "Healthy"],
+        ["kvm2", "Healthy"],
+        ["kvm3", "Healthy"],
+        ["kvm4", "Healthy"],
+      ]);
+      // The poll is 60 s here: the watch on the parent directory must do the work.
+      await Deno.remove(join(env.deviceRoot, "dev/kvm"));
+      const goneMs = await waitFor("the Unhealthy list", () => w.messages.length === 2);
+      assert.ok(w.messages[1].devices.every((d) => d.health === "Unhealthy"));
+      assert.equal(w.messages[1].devices.length, 5);
+      await Deno.writeTextFile(join(env.deviceRoot, "dev/kvm"), "");
+      const backMs = await waitFor("the Healthy list", () => w.messages.length === 3);
+      assert.ok(w.messages[2].devices.every((d) => d.health === "Healthy"));
+      console.log(
+        `  health pushed after removal: ${goneMs.toFixed(0)} ms, after restore: ${
+          backMs.toFixed(0)
+        } ms`,
+      );
+      await env.manager.stop();
+      // On stop the kubelet gets an empty list, then the stream ends.
+      await waitFor("the stream to end", () => w.ended());
+      assert.deepEqual(w.messages[w.messages.length - 1].devices, []);
+    } finally {
+      client.close();
+      await teardown(env);
+    }
+  },
+);
+
+Deno.test(
+  "the periodic stat catches a device change when no watch event comes",
+  grpcTest,
+  async () => {
+    // The device lives in a directory created after the plugin started watching: a
+    // renamed-in parent is invisible to the watch, only the stat sees it.
+    const env = await setup(["dev/net/tun"], { pollIntervalMs: 150 });
+    const client = newDevicePluginClient(join(env.pluginDir, "kubevirt-tun.sock"));
+    try {
+      await env.manager.start();
+      await waitFor("registration", () => env.manager.allRegistered());
+      const w = watch(client);
+      await waitFor("the first list", () => w.messages.length === 1);
+      await Deno.rename(join(env.deviceRoot, "dev/net"), join(env.deviceRoot, "dev/net.old"));
+      await waitFor("the Unhealthy list", () => w.messages.length === 2);
+      assert.ok(w.messages[1].devices.every((d) => d.health === "Unhealthy"));
+      await Deno.rename(join(env.deviceRoot, "dev/net.old"), join(env.deviceRoot, "dev/net"));
+      await waitFor("the Healthy list", () => w.messages.length === 3);
+      assert.ok(w.messages[2].devices.every((d) => d.health === "Healthy"));
+    } finally {
+      client.close();
+      await teardown(env);
+    }
+  },
+);
+
+Deno.test("Allocate returns the device node with rw permissions", grpcTest, async () => {
+  const env = await setup(["dev/kvm", "dev/net/tun"]);
+  const kvm = newDevicePluginClient(join(env.pluginDir, "kubevirt-kvm.sock"));
+  const tun = newDevicePluginClient(join(env.pluginDir, "kubevirt-tun.sock"));
+  try {
+    await env.manager.start();
+    await waitFor(
+      "registration",
+      () => env.manager.allRegistered() && env.manager.plugins.length === 2,
+    );
+    const options = await unary((cb) => kvm.GetDevicePluginOptions({}, cb));
+    assert.deepEqual(options, {
+      pre_start_required: false,
+      get_preferred_allocation_available: false,
+    });
+    const response = await unary<AllocateResponse>((cb) =>
+      kvm.Allocate(
+        { container_requests: [{ devices_ids: ["kvm0"] }, { devices_ids: ["kvm3"] }] },
+        cb,
+      )
+    );
+    assert.equal(response.container_responses.length, 2);
+    for (const container of response.container_responses) {
+      assert.deepEqual(container.devices, [
+        { container_path: "/dev/kvm", host_path: "/dev/kvm", permissions: "rw" },
+      ]);
+      assert.deepEqual(container.mounts, []);
+    }
+    const tunResponse = await unary<AllocateResponse>((cb) =>
+      tun.Allocate({ container_requests: [{ devices_ids: ["tun1"] }] }, cb)
+    );
+    assert.deepEqual(tunResponse.container_responses[0].devices, [
+      { container_path: "/dev/net/tun", host_path: "/dev/net/tun", permissions: "rw" },
+    ]);
+    await assert.rejects(
+      unary((cb) => kvm.Allocate({ container_requests: [{ devices_ids: ["tun0"] }] }, cb)),
+      (error: grpc.ServiceError) =>
+        error.code === grpc.status.INVALID_ARGUMENT &&
+        /unknown device IDs "tun0"/.test(error.details),
+    );
+    const preferred = await unary<PreferredAllocationResponse>((cb) =>
+      kvm.GetPreferredAllocation({
+        container_requests: [{
+          available_deviceIDs: ["kvm0", "kvm1", "kvm2"],
+          must_include_deviceIDs: ["kvm2"],
+          allocation_size: 2,
+        }],
+      }, cb)
+    );
+    assert.deepEqual(preferred.container_responses, [{ deviceIDs: ["kvm2", "kvm0"] }]);
+    assert.deepEqual(await unary((cb) => kvm.PreStartContainer({ devices_ids: ["kvm0"] }, cb)), {});
+  } finally {
+    kvm.close();
+    tun.close();
+    await teardown(env);
+  }
+});
+
+Deno.test(
+  "plugins register again after the kubelet wipes its directory and restarts",
+  grpcTest,
+  async () => {
+    const env = await setup(["dev/kvm", "dev/net/tun"], { backoffMs: undefined });
+    try {
+      await env.manager.start();
+      await waitFor("registration", () => env.kubelet.registrations.length === 2);
+      // A kubelet restart: the old one goes, the directory is emptied, a new one serves.
+      env.kubelet.stop();
+      for await (const entry of Deno.readDir(env.pluginDir)) {
+        await Deno.remove(join(env.pluginDir, entry.name));
+      }
+      const started = performance.now();
+      await waitFor("plugins to notice", () => !env.manager.allRegistered());
+      const kubelet = await new TestKubelet(env.pluginDir).start();
+      env.kubelet = kubelet;
+      await waitFor("re-registration", () => kubelet.registrations.length === 2, 15_000);
+      console.log(
+        `  wipe to both plugins registered again (default backoff): ${
+          (performance.now() - started).toFixed(0)
+        } ms`,
+      );
+      assert.deepEqual(kubelet.resources(), ["devices.kubevirt.io/kvm", "devices.kubevirt.io/tun"]);
+      assert.equal(env.manager.allRegistered(), true);
+      // The plugin serves on its re-created socket.
+      const client = newDevicePluginClient(join(env.pluginDir, "kubevirt-kvm.sock"));
+      try {
+        const w = watch(client);
+        await waitFor("a list from the new socket", () => w.messages.length === 1);
+        w.stream.cancel();
+      } finally {
+        client.close();
+      }
+    } finally {
+      await teardown(env);
+    }
+  },
+);
+
+Deno.test("a re-created kubelet socket alone also triggers registration", grpcTest, async () => {
+  const env = await setup(["dev/kvm"]);
+  try {
+    await env.manager.start();
+    await waitFor("registration", () => env.kubelet.registrations.length === 1);
+    env.kubelet.stop();
+    await Deno.remove(env.kubelet.socketPath).catch(() => {});
+    const kubelet = await new TestKubelet(env.pluginDir).start();
+    env.kubelet = kubelet;
+    await waitFor("re-registration", () => kubelet.registrations.length === 1);
+    await waitFor("the plugin to count it", () => env.manager.plugins[0].registrations === 2);
+    assert.equal(env.manager.plugins[0].registrations, 2);
+  } finally {
+    await teardown(env);
+  }
+});
+
+Deno.test("a plugin retries with backoff until a kubelet answers", grpcTest, async () => {
+  const env = await setup(["dev/kvm"], {}, false);
+  try {
+    await env.manager.start();
+    await new Promise((r) => setTimeout(r, 400));
+    assert.equal(env.manager.allRegistered(), false);
+    await env.kubelet.start();
+    await waitFor("registration", () => env.kubelet.registrations.length === 1);
+    assert.equal(env.manager.allRegistered(), true);
+  } finally {
+    await teardown(env);
+  }
+});
