@@ -69,3 +69,9 @@ export {
   type NodeLabellerOptions,
   sameLabels,
 } from "./labeller.ts";
+export {
+  type NodeServices,
+  type NodeServicesOptions,
+  readCapabilities,
+  startNodeServices,
+} from "./services.ts";

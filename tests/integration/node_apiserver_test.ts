@@ -25,7 +25,9 @@ import {
   parseDomainCapabilities,
   parseHostCapabilities,
   readNodeHeartbeat,
+  startNodeServices,
 } from "../../mod/node/mod.ts";
+import { ensureLibvirtd } from "../helpers/libvirtd.ts";
 
 const FIXTURES = fileURLToPath(new URL("../fixtures/labeller/", import.meta.url));
 
@@ -356,6 +358,40 @@ Deno.test("heartbeat and labeller against a real apiserver", async (t) => {
         await deleteNode(client, "lb-6");
       }
     });
+    await t.step(
+      "startNodeServices() labels from libvirt and beats; stop() says false",
+      async () => {
+        const uri = await ensureLibvirtd();
+        await createNode(client, "svc-1");
+        const pluginDir = `${tmp}/device-plugins`;
+        try {
+          const services = await startNodeServices(client, {
+            nodeName: "svc-1",
+            libvirtUri: uri,
+            // No device node exists under this root: no plugin runs, nothing to wait for.
+            devicePlugins: { pluginDir, deviceRoot: `${tmp}/no-devices` },
+            heartbeat: { cpuManagerStatePaths: [`${tmp}/missing`], readyPollMs: 20 },
+            labeller: { virttype: "qemu" },
+          });
+          const labels = async () => (await getNode(client, "svc-1")).metadata?.labels ?? {};
+          const deadline = Date.now() + 20_000;
+          for (;;) {
+            const now = await labels();
+            if (
+              now["kubevirt.io/schedulable"] === "true" &&
+              Object.keys(now).some((k) => k.startsWith("host-model-cpu.node.kubevirt.io/"))
+            ) break;
+            assert.ok(Date.now() < deadline, `labels so far: ${JSON.stringify(now)}`);
+            await new Promise((r) => setTimeout(r, 50));
+          }
+          assert.deepEqual(services.devicePlugins?.plugins, []);
+          await services.stop();
+          assert.equal((await labels())["kubevirt.io/schedulable"], "false");
+        } finally {
+          await deleteNode(client, "svc-1");
+        }
+      },
+    );
   } finally {
     client.close();
     await cluster.stop();
