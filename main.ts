@@ -9,7 +9,7 @@
  *
  * @module
  */
-import { Command, CommanderError, Option } from "commander";
+import { Command, CommanderError, InvalidArgumentError, Option } from "commander";
 import denoJson from "./deno.json" with { type: "json" };
 import {
   type Config,
@@ -79,6 +79,77 @@ async function apiserverVersion(kubeconfig: string | undefined): Promise<string>
   }
 }
 
+/** The command line that runs this same program with `args` (compiled or from source). */
+function selfCommand(args: string[]): { cmd: string; args: string[] } {
+  if (Deno.build.standalone) return { cmd: Deno.execPath(), args };
+  const main = new URL(import.meta.url).pathname;
+  return { cmd: Deno.execPath(), args: ["run", "-A", "--no-prompt", main, ...args] };
+}
+
+function positiveInt(value: string): number {
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < 1 || n > 1000) {
+    throw new InvalidArgumentError("allowed: a whole number from 1 to 1000");
+  }
+  return n;
+}
+
+function absoluteDir(value: string): string {
+  if (!value.startsWith("/") || value.split("/").includes("..")) {
+    throw new InvalidArgumentError("allowed: an absolute path without '..'");
+  }
+  return value;
+}
+
+function hostPort(value: string): string {
+  const m = /^(.*):(\d{1,5})$/.exec(value);
+  if (!m || Number(m[2]) > 65535) {
+    throw new InvalidArgumentError("allowed: host:port, e.g. 0.0.0.0:8186");
+  }
+  return value;
+}
+
+/** Loads the Kubernetes client, retrying with backoff until it works or `signal` aborts. */
+async function kubeClientWithRetry(config: Config, signal: AbortSignal) {
+  const { loadKubeClient } = await import("./mod/kube/mod.ts");
+  const log = getLogger("kube");
+  let delay = 1_000;
+  for (;;) {
+    try {
+      return await loadKubeClient({ kubeconfigPath: config.kubeconfig });
+    } catch (error) {
+      if (signal.aborted) throw error;
+      log.error("Cannot load Kubernetes credentials, retrying in {seconds} s: {error}", {
+        seconds: delay / 1000,
+        error,
+      });
+      await new Promise((r) => setTimeout(r, delay));
+      delay = Math.min(delay * 2, 30_000);
+    }
+  }
+}
+
+/** Removes a domain a dead launcher left behind in libvirt (pod-less mode only). */
+async function reapDomain(uri: string, namespace: string, name: string, uid: string) {
+  const { openLibvirt, LibvirtError, LIBVIRT_ERROR_CODES } = await import("./ffi/mod.ts");
+  const conn = await openLibvirt(uri, { events: false, workers: 1 });
+  try {
+    const domain = await conn.lookupByName(`${namespace}_${name}`);
+    const xml = await domain.getXMLDesc();
+    if (!xml.includes(uid)) return; // another VMI's domain by now
+    const state = await domain.getState();
+    if (state.stateName !== "Shutoff") await domain.destroy();
+    await domain.undefine({ nvram: true }).catch(() => domain.undefine());
+    getLogger("handler").warn("Removed domain left by a dead launcher", { namespace, name, uid });
+  } catch (error) {
+    if (!(error instanceof LibvirtError && error.code === LIBVIRT_ERROR_CODES.VIR_ERR_NO_DOMAIN)) {
+      throw error;
+    }
+  } finally {
+    await conn.close();
+  }
+}
+
 function buildProgram(): Command {
   const program = new Command("virtnode")
     .description(
@@ -86,6 +157,7 @@ function buildProgram(): Command {
     )
     .version(VERSION, "-V, --version", "print virtnode's version")
     .showHelpAfterError("(run 'virtnode --help' for usage)")
+    .enablePositionalOptions()
     .exitOverride();
   for (const s of SETTINGS) {
     program.addOption(
@@ -126,6 +198,106 @@ function buildProgram(): Command {
         console.log(`\n${failed} check(s) failed`);
         Deno.exit(1);
       }
+    });
+
+  program.command("handler")
+    .description("run the node agent: sync this node's VMIs with their launchers and libvirt")
+    .option("--podless", "start launchers as processes of this host (no launcher pods)")
+    .option(
+      "--health-address <host:port>",
+      "serve /healthz and /readyz here",
+      hostPort,
+      "0.0.0.0:8186",
+    )
+    .option("--workers <n>", "concurrent VMI syncs", positiveInt, 8)
+    .option(
+      "--kubelet-pods-dir <dir>",
+      "kubelet pods directory",
+      absoluteDir,
+      "/var/lib/kubelet/pods",
+    )
+    .option("--image-dir <dir>", "containerDisk images (pod-less mode)", absoluteDir)
+    .option("--host-disk-root <dir>", "the only directory hostDisk volumes may use", absoluteDir)
+    .action(async (opts, command: Command) => {
+      const config = loadConfig(command, "virt-handler");
+      const { startHandler, handlerPaths } = await import("./mod/handler/mod.ts");
+      const stopSignal = new AbortController();
+      const onSignal = () => stopSignal.abort();
+      Deno.addSignalListener("SIGTERM", onSignal);
+      Deno.addSignalListener("SIGINT", onSignal);
+      const client = await kubeClientWithRetry(config, stopSignal.signal);
+      const paths = handlerPaths(config);
+      const globals = ["--log-level", config.logLevel, "--log-format", "json"];
+      const handler = await startHandler(config, client, {
+        healthAddress: opts.healthAddress,
+        workers: opts.workers,
+        podsDir: opts.kubeletPodsDir,
+        reapDomain: (ns, name, uid) => reapDomain(config.libvirtUri, ns, name, uid),
+        launcherCommand: opts.podless
+          ? (spec) =>
+            selfCommand([
+              ...globals,
+              "launcher",
+              "--namespace",
+              spec.namespace,
+              "--name",
+              spec.name,
+              "--uid",
+              spec.uid,
+              "--socket-dir",
+              spec.socketDir,
+              "--libvirt-uri",
+              config.libvirtUri,
+              "--notify-socket",
+              paths.notifySocket,
+              "--grace-period",
+              String(spec.gracePeriodSeconds),
+              "--run-dir",
+              `${config.runDir}/private/${spec.uid}`,
+              "--disk-dir",
+              `${config.stateDir}/disks/${spec.uid}`,
+              "--image-dir",
+              opts.imageDir ?? `${config.stateDir}/images`,
+              ...(opts.hostDiskRoot ? ["--host-disk-root", opts.hostDiskRoot] : []),
+            ])
+          : undefined,
+      });
+      stopSignal.signal.addEventListener("abort", () => handler.stop(), { once: true });
+      if (stopSignal.signal.aborted) handler.stop();
+      await handler.done;
+      Deno.exit(0);
+    });
+
+  program.command("launcher")
+    .description(
+      "run one VMI's launcher (KubeVirt's virt-launcher role); see 'virtnode launcher --help'",
+    )
+    .helpOption(false)
+    .allowUnknownOption()
+    .passThroughOptions()
+    .argument("[args...]")
+    .action(async (args: string[], _opts, command: Command) => {
+      const config = loadConfig(command, "virt-launcher");
+      const { parseLauncherArgs, runLauncher, LauncherArgsError } = await import(
+        "./mod/launcher/mod.ts"
+      );
+      let options;
+      try {
+        options = parseLauncherArgs(args);
+      } catch (error) {
+        if (error instanceof LauncherArgsError) {
+          console.error(`virtnode launcher: ${error.message}`);
+          Deno.exit(EXIT_USAGE);
+        }
+        throw error;
+      }
+      if (
+        options.libvirtUri === "qemu:///system" && config.libvirtUri !== "qemu:///system" &&
+        !args.some((a) => a.startsWith("--libvirt-uri"))
+      ) {
+        options.libvirtUri = config.libvirtUri;
+      }
+      Deno.exit(await runLauncher(options));
     });
 
   return program;

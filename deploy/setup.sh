@@ -11,7 +11,7 @@ set -euo pipefail
 DENO_VERSION=2.9.6
 APT_PACKAGES=(
   libvirt0 libvirt-clients libvirt-daemon libvirt-daemon-driver-qemu
-  qemu-system-x86 qemu-utils ovmf genisoimage xorriso iproute2 util-linux openssl
+  qemu-system-x86 qemu-utils ovmf genisoimage xorriso iproute2 util-linux openssl python3 kmod
 )
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

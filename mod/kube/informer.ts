@@ -301,7 +301,7 @@ export class Informer<T extends KubeObject = KubeObject> {
       });
       let received = 0;
       const started = performance.now();
-      for await (const line of jsonLines(body)) {
+      for await (const line of jsonLines(body, signal)) {
         if (this.#stopped) return;
         this.#handleEvent(parseEvent<T>(line, this.#resource));
         received++;
@@ -413,9 +413,19 @@ function parseEvent<T extends KubeObject>(line: string, resource: string): Watch
   return event;
 }
 
-/** Splits a byte stream into non-empty lines (newline-delimited JSON). */
-export async function* jsonLines(body: ReadableStream<Uint8Array>): AsyncGenerator<string> {
+/**
+ * Splits a byte stream into non-empty lines (newline-delimited JSON). Aborting
+ * `signal` cancels the stream, so a reader blocked on a quiet watch ends at once
+ * (Deno does not always end a response body when its fetch signal aborts later).
+ */
+export async function* jsonLines(
+  body: ReadableStream<Uint8Array>,
+  signal?: AbortSignal,
+): AsyncGenerator<string> {
   const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+  const cancel = () => reader.cancel().catch(() => {});
+  signal?.addEventListener("abort", cancel, { once: true });
+  if (signal?.aborted) cancel();
   let buffer = "";
   try {
     while (true) {
@@ -432,6 +442,7 @@ export async function* jsonLines(body: ReadableStream<Uint8Array>): AsyncGenerat
     const rest = buffer.trim();
     if (rest) yield rest;
   } finally {
+    signal?.removeEventListener("abort", cancel);
     await reader.cancel().catch(() => {});
   }
 }

@@ -1,0 +1,315 @@
+/**
+ * Launcher clients (seed 2.1 #12): one gRPC cmd client per VMI UID, with
+ * timeouts on every call and KubeVirt's unresponsive detection.
+ *
+ * A monitor dials every known launcher about every 11 s; a launcher that has not
+ * answered for more than 30 s is marked with the `launcher-unresponsive` file
+ * beside its socket, and from then on its domain is treated as gone. A missing
+ * socket file, or (pod-less mode) a launcher process that exited, counts as
+ * unresponsive at once.
+ *
+ * @module
+ */
+import { dirname, join } from "node:path";
+import type * as grpc from "@grpc/grpc-js";
+import type { VirtualMachineInstance } from "../api/mod.ts";
+import { SocketNames } from "../api/mod.ts";
+import { decodeDomainJson, type Domain, type LauncherState } from "../domain/mod.ts";
+import {
+  type CmdClient,
+  type DomainResponse,
+  newCmdClient,
+  type Response,
+  type UnaryMethod,
+  type VMIRequest,
+} from "../proto/mod.ts";
+import { getLogger } from "../log/mod.ts";
+
+const log = getLogger("handler", "launcher-clients");
+
+/** A launcher call failed: it answered `success: false`, timed out, or could not be reached. */
+export class LauncherCallError extends Error {
+  /** The RPC. */
+  readonly method: string;
+  /** True when the launcher could not be reached at all (as opposed to refusing). */
+  readonly unreachable: boolean;
+  constructor(
+    method: string,
+    message: string,
+    options?: { cause?: unknown; unreachable?: boolean },
+  ) {
+    super(`server error. command ${method} failed: ${message}`, options);
+    this.name = "LauncherCallError";
+    this.method = method;
+    this.unreachable = options?.unreachable ?? false;
+  }
+}
+
+/** Timeouts of launcher calls, in ms. */
+export const LAUNCHER_TIMEOUTS = {
+  short: 10_000,
+  sync: 60_000,
+  ping: 5_000,
+};
+
+function encodeVmi(vmi: VirtualMachineInstance): VMIRequest {
+  return { vmi: { vmiJson: new TextEncoder().encode(JSON.stringify(vmi)) } };
+}
+
+/** Promise-based cmd client of one launcher. */
+export class LauncherClient {
+  /** The launcher's cmd socket. */
+  readonly socketFile: string;
+  readonly #client: CmdClient;
+
+  constructor(socketFile: string) {
+    this.socketFile = socketFile;
+    this.#client = newCmdClient(socketFile);
+  }
+
+  #call<Req, Res>(method: string, request: Req, timeoutMs: number): Promise<Res> {
+    const fn = this.#client[method] as UnaryMethod<Req, Res>;
+    return new Promise<Res>((resolve, reject) => {
+      fn.call(
+        this.#client,
+        request,
+        { deadline: Date.now() + timeoutMs },
+        (error: grpc.ServiceError | null, response?: Res) => {
+          if (error) {
+            // 14 UNAVAILABLE, 4 DEADLINE_EXCEEDED: nobody answered.
+            const unreachable = error.code === 14 || error.code === 4;
+            reject(
+              new LauncherCallError(method, error.details || error.message, {
+                cause: error,
+                unreachable,
+              }),
+            );
+          } else resolve(response as Res);
+        },
+      );
+    });
+  }
+
+  async #vmiCall(method: string, vmi: VirtualMachineInstance, timeoutMs: number): Promise<void> {
+    const res = await this.#call<VMIRequest, Response>(method, encodeVmi(vmi), timeoutMs);
+    if (!res.success) throw new LauncherCallError(method, res.message || "no message");
+  }
+
+  /** Defines and starts the domain, or reconciles a running one. */
+  syncVirtualMachine(vmi: VirtualMachineInstance): Promise<void> {
+    return this.#vmiCall("SyncVirtualMachine", vmi, LAUNCHER_TIMEOUTS.sync);
+  }
+  /** Asks the guest to shut down (ACPI). */
+  shutdownVirtualMachine(vmi: VirtualMachineInstance): Promise<void> {
+    return this.#vmiCall("ShutdownVirtualMachine", vmi, LAUNCHER_TIMEOUTS.short);
+  }
+  /** Destroys the domain now. */
+  killVirtualMachine(vmi: VirtualMachineInstance): Promise<void> {
+    return this.#vmiCall("KillVirtualMachine", vmi, LAUNCHER_TIMEOUTS.short);
+  }
+  /** Undefines the (stopped) domain. */
+  deleteVirtualMachine(vmi: VirtualMachineInstance): Promise<void> {
+    return this.#vmiCall("DeleteVirtualMachine", vmi, LAUNCHER_TIMEOUTS.short);
+  }
+  /** Resumes a paused domain. */
+  unpauseVirtualMachine(vmi: VirtualMachineInstance): Promise<void> {
+    return this.#vmiCall("UnpauseVirtualMachine", vmi, LAUNCHER_TIMEOUTS.short);
+  }
+  /** The domain the launcher has, or undefined when it has none. */
+  async getDomain(): Promise<Domain | undefined> {
+    const res = await this.#call<Record<string, never>, DomainResponse>(
+      "GetDomain",
+      {},
+      LAUNCHER_TIMEOUTS.short,
+    );
+    if (res.response && !res.response.success) {
+      throw new LauncherCallError("GetDomain", res.response.message);
+    }
+    return res.domain ? decodeDomainJson(res.domain) : undefined;
+  }
+  /** Checks the launcher answers. */
+  async ping(timeoutMs = LAUNCHER_TIMEOUTS.ping): Promise<void> {
+    const res = await this.#call<Record<string, never>, Response>("Ping", {}, timeoutMs);
+    if (!res.success) throw new LauncherCallError("Ping", res.message);
+  }
+  /** Closes the connection. */
+  close(): void {
+    this.#client.close();
+  }
+}
+
+interface Entry {
+  client: LauncherClient;
+  /** When the launcher last answered (or was created), ms. */
+  lastAnswerMs: number;
+  /** Marked unresponsive (marker file written, or process known dead). */
+  unresponsive: boolean;
+  /** Since when the socket was expected but missing, ms. */
+  createdMs: number;
+}
+
+/** Options of {@linkcode LauncherClients}. */
+export interface LauncherClientsOptions {
+  /** Monitor interval (≈11 s as KubeVirt). */
+  monitorIntervalMs?: number;
+  /** Unanswered time after which a launcher is unresponsive (30 s). */
+  unresponsiveAfterMs?: number;
+  /** A launcher whose socket never appears is given up after this long (3 min). */
+  notReadyTimeoutMs?: number;
+  /** Called when a launcher becomes unresponsive (the controller requeues its VMI). */
+  onUnresponsive?: (uid: string) => void;
+  /** Clock; injectable for tests. */
+  now?: () => number;
+}
+
+async function exists(path: string): Promise<boolean> {
+  try {
+    await Deno.lstat(path);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** The pool of launcher clients, keyed by VMI UID. */
+export class LauncherClients {
+  readonly #entries = new Map<string, Entry>();
+  readonly #opts: Required<Omit<LauncherClientsOptions, "onUnresponsive">> & LauncherClientsOptions;
+  #timer: ReturnType<typeof setInterval> | undefined;
+  #monitoring = false;
+
+  constructor(options: LauncherClientsOptions = {}) {
+    this.#opts = {
+      monitorIntervalMs: 11_000,
+      unresponsiveAfterMs: 30_000,
+      notReadyTimeoutMs: 180_000,
+      now: Date.now,
+      ...options,
+    };
+  }
+
+  /** The client of a UID, creating it for `socketFile` when missing. */
+  getOrCreate(uid: string, socketFile: string): LauncherClient {
+    let entry = this.#entries.get(uid);
+    if (entry && entry.client.socketFile !== socketFile) {
+      entry.client.close();
+      entry = undefined;
+    }
+    if (!entry) {
+      const now = this.#opts.now();
+      entry = {
+        client: new LauncherClient(socketFile),
+        lastAnswerMs: now,
+        unresponsive: false,
+        createdMs: now,
+      };
+      this.#entries.set(uid, entry);
+    }
+    return entry.client;
+  }
+
+  /** The client of a UID, if one exists. */
+  get(uid: string): LauncherClient | undefined {
+    return this.#entries.get(uid)?.client;
+  }
+
+  /** Every UID with a client. */
+  uids(): string[] {
+    return [...this.#entries.keys()];
+  }
+
+  /**
+   * The launcher's state for the phase table: `notReady` while its socket has not
+   * appeared yet (within the start-up allowance), `unresponsive` once marked or
+   * once the socket is gone, else `responsive`.
+   */
+  async state(uid: string): Promise<LauncherState> {
+    const entry = this.#entries.get(uid);
+    if (!entry) return "notReady";
+    if (entry.unresponsive) return "unresponsive";
+    const socket = entry.client.socketFile;
+    if (await exists(join(dirname(socket), SocketNames.LauncherUnresponsive))) {
+      entry.unresponsive = true;
+      return "unresponsive";
+    }
+    if (!(await exists(socket))) {
+      if (this.#opts.now() - entry.createdMs > this.#opts.notReadyTimeoutMs) {
+        await this.markUnresponsive(uid, "socket never appeared");
+        return "unresponsive";
+      }
+      return "notReady";
+    }
+    return "responsive";
+  }
+
+  /** Whether a launcher's cmd socket exists (it is ready for calls). */
+  async isReady(uid: string): Promise<boolean> {
+    return (await this.state(uid)) === "responsive";
+  }
+
+  /**
+   * Marks a launcher unresponsive now: writes the marker file beside its socket
+   * (so the verdict survives a handler restart) and tells the controller.
+   */
+  async markUnresponsive(uid: string, why: string): Promise<void> {
+    const entry = this.#entries.get(uid);
+    if (!entry || entry.unresponsive) return;
+    entry.unresponsive = true;
+    const marker = join(dirname(entry.client.socketFile), SocketNames.LauncherUnresponsive);
+    await Deno.writeTextFile(marker, why, { mode: 0o600 }).catch(() => {});
+    log.warn("Launcher unresponsive: {why}", { uid, why });
+    this.#opts.onUnresponsive?.(uid);
+  }
+
+  /** Closes and forgets a UID's client. */
+  remove(uid: string): void {
+    const entry = this.#entries.get(uid);
+    if (!entry) return;
+    entry.client.close();
+    this.#entries.delete(uid);
+  }
+
+  /** One monitor round: ping every launcher whose socket exists. */
+  async monitorOnce(): Promise<void> {
+    const now = this.#opts.now();
+    await Promise.all([...this.#entries].map(async ([uid, entry]) => {
+      if (entry.unresponsive) return;
+      if (!(await exists(entry.client.socketFile))) {
+        // Never became ready: the start-up allowance applies (see state()).
+        if (now - entry.createdMs > this.#opts.notReadyTimeoutMs) {
+          await this.markUnresponsive(uid, "socket never appeared");
+        }
+        return;
+      }
+      try {
+        await entry.client.ping();
+        entry.lastAnswerMs = this.#opts.now();
+      } catch (error) {
+        const silentMs = this.#opts.now() - entry.lastAnswerMs;
+        if (silentMs > this.#opts.unresponsiveAfterMs) {
+          await this.markUnresponsive(
+            uid,
+            `no answer for ${Math.round(silentMs / 1000)} s: ${(error as Error).message}`,
+          );
+        }
+      }
+    }));
+  }
+
+  /** Starts the periodic monitor. */
+  startMonitor(): void {
+    if (this.#timer !== undefined) return;
+    this.#timer = setInterval(() => {
+      if (this.#monitoring) return;
+      this.#monitoring = true;
+      this.monitorOnce().finally(() => (this.#monitoring = false));
+    }, this.#opts.monitorIntervalMs);
+  }
+
+  /** Stops the monitor and closes every client. */
+  close(): void {
+    if (this.#timer !== undefined) clearInterval(this.#timer);
+    this.#timer = undefined;
+    for (const uid of this.uids()) this.remove(uid);
+  }
+}

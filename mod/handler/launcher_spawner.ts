@@ -1,0 +1,157 @@
+/**
+ * Pod-less mode: the handler starts `virtnode launcher` itself, one process per
+ * VMI, where KubeVirt would have virt-controller create a launcher pod.
+ *
+ * Launchers are started in their own session (`setsid`) with their output in a
+ * log file, so that neither the handler's death nor a signal to its terminal
+ * stops a VM: a restarted handler finds them again through their ghost records.
+ * Restart policy is none, as for a launcher pod: a launcher that exits is
+ * reported and its VMI fails. The launcher's PID is kept in a file so that a
+ * restarted handler can still stop a launcher it did not start.
+ *
+ * @module
+ */
+import { join } from "node:path";
+import { getLogger } from "../log/mod.ts";
+
+const log = getLogger("handler", "launcher-spawner");
+
+/** What a launcher is started for. */
+export interface LauncherSpec {
+  namespace: string;
+  name: string;
+  uid: string;
+  /** The VMI's grace period, seconds. */
+  gracePeriodSeconds: number;
+  /** The launcher's own directory (its socket lives there). */
+  socketDir: string;
+}
+
+/** Options of {@linkcode LauncherSpawner}. */
+export interface LauncherSpawnerOptions {
+  /** Builds the command line that runs `virtnode launcher` for a spec. */
+  command(spec: LauncherSpec): { cmd: string; args: string[] };
+  /** Where launcher logs and PID files go. */
+  stateDir: string;
+  /** Called when a launcher this handler started exits. */
+  onExit?(uid: string, code: number, signal: string | null): void;
+}
+
+/** Starts, watches and stops launcher processes. */
+export class LauncherSpawner {
+  readonly #opts: LauncherSpawnerOptions;
+  readonly #children = new Map<string, Deno.ChildProcess>();
+  readonly #dir: string;
+
+  constructor(options: LauncherSpawnerOptions) {
+    this.#opts = options;
+    this.#dir = join(options.stateDir, "launchers");
+  }
+
+  #pidFile(uid: string): string {
+    return join(this.#dir, `${uid}.pid`);
+  }
+
+  /** The log file of a UID's launcher. */
+  logFile(uid: string): string {
+    return join(this.#dir, `${uid}.log`);
+  }
+
+  /** Whether this handler process started the UID's launcher and it still runs. */
+  isChild(uid: string): boolean {
+    return this.#children.has(uid);
+  }
+
+  /** The PID of a UID's launcher if one is alive (child or adopted). */
+  async alivePid(uid: string): Promise<number | undefined> {
+    const child = this.#children.get(uid);
+    if (child) return child.pid;
+    let pid: number;
+    try {
+      pid = Number((await Deno.readTextFile(this.#pidFile(uid))).trim());
+    } catch {
+      return undefined;
+    }
+    if (!Number.isInteger(pid) || pid <= 1) return undefined;
+    try {
+      const cmdline = await Deno.readTextFile(`/proc/${pid}/cmdline`);
+      // A recycled PID is not our launcher: it must carry the UID on its command line.
+      return cmdline.includes(uid) ? pid : undefined;
+    } catch {
+      return undefined;
+    }
+  }
+
+  /** Starts the launcher of a spec unless one is alive already. */
+  async start(spec: LauncherSpec): Promise<void> {
+    if (await this.alivePid(spec.uid)) return;
+    await Deno.mkdir(this.#dir, { recursive: true, mode: 0o700 });
+    await Deno.mkdir(spec.socketDir, { recursive: true, mode: 0o700 });
+    const { cmd, args } = this.#opts.command(spec);
+    const logFile = this.logFile(spec.uid);
+    // sh only redirects output to the log file; setsid gives the launcher its own
+    // session so the handler's terminal and process group signals never reach it.
+    const child = new Deno.Command("/bin/sh", {
+      args: [
+        "-c",
+        'log=$1; shift; exec setsid "$@" >>"$log" 2>&1 </dev/null',
+        "sh",
+        logFile,
+        cmd,
+        ...args,
+      ],
+      stdin: "null",
+      stdout: "null",
+      stderr: "null",
+    }).spawn();
+    child.unref();
+    this.#children.set(spec.uid, child);
+    await Deno.writeTextFile(this.#pidFile(spec.uid), `${child.pid}\n`, { mode: 0o600 });
+    log.info("Started launcher {pid}", {
+      namespace: spec.namespace,
+      name: spec.name,
+      uid: spec.uid,
+      pid: child.pid,
+      logFile,
+    });
+    child.status.then((status) => {
+      if (this.#children.get(spec.uid) === child) this.#children.delete(spec.uid);
+      log.info("Launcher exited with code {code}", {
+        uid: spec.uid,
+        code: status.code,
+        signal: status.signal,
+      });
+      this.#opts.onExit?.(spec.uid, status.code, status.signal);
+    });
+  }
+
+  /**
+   * Stops a UID's launcher: SIGTERM (it shuts its guest down within the grace
+   * period), then SIGKILL after `timeoutMs`. Returns once it is gone.
+   */
+  async stop(uid: string, timeoutMs: number): Promise<void> {
+    const pid = await this.alivePid(uid);
+    if (pid !== undefined) {
+      try {
+        Deno.kill(pid, "SIGTERM");
+      } catch { /* already gone */ }
+      const deadline = Date.now() + timeoutMs;
+      while (Date.now() < deadline && (await this.alivePid(uid)) !== undefined) {
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      if ((await this.alivePid(uid)) !== undefined) {
+        log.warn("Launcher did not stop in time; killing it", { uid, pid });
+        try {
+          Deno.kill(pid, "SIGKILL");
+        } catch { /* gone meanwhile */ }
+      }
+    }
+    this.#children.delete(uid);
+    await Deno.remove(this.#pidFile(uid)).catch(() => {});
+  }
+
+  /** Forgets children without stopping them (the handler is exiting; VMs keep running). */
+  release(): void {
+    this.#children.clear();
+  }
+}

@@ -1,0 +1,293 @@
+/**
+ * What the handler writes into a VMI's status (seed 3.6): the phase by the
+ * design's table, the conditions, interfaces, guest OS info and volume status a
+ * domain gives, and the Events a phase change deserves. Pure functions: the
+ * controller applies them to a copy of the informer's VMI and the status writer
+ * decides whether anything changed.
+ *
+ * @module
+ */
+import {
+  ConditionReason,
+  ConditionType,
+  isFinalPhase,
+  type VirtualMachineInstance,
+  type VirtualMachineInstanceStatus,
+  type VmiCondition,
+  type VmiNetworkInterface,
+  VmiPhase,
+  type VolumeStatus,
+} from "../api/mod.ts";
+import {
+  type Domain,
+  type LauncherState,
+  LifeCycle,
+  pausedConditionReason,
+  vmiPhaseFromDomain,
+} from "../domain/mod.ts";
+
+/** KubeVirt's reason on `Synchronized=False`. */
+export const SYNC_FAILED_REASON = "Synchronizing with the Domain failed.";
+
+/** Event reasons KubeVirt's handler records. */
+export const EventReason = {
+  Created: "Created",
+  Started: "Started",
+  ShuttingDown: "ShuttingDown",
+  Stopped: "Stopped",
+  Deleted: "Deleted",
+  SyncFailed: "SyncFailed",
+  Resumed: "Resumed",
+  IOError: "IOerror",
+} as const;
+
+/** Everything the status of one VMI is computed from. */
+export interface StatusInput {
+  /** The domain the launcher reports, if any. */
+  domain: Domain | undefined;
+  /** How the launcher answers. */
+  launcher: LauncherState;
+  /** The error of this sync round, if it failed. */
+  syncError?: string;
+  /** This node's name. */
+  nodeName: string;
+  /** Pod-less mode: no virt-controller, so the handler also owns `Ready`. */
+  podless: boolean;
+  /** A graceful shutdown with a non-zero grace period was requested of this VMI. */
+  gracePeriodApplied: boolean;
+  /** Now, RFC 3339 (injectable for tests). */
+  now: string;
+}
+
+/** The phase change a status update makes, for Events. */
+export interface PhaseChange {
+  from: VmiPhase;
+  to: VmiPhase;
+}
+
+/** Result of {@linkcode computeStatus}. */
+export interface ComputedStatus {
+  status: VirtualMachineInstanceStatus;
+  /** Set when the phase changes. */
+  phaseChange?: PhaseChange;
+  /** The launcher is not ready yet: look at the VMI again soon. */
+  requeue: boolean;
+}
+
+/**
+ * Sets a condition, keeping `lastTransitionTime` when its status did not change
+ * (so recomputing an unchanged status never causes a write).
+ */
+export function setCondition(
+  conditions: VmiCondition[],
+  condition: Omit<VmiCondition, "lastTransitionTime" | "lastProbeTime">,
+  now: string,
+): VmiCondition[] {
+  const old = conditions.find((c) => c.type === condition.type);
+  const next: VmiCondition = {
+    ...condition,
+    lastProbeTime: null,
+    lastTransitionTime: old && old.status === condition.status ? old.lastTransitionTime : now,
+  };
+  if (
+    old && old.status === next.status && old.reason === next.reason &&
+    old.message === next.message
+  ) {
+    return conditions;
+  }
+  return [...conditions.filter((c) => c.type !== condition.type), next];
+}
+
+/** Removes a condition type. */
+export function removeCondition(conditions: VmiCondition[], type: string): VmiCondition[] {
+  return conditions.some((c) => c.type === type)
+    ? conditions.filter((c) => c.type !== type)
+    : conditions;
+}
+
+/**
+ * Why a VMI cannot be live-migrated, for the reasons that apply to what our
+ * converter produces; undefined when it can.
+ */
+export function liveMigrationBlocker(
+  vmi: VirtualMachineInstance,
+): { reason: string; message: string } | undefined {
+  for (const v of vmi.spec.volumes ?? []) {
+    if (v.hostDisk && !v.hostDisk.shared) {
+      return {
+        reason: ConditionReason.DisksNotMigratable,
+        message: `cannot migrate VMI with non-shared HostDisk "${v.name}"`,
+      };
+    }
+  }
+  if (vmi.spec.domain?.cpu?.model === "host-passthrough") {
+    return {
+      reason: ConditionReason.CPUModeNotMigratable,
+      message: "cannot migrate VMI with host-passthrough CPU mode",
+    };
+  }
+  return undefined;
+}
+
+function stripAlias(name: string | undefined): string | undefined {
+  return name?.startsWith("ua-") ? name.slice(3) : name;
+}
+
+/** `status.interfaces` from the domain's interfaces and what the guest agent reported. */
+export function interfacesFromDomain(domain: Domain): VmiNetworkInterface[] {
+  const guest = domain.status.interfaces ?? [];
+  return domain.spec.devices.interfaces.map((iface) => {
+    const out: VmiNetworkInterface = { name: stripAlias(iface.alias?.name), mac: iface.mac };
+    const g = guest.find((x) =>
+      x.mac && iface.mac && x.mac.toLowerCase() === iface.mac.toLowerCase()
+    );
+    if (g) {
+      if (g.ip) out.ipAddress = g.ip;
+      if (g.ips?.length) out.ipAddresses = g.ips;
+      if (g.interfaceName) out.interfaceName = g.interfaceName;
+      out.infoSource = "domain, guest-agent";
+    } else {
+      out.infoSource = "domain";
+    }
+    return out;
+  });
+}
+
+/** `status.volumeStatus` for the VMI's volumes that the domain has as disks. */
+export function volumeStatusFromDomain(
+  vmi: VirtualMachineInstance,
+  domain: Domain,
+): VolumeStatus[] {
+  const targets = new Map<string, string>();
+  for (const disk of domain.spec.devices.disks) {
+    const name = stripAlias(disk.alias?.name);
+    if (name && disk.target.dev) targets.set(name, disk.target.dev);
+  }
+  const out: VolumeStatus[] = [];
+  for (const v of vmi.spec.volumes ?? []) {
+    const target = targets.get(v.name);
+    if (target) out.push({ name: v.name, target });
+  }
+  return out;
+}
+
+/**
+ * Computes the status a VMI should have now. `vmi` is not modified. The phase
+ * follows {@linkcode vmiPhaseFromDomain}; a final phase never changes again.
+ */
+export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): ComputedStatus {
+  const status: VirtualMachineInstanceStatus = structuredClone(vmi.status ?? {});
+  const current = (status.phase ?? VmiPhase.Unset) as VmiPhase;
+  const domain = input.domain;
+  const acpi = domain?.spec.features ? domain.spec.features.acpi : true;
+  const decision = isFinalPhase(current)
+    ? { phase: current, requeue: false, pausedReason: undefined }
+    : vmiPhaseFromDomain({
+      domain: domain ? domain.status : undefined,
+      vmiPhase: current,
+      launcher: input.launcher,
+      acpiEnabled: acpi,
+      gracePeriodApplied: input.gracePeriodApplied,
+    });
+
+  let phaseChange: PhaseChange | undefined;
+  if (decision.phase !== current) {
+    phaseChange = { from: current, to: decision.phase };
+    status.phase = decision.phase;
+    status.phaseTransitionTimestamps = [
+      ...(status.phaseTransitionTimestamps ?? []),
+      { phase: decision.phase, phaseTransitionTimestamp: input.now },
+    ];
+  }
+  if (!status.nodeName && status.phase !== VmiPhase.Pending) status.nodeName = input.nodeName;
+
+  let conditions = status.conditions ?? [];
+  conditions = input.syncError
+    ? setCondition(conditions, {
+      type: ConditionType.Synchronized,
+      status: "False",
+      reason: SYNC_FAILED_REASON,
+      message: input.syncError,
+    }, input.now)
+    : removeCondition(conditions, ConditionType.Synchronized);
+
+  const pausedBy = domain?.status.status === LifeCycle.Paused && decision.pausedReason
+    ? pausedConditionReason(decision.pausedReason)
+    : undefined;
+  conditions = pausedBy
+    ? setCondition(conditions, {
+      type: ConditionType.Paused,
+      status: "True",
+      reason: pausedBy,
+      message: pausedBy === ConditionReason.PausedIOError
+        ? "VMI was paused, low-level IO error detected"
+        : "VMI was paused by user",
+    }, input.now)
+    : removeCondition(conditions, ConditionType.Paused);
+
+  conditions = domain?.status.osInfo?.name
+    ? setCondition(conditions, { type: ConditionType.AgentConnected, status: "True" }, input.now)
+    : removeCondition(conditions, ConditionType.AgentConnected);
+
+  if (status.phase === VmiPhase.Running || status.phase === VmiPhase.Scheduled) {
+    const blocker = liveMigrationBlocker(vmi);
+    conditions = setCondition(
+      conditions,
+      blocker
+        ? { type: ConditionType.LiveMigratable, status: "False", ...blocker }
+        : { type: ConditionType.LiveMigratable, status: "True" },
+      input.now,
+    );
+  }
+
+  if (input.podless) {
+    const running = status.phase === VmiPhase.Running &&
+      domain?.status.status === LifeCycle.Running;
+    conditions = running
+      ? setCondition(conditions, { type: ConditionType.Ready, status: "True" }, input.now)
+      : setCondition(conditions, {
+        type: ConditionType.Ready,
+        status: "False",
+        reason: ConditionReason.GuestNotRunning,
+        message: "Guest VM is not reported as running",
+      }, input.now);
+  }
+  if (conditions.length > 0 || status.conditions) status.conditions = conditions;
+
+  if (domain) {
+    const interfaces = interfacesFromDomain(domain);
+    if (interfaces.length > 0) status.interfaces = interfaces;
+    const volumes = volumeStatusFromDomain(vmi, domain);
+    if (volumes.length > 0) status.volumeStatus = volumes;
+    if (domain.status.osInfo?.name) status.guestOSInfo = { ...domain.status.osInfo };
+  }
+  return { status, phaseChange, requeue: decision.requeue };
+}
+
+/** The Event a phase change deserves, as KubeVirt's handler records it. */
+export function phaseChangeEvent(
+  change: PhaseChange,
+): { type: "Normal" | "Warning"; reason: string; message: string } | undefined {
+  switch (change.to) {
+    case VmiPhase.Running:
+      return {
+        type: "Normal",
+        reason: EventReason.Started,
+        message: "VirtualMachineInstance started.",
+      };
+    case VmiPhase.Succeeded:
+      return {
+        type: "Normal",
+        reason: EventReason.Stopped,
+        message: "The VirtualMachineInstance was shut down.",
+      };
+    case VmiPhase.Failed:
+      return {
+        type: "Warning",
+        reason: EventReason.Stopped,
+        message: "The VirtualMachineInstance crashed.",
+      };
+    default:
+      return undefined;
+  }
+}

@@ -1,0 +1,248 @@
+/**
+ * Runs `virtnode handler --podless` as a real process for tests, with its own
+ * node name, state and run directories, and helpers to drive VMIs through the
+ * real apiserver.
+ *
+ * @module
+ */
+import { loadKubeClient } from "../../mod/kube/mod.ts";
+import type { KubeClient } from "../../mod/kube/mod.ts";
+import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
+
+const MAIN = new URL("../../main.ts", import.meta.url).pathname;
+
+/** Options of {@linkcode startHandlerProcess}. */
+export interface HandlerProcessOptions {
+  kubeconfig: string;
+  nodeName: string;
+  libvirtUri: string;
+  /** Reuse directories (a restart); fresh temporary ones otherwise. */
+  dir?: string;
+}
+
+/** A handler running as a child process. */
+export interface HandlerProcess {
+  dir: string;
+  stateDir: string;
+  runDir: string;
+  health: string;
+  child: Deno.ChildProcess;
+  logFile: string;
+  /** Sends a signal and waits for the process to exit. */
+  kill(signal?: Deno.Signal): Promise<Deno.CommandStatus>;
+}
+
+/** A free TCP port on loopback. */
+export function freePort(): number {
+  const l = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const port = (l.addr as Deno.NetAddr).port;
+  l.close();
+  return port;
+}
+
+/** Polls `fn` until it returns a truthy value or the time is up. */
+export async function waitFor<T>(
+  what: string,
+  fn: () => Promise<T | undefined | false | null> | T | undefined | false | null,
+  timeoutMs = 30_000,
+  intervalMs = 100,
+): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  let last: unknown;
+  for (;;) {
+    try {
+      const v = await fn();
+      if (v) return v as T;
+    } catch (error) {
+      last = error;
+    }
+    if (Date.now() > deadline) {
+      throw new Error(`Timed out after ${timeoutMs} ms waiting for ${what}`, { cause: last });
+    }
+    await new Promise((r) => setTimeout(r, intervalMs));
+  }
+}
+
+/** Starts the handler and waits until `/readyz` answers 200. */
+export async function startHandlerProcess(opts: HandlerProcessOptions): Promise<HandlerProcess> {
+  const dir = opts.dir ?? await Deno.makeTempDir({ prefix: "virtnode-handler-" });
+  const stateDir = `${dir}/state`;
+  const runDir = `${dir}/run`;
+  const port = freePort();
+  const logFile = `${dir}/handler.log`;
+  const log = await Deno.open(logFile, { append: true, create: true, write: true });
+  const child = new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "-A",
+      MAIN,
+      "--node-name",
+      opts.nodeName,
+      "--kubeconfig",
+      opts.kubeconfig,
+      "--libvirt-uri",
+      opts.libvirtUri,
+      "--state-dir",
+      stateDir,
+      "--run-dir",
+      runDir,
+      "--log-format",
+      "json",
+      "--log-level",
+      "debug",
+      "handler",
+      "--podless",
+      "--health-address",
+      `127.0.0.1:${port}`,
+    ],
+    stdin: "null",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  // Copy output to the log file so a failing test can show it.
+  const pump = async (stream: ReadableStream<Uint8Array>) => {
+    for await (const chunk of stream) await Deno.writeFile(logFile, chunk, { append: true });
+  };
+  pump(child.stdout);
+  pump(child.stderr);
+  log.close();
+  const health = `http://127.0.0.1:${port}`;
+  let exited = false;
+  child.status.then(() => (exited = true));
+  await waitFor("the handler to be ready", async () => {
+    if (exited) throw new Error(`handler exited early; log:\n${await Deno.readTextFile(logFile)}`);
+    const r = await fetch(`${health}/readyz`).catch(() => undefined);
+    await r?.body?.cancel();
+    return r?.status === 200;
+  }, 60_000);
+  return {
+    dir,
+    stateDir,
+    runDir,
+    health,
+    child,
+    logFile,
+    async kill(signal: Deno.Signal = "SIGTERM") {
+      try {
+        child.kill(signal);
+      } catch { /* already gone */ }
+      return await child.status;
+    },
+  };
+}
+
+/** A Kubernetes client for the test cluster. */
+export function kubeClient(kubeconfig: string): Promise<KubeClient> {
+  return loadKubeClient({ kubeconfigPath: kubeconfig });
+}
+
+/** A small VMI for this node that the converter accepts (no disks, user-mode network). */
+export function testVmi(
+  name: string,
+  nodeName: string,
+  options: { namespace?: string; grace?: number; extra?: Record<string, unknown> } = {},
+): VirtualMachineInstance {
+  return {
+    apiVersion: "kubevirt.io/v1",
+    kind: "VirtualMachineInstance",
+    metadata: {
+      name,
+      namespace: options.namespace ?? "default",
+      labels: { "kubevirt.io/nodeName": nodeName },
+    },
+    spec: {
+      terminationGracePeriodSeconds: options.grace ?? 0,
+      domain: {
+        cpu: { cores: 1 },
+        memory: { guest: "64Mi" },
+        devices: { ...(options.extra ?? {}) },
+      },
+    },
+  } as VirtualMachineInstance;
+}
+
+/** The path of a VMI (or of the collection when `name` is empty). */
+export function vmiPath(namespace: string, name = ""): string {
+  return `/apis/kubevirt.io/v1/namespaces/${namespace}/virtualmachineinstances${
+    name ? "/" + name : ""
+  }`;
+}
+
+/** Creates a VMI. */
+export async function createVmi(
+  client: KubeClient,
+  vmi: VirtualMachineInstance,
+): Promise<VirtualMachineInstance> {
+  return await client.request<VirtualMachineInstance>(
+    "POST",
+    vmiPath(vmi.metadata.namespace!),
+    vmi,
+  );
+}
+
+/** Reads a VMI, or undefined when it does not exist. */
+export async function getVmi(
+  client: KubeClient,
+  namespace: string,
+  name: string,
+): Promise<VirtualMachineInstance | undefined> {
+  try {
+    return await client.request<VirtualMachineInstance>("GET", vmiPath(namespace, name));
+  } catch (error) {
+    if ((error as { status?: number }).status === 404) return undefined;
+    throw error;
+  }
+}
+
+/** Waits until a VMI has `phase`, and returns it. */
+export function waitForPhase(
+  client: KubeClient,
+  namespace: string,
+  name: string,
+  phase: string,
+  timeoutMs = 60_000,
+): Promise<VirtualMachineInstance> {
+  return waitFor(`VMI ${namespace}/${name} to be ${phase}`, async () => {
+    const vmi = await getVmi(client, namespace, name);
+    return vmi?.status?.phase === phase ? vmi : undefined;
+  }, timeoutMs);
+}
+
+/** Deletes a VMI (no error when it is gone already). */
+export async function deleteVmi(client: KubeClient, namespace: string, name: string) {
+  try {
+    await client.request("DELETE", vmiPath(namespace, name));
+  } catch (error) {
+    if ((error as { status?: number }).status !== 404) throw error;
+  }
+}
+
+/** Events about one object, as `reason: message` strings. */
+export async function eventsFor(
+  client: KubeClient,
+  namespace: string,
+  name: string,
+): Promise<{ type: string; reason: string; message: string; count: number }[]> {
+  const list = await client.request<{ items: Record<string, unknown>[] }>(
+    "GET",
+    `/api/v1/namespaces/${namespace}/events`,
+    undefined,
+    { query: { fieldSelector: `involvedObject.name=${name}` } },
+  );
+  return list.items.map((e) => ({
+    type: e.type as string,
+    reason: e.reason as string,
+    message: e.message as string,
+    count: e.count as number,
+  }));
+}
+
+/** Whether a process with this PID is alive. */
+export function pidAlive(pid: number): boolean {
+  try {
+    Deno.statSync(`/proc/${pid}`);
+    return true;
+  } catch {
+    return false;
+  }
+}

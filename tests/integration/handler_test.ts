@@ -1,0 +1,265 @@
+/**
+ * The handler against a real apiserver, real launcher processes and libvirt's
+ * test driver (each launcher has its own hypervisor state): the sync loop,
+ * status and events, deletion and cleanup, failures, and restarts.
+ */
+import assert from "node:assert/strict";
+import { useCluster } from "../cluster/cluster.ts";
+import {
+  createVmi,
+  deleteVmi,
+  eventsFor,
+  getVmi,
+  type HandlerProcess,
+  kubeClient,
+  pidAlive,
+  startHandlerProcess,
+  testVmi,
+  waitFor,
+  waitForPhase,
+} from "../helpers/handler_process.ts";
+
+const TEST_URI = "test:///default";
+
+function suffix(): string {
+  return crypto.randomUUID().slice(0, 8);
+}
+
+async function launcherPid(h: HandlerProcess, uid: string): Promise<number> {
+  return Number((await Deno.readTextFile(`${h.stateDir}/launchers/${uid}.pid`)).trim());
+}
+
+async function exists(path: string): Promise<boolean> {
+  try {
+    await Deno.lstat(path);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** Kills every launcher a handler started (test cleanup after a failure). */
+async function killLaunchers(h: HandlerProcess): Promise<void> {
+  try {
+    for await (const e of Deno.readDir(`${h.stateDir}/launchers`)) {
+      if (!e.name.endsWith(".pid")) continue;
+      const pid = Number((await Deno.readTextFile(`${h.stateDir}/launchers/${e.name}`)).trim());
+      try {
+        Deno.kill(pid, "SIGKILL");
+      } catch { /* gone */ }
+    }
+  } catch { /* no launchers dir */ }
+}
+
+async function withHandler(
+  name: string,
+  fn: (ctx: {
+    h: HandlerProcess;
+    node: string;
+    client: Awaited<ReturnType<typeof kubeClient>>;
+    kubeconfig: string;
+  }) => Promise<void>,
+) {
+  const cluster = await useCluster();
+  const node = `${name}-${suffix()}`;
+  const client = await kubeClient(cluster.kubeconfigPath);
+  const h = await startHandlerProcess({
+    kubeconfig: cluster.kubeconfigPath,
+    nodeName: node,
+    libvirtUri: TEST_URI,
+  });
+  let ok = false;
+  try {
+    await fn({ h, node, client, kubeconfig: cluster.kubeconfigPath });
+    ok = true;
+  } finally {
+    if (!ok) console.error(`handler log:\n${(await Deno.readTextFile(h.logFile)).slice(-6000)}`);
+    await h.kill("SIGTERM");
+    await killLaunchers(h);
+    client.close();
+    if (!Deno.env.get("KEEP_HANDLER_DIR")) {
+      await Deno.remove(h.dir, { recursive: true }).catch(() => {});
+    }
+    await cluster.stop();
+  }
+}
+
+Deno.test("handler: a VMI goes Running with status and events, and deleting it removes domain, launcher and ghost record", async () => {
+  await withHandler("create", async ({ h, node, client }) => {
+    const name = `vm-${suffix()}`;
+    const created = await createVmi(client, testVmi(name, node));
+    const uid = created.metadata.uid!;
+    const vmi = await waitForPhase(client, "default", name, "Running");
+    const st = vmi.status!;
+    assert.equal(st.nodeName, node);
+    assert.deepEqual(st.phaseTransitionTimestamps!.map((p) => p.phase), ["Scheduled", "Running"]);
+    const cond = Object.fromEntries(st.conditions!.map((c) => [c.type, c]));
+    assert.equal(cond.Ready?.status, "True");
+    assert.equal(cond.LiveMigratable?.status, "True");
+    assert.equal(cond.Synchronized, undefined, "no sync error");
+    assert.equal(vmi.metadata.finalizers, undefined, "virtnode adds no finalizers");
+
+    const ghost = `${h.stateDir}/ghost-records/${uid}`;
+    assert.deepEqual(JSON.parse(await Deno.readTextFile(ghost)), {
+      name,
+      namespace: "default",
+      socketFile: `${h.runDir}/sockets/${uid}/launcher-sock`,
+      uid,
+    });
+    assert.equal((await Deno.stat(ghost)).mode! & 0o777, 0o600);
+    assert.equal(
+      (await Deno.stat(`${h.runDir}/sockets/${uid}/launcher-sock`)).mode! & 0o777,
+      0o600,
+    );
+    const pid = await launcherPid(h, uid);
+    assert.ok(pidAlive(pid));
+
+    await waitFor("Created and Started events", async () => {
+      const reasons = (await eventsFor(client, "default", name)).map((e) => e.reason);
+      return reasons.includes("Created") && reasons.includes("Started");
+    });
+
+    await deleteVmi(client, "default", name);
+    await waitFor("the launcher to exit", () => !pidAlive(pid), 30_000);
+    await waitFor("the ghost record to be removed", async () => !(await exists(ghost)));
+    assert.equal(await exists(`${h.runDir}/sockets/${uid}`), false, "socket dir removed");
+    const reasons = (await eventsFor(client, "default", name)).map((e) => e.reason);
+    assert.ok(reasons.includes("Deleted"), `events: ${reasons}`);
+  });
+});
+
+Deno.test("handler: a killed launcher fails its VMI and leaves the others untouched", async () => {
+  await withHandler("killlauncher", async ({ h, node, client }) => {
+    const a = `vm-a-${suffix()}`;
+    const b = `vm-b-${suffix()}`;
+    const va = await createVmi(client, testVmi(a, node));
+    const vb = await createVmi(client, testVmi(b, node));
+    await waitForPhase(client, "default", a, "Running");
+    const before = await waitForPhase(client, "default", b, "Running");
+    const pidA = await launcherPid(h, va.metadata.uid!);
+    const pidB = await launcherPid(h, vb.metadata.uid!);
+    Deno.kill(pidA, "SIGKILL");
+    const failed = await waitForPhase(client, "default", a, "Failed", 40_000);
+    assert.equal(failed.status!.phaseTransitionTimestamps!.at(-1)!.phase, "Failed");
+    await waitFor(
+      "the failed VMI's ghost record to be cleaned up",
+      async () => !(await exists(`${h.stateDir}/ghost-records/${va.metadata.uid}`)),
+    );
+    const after = await getVmi(client, "default", b);
+    assert.equal(after!.status!.phase, "Running");
+    assert.deepEqual(after!.status, before.status, "the other VMI's status did not change");
+    assert.ok(pidAlive(pidB), "the other launcher still runs");
+    const warn = (await eventsFor(client, "default", a)).find((e) => e.type === "Warning");
+    assert.equal(warn?.reason, "Stopped");
+  });
+});
+
+Deno.test("handler: an invalid VMI gets Synchronized=False and a Warning event while others keep syncing", async () => {
+  await withHandler("invalid", async ({ node, client, h }) => {
+    const bad = `vm-bad-${suffix()}`;
+    const good = `vm-good-${suffix()}`;
+    await createVmi(
+      client,
+      testVmi(bad, node, { extra: { gpus: [{ name: "g", deviceName: "x" }] } }),
+    );
+    await createVmi(client, testVmi(good, node));
+    const vmi = await waitFor("Synchronized=False on the invalid VMI", async () => {
+      const v = await getVmi(client, "default", bad);
+      const c = v?.status?.conditions?.find((c) => c.type === "Synchronized");
+      return c?.status === "False" ? { v, c } : undefined;
+    });
+    assert.equal(vmi.c.reason, "Synchronizing with the Domain failed.");
+    assert.match(vmi.c.message!, /spec\.domain\.devices\.gpus/);
+    await waitForPhase(client, "default", good, "Running");
+    await waitFor("a SyncFailed warning naming the field", async () => {
+      const ev = (await eventsFor(client, "default", bad)).find((e) => e.reason === "SyncFailed");
+      return ev?.type === "Warning" && /gpus/.test(ev.message);
+    });
+    assert.equal(vmi.v!.status!.phase, "Scheduled", "an unsyncable VMI is not marked Running");
+    const r = await fetch(`${h.health}/healthz`);
+    assert.equal(r.status, 200, "the handler is alive");
+    await r.body?.cancel();
+    await deleteVmi(client, "default", bad);
+    await deleteVmi(client, "default", good);
+  });
+});
+
+Deno.test("handler: a VMI labelled for another node is never touched", async () => {
+  await withHandler("othernode", async ({ node, client, h }) => {
+    const mine = `vm-mine-${suffix()}`;
+    const theirs = `vm-theirs-${suffix()}`;
+    const other = await createVmi(client, testVmi(theirs, `${node}-other`));
+    await createVmi(client, testVmi(mine, node));
+    await waitForPhase(client, "default", mine, "Running");
+    const after = await getVmi(client, "default", theirs);
+    assert.equal(after!.metadata.resourceVersion, other.metadata.resourceVersion);
+    assert.equal(after!.status, undefined);
+    assert.deepEqual(await eventsFor(client, "default", theirs), []);
+    assert.equal(await exists(`${h.stateDir}/ghost-records/${other.metadata.uid}`), false);
+    await deleteVmi(client, "default", theirs);
+    await deleteVmi(client, "default", mine);
+  });
+});
+
+Deno.test("handler: SIGKILLed with 20 running VMIs and restarted, it re-adopts every VMI without stopping or duplicating one", async () => {
+  await withHandler("restart", async ({ h, node, client, kubeconfig }) => {
+    const names = Array.from({ length: 20 }, (_, i) => `vm-${i}-${suffix()}`);
+    const uids = new Map<string, string>();
+    for (const n of names) uids.set(n, (await createVmi(client, testVmi(n, node))).metadata.uid!);
+    const before = new Map<string, unknown>();
+    for (const n of names) {
+      before.set(n, (await waitForPhase(client, "default", n, "Running", 90_000)).status);
+    }
+    // Let trailing writes settle, then take the reference picture.
+    await new Promise((r) => setTimeout(r, 1_000));
+    for (const n of names) before.set(n, (await getVmi(client, "default", n))!.status);
+    const pids = new Map<string, number>();
+    for (const n of names) pids.set(n, await launcherPid(h, uids.get(n)!));
+
+    await h.kill("SIGKILL");
+    // Launchers must outlive the handler, not only for an instant.
+    await new Promise((r) => setTimeout(r, 2_000));
+    for (const [n, pid] of pids) assert.ok(pidAlive(pid), `launcher of ${n} survives the handler`);
+
+    const restarted = await startHandlerProcess({
+      kubeconfig,
+      nodeName: node,
+      libvirtUri: TEST_URI,
+      dir: h.dir,
+    });
+    try {
+      // Give the restarted handler time to sync every key.
+      await new Promise((r) => setTimeout(r, 3_000));
+      for (const n of names) {
+        const v = await getVmi(client, "default", n);
+        assert.deepEqual(v!.status, before.get(n), `status of ${n} unchanged`);
+        assert.ok(pidAlive(pids.get(n)!), `launcher of ${n} still the same process`);
+      }
+      const launcherDirs = [...Deno.readDirSync(`${h.stateDir}/launchers`)]
+        .filter((e) => e.name.endsWith(".pid"));
+      assert.equal(launcherDirs.length, 20, "no launcher was started twice");
+      const log = await Deno.readTextFile(h.logFile);
+      assert.match(log, /"adopted":20/);
+      for (const n of names) await deleteVmi(client, "default", n);
+      for (const [, pid] of pids) await waitFor("launchers to exit", () => !pidAlive(pid), 60_000);
+    } finally {
+      await restarted.kill("SIGTERM");
+    }
+  });
+});
+
+Deno.test("handler: SIGTERM makes it not ready and exit 0, leaving VMs running", async () => {
+  await withHandler("sigterm", async ({ h, node, client }) => {
+    const name = `vm-${suffix()}`;
+    const vmi = await createVmi(client, testVmi(name, node));
+    await waitForPhase(client, "default", name, "Running");
+    const pid = await launcherPid(h, vmi.metadata.uid!);
+    const status = await h.kill("SIGTERM");
+    assert.equal(status.code, 0);
+    await new Promise((r) => setTimeout(r, 2_000));
+    assert.ok(pidAlive(pid), "the VM's launcher keeps running");
+    assert.equal((await getVmi(client, "default", name))!.status!.phase, "Running");
+    Deno.kill(pid, "SIGTERM");
+    await deleteVmi(client, "default", name);
+  });
+});
