@@ -81,7 +81,6 @@ const NO_SINK: EventSink = {
 // libvirt's virDomainEventType and the STOPPED / CRASHED details.
 const EVENT_DEFINED = 0;
 const EVENT_UNDEFINED = 1;
-const EVENT_STARTED = 2;
 const EVENT_STOPPED = 5;
 const EVENT_CRASHED = 8;
 const STOPPED_REASONS: readonly StateChangeReason[] = [
@@ -193,15 +192,6 @@ class EventForwarder {
     this.#sink.sendDomainEvent(type, domain).catch(() => {
       // NotifyClient logs what it gives up on; the event loop carries on.
     });
-    if (event.type === "lifecycle" && event.event === EVENT_STARTED) {
-      this.#sink.sendK8sEvent(
-        this.#manager.vmi,
-        "Normal",
-        "Started",
-        "VirtualMachineInstance started",
-      )
-        .catch(() => {});
-    }
     this.#last = { type, state };
     for (const waiter of [...this.#waiters]) waiter();
     // Only a Stopped or Crashed event proves QEMU went away (a defined domain is Shutoff too).
@@ -319,10 +309,14 @@ export async function runLauncher(
         ...vmi,
         gracePeriodSeconds: options.gracePeriodSeconds,
       });
-      sink.sendK8sEvent(vmi, "Normal", "ShuttingDown", "Signaled Graceful Shutdown").catch(
-        () => {},
-      );
       try {
+        // Only a guest that still runs is being shut down; after the handler's cleanup
+        // the domain is gone and an event would mislead.
+        const state = await currentState(manager).catch(() => undefined);
+        if (state && isDomainActive(state.status)) {
+          sink.sendK8sEvent(vmi, "Normal", "ShuttingDown", "Signaled Graceful Shutdown")
+            .catch(() => {});
+        }
         const how = await stopGuest(manager, options.gracePeriodSeconds);
         if (how !== "absent") {
           await forwarder.waitFor((last) => isDomainDown(last.state.status), 5_000);
