@@ -47,8 +47,8 @@ export interface HeartbeatOptions {
 
 /** What one beat wrote. */
 export interface HeartbeatState {
-  /** The `kubevirt.io/schedulable` value written. */
-  schedulable: boolean;
+  /** The `kubevirt.io/schedulable` value written; undefined when left as it was. */
+  schedulable?: boolean;
   /** The `kubevirt.io/cpumanager` value written. */
   cpuManager: boolean;
   /** The `kubevirt.io/heartbeat` timestamp written. */
@@ -178,9 +178,16 @@ export class Heartbeat {
     return this.#last;
   }
 
-  /** Writes one heartbeat; `schedulable` overrides what `isReady` says. */
-  async beatOnce(options: { schedulable?: boolean } = {}): Promise<HeartbeatState> {
-    const schedulable = options.schedulable ?? (this.#options.isReady?.() ?? true);
+  /**
+   * Writes one heartbeat; `schedulable` overrides what `isReady` says, and "unchanged"
+   * leaves the label as it is (a beat by hand, which cannot know the device plugins).
+   */
+  async beatOnce(
+    options: { schedulable?: boolean | "unchanged" } = {},
+  ): Promise<HeartbeatState> {
+    const schedulable = options.schedulable === "unchanged"
+      ? undefined
+      : options.schedulable ?? (this.#options.isReady?.() ?? true);
     const cpuManager = await readCpuManagerEnabled(
       this.#options.cpuManagerStatePaths ?? [DEFAULT_CPU_MANAGER_STATE_PATH],
     );
@@ -188,7 +195,7 @@ export class Heartbeat {
     try {
       await patchNodeMetadata(this.#client, this.#nodeName, {
         labels: {
-          [Labels.NodeSchedulable]: String(schedulable),
+          ...(schedulable === undefined ? {} : { [Labels.NodeSchedulable]: String(schedulable) }),
           [DEPRECATED_CPU_MANAGER_LABEL]: String(cpuManager),
           [CPU_MANAGER_LABEL]: String(cpuManager),
         },
@@ -200,7 +207,11 @@ export class Heartbeat {
         { cause: error },
       );
     }
-    const state = { schedulable, cpuManager, heartbeat };
+    const state: HeartbeatState = {
+      ...(schedulable === undefined ? {} : { schedulable }),
+      cpuManager,
+      heartbeat,
+    };
     this.#last = state;
     log.debug("Heartbeat sent", { name: this.#nodeName, ...state });
     return state;

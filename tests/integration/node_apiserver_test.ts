@@ -100,6 +100,12 @@ Deno.test("heartbeat and labeller against a real apiserver", async (t) => {
         await Deno.writeTextFile(state, "not json");
         assert.equal((await heartbeat.beatOnce()).cpuManager, false);
 
+        // A beat by hand leaves schedulable alone, whatever isReady says.
+        ready = false;
+        const manual = await heartbeat.beatOnce({ schedulable: "unchanged" });
+        assert.equal(manual.schedulable, undefined);
+        assert.notEqual(manual.heartbeat, undefined);
+
         const view = await readNodeHeartbeat(client, "hb-1");
         assert.equal(view.schedulable, "true");
         assert.equal(view.cpuManager, "false");
