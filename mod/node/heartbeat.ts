@@ -22,6 +22,14 @@ export const CPU_MANAGER_LABEL = "kubevirt.io/cpumanager";
 export const DEPRECATED_CPU_MANAGER_LABEL = "cpumanager";
 /** Where the kubelet keeps its CPU manager state. */
 export const DEFAULT_CPU_MANAGER_STATE_PATH = "/var/lib/kubelet/cpu_manager_state";
+/**
+ * Where the CPU manager state is looked for, first existing wins: the host path (systemd
+ * unit), then the same file through the host's root as a `hostPID` pod sees it.
+ */
+export const DEFAULT_CPU_MANAGER_STATE_PATHS: readonly string[] = Object.freeze([
+  DEFAULT_CPU_MANAGER_STATE_PATH,
+  `/proc/1/root${DEFAULT_CPU_MANAGER_STATE_PATH}`,
+]);
 
 /** Options of {@linkcode Heartbeat}. */
 export interface HeartbeatOptions {
@@ -31,7 +39,7 @@ export interface HeartbeatOptions {
   intervalMs?: number;
   /** Each wait is `interval + random * jitterFactor * interval` (1.2, KubeVirt's). */
   jitterFactor?: number;
-  /** CPU manager state files, first readable wins (the kubelet's path). */
+  /** CPU manager state files, first existing wins ({@linkcode DEFAULT_CPU_MANAGER_STATE_PATHS}). */
   cpuManagerStatePaths?: string[];
   /** How long start-up waits for `isReady` before the periodic beats (10 s). */
   readyWaitMs?: number;
@@ -74,7 +82,7 @@ export function rfc3339(date: Date): string {
  * `paths` is JSON with `policyName` "static". Unreadable or malformed means false.
  */
 export async function readCpuManagerEnabled(
-  paths: readonly string[] = [DEFAULT_CPU_MANAGER_STATE_PATH],
+  paths: readonly string[] = DEFAULT_CPU_MANAGER_STATE_PATHS,
 ): Promise<boolean> {
   for (const path of paths) {
     let text: string;
@@ -189,7 +197,7 @@ export class Heartbeat {
       ? undefined
       : options.schedulable ?? (this.#options.isReady?.() ?? true);
     const cpuManager = await readCpuManagerEnabled(
-      this.#options.cpuManagerStatePaths ?? [DEFAULT_CPU_MANAGER_STATE_PATH],
+      this.#options.cpuManagerStatePaths ?? DEFAULT_CPU_MANAGER_STATE_PATHS,
     );
     const heartbeat = rfc3339(this.#options.now?.() ?? new Date());
     try {
