@@ -8,6 +8,7 @@
  * @module
  */
 import { join } from "node:path";
+import { type Cluster, startCluster } from "./cluster/cluster.ts";
 
 const TIERS = ["unit", "integration", "e2e"] as const;
 type Tier = typeof TIERS[number];
@@ -59,7 +60,7 @@ export function parseJunit(xml: string): { passed: number; failed: string[]; ski
   return { passed, failed, skipped };
 }
 
-async function runTier(tier: Tier): Promise<TierResult | undefined> {
+async function runTier(tier: Tier, env: Record<string, string>): Promise<TierResult | undefined> {
   const files = testFiles(tier);
   if (files.length === 0) {
     console.log(`\n=== ${tier}: no test files`);
@@ -73,6 +74,7 @@ async function runTier(tier: Tier): Promise<TierResult | undefined> {
   const status = await new Deno.Command(Deno.execPath(), {
     args: [...args, ...files],
     cwd: root,
+    env,
     stdin: "null",
     stdout: "inherit",
     stderr: "inherit",
@@ -101,9 +103,23 @@ async function main(): Promise<number> {
     }
   }
   const results: TierResult[] = [];
-  for (const tier of asked as Tier[]) {
-    const r = await runTier(tier);
-    if (r) results.push(r);
+  // One control plane for the tiers that talk to an apiserver; tests that must stop
+  // it or need an empty store start their own.
+  let cluster: Cluster | undefined;
+  const env: Record<string, string> = {};
+  try {
+    for (const tier of asked as Tier[]) {
+      if (tier !== "unit" && !cluster && testFiles(tier).length > 0) {
+        console.log("\n=== starting the shared test control plane (kube-apiserver + etcd)");
+        cluster = await startCluster();
+        env.VIRTNODE_TEST_KUBECONFIG = cluster.kubeconfigPath;
+        console.log(`kubeconfig: ${cluster.kubeconfigPath}`);
+      }
+      const r = await runTier(tier, env);
+      if (r) results.push(r);
+    }
+  } finally {
+    await cluster?.stop();
   }
   const passed = results.reduce((n, r) => n + r.passed, 0);
   const failed = results.flatMap((r) => r.failed);

@@ -4,7 +4,7 @@
  */
 
 import assert from "node:assert/strict";
-import { type Cluster, useCluster } from "../cluster/cluster.ts";
+import { type Cluster, startCluster } from "../cluster/cluster.ts";
 import {
   EventRecorder,
   Informer,
@@ -82,9 +82,12 @@ async function kubectl(cluster: Cluster, ...args: string[]): Promise<string> {
   return dec.decode(out.stdout);
 }
 
-/** Runs `fn` with a fresh cluster and a client, and always cleans both up. */
+/**
+ * Runs `fn` with a fresh cluster of its own (these tests stop the apiserver and expect
+ * a clean store, so they never share the suite's cluster) and a client; always cleans up.
+ */
 async function withCluster(fn: (cluster: Cluster, client: KubeClient) => Promise<void>) {
-  const cluster = await useCluster();
+  const cluster = await startCluster();
   let client: KubeClient | undefined;
   try {
     client = await loadKubeClient({ kubeconfigPath: cluster.kubeconfigPath });
