@@ -241,8 +241,9 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
   }
 
   if (input.podless) {
+    const st = domain?.status.status;
     const running = status.phase === VmiPhase.Running &&
-      domain?.status.status === LifeCycle.Running;
+      (st === LifeCycle.Running || st === LifeCycle.Blocked || st === LifeCycle.PMSuspended);
     conditions = running
       ? setCondition(conditions, { type: ConditionType.Ready, status: "True" }, input.now)
       : setCondition(conditions, {
