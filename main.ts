@@ -218,6 +218,15 @@ function buildProgram(): Command {
     )
     .option("--image-dir <dir>", "containerDisk images (pod-less mode)", absoluteDir)
     .option("--host-disk-root <dir>", "the only directory hostDisk volumes may use", absoluteDir)
+    .option(
+      "--device-plugins-dir <dir>",
+      "kubelet device-plugins directory (KubeVirt mode)",
+      absoluteDir,
+      "/var/lib/kubelet/device-plugins",
+    )
+    .option("--max-devices <n>", "devices each device plugin advertises", positiveInt, 1000)
+    .option("--cpu-manager-state <file>", "kubelet CPU manager state file", absoluteDir)
+    .option("--no-node-labeller", "do not label this node from libvirt's capabilities")
     .action(async (opts, command: Command) => {
       const config = loadConfig(command, "virt-handler");
       const { startHandler, handlerPaths } = await import("./mod/handler/mod.ts");
@@ -262,10 +271,108 @@ function buildProgram(): Command {
             ])
           : undefined,
       });
-      stopSignal.signal.addEventListener("abort", () => handler.stop(), { once: true });
-      if (stopSignal.signal.aborted) handler.stop();
+      const { startNodeServices } = await import("./mod/node/mod.ts");
+      const { EventRecorder } = await import("./mod/kube/mod.ts");
+      const node = await startNodeServices(client, {
+        nodeName: config.nodeName,
+        libvirtUri: config.libvirtUri,
+        // Pod-less hosts have no kubelet to register with: no device plugins there.
+        devicePlugins: opts.podless
+          ? false
+          : { pluginDir: opts.devicePluginsDir, maxDevices: opts.maxDevices },
+        heartbeat: opts.cpuManagerState ? { cpuManagerStatePaths: [opts.cpuManagerState] } : {},
+        labeller: opts.nodeLabeller ? {} : false,
+        recorder: new EventRecorder(client, { host: config.nodeName, component: "node-labeller" }),
+      });
+      const stopAll = async () => {
+        // Unschedulable first, so no new VMI lands here while the handler drains.
+        await node.stop().catch((error) =>
+          getLogger("handler").warn("Cannot mark the node unschedulable: {error}", { error })
+        );
+        await handler.stop();
+      };
+      stopSignal.signal.addEventListener("abort", () => void stopAll(), { once: true });
+      if (stopSignal.signal.aborted) void stopAll();
       await handler.done;
       Deno.exit(0);
+    });
+
+  program.command("heartbeat")
+    .description("write one heartbeat of this node, or --show its heartbeat state")
+    .option("--show", "print the node's schedulable label, heartbeat and its age; write nothing")
+    .addOption(
+      new Option("--schedulable <value>", "also set kubevirt.io/schedulable")
+        .choices(["true", "false"]),
+    )
+    .option("--cpu-manager-state <file>", "kubelet CPU manager state file", absoluteDir)
+    .action(async (opts, command: Command) => {
+      const config = loadConfig(command, "virtnode-heartbeat");
+      const { loadKubeClient } = await import("./mod/kube/mod.ts");
+      const { Heartbeat, readNodeHeartbeat } = await import("./mod/node/mod.ts");
+      const client = await loadKubeClient({ kubeconfigPath: config.kubeconfig });
+      try {
+        if (opts.show) {
+          console.log(JSON.stringify(await readNodeHeartbeat(client, config.nodeName), null, 2));
+          return;
+        }
+        const heartbeat = new Heartbeat(
+          client,
+          config.nodeName,
+          opts.cpuManagerState ? { cpuManagerStatePaths: [opts.cpuManagerState] } : {},
+        );
+        const state = await heartbeat.beatOnce({
+          schedulable: opts.schedulable === undefined ? "unchanged" : opts.schedulable === "true",
+        });
+        console.log(JSON.stringify({ node: config.nodeName, ...state }, null, 2));
+      } finally {
+        client.close();
+      }
+    });
+
+  program.command("labeller")
+    .description("print the node labels libvirt's capabilities give; --apply writes them")
+    .option("--apply", "replace this node's labeller labels (guarded by a test of the labels read)")
+    .addOption(
+      new Option("--virttype <type>", "domain type to ask libvirt about (default: kvm if /dev/kvm)")
+        .choices(["kvm", "qemu"]),
+    )
+    .action(async (opts, command: Command) => {
+      const config = loadConfig(command, "virtnode-labeller");
+      const { computeNodeLabels, NodeLabeller, readCapabilities } = await import(
+        "./mod/node/mod.ts"
+      );
+      const gathered = await readCapabilities(
+        config.libvirtUri,
+        opts.virttype ? { virttype: opts.virttype } : {},
+      );
+      if (!opts.apply) {
+        const { labels, obsoleteHostModel, invalid } = computeNodeLabels(gathered.info);
+        for (const key of Object.keys(labels).sort()) console.log(`${key}=${labels[key]}`);
+        if (obsoleteHostModel) {
+          console.error(`virtnode: host-model CPU "${obsoleteHostModel}" is obsolete`);
+        }
+        for (const key of invalid) console.error(`virtnode: left out invalid label "${key}"`);
+        return;
+      }
+      const { EventRecorder, loadKubeClient } = await import("./mod/kube/mod.ts");
+      const client = await loadKubeClient({ kubeconfigPath: config.kubeconfig });
+      try {
+        const labeller = new NodeLabeller(client, config.nodeName, {
+          source: () => Promise.resolve(gathered.info),
+          recorder: new EventRecorder(client, {
+            host: config.nodeName,
+            component: "node-labeller",
+          }),
+        });
+        const result = await labeller.run();
+        console.log(
+          `node "${config.nodeName}": ${result.outcome}, ${
+            Object.keys(result.labels).length
+          } labels, ${result.removed.length} removed`,
+        );
+      } finally {
+        client.close();
+      }
     });
 
   program.command("launcher")

@@ -74,6 +74,11 @@ async function main(): Promise<number> {
   const cluster = await startCluster();
   say(`kubeconfig: ${cluster.kubeconfigPath}`);
   say(`  try: KUBECONFIG=${cluster.kubeconfigPath} kubectl get vmi -w`);
+  // No kubelet runs here: register the Node as one would, for the heartbeat and labels.
+  const nodeJson = JSON.stringify({ apiVersion: "v1", kind: "Node", metadata: { name: nodeName } });
+  const nodeFile = `${cluster.dir}/node.json`;
+  await Deno.writeTextFile(nodeFile, nodeJson);
+  await kubectl(cluster.kubeconfigPath, "apply", "-f", nodeFile);
   const uri = await pickLibvirt();
   say(`libvirt: ${uri}`);
   const dir = await Deno.makeTempDir({ prefix: "virtnode-local-" });
@@ -144,6 +149,16 @@ async function main(): Promise<number> {
           `${(v.status?.nodeName ?? "").padEnd(20)} ready=${ready?.status ?? "-"}` +
           (sync?.status === "False" ? `  sync error: ${sync.message}` : "");
       });
+      const node = await client.request<{ metadata: { labels?: Record<string, string> } }>(
+        "GET",
+        `/api/v1/nodes/${nodeName}`,
+      );
+      const labels = node.metadata.labels ?? {};
+      const cpuLabels = Object.keys(labels).filter((k) => k.includes(".node.kubevirt.io/")).length;
+      rows.push(
+        `node ${nodeName}: kubevirt.io/schedulable=${labels["kubevirt.io/schedulable"] ?? "-"}, ` +
+          `${cpuLabels} labels from libvirt's capabilities`,
+      );
       const table = rows.join("\n");
       if (table !== last) {
         if (isTerminal) {

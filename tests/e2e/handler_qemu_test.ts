@@ -1,0 +1,119 @@
+/**
+ * The handler with real QEMU guests under a real libvirtd (KVM where the machine
+ * has it, software emulation otherwise), real launchers and a real apiserver.
+ */
+import assert from "node:assert/strict";
+import { useCluster } from "../cluster/cluster.ts";
+import { ensureLibvirtd } from "../helpers/libvirtd.ts";
+import {
+  createVmi,
+  deleteVmi,
+  eventsFor,
+  getVmi,
+  kubeClient,
+  pidAlive,
+  startHandlerProcess,
+  testVmi,
+  waitFor,
+  waitForPhase,
+} from "../helpers/handler_process.ts";
+
+async function virsh(...args: string[]): Promise<string> {
+  const out = await new Deno.Command("virsh", {
+    args: ["-c", "qemu:///system", ...args],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const text = new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr);
+  if (!out.success) throw new Error(`virsh ${args.join(" ")}: ${text}`);
+  return text;
+}
+
+async function withQemuHandler(
+  fn: (ctx: {
+    ns: string;
+    node: string;
+    client: Awaited<ReturnType<typeof kubeClient>>;
+    stateDir: string;
+  }) => Promise<void>,
+) {
+  const uri = await ensureLibvirtd();
+  const cluster = await useCluster();
+  const client = await kubeClient(cluster.kubeconfigPath);
+  const id = crypto.randomUUID().slice(0, 8);
+  const ns = `qemu-${id}`;
+  await client.request("POST", "/api/v1/namespaces", { metadata: { name: ns } });
+  const node = `qemu-node-${id}`;
+  const h = await startHandlerProcess({
+    kubeconfig: cluster.kubeconfigPath,
+    nodeName: node,
+    libvirtUri: uri,
+  });
+  let ok = false;
+  try {
+    await fn({ ns, node, client, stateDir: h.stateDir });
+    ok = true;
+  } finally {
+    if (!ok) console.error(`handler log:\n${(await Deno.readTextFile(h.logFile)).slice(-6000)}`);
+    // Delete what is left and let the handler clean up before it stops.
+    const list = await client.request<{ items: { metadata: { name: string } }[] }>(
+      "GET",
+      `/apis/kubevirt.io/v1/namespaces/${ns}/virtualmachineinstances`,
+    );
+    for (const v of list.items) await deleteVmi(client, ns, v.metadata.name);
+    await waitFor("ghost records to be cleaned up", () => {
+      try {
+        return [...Deno.readDirSync(`${h.stateDir}/ghost-records`)].filter((e) => e.isFile)
+          .length === 0;
+      } catch {
+        return true;
+      }
+    }, 60_000).catch((e) => console.error(e.message));
+    await h.kill("SIGTERM");
+    await client.request("DELETE", `/api/v1/namespaces/${ns}`).catch(() => {});
+    client.close();
+    await Deno.remove(h.dir, { recursive: true }).catch(() => {});
+    await cluster.stop();
+  }
+}
+
+Deno.test("handler+QEMU: a guest paused with virsh gets Paused=True (PausedByUser), removed on resume", async () => {
+  await withQemuHandler(async ({ ns, node, client }) => {
+    const name = "paused";
+    await createVmi(client, testVmi(name, node, { namespace: ns }));
+    await waitForPhase(client, ns, name, "Running", 90_000);
+    await virsh("suspend", `${ns}_${name}`);
+    const cond = await waitFor("the Paused condition", async () => {
+      const v = await getVmi(client, ns, name);
+      return v?.status?.conditions?.find((c) => c.type === "Paused");
+    });
+    assert.equal(cond.status, "True");
+    assert.equal(cond.reason, "PausedByUser");
+    assert.equal((await getVmi(client, ns, name))!.status!.phase, "Running");
+    await virsh("resume", `${ns}_${name}`);
+    await waitFor("the Paused condition to go", async () => {
+      const v = await getVmi(client, ns, name);
+      return v && !v.status?.conditions?.some((c) => c.type === "Paused");
+    });
+  });
+});
+
+Deno.test("handler+QEMU: a guest whose QEMU is killed makes its VMI Failed and its domain is removed", async () => {
+  await withQemuHandler(async ({ ns, node, client }) => {
+    const name = "crash";
+    const vmi = await createVmi(client, testVmi(name, node, { namespace: ns }));
+    await waitForPhase(client, ns, name, "Running", 90_000);
+    const domain = `${ns}_${name}`;
+    const pid = Number((await Deno.readTextFile(`/var/run/libvirt/qemu/${domain}.pid`)).trim());
+    assert.ok(pidAlive(pid));
+    Deno.kill(pid, "SIGKILL");
+    const failed = await waitForPhase(client, ns, name, "Failed", 60_000);
+    assert.equal(failed.metadata.uid, vmi.metadata.uid);
+    const warn = (await eventsFor(client, ns, name)).filter((e) => e.type === "Warning");
+    assert.ok(warn.length > 0, "a Warning event tells the user");
+    await waitFor("the crashed domain to be removed from libvirt", async () => {
+      const list = await virsh("list", "--all", "--name");
+      return !list.split("\n").includes(domain);
+    }, 60_000);
+  });
+});
