@@ -1,0 +1,134 @@
+import assert from "node:assert/strict";
+import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
+import { LifeCycle, newDomain, StateChangeReason } from "../../mod/domain/mod.ts";
+import {
+  computeStatus,
+  liveMigrationBlocker,
+  phaseChangeEvent,
+  type StatusInput,
+  SYNC_FAILED_REASON,
+} from "../../mod/handler/status.ts";
+
+const T0 = "2026-11-29T10:00:00.000Z";
+const T1 = "2026-11-29T10:00:05.000Z";
+
+function vmi(phase?: string, extra: Partial<VirtualMachineInstance["spec"]> = {}) {
+  return {
+    metadata: { name: "vm1", namespace: "default", uid: "u1" },
+    spec: { domain: { devices: {} }, ...extra },
+    status: phase ? { phase } : {},
+  } as VirtualMachineInstance;
+}
+
+function input(status?: LifeCycle, reason?: StateChangeReason, more: Partial<StatusInput> = {}) {
+  return {
+    domain: status
+      ? newDomain({ namespace: "default", name: "vm1", uid: "u1" }, {
+        status,
+        reason: reason ?? StateChangeReason.Unknown,
+      })
+      : undefined,
+    launcher: "responsive" as const,
+    nodeName: "node1",
+    podless: true,
+    gracePeriodApplied: false,
+    now: T0,
+    ...more,
+  };
+}
+
+Deno.test("computeStatus() moves a Scheduled VMI with a running domain to Running, stamping the transition", () => {
+  const r = computeStatus(vmi("Scheduled"), input(LifeCycle.Running));
+  assert.equal(r.status.phase, "Running");
+  assert.deepEqual(r.phaseChange, { from: "Scheduled", to: "Running" });
+  assert.deepEqual(r.status.phaseTransitionTimestamps, [
+    { phase: "Running", phaseTransitionTimestamp: T0 },
+  ]);
+  assert.equal(r.status.nodeName, "node1");
+  const ready = r.status.conditions!.find((c) => c.type === "Ready")!;
+  assert.equal(ready.status, "True");
+});
+
+Deno.test("computeStatus() is idempotent: recomputing its own result changes nothing, even later", () => {
+  const first = computeStatus(vmi("Scheduled"), input(LifeCycle.Running));
+  const again = computeStatus(
+    { ...vmi(), status: first.status },
+    input(LifeCycle.Running, undefined, { now: T1 }),
+  );
+  assert.deepEqual(again.status, first.status);
+  assert.equal(again.phaseChange, undefined);
+});
+
+Deno.test("computeStatus() sets Synchronized=False with KubeVirt's reason and the error, and clears it after", () => {
+  const failed = computeStatus(
+    vmi("Scheduled"),
+    input(undefined, undefined, { syncError: "boom" }),
+  );
+  const c = failed.status.conditions!.find((c) => c.type === "Synchronized")!;
+  assert.deepEqual([c.status, c.reason, c.message], ["False", SYNC_FAILED_REASON, "boom"]);
+  const ok = computeStatus({ ...vmi(), status: failed.status }, input(LifeCycle.Running));
+  assert.equal(ok.status.conditions!.find((c) => c.type === "Synchronized"), undefined);
+});
+
+Deno.test("computeStatus() adds Paused with PausedByUser or PausedIOError and removes it on resume", () => {
+  const byUser = computeStatus(
+    vmi("Running"),
+    input(LifeCycle.Paused, StateChangeReason.PausedUser),
+  );
+  assert.equal(byUser.status.phase, "Running");
+  const p = byUser.status.conditions!.find((c) => c.type === "Paused")!;
+  assert.deepEqual([p.status, p.reason], ["True", "PausedByUser"]);
+  assert.equal(byUser.status.conditions!.find((c) => c.type === "Ready")!.status, "False");
+  const io = computeStatus(
+    vmi("Running"),
+    input(LifeCycle.Paused, StateChangeReason.PausedIOError),
+  );
+  assert.equal(io.status.conditions!.find((c) => c.type === "Paused")!.reason, "PausedIOError");
+  const resumed = computeStatus({ ...vmi(), status: byUser.status }, input(LifeCycle.Running));
+  assert.equal(resumed.status.conditions!.find((c) => c.type === "Paused"), undefined);
+});
+
+Deno.test("computeStatus() fails a Running VMI whose launcher is unresponsive and has no domain", () => {
+  const r = computeStatus(
+    vmi("Running"),
+    input(undefined, undefined, { launcher: "unresponsive" }),
+  );
+  assert.equal(r.status.phase, "Failed");
+  assert.deepEqual(phaseChangeEvent(r.phaseChange!), {
+    type: "Warning",
+    reason: "Stopped",
+    message: "The VirtualMachineInstance crashed.",
+  });
+});
+
+Deno.test("computeStatus() never changes a final phase again", () => {
+  const r = computeStatus(vmi("Succeeded"), input(LifeCycle.Running));
+  assert.equal(r.status.phase, "Succeeded");
+  assert.equal(r.phaseChange, undefined);
+});
+
+Deno.test("computeStatus() requeues a Scheduled VMI whose launcher is not ready yet", () => {
+  const r = computeStatus(vmi("Scheduled"), input(undefined, undefined, { launcher: "notReady" }));
+  assert.equal(r.status.phase, "Scheduled");
+  assert.equal(r.requeue, true);
+});
+
+Deno.test("computeStatus() leaves Ready alone outside pod-less mode (virt-controller owns it)", () => {
+  const r = computeStatus(
+    vmi("Scheduled"),
+    input(LifeCycle.Running, undefined, { podless: false }),
+  );
+  assert.equal(r.status.conditions!.find((c) => c.type === "Ready"), undefined);
+});
+
+Deno.test("liveMigrationBlocker() names non-shared hostDisks and host-passthrough CPUs", () => {
+  assert.equal(liveMigrationBlocker(vmi("Running")), undefined);
+  const disk = liveMigrationBlocker(
+    vmi("Running", { volumes: [{ name: "d", hostDisk: { path: "/x", type: "Disk" } }] }),
+  );
+  assert.equal(disk?.reason, "DisksNotLiveMigratable");
+  const cpu = liveMigrationBlocker(
+    vmi("Running", { domain: { cpu: { model: "host-passthrough" }, devices: {} } }),
+  );
+  assert.equal(cpu?.reason, "CPUModeLiveMigratable");
+});
