@@ -40,7 +40,19 @@ export const ACPI_RESEND_MS = 5_000;
 /** How a VMI's launcher socket is found. */
 export type LauncherMode =
   | { kind: "podless"; spawner: LauncherSpawner; socketRoot: string }
-  | { kind: "kubevirt"; podsDir: string };
+  | {
+    kind: "kubevirt";
+    podsDir: string;
+    /**
+     * A short directory for links to launcher socket directories whose path is too
+     * long for a unix socket address (108 bytes; the kubelet's pod volume paths are
+     * longer than that).
+     */
+    linkDir: string;
+  };
+
+/** Longest unix socket path we dial directly (sun_path is 108 bytes with its NUL). */
+const MAX_SOCKET_PATH = 100;
 
 /** Everything the controller works with; built by the composition root. */
 export interface ControllerDeps {
@@ -205,6 +217,20 @@ export class VmiController {
       vmi.metadata.uid = uid;
     }
 
+    // Local leftovers of an older VMI with this name whose domain is gone already:
+    // clean them up (the key now belongs to the new VMI, so nothing else would).
+    if (vmiExists) {
+      for (const rec of this.#d.ghosts.findByKey(key)) {
+        if (rec.uid === vmi.metadata.uid || domainUid(domain) === rec.uid) continue;
+        log.info("Cleaning up after an older VMI with this name", { key, uid: rec.uid });
+        await this.#processVmCleanup({
+          ...vmi,
+          metadata: { ...vmi.metadata, uid: rec.uid },
+          status: {},
+        });
+      }
+    }
+
     // A domain of an older VMI with the same name: clean it up first (seed 3.1.3).
     const oldUid = domainUid(domain);
     if (vmiExists && domain && oldUid && oldUid !== vmi.metadata.uid) {
@@ -237,12 +263,27 @@ export class VmiController {
     const mode = this.#d.mode;
     if (mode.kind === "podless") return undefined; // spawned by processVmUpdate
     for (const [podUid, node] of Object.entries(vmi.status?.activePods ?? {})) {
-      if (node !== this.#d.nodeName) continue;
-      const socket = `${launcherSocketDirOnHost(podUid, mode.podsDir)}/${SocketNames.Launcher}`;
+      if (node !== this.#d.nodeName || !/^[0-9a-zA-Z-]+$/.test(podUid)) continue;
+      const dir = launcherSocketDirOnHost(podUid, mode.podsDir);
       try {
-        await Deno.lstat(socket);
-        return socket;
-      } catch { /* not this pod's */ }
+        await Deno.lstat(`${dir}/${SocketNames.Launcher}`);
+      } catch {
+        continue; // not this pod's, or not ready yet
+      }
+      if (`${dir}/${SocketNames.Launcher}`.length <= MAX_SOCKET_PATH) {
+        return `${dir}/${SocketNames.Launcher}`;
+      }
+      const link = `${mode.linkDir}/${podUid}`;
+      await Deno.mkdir(mode.linkDir, { recursive: true, mode: 0o700 });
+      try {
+        if ((await Deno.readLink(link)) !== dir) {
+          await Deno.remove(link);
+          await Deno.symlink(dir, link);
+        }
+      } catch {
+        await Deno.symlink(dir, link);
+      }
+      return `${link}/${SocketNames.Launcher}`;
     }
     return undefined;
   }

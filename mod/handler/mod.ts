@@ -124,7 +124,11 @@ export async function startHandler(
     });
     mode = { kind: "podless", spawner, socketRoot: paths.socketRoot };
   } else {
-    mode = { kind: "kubevirt", podsDir: options.podsDir ?? "/var/lib/kubelet/pods" };
+    mode = {
+      kind: "kubevirt",
+      podsDir: options.podsDir ?? "/var/lib/kubelet/pods",
+      linkDir: join(config.runDir, "pod-sockets"),
+    };
   }
   const controller = new VmiController({
     nodeName: config.nodeName,

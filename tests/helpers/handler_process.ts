@@ -18,6 +18,10 @@ export interface HandlerProcessOptions {
   libvirtUri: string;
   /** Reuse directories (a restart); fresh temporary ones otherwise. */
   dir?: string;
+  /** KubeVirt mode (launcher pods) with this kubelet pods directory; pod-less otherwise. */
+  kubeletPodsDir?: string;
+  /** Do not wait for /readyz (for tests of a handler that cannot get ready yet). */
+  noWait?: boolean;
 }
 
 /** A handler running as a child process. */
@@ -91,7 +95,14 @@ export async function startHandlerProcess(opts: HandlerProcessOptions): Promise<
       "--log-level",
       "debug",
       "handler",
-      "--podless",
+      ...(opts.kubeletPodsDir
+        ? [
+          "--kubelet-pods-dir",
+          opts.kubeletPodsDir,
+          "--device-plugins-dir",
+          `${dir}/device-plugins`,
+        ]
+        : ["--podless"]),
       "--health-address",
       `127.0.0.1:${port}`,
     ],
@@ -109,12 +120,16 @@ export async function startHandlerProcess(opts: HandlerProcessOptions): Promise<
   const health = `http://127.0.0.1:${port}`;
   let exited = false;
   child.status.then(() => (exited = true));
-  await waitFor("the handler to be ready", async () => {
-    if (exited) throw new Error(`handler exited early; log:\n${await Deno.readTextFile(logFile)}`);
-    const r = await fetch(`${health}/readyz`).catch(() => undefined);
-    await r?.body?.cancel();
-    return r?.status === 200;
-  }, 60_000);
+  if (!opts.noWait) {
+    await waitFor("the handler to be ready", async () => {
+      if (exited) {
+        throw new Error(`handler exited early; log:\n${await Deno.readTextFile(logFile)}`);
+      }
+      const r = await fetch(`${health}/readyz`).catch(() => undefined);
+      await r?.body?.cancel();
+      return r?.status === 200;
+    }, 60_000);
+  }
   return {
     dir,
     stateDir,

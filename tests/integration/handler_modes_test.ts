@@ -1,0 +1,223 @@
+/**
+ * The handler in KubeVirt mode (launcher "pods" found under the kubelet pods
+ * directory), a VMI recreated under the same name (UID conflict), and a handler
+ * started before its kubeconfig exists.
+ */
+import assert from "node:assert/strict";
+import { useCluster } from "../cluster/cluster.ts";
+import {
+  createVmi,
+  deleteVmi,
+  eventsFor,
+  getVmi,
+  kubeClient,
+  pidAlive,
+  startHandlerProcess,
+  testVmi,
+  vmiPath,
+  waitFor,
+  waitForPhase,
+} from "../helpers/handler_process.ts";
+
+const MAIN = new URL("../../main.ts", import.meta.url).pathname;
+
+function suffix(): string {
+  return crypto.randomUUID().slice(0, 8);
+}
+
+Deno.test("handler (KubeVirt mode) finds a launcher pod's socket from status.activePods and runs its VMI", async () => {
+  const cluster = await useCluster();
+  const client = await kubeClient(cluster.kubeconfigPath);
+  const dir = await Deno.makeTempDir({ prefix: "virtnode-kvmode-" });
+  const podsDir = `${dir}/pods`;
+  const node = `kvmode-${suffix()}`;
+  const h = await startHandlerProcess({
+    kubeconfig: cluster.kubeconfigPath,
+    nodeName: node,
+    libvirtUri: "test:///default",
+    kubeletPodsDir: podsDir,
+  });
+  let launcher: Deno.ChildProcess | undefined;
+  let socketDir: string | undefined;
+  let ok = false;
+  try {
+    const name = `vm-${suffix()}`;
+    const vmi = await createVmi(client, testVmi(name, node));
+    const uid = vmi.metadata.uid!;
+    // KubeVirt mode: no scheduling by the handler; the VMI stays Pending until
+    // virt-controller (here: the test) schedules it and its launcher pod runs.
+    await new Promise((r) => setTimeout(r, 1_000));
+    assert.equal((await getVmi(client, "default", name))!.status?.phase, undefined);
+
+    // The launcher "pod": a real launcher process with its socket where the kubelet
+    // would put the pod's emptyDir volume.
+    // Inside the pod the socket path is short; from the host the same emptyDir is seen
+    // under the kubelet's long volume path (longer than a unix socket address allows).
+    const podUid = crypto.randomUUID();
+    socketDir = await Deno.makeTempDir({ prefix: "vnpod-" });
+    const volumeDir = `${podsDir}/${podUid}/volumes/kubernetes.io~empty-dir`;
+    await Deno.mkdir(volumeDir, { recursive: true });
+    await Deno.symlink(socketDir, `${volumeDir}/sockets`);
+    assert.ok(`${volumeDir}/sockets/launcher-sock`.length > 108);
+    launcher = new Deno.Command(Deno.execPath(), {
+      args: [
+        "run",
+        "-A",
+        MAIN,
+        "--log-format",
+        "json",
+        "launcher",
+        "--namespace",
+        "default",
+        "--name",
+        name,
+        "--uid",
+        uid,
+        "--socket-dir",
+        socketDir,
+        "--libvirt-uri",
+        "test:///default",
+        "--notify-socket",
+        `${h.runDir}/domain-notify.sock`,
+        "--run-dir",
+        `${dir}/private/${uid}`,
+        "--disk-dir",
+        `${dir}/disks/${uid}`,
+        "--image-dir",
+        `${dir}/images`,
+      ],
+      stdin: "null",
+      stdout: "null",
+      stderr: "null",
+    }).spawn();
+    await waitFor("the launcher socket", async () => {
+      try {
+        await Deno.lstat(`${socketDir}/launcher-sock`);
+        return true;
+      } catch {
+        return false;
+      }
+    });
+    // What virt-controller would write: Scheduled, on this node, with the active pod.
+    const current = (await getVmi(client, "default", name))!;
+    await client.request("PUT", `${vmiPath("default", name)}/status`, {
+      ...current,
+      status: { phase: "Scheduled", nodeName: node, activePods: { [podUid]: node } },
+    });
+    const running = await waitForPhase(client, "default", name, "Running");
+    assert.equal(running.status!.activePods![podUid], node);
+    assert.equal(
+      running.status!.conditions!.find((c) => c.type === "Ready"),
+      undefined,
+      "Ready belongs to virt-controller in KubeVirt mode",
+    );
+    const ghost = JSON.parse(await Deno.readTextFile(`${h.stateDir}/ghost-records/${uid}`));
+    assert.equal(ghost.socketFile, `${h.runDir}/pod-sockets/${podUid}/launcher-sock`);
+    await deleteVmi(client, "default", name);
+    await waitFor("the ghost record to be removed after the domain is gone", async () => {
+      try {
+        await Deno.lstat(`${h.stateDir}/ghost-records/${uid}`);
+        return false;
+      } catch {
+        return true;
+      }
+    });
+    assert.ok(pidAlive(launcher.pid), "KubeVirt mode never kills a launcher pod's process");
+    ok = true;
+  } finally {
+    if (!ok) console.error((await Deno.readTextFile(h.logFile)).slice(-5000));
+    try {
+      launcher?.kill("SIGKILL");
+      await launcher?.status;
+    } catch { /* gone */ }
+    await h.kill("SIGTERM");
+    client.close();
+    await Deno.remove(dir, { recursive: true }).catch(() => {});
+    if (socketDir) await Deno.remove(socketDir, { recursive: true }).catch(() => {});
+    await Deno.remove(h.dir, { recursive: true }).catch(() => {});
+    await cluster.stop();
+  }
+});
+
+Deno.test("handler: a VMI deleted and created again under the same name gets a new launcher; the old one is cleaned up", async () => {
+  const cluster = await useCluster();
+  const client = await kubeClient(cluster.kubeconfigPath);
+  const node = `uid-${suffix()}`;
+  const h = await startHandlerProcess({
+    kubeconfig: cluster.kubeconfigPath,
+    nodeName: node,
+    libvirtUri: "test:///default",
+  });
+  let ok = false;
+  try {
+    const name = `vm-${suffix()}`;
+    const first = await createVmi(client, testVmi(name, node));
+    await waitForPhase(client, "default", name, "Running");
+    const oldPid = Number(
+      (await Deno.readTextFile(`${h.stateDir}/launchers/${first.metadata.uid}.pid`)).trim(),
+    );
+    await deleteVmi(client, "default", name);
+    const second = await createVmi(client, testVmi(name, node));
+    assert.notEqual(second.metadata.uid, first.metadata.uid);
+    const running = await waitForPhase(client, "default", name, "Running");
+    assert.equal(running.metadata.uid, second.metadata.uid);
+    await waitFor("the old launcher to exit", () => !pidAlive(oldPid), 30_000);
+    await waitFor("only the new VMI's ghost record to remain", () => {
+      const files = [...Deno.readDirSync(`${h.stateDir}/ghost-records`)]
+        .filter((e) => e.isFile).map((e) => e.name);
+      return files.length === 1 && files[0] === second.metadata.uid;
+    });
+    const started = (await eventsFor(client, "default", name)).filter((e) =>
+      e.reason === "Started"
+    );
+    assert.ok(started.length >= 1);
+    await deleteVmi(client, "default", name);
+    ok = true;
+  } finally {
+    if (!ok) console.error((await Deno.readTextFile(h.logFile)).slice(-5000));
+    await h.kill("SIGTERM");
+    client.close();
+    await Deno.remove(h.dir, { recursive: true }).catch(() => {});
+    await cluster.stop();
+  }
+});
+
+Deno.test("handler: a missing kubeconfig is reported and retried with backoff until it appears", async () => {
+  const cluster = await useCluster();
+  const client = await kubeClient(cluster.kubeconfigPath);
+  const dir = await Deno.makeTempDir({ prefix: "virtnode-nokube-" });
+  const kubeconfig = `${dir}/later/kubeconfig`;
+  const node = `nokube-${suffix()}`;
+  const h = await startHandlerProcess({
+    kubeconfig,
+    nodeName: node,
+    libvirtUri: "test:///default",
+    noWait: true,
+  });
+  let ok = false;
+  try {
+    await waitFor("two retries in the log", async () => {
+      const log = await Deno.readTextFile(h.logFile);
+      return (log.match(/Cannot load Kubernetes credentials, retrying/g) ?? []).length >= 2;
+    }, 15_000);
+    const log = await Deno.readTextFile(h.logFile);
+    assert.match(log, /later\/kubeconfig/, "the error names the path");
+    const health = await fetch(`${h.health}/readyz`).catch(() => undefined);
+    await health?.body?.cancel();
+    assert.notEqual(health?.status, 200, "not ready without credentials");
+    await Deno.mkdir(`${dir}/later`);
+    await Deno.copyFile(cluster.kubeconfigPath, kubeconfig);
+    const name = `vm-${suffix()}`;
+    await createVmi(client, testVmi(name, node));
+    await waitForPhase(client, "default", name, "Running", 60_000);
+    await deleteVmi(client, "default", name);
+    ok = true;
+  } finally {
+    if (!ok) console.error((await Deno.readTextFile(h.logFile)).slice(-5000));
+    await h.kill("SIGTERM");
+    client.close();
+    await Deno.remove(dir, { recursive: true }).catch(() => {});
+    await Deno.remove(h.dir, { recursive: true }).catch(() => {});
+    await cluster.stop();
+  }
+});
