@@ -528,6 +528,12 @@ export class VmiController {
     if (now - st.lastAcpiMs >= ACPI_RESEND_MS) {
       await client.shutdownVirtualMachine(vmi);
       st.lastAcpiMs = now;
+      log.debug("Sent ACPI shutdown", {
+        key,
+        uid,
+        elapsedMs: now - st.startedMs,
+        grace: st.graceSeconds,
+      });
     }
     const remaining = graceMs - (now - st.startedMs);
     this.#d.queue.addAfter(key, Math.min(ACPI_RESEND_MS, remaining));

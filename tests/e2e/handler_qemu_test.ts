@@ -35,6 +35,7 @@ async function withQemuHandler(
     node: string;
     client: Awaited<ReturnType<typeof kubeClient>>;
     stateDir: string;
+    logFile: string;
   }) => Promise<void>,
 ) {
   const uri = await ensureLibvirtd();
@@ -51,7 +52,7 @@ async function withQemuHandler(
   });
   let ok = false;
   try {
-    await fn({ ns, node, client, stateDir: h.stateDir });
+    await fn({ ns, node, client, stateDir: h.stateDir, logFile: h.logFile });
     ok = true;
   } finally {
     if (!ok) console.error(`handler log:\n${(await Deno.readTextFile(h.logFile)).slice(-6000)}`);
@@ -115,5 +116,44 @@ Deno.test("handler+QEMU: a guest whose QEMU is killed makes its VMI Failed and i
       const list = await virsh("list", "--all", "--name");
       return !list.split("\n").includes(domain);
     }, 60_000);
+  });
+});
+
+Deno.test("handler+QEMU: deleting a VMI whose guest ignores ACPI resends ACPI every 5 s and kills it when the grace period ends", async () => {
+  await withQemuHandler(async ({ ns, node, client, logFile }) => {
+    const name = "deaf";
+    // No OS boots in this guest, so nothing answers the ACPI power button.
+    await createVmi(client, testVmi(name, node, { namespace: ns, grace: 12 }));
+    await waitForPhase(client, ns, name, "Running", 90_000);
+    const domain = `${ns}_${name}`;
+    const deleted = Date.now();
+    await deleteVmi(client, ns, name);
+    await new Promise((r) => setTimeout(r, 8_000));
+    assert.match(
+      await virsh("domstate", domain),
+      /running/,
+      "still running inside the grace period",
+    );
+    await waitFor(
+      "the domain to be gone",
+      async () => {
+        const list = await virsh("list", "--all", "--name");
+        return !list.split("\n").includes(domain);
+      },
+      40_000,
+      250,
+    );
+    const tookS = (Date.now() - deleted) / 1000;
+    console.log(`  deleted -> domain gone: ${tookS.toFixed(1)} s (grace 12 s)`);
+    assert.ok(tookS >= 12, `killed after the grace period, not before (${tookS} s)`);
+    const acpi = (await Deno.readTextFile(logFile)).split("\n")
+      .filter((l) => l.includes('"Sent ACPI shutdown"') && l.includes(`${ns}/${name}`))
+      .map((l) => JSON.parse(l).elapsedMs as number);
+    console.log(`  ACPI requests at ms: ${acpi.join(", ")}`);
+    assert.equal(acpi.length, 3, "ACPI at 0, 5 and 10 s");
+    assert.ok(acpi[1] >= 5_000 && acpi[2] >= 10_000);
+    const ev = (await eventsFor(client, ns, name)).filter((e) => e.reason === "Deleted");
+    assert.equal(ev.length, 1);
+    assert.equal(ev[0].count, 1, "the event is recorded once");
   });
 });
