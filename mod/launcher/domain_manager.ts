@@ -34,6 +34,7 @@ import {
 } from "./converter.ts";
 import { domainFromXml, type VmiRef } from "./_domain_reader.ts";
 import { domainStatsToKubevirt } from "./_domain_stats.ts";
+import type { ConnectionKeeper } from "./_connection_keeper.ts";
 import { getLogger } from "../log/mod.ts";
 
 export type { VmiRef };
@@ -71,7 +72,18 @@ export interface DomainManagerOptions {
   connection: Connection;
   /** Converter settings. */
   converter: ConverterSettings;
+  /**
+   * Reconnects a lost connection; a command that failed because of the loss waits for
+   * the reconnect (up to {@linkcode RECONNECT_WAIT_MS}) and runs once more.
+   */
+  keeper?: ConnectionKeeper;
 }
+
+/**
+ * How long a command waits for a lost libvirt connection to come back: below the
+ * handler's 10 s timeout of short calls, above a libvirtd restart (1 to 3 s).
+ */
+export const RECONNECT_WAIT_MS = 8_000;
 
 function detail(error: unknown): string {
   if (error instanceof ConversionError) {
@@ -116,6 +128,7 @@ export class DomainManager {
   readonly domainName: string;
   readonly #conn: Connection;
   readonly #converter: ConverterSettings;
+  readonly #keeper: ConnectionKeeper | undefined;
   #lock: Promise<unknown> = Promise.resolve();
   #stopRequested = false;
 
@@ -125,6 +138,7 @@ export class DomainManager {
     this.domainName = domainNameOf(options.vmi.namespace, options.vmi.name);
     this.#conn = options.connection;
     this.#converter = options.converter;
+    this.#keeper = options.keeper;
   }
 
   /** `namespace/name`. */
@@ -142,10 +156,42 @@ export class DomainManager {
     this.#stopRequested = true;
   }
 
-  #run<T>(action: string, fn: () => Promise<T>): Promise<T> {
+  /**
+   * Runs `fn`; when it fails because the libvirt connection was lost, waits for the
+   * reconnect and runs it once more (`retry`; commands that are not idempotent do not).
+   */
+  async #reconnecting<T>(action: string, fn: () => Promise<T>, retry = true): Promise<T> {
+    try {
+      return await fn();
+    } catch (error) {
+      if (!this.#keeper || !(await this.#keeper.failedByConnection(error))) throw error;
+      if (!retry) {
+        throw new LauncherCommandError(
+          action,
+          this.vmiKey,
+          `the libvirt connection was lost during the call, reconnecting: ${detail(error)}`,
+          { cause: error },
+        );
+      }
+      if (!(await this.#keeper.whenConnected(RECONNECT_WAIT_MS))) {
+        throw new LauncherCommandError(
+          action,
+          this.vmiKey,
+          `the libvirt connection is lost and not back after ${RECONNECT_WAIT_MS} ms: ${
+            detail(error)
+          }`,
+          { cause: error },
+        );
+      }
+      log.info("Retrying after reconnecting to libvirt", { ...this.vmi, action });
+      return await fn();
+    }
+  }
+
+  #run<T>(action: string, fn: () => Promise<T>, retry = true): Promise<T> {
     const result = this.#lock.then(async () => {
       try {
-        return await fn();
+        return await this.#reconnecting(action, fn, retry);
       } catch (error) {
         if (error instanceof LauncherCommandError) throw error;
         throw new LauncherCommandError(action, this.vmiKey, detail(error), { cause: error });
@@ -237,6 +283,7 @@ export class DomainManager {
     vmiJson: Uint8Array | string | null | undefined,
     fn: (domain: LibvirtDomain, state: DomainState) => Promise<void>,
     whenMissing: "ok" | "error" = "error",
+    retry = true,
   ): Promise<void> {
     return await this.#run(action, async () => {
       if (vmiJson !== undefined) this.#checkVmi(action, vmiJson);
@@ -251,7 +298,7 @@ export class DomainManager {
       }
       const info = await domain.getState();
       await fn(domain, domainStateFromLibvirt(info.state, info.reason));
-    });
+    }, retry);
   }
 
   /** Pauses a running domain; a paused one stays paused. */
@@ -310,22 +357,34 @@ export class DomainManager {
 
   /** Asks the guest to reboot. */
   softReboot(vmiJson?: Uint8Array | string | null): Promise<void> {
-    return this.#withDomain("soft reboot", vmiJson, async (domain, state) => {
-      if (state.status !== LifeCycle.Running) {
-        throw new Error(`domain is ${state.status}, not Running`);
-      }
-      await domain.reboot();
-    });
+    return this.#withDomain(
+      "soft reboot",
+      vmiJson,
+      async (domain, state) => {
+        if (state.status !== LifeCycle.Running) {
+          throw new Error(`domain is ${state.status}, not Running`);
+        }
+        await domain.reboot();
+      },
+      "error",
+      false,
+    );
   }
 
   /** Resets the domain like a reset button. */
   reset(vmiJson?: Uint8Array | string | null): Promise<void> {
-    return this.#withDomain("reset", vmiJson, async (domain, state) => {
-      if (!isDomainActive(state.status)) {
-        throw new Error(`domain is ${state.status}, not active`);
-      }
-      await domain.reset();
-    });
+    return this.#withDomain(
+      "reset",
+      vmiJson,
+      async (domain, state) => {
+        if (!isDomainActive(state.status)) {
+          throw new Error(`domain is ${state.status}, not active`);
+        }
+        await domain.reset();
+      },
+      "error",
+      false,
+    );
   }
 
   /**
@@ -334,12 +393,15 @@ export class DomainManager {
    */
   async getDomain(): Promise<Domain | undefined> {
     try {
-      const domain = await this.lookup();
-      if (!domain) return undefined;
-      const info = await domain.getState();
-      const xml = await domain.getXMLDesc();
-      return domainFromXml(this.vmi, xml, domainStateFromLibvirt(info.state, info.reason));
+      return await this.#reconnecting("get domain of", async () => {
+        const domain = await this.lookup();
+        if (!domain) return undefined;
+        const info = await domain.getState();
+        const xml = await domain.getXMLDesc();
+        return domainFromXml(this.vmi, xml, domainStateFromLibvirt(info.state, info.reason));
+      });
     } catch (error) {
+      if (error instanceof LauncherCommandError) throw error;
       if (isNoDomain(error)) return undefined;
       throw new LauncherCommandError("get domain of", this.vmiKey, detail(error), {
         cause: error,
@@ -360,10 +422,14 @@ export class DomainManager {
   /** The domain's statistics as KubeVirt's DomainStats JSON; `undefined` without a domain. */
   async getDomainStats(): Promise<Record<string, unknown> | undefined> {
     try {
-      const all = await this.#conn.getAllDomainStats();
+      const all = await this.#reconnecting(
+        "get statistics of",
+        () => this.#conn.getAllDomainStats(),
+      );
       const mine = all.find((s) => s.name === this.domainName);
       return mine ? domainStatsToKubevirt(mine) : undefined;
     } catch (error) {
+      if (error instanceof LauncherCommandError) throw error;
       throw new LauncherCommandError("get statistics of", this.vmiKey, detail(error), {
         cause: error,
       });
@@ -373,9 +439,13 @@ export class DomainManager {
   /** The hypervisor (QEMU) version, `major.minor.release`. */
   async qemuVersion(): Promise<string> {
     try {
-      const v = await this.#conn.getHypervisorVersion();
+      const v = await this.#reconnecting(
+        "get QEMU version for",
+        () => this.#conn.getHypervisorVersion(),
+      );
       return `${v.major}.${v.minor}.${v.release}`;
     } catch (error) {
+      if (error instanceof LauncherCommandError) throw error;
       throw new LauncherCommandError("get QEMU version for", this.vmiKey, detail(error), {
         cause: error,
       });

@@ -28,6 +28,7 @@ import { getLogger } from "../log/mod.ts";
 import type { LauncherOptions } from "./args.ts";
 import { CmdServer } from "./cmd_server.ts";
 import { DomainManager } from "./domain_manager.ts";
+import { ConnectionKeeper } from "./_connection_keeper.ts";
 import { type K8sEventType, NotifyClient, type NotifyTimeouts } from "./notify_client.ts";
 
 const log = getLogger("launcher");
@@ -140,6 +141,46 @@ class EventForwarder {
         error: error instanceof Error ? error.message : String(error),
       });
     });
+  }
+
+  /**
+   * Re-reads the domain after the libvirt connection came back (events of the outage
+   * are lost) and reports it as MODIFIED when its state differs from the last event.
+   * A domain found down with a definite reason did stop during the outage; the
+   * connection loss alone never counts as that.
+   */
+  resync(): Promise<void> {
+    const run = this.#chain.then(async () => {
+      const domain = await this.#manager.getDomain();
+      if (!domain) {
+        log.warn("No domain after reconnecting to libvirt", { ...this.#manager.vmi });
+        return;
+      }
+      const state = { status: domain.status.status, reason: domain.status.reason };
+      const last = this.#last?.state;
+      if (last && last.status === state.status && last.reason === state.reason) {
+        log.info("Domain unchanged after reconnecting to libvirt", {
+          ...this.#manager.vmi,
+          status: state.status,
+          reason: state.reason,
+        });
+        return;
+      }
+      log.info("Domain changed while libvirt was away", {
+        ...this.#manager.vmi,
+        status: state.status,
+        reason: state.reason,
+        was: last ? `${last.status}/${last.reason}` : "unknown",
+      });
+      this.#sink.sendDomainEvent(DomainEventType.Modified, domain).catch(() => {});
+      this.#last = { type: DomainEventType.Modified, state };
+      for (const waiter of [...this.#waiters]) waiter();
+      if (isDomainDown(state.status) && state.reason !== StateChangeReason.Unknown) {
+        this.#onDown(state);
+      }
+    });
+    this.#chain = run.catch(() => {});
+    return run;
   }
 
   /** Resolves once every event received so far has been handed to the sink. */
@@ -255,9 +296,15 @@ export async function runLauncher(
     log.error("Cannot start the launcher", { ...vmi, error: String(error) });
     return EXIT_START_FAILED;
   }
+  // The forwarder is created below; the keeper calls it only after a reconnect.
+  const keeper: ConnectionKeeper = new ConnectionKeeper(conn, {
+    vmi,
+    onRestored: (): Promise<void> => forwarder.resync(),
+  });
   const manager = new DomainManager({
     vmi,
     connection: conn,
+    keeper,
     converter: {
       runDir: options.runDir,
       diskDir: options.diskDir,
@@ -348,6 +395,7 @@ export async function runLauncher(
     await server?.stop().catch(() => {});
     offEvents();
     sink.close();
+    await keeper.stop();
     await conn.close().catch(() => {});
   }
 }
