@@ -375,6 +375,14 @@ function buildProgram(): Command {
       }
     });
 
+  program.command("__mntns-child", { hidden: true })
+    .description("internal: perform actions in another mount namespace (see ffi/libc.ts)")
+    .argument("<request>")
+    .action(async (request: string) => {
+      const { mountNamespaceChild } = await import("./ffi/_mntns_child.ts");
+      console.log(JSON.stringify(mountNamespaceChild(request)));
+    });
+
   program.command("launcher")
     .description(
       "run one VMI's launcher (KubeVirt's virt-launcher role); see 'virtnode launcher --help'",

@@ -51,7 +51,8 @@ function perform(action: MountNamespaceAction): string | null {
   }
 }
 
-function main(arg: string | undefined): MountNamespaceReply {
+/** Performs one request (`{"pid":…,"actions":[…]}`) and returns the reply to print. */
+export function mountNamespaceChild(arg: string | undefined): MountNamespaceReply {
   try {
     const request = JSON.parse(arg ?? "") as { pid: number; actions: MountNamespaceAction[] };
     enterMountNamespace(request.pid);
@@ -76,5 +77,5 @@ function main(arg: string | undefined): MountNamespaceReply {
 }
 
 if (import.meta.main) {
-  console.log(JSON.stringify(main(Deno.args[0])));
+  console.log(JSON.stringify(mountNamespaceChild(Deno.args[0])));
 }

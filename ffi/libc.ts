@@ -403,6 +403,12 @@ export interface RunInMountNamespaceOptions {
 }
 
 /**
+ * The hidden subcommand of a compiled virtnode that runs {@linkcode runInMountNamespace}'s
+ * child (`virtnode __mntns-child '<json>'`); `main.ts` registers it.
+ */
+export const MNTNS_CHILD_SUBCOMMAND = "__mntns-child";
+
+/**
  * Runs `actions` in the mount namespace of `pid`, in a child process, and returns each
  * action's result (`mountinfo` and `readTextFile` give text, the others `null`). The
  * agent's own threads never change namespace. A failed action rejects with the child's
@@ -413,14 +419,16 @@ export async function runInMountNamespace(
   actions: MountNamespaceAction[],
   options: RunInMountNamespaceOptions = {},
 ): Promise<(string | null)[]> {
-  const command = options.command ??
-    [
+  const command = options.command ?? (Deno.build.standalone
+    // A compiled virtnode has no deno to run a script with: it runs itself.
+    ? [Deno.execPath(), MNTNS_CHILD_SUBCOMMAND]
+    : [
       Deno.execPath(),
       "run",
       "--allow-all",
       "--no-lock",
       new URL("./_mntns_child.ts", import.meta.url).href,
-    ];
+    ]);
   const [cmd, ...args] = command;
   const child = new Deno.Command(cmd, {
     args: [...args, JSON.stringify({ pid, actions })],
