@@ -34,6 +34,7 @@ import {
   type PreferredAllocationResponse,
 } from "../proto/deviceplugin.ts";
 import { unixTarget } from "../proto/mod.ts";
+import { sleep } from "./_sleep.ts";
 
 const log = getLogger("device-plugins");
 
@@ -125,19 +126,6 @@ async function removeIfExists(path: string): Promise<void> {
   } catch (error) {
     if (!(error instanceof Deno.errors.NotFound)) throw error;
   }
-}
-
-function sleep(ms: number, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    if (signal.aborted) return resolve();
-    const timer = setTimeout(done, ms);
-    signal.addEventListener("abort", done, { once: true });
-    function done() {
-      clearTimeout(timer);
-      signal.removeEventListener("abort", done);
-      resolve();
-    }
-  });
 }
 
 /** Inode numbers are reused at once on tmpfs; the change time tells a new file apart. */

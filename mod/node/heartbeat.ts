@@ -13,6 +13,7 @@
 import { Annotations, Labels } from "../api/mod.ts";
 import { detailOf, type KubeClient, type KubeObject, patchNodeMetadata } from "../kube/mod.ts";
 import { getLogger } from "../log/mod.ts";
+import { sleep } from "./_sleep.ts";
 
 const log = getLogger("heartbeat");
 
@@ -152,18 +153,6 @@ function rootCause(error: unknown): unknown {
   while (current instanceof Error && current.cause !== undefined) current = current.cause;
   return current;
 }
-
-const sleep = (ms: number, signal: AbortSignal) =>
-  new Promise<void>((resolve) => {
-    if (signal.aborted) return resolve();
-    const timer = setTimeout(done, ms);
-    signal.addEventListener("abort", done, { once: true });
-    function done() {
-      clearTimeout(timer);
-      signal.removeEventListener("abort", done);
-      resolve();
-    }
-  });
 
 /** Writes the node heartbeat; see the module doc. */
 export class Heartbeat {
