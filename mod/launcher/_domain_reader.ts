@@ -14,14 +14,10 @@ import {
   type DomainState,
   newDomain,
 } from "../domain/mod.ts";
+import { parseXml as parseXmlDocument, type XmlElement, XmlParseError } from "../xml/mod.ts";
 
-/** One parsed element. */
-export interface XmlNode {
-  name: string;
-  attrs: Record<string, string>;
-  children: XmlNode[];
-  text: string;
-}
+/** One parsed element (the shared XML reader's element). */
+export type XmlNode = XmlElement;
 
 /** The XML could not be read. */
 export class DomainXmlReadError extends Error {
@@ -32,72 +28,16 @@ export class DomainXmlReadError extends Error {
   }
 }
 
-const ENTITIES: Record<string, string> = {
-  lt: "<",
-  gt: ">",
-  amp: "&",
-  quot: '"',
-  apos: "'",
-};
-
-function decode(text: string): string {
-  return text.replace(/&(#x[0-9a-fA-F]+|#[0-9]+|[a-z]+);/g, (whole, entity: string) => {
-    if (entity.startsWith("#x")) return String.fromCodePoint(parseInt(entity.slice(2), 16));
-    if (entity.startsWith("#")) return String.fromCodePoint(parseInt(entity.slice(1), 10));
-    return ENTITIES[entity] ?? whole;
-  });
-}
-
-const TAG = /<(\/?)([A-Za-z_][\w.:-]*)((?:\s+[\w.:-]+\s*=\s*(?:"[^"]*"|'[^']*'))*)\s*(\/?)>/y;
-const ATTR = /([\w.:-]+)\s*=\s*(?:"([^"]*)"|'([^']*)')/g;
-
 /** Parses XML into its root element; throws {@linkcode DomainXmlReadError}. */
 export function parseXml(xml: string): XmlNode {
-  const root: XmlNode = { name: "#document", attrs: {}, children: [], text: "" };
-  const stack: XmlNode[] = [root];
-  let i = 0;
-  while (i < xml.length) {
-    const lt = xml.indexOf("<", i);
-    const top = stack[stack.length - 1];
-    if (lt < 0) {
-      top.text += decode(xml.slice(i));
-      break;
+  try {
+    return parseXmlDocument(xml);
+  } catch (error) {
+    if (error instanceof XmlParseError) {
+      throw new DomainXmlReadError(error.message, { cause: error });
     }
-    if (lt > i) top.text += decode(xml.slice(i, lt));
-    if (xml.startsWith("<!--", lt)) {
-      const end = xml.indexOf("-->", lt);
-      if (end < 0) throw new DomainXmlReadError("unterminated comment");
-      i = end + 3;
-      continue;
-    }
-    if (xml.startsWith("<?", lt)) {
-      const end = xml.indexOf("?>", lt);
-      if (end < 0) throw new DomainXmlReadError("unterminated processing instruction");
-      i = end + 2;
-      continue;
-    }
-    TAG.lastIndex = lt;
-    const m = TAG.exec(xml);
-    if (!m) throw new DomainXmlReadError(`malformed tag at offset ${lt}`);
-    i = TAG.lastIndex;
-    const [, closing, name, attrText, selfClosing] = m;
-    if (closing) {
-      const open = stack.pop();
-      if (!open || open.name !== name || stack.length === 0) {
-        throw new DomainXmlReadError(`unexpected closing tag "${name}"`);
-      }
-      continue;
-    }
-    const attrs: Record<string, string> = {};
-    for (const a of attrText.matchAll(ATTR)) attrs[a[1]] = decode(a[2] ?? a[3] ?? "");
-    const node: XmlNode = { name, attrs, children: [], text: "" };
-    top.children.push(node);
-    if (!selfClosing) stack.push(node);
+    throw error;
   }
-  if (stack.length !== 1) throw new DomainXmlReadError(`unclosed element "${stack.at(-1)?.name}"`);
-  const first = root.children[0];
-  if (!first) throw new DomainXmlReadError("no root element");
-  return first;
 }
 
 function child(node: XmlNode | undefined, name: string): XmlNode | undefined {

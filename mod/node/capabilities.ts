@@ -8,7 +8,7 @@
  * @module
  */
 
-import { child, children, parseXml, path, type XmlElement, XmlParseError } from "./_xml.ts";
+import { child, children, parseXml, path, type XmlElement, XmlParseError } from "../xml/mod.ts";
 
 /** A CPU model of the domain capabilities' `custom` mode. */
 export interface CpuModelInfo {

@@ -14,7 +14,7 @@ import {
   parseDomainCapabilities,
   parseHostCapabilities,
 } from "../../mod/node/mod.ts";
-import { parseXml } from "../../mod/node/_xml.ts";
+import { parseXml } from "../../mod/xml/mod.ts";
 
 const FIXTURES = fileURLToPath(new URL("../fixtures/labeller/", import.meta.url));
 const HOSTS = ["intel-skylake-server", "amd-epyc-rome"] as const;
