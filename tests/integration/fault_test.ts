@@ -310,6 +310,10 @@ Deno.test(
         for (const n of late) await createVmi(client, testVmi(n, node, { namespace: ns }));
         await deleteVmi(client, ns, "vm-d");
         await sleep(300);
+        const latePhases: string[] = [];
+        for (const n of late) {
+          latePhases.push((await getVmi(client, ns, n))?.status?.phase ?? "none");
+        }
 
         const stopAt = performance.now();
         await cluster.stopApiserver();
@@ -380,7 +384,8 @@ Deno.test(
             `${health.length}/${health.length} probes, readyz 200 in ${
               ready.filter((s) => s === 200).length
             }/${ready.length}; after it was back: Paused condition in ${pausedSeenMs} ms, ` +
-            `VMIs created just before the outage Running in ${lateRunningMs} ms`,
+            `VMIs created just before the outage (${latePhases.join("/")} at the stop) Running ` +
+            `in ${lateRunningMs} ms`,
         );
       });
     } finally {
@@ -721,6 +726,7 @@ Deno.test(
         const body = rand() < 0.02
           ? JSON.stringify(vmi).slice(0, Math.floor(rand() * 200))
           : JSON.stringify(vmi);
+        if (TRACE) console.error(`call ${i}: ${applied.join("+")} ${body.slice(0, 300)}`);
         const started = performance.now();
         let res;
         try {
