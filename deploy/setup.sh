@@ -8,7 +8,7 @@
 #   bash deploy/setup.sh test       # install, then run the whole test suite
 set -euo pipefail
 
-DENO_VERSION=2.9.6
+DENO_VERSION=2.9.3
 APT_PACKAGES=(
   libvirt0 libvirt-clients libvirt-daemon libvirt-daemon-driver-qemu
   qemu-system-x86 qemu-utils ovmf genisoimage xorriso iproute2 util-linux openssl python3 kmod
