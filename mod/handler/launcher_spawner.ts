@@ -16,6 +16,24 @@ import { getLogger } from "../log/mod.ts";
 
 const log = getLogger("handler", "launcher-spawner");
 
+/** The PID of a running `virtnode launcher ... --uid <uid>` process, from /proc. */
+export async function findLauncherByUid(uid: string): Promise<number | undefined> {
+  const needle = `\0--uid\0${uid}\0`;
+  for await (const entry of Deno.readDir("/proc")) {
+    if (!/^\d+$/.test(entry.name)) continue;
+    let cmdline: string;
+    try {
+      cmdline = await Deno.readTextFile(`/proc/${entry.name}/cmdline`);
+    } catch {
+      continue; // exited meanwhile
+    }
+    if (cmdline.includes("\0launcher\0") && `\0${cmdline}`.includes(needle)) {
+      return Number(entry.name);
+    }
+  }
+  return undefined;
+}
+
 /** What a launcher is started for. */
 export interface LauncherSpec {
   namespace: string;
@@ -70,7 +88,9 @@ export class LauncherSpawner {
     try {
       pid = Number((await Deno.readTextFile(this.#pidFile(uid))).trim());
     } catch {
-      return undefined;
+      // No PID file: a handler killed between spawning a launcher and writing the
+      // file must not start a second one after its restart. Look for it in /proc.
+      return await findLauncherByUid(uid);
     }
     if (!Number.isInteger(pid) || pid <= 1) return undefined;
     try {

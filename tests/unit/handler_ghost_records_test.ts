@@ -82,3 +82,27 @@ Deno.test("GhostRecordStore.delete() removes the file and a second delete is fin
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test("findLauncherByUid() finds a launcher process by the --uid on its command line", async () => {
+  const { findLauncherByUid } = await import("../../mod/handler/launcher_spawner.ts");
+  const uid = `u-${crypto.randomUUID()}`;
+  // A stand-in process whose command line reads like a launcher's.
+  const child = new Deno.Command("bash", {
+    args: ["-c", "sleep 30; true", "virtnode", "launcher", "--uid", uid],
+    stdin: "null",
+    stdout: "null",
+    stderr: "null",
+  }).spawn();
+  try {
+    let found: number | undefined;
+    for (let i = 0; i < 50 && found === undefined; i++) {
+      found = await findLauncherByUid(uid);
+      if (found === undefined) await new Promise((r) => setTimeout(r, 20));
+    }
+    assert.equal(found, child.pid);
+    assert.equal(await findLauncherByUid(`${uid}-other`), undefined);
+  } finally {
+    child.kill("SIGKILL");
+    await child.status;
+  }
+});
