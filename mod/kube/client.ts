@@ -7,9 +7,9 @@
  * Memory: `@kubernetes/client-node`'s `KubeConfig` cannot be imported without its
  * generated API (about 87 MB RSS in Deno, measured), so the common cases are handled here:
  * in-cluster service account (no YAML parser loaded at all), kubeconfig files with
- * token, token file, basic auth or client certificates. The YAML parser comes from
- * client-node's narrow `dist/yaml.js` module (about +20 MB, loaded lazily, only for a
- * YAML kubeconfig). Users with `exec` or `auth-provider` credentials load the full
+ * token, token file, basic auth or client certificates. The YAML parser is js-yaml
+ * (client-node's own parser), loaded lazily and only for a YAML kubeconfig: about +4 MB
+ * RSS, where client-node's `dist/yaml.js` wrapper costs +15 MB. Users with `exec` or `auth-provider` credentials load the full
  * `KubeConfig` lazily and take the `Authorization` header from it.
  *
  * @module
@@ -449,9 +449,11 @@ async function fromKubeconfig(path: string, context?: string): Promise<KubeCrede
 
 async function parseKubeconfig(text: string): Promise<RawKubeconfig> {
   if (text.trimStart().startsWith("{")) return JSON.parse(text);
-  // Lazy: the YAML parser (and what client-node's yaml module drags in) costs ~20 MB RSS.
-  const { loadYaml } = await import("@kubernetes/client-node/dist/yaml.js");
-  return loadYaml<RawKubeconfig>(text);
+  // Lazy, and js-yaml itself: client-node's yaml module drags in its serializer (+15 MB RSS).
+  const { load } = await import("js-yaml");
+  const doc = load(text);
+  if (!doc) throw new Error("the file holds no YAML document");
+  return doc as RawKubeconfig;
 }
 
 /** Exec and auth-provider plugins: delegate to client-node's full KubeConfig (lazy, heavy). */
