@@ -1,0 +1,146 @@
+/**
+ * The benchmark's report: the machine it ran on, and one table of rows
+ * `metric | virtnode | floor (same run) | ratio | target | virt-handler public figure`,
+ * as markdown and as JSON.
+ *
+ * @module
+ */
+
+/** One row of the results table. */
+export interface Row {
+  /** Scenario number of the issue (1..7), for readers of the JSON. */
+  scenario: number;
+  metric: string;
+  /** virtnode's figure; undefined when the scenario did not run or failed. */
+  value?: number;
+  unit: string;
+  floor?: number;
+  /** A rate: bigger is better, so the ratio is floor ÷ virtnode. */
+  higherIsBetter?: boolean;
+  /** What the floor is made of. */
+  floorNote?: string;
+  /** The project's target, as text (e.g. "≤ 1.2× floor"). */
+  target?: string;
+  /** Whether the target is met; undefined when there is none. */
+  met?: boolean;
+  /** KubeVirt's virt-handler figure (the RSS row only). */
+  publicFigure?: string;
+  /** A short remark printed after the table. */
+  note?: string;
+}
+
+/** The machine and software a run used. */
+export interface Environment {
+  date: string;
+  nproc: number;
+  cpuModel: string;
+  memTotalMiB: number;
+  deno: string;
+  v8: string;
+  libvirt: string;
+  qemu?: string;
+  kvmDevice: boolean;
+  /** The domain type the QEMU guests ran with ("kvm" means /dev/kvm was used). */
+  qemuDomainType?: string;
+  loadAtStart: string;
+  loadAtEnd?: string;
+  kernel: string;
+}
+
+/** Reads what {@linkcode Environment} needs from /proc and the runtime. */
+export function environment(libvirt: string): Environment {
+  const cpuinfo = readOr("/proc/cpuinfo");
+  const meminfo = readOr("/proc/meminfo");
+  const kvm = (() => {
+    try {
+      return Deno.statSync("/dev/kvm").isCharDevice === true;
+    } catch {
+      return false;
+    }
+  })();
+  return {
+    date: new Date().toISOString(),
+    nproc: navigator.hardwareConcurrency,
+    cpuModel: /^model name\s*:\s*(.*)$/m.exec(cpuinfo)?.[1]?.trim() ?? "unknown",
+    memTotalMiB: Math.round(Number(/^MemTotal:\s+(\d+)/m.exec(meminfo)?.[1] ?? 0) / 1024),
+    deno: Deno.version.deno,
+    v8: Deno.version.v8,
+    libvirt,
+    kvmDevice: kvm,
+    loadAtStart: loadAverage(),
+    kernel: Deno.osRelease(),
+  };
+}
+
+/** The 1, 5 and 15 minute load averages, as /proc/loadavg prints them. */
+export function loadAverage(): string {
+  return readOr("/proc/loadavg").split(" ").slice(0, 3).join(" ");
+}
+
+function readOr(path: string): string {
+  try {
+    return Deno.readTextFileSync(path);
+  } catch {
+    return "";
+  }
+}
+
+function fmt(v: number | undefined, unit: string): string {
+  if (v === undefined || Number.isNaN(v)) return "—";
+  const digits = Math.abs(v) >= 100 ? 0 : Math.abs(v) >= 10 ? 1 : 2;
+  const n = v.toFixed(digits);
+  return unit ? `${n} ${unit}` : n;
+}
+
+/** How many times the floor (virtnode ÷ floor; floor ÷ virtnode for rates), if both exist. */
+export function ratio(row: Row): number | undefined {
+  if (row.value === undefined || row.floor === undefined || !row.floor || !row.value) {
+    return undefined;
+  }
+  return row.higherIsBetter ? row.floor / row.value : row.value / row.floor;
+}
+
+/** The results table and the environment as markdown. */
+export function markdown(
+  env: Environment,
+  rows: Row[],
+  extras: { title: string; durationS: number; options: string; notes: string[] },
+): string {
+  const lines = [
+    `# ${extras.title}`,
+    "",
+    `- date: ${env.date}`,
+    `- machine: ${env.nproc} CPUs (nproc), ${env.cpuModel}, ${env.memTotalMiB} MiB memory, Linux ${env.kernel}`,
+    `- software: Deno ${env.deno} (V8 ${env.v8}), libvirt ${env.libvirt}${
+      env.qemu ? `, QEMU ${env.qemu}` : ""
+    }`,
+    `- /dev/kvm: ${env.kvmDevice ? "present" : "absent"}; QEMU guests ran as domain type ${
+      env.qemuDomainType ?? "— (QEMU scenario not run)"
+    } (${env.qemuDomainType === "kvm" ? "KVM used" : "KVM not used"})`,
+    `- load average: ${env.loadAtStart} at start, ${env.loadAtEnd ?? "?"} at end`,
+    `- options: ${extras.options}; run took ${extras.durationS.toFixed(0)} s`,
+    "",
+    "| metric | virtnode | floor (same run) | ratio | target | virt-handler public figure |",
+    "|---|---|---|---|---|---|",
+  ];
+  for (const row of rows) {
+    const r = ratio(row);
+    const target = row.target
+      ? `${row.target}${row.met === undefined ? "" : row.met ? " ✅" : " ❌"}`
+      : "—";
+    lines.push(
+      `| ${row.metric} | ${fmt(row.value, row.unit)} | ${fmt(row.floor, row.unit)}${
+        row.floorNote ? ` (${row.floorNote})` : ""
+      } | ${r === undefined ? "—" : `${r.toFixed(2)}×`} | ${target} | ${row.publicFigure ?? "—"} |`,
+    );
+  }
+  const notes = [
+    ...rows.filter((r) => r.note).map((r) => `${r.metric}: ${r.note}`),
+    ...extras.notes,
+  ];
+  if (notes.length) {
+    lines.push("", "Notes:", "");
+    for (const n of notes) lines.push(`- ${n}`);
+  }
+  return lines.join("\n") + "\n";
+}

@@ -1,0 +1,1006 @@
+/**
+ * virtnode's benchmark (`deno task bench`): numbers, not pass/fail. It starts a real
+ * control plane, runs `virtnode handler --podless` with real launcher processes
+ * (libvirt's test driver for scale, QEMU for one scenario) and prints each figure
+ * beside its floor measured in the same run.
+ *
+ * Scenarios: 1 create -> Running latency; 2 a burst of VMIs on one node; 3 domain
+ * event -> VMI status latency; 4 handler RSS/CPU with idle VMIs and launcher memory;
+ * 5 handler restart and re-adoption; 6 handler start-up with no VMIs; 7 create ->
+ * Running with QEMU guests.
+ *
+ * Output: a markdown table on stdout and in `tests/bench/out/latest.md`, JSON in
+ * `tests/bench/out/latest.json`. Run `deno task bench --help` for the flags.
+ *
+ * @module
+ */
+import { parseArgs } from "node:util";
+import { type Cluster, startCluster } from "../cluster/cluster.ts";
+import { createVmi, kubeClient, testVmi } from "../helpers/handler_process.ts";
+import { ensureLibvirtd } from "../helpers/libvirtd.ts";
+import { TestCmdClient } from "../helpers/cmd_client.ts";
+import type { KubeClient } from "../../mod/kube/mod.ts";
+import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
+import { openLibvirt } from "../../ffi/mod.ts";
+import {
+  apiserverBurstFloor,
+  apiserverFloors,
+  denoFloor,
+  type FloorContext,
+  kvmDevice,
+  libvirtFloor,
+} from "./_floors.ts";
+import { type BenchHandler, killLaunchers, launcherPids, spawnHandler } from "./_handler.ts";
+import {
+  type Environment,
+  environment,
+  loadAverage,
+  markdown,
+  ratio,
+  type Row,
+} from "./_report.ts";
+import {
+  clockTicksPerSecond,
+  mapLimit,
+  pidAlive,
+  pollUntil,
+  procCpuTicks,
+  procMemory,
+  sleep,
+  suffix,
+  summarize,
+  type Summary,
+} from "./_util.ts";
+import { hasPhase, isDeleted, pausedIs, vmiCollection, VmiWatch } from "./_watch.ts";
+
+const TEST_URI = "test:///default";
+const NAMESPACE = "default";
+const OUT_DIR = new URL("./out/", import.meta.url).pathname;
+const MB = 1e6;
+
+const USAGE = `Usage: deno task bench [flags]
+
+  --quick                 small numbers for a smoke run (5 runs, burst 10, 5 s idle, ...)
+  --runs N                scenario 1: create -> Running runs (50)
+  --burst N               scenarios 2-5: VMIs on the node (200)
+  --concurrency N         create requests in flight during a burst (20)
+  --event-samples N       scenario 3: pause/unpause samples (50)
+  --idle-seconds N        scenario 4: seconds of each idle measurement (60)
+  --startup-runs N        scenario 6: handler start-ups with no VMIs (3)
+  --qemu-runs N           scenario 7: QEMU create -> Running runs (10)
+  --floor-samples N       samples of each floor (50)
+  --only LIST             run only these scenarios, e.g. --only 1,3,6
+  --handler-log-level L   --log-level of the handler and its launchers (info)
+  --timeout-minutes N     stop and clean up after this long, whatever happens (30)
+  --help                  this text
+`;
+
+/** The benchmark's settings. */
+interface Options {
+  runs: number;
+  burst: number;
+  concurrency: number;
+  eventSamples: number;
+  idleSeconds: number;
+  startupRuns: number;
+  qemuRuns: number;
+  floorSamples: number;
+  only: Set<number>;
+  logLevel: string;
+  timeoutMinutes: number;
+  quick: boolean;
+}
+
+function parseOptions(args: string[]): Options {
+  const { values } = parseArgs({
+    args,
+    options: {
+      quick: { type: "boolean", default: false },
+      runs: { type: "string" },
+      burst: { type: "string" },
+      concurrency: { type: "string" },
+      "event-samples": { type: "string" },
+      "idle-seconds": { type: "string" },
+      "startup-runs": { type: "string" },
+      "qemu-runs": { type: "string" },
+      "floor-samples": { type: "string" },
+      only: { type: "string" },
+      "handler-log-level": { type: "string", default: "info" },
+      "timeout-minutes": { type: "string" },
+      help: { type: "boolean", default: false },
+    },
+    strict: true,
+  });
+  if (values.help) {
+    console.log(USAGE);
+    Deno.exit(0);
+  }
+  const q = values.quick;
+  const int = (name: string, raw: string | undefined, dflt: number, min = 1): number => {
+    if (raw === undefined) return dflt;
+    const n = Number(raw);
+    if (!Number.isInteger(n) || n < min) {
+      console.error(`bench: --${name} must be a whole number of at least ${min}, not "${raw}"`);
+      Deno.exit(2);
+    }
+    return n;
+  };
+  const only = new Set(
+    (values.only ?? "1,2,3,4,5,6,7").split(",").map((s) => int("only", s.trim(), 0)),
+  );
+  return {
+    runs: int("runs", values.runs, q ? 5 : 50),
+    burst: int("burst", values.burst, q ? 10 : 200, 2),
+    concurrency: int("concurrency", values.concurrency, 20),
+    eventSamples: int("event-samples", values["event-samples"], q ? 10 : 50, 2),
+    idleSeconds: int("idle-seconds", values["idle-seconds"], q ? 5 : 60),
+    startupRuns: int("startup-runs", values["startup-runs"], q ? 2 : 3),
+    qemuRuns: int("qemu-runs", values["qemu-runs"], q ? 2 : 10),
+    floorSamples: int("floor-samples", values["floor-samples"], q ? 10 : 50),
+    only,
+    logLevel: values["handler-log-level"]!,
+    timeoutMinutes: int("timeout-minutes", values["timeout-minutes"], 30),
+    quick: q!,
+  };
+}
+
+// ---------------------------------------------------------------------------
+// Everything the run has started, so that any way out cleans it up.
+
+const live = {
+  handlers: new Set<BenchHandler>(),
+  stateDirs: new Set<string>(),
+  dirs: new Set<string>(),
+  /** Name fragment of every QEMU domain this run may have defined. */
+  qemuFragment: "",
+  qemuUsed: false,
+  cluster: undefined as Cluster | undefined,
+};
+
+/** Synchronous last-resort cleanup (signals, the global timeout, unload). */
+function cleanupNow(): void {
+  for (const h of live.handlers) {
+    try {
+      Deno.kill(h.pid, "SIGKILL");
+    } catch { /* gone */ }
+  }
+  live.handlers.clear();
+  for (const dir of live.stateDirs) killLaunchers(dir);
+  if (live.qemuUsed && live.qemuFragment) removeQemuDomainsSync(live.qemuFragment);
+  for (const dir of live.dirs) {
+    try {
+      Deno.removeSync(dir, { recursive: true });
+    } catch { /* gone */ }
+  }
+  live.dirs.clear();
+}
+
+function virshSync(args: string[]): string {
+  try {
+    const out = new Deno.Command("virsh", {
+      args: ["-c", "qemu:///system", ...args],
+      stdout: "piped",
+      stderr: "null",
+    }).outputSync();
+    return new TextDecoder().decode(out.stdout);
+  } catch {
+    return "";
+  }
+}
+
+function removeQemuDomainsSync(fragment: string): void {
+  const names = virshSync(["list", "--all", "--name"]).split("\n").map((s) => s.trim());
+  for (const name of names.filter((n) => n.includes(fragment))) {
+    virshSync(["destroy", name]);
+    virshSync(["undefine", "--nvram", name]);
+    virshSync(["undefine", name]);
+  }
+}
+
+async function removeQemuDomains(fragment: string): Promise<number> {
+  const conn = await openLibvirt("qemu:///system", { events: false });
+  let removed = 0;
+  try {
+    for (const d of await conn.listAllDomains()) {
+      if (!d.name.includes(fragment)) continue;
+      try {
+        const dom = await conn.lookupByName(d.name);
+        if (d.stateName !== "Shutoff") await dom.destroy();
+        await dom.undefine({ nvram: true }).catch(() => dom.undefine());
+        removed++;
+      } catch { /* gone meanwhile */ }
+    }
+  } finally {
+    await conn.close();
+  }
+  return removed;
+}
+
+async function stopHandler(h: BenchHandler, signal: Deno.Signal = "SIGTERM"): Promise<void> {
+  await h.kill(signal, 15_000);
+  live.handlers.delete(h);
+}
+
+// ---------------------------------------------------------------------------
+// The run's shared context and small steps.
+
+interface Ctx {
+  opts: Options;
+  client: KubeClient;
+  watch: VmiWatch;
+  kubeconfig: string;
+  prefix: string;
+  floorCtx: FloorContext;
+  rows: Row[];
+  notes: string[];
+  json: Record<string, unknown>;
+}
+
+function startNewHandler(ctx: Ctx, nodeName: string, uri: string, dir?: string) {
+  return spawnHandler({
+    kubeconfig: ctx.kubeconfig,
+    nodeName,
+    libvirtUri: uri,
+    dir,
+    logLevel: ctx.opts.logLevel,
+    readyTimeoutMs: 120_000,
+  }).then((h) => {
+    live.handlers.add(h);
+    live.stateDirs.add(h.stateDir);
+    live.dirs.add(h.dir);
+    return h;
+  });
+}
+
+/** Creates a VMI and returns ms from the POST to the watch's first Running, and its UID. */
+async function createRunning(
+  ctx: Ctx,
+  name: string,
+  node: string,
+  timeoutMs: number,
+): Promise<{ ms: number; uid: string }> {
+  const running = ctx.watch.waitFor(`VMI ${name} Running`, hasPhase(name, "Running"), timeoutMs);
+  const t0 = performance.now();
+  let created: VirtualMachineInstance;
+  try {
+    created = await createVmi(ctx.client, testVmi(name, node, { namespace: NAMESPACE }));
+  } catch (error) {
+    running.catch(() => {});
+    throw error;
+  }
+  return { ms: (await running) - t0, uid: created.metadata.uid! };
+}
+
+/** Deletes a VMI; returns ms until its launcher process has exited. */
+async function deleteAndReap(
+  ctx: Ctx,
+  h: BenchHandler,
+  name: string,
+  uid: string,
+  timeoutMs: number,
+): Promise<number> {
+  const pid = pidOf(h, uid);
+  const gone = ctx.watch.waitFor(`VMI ${name} deleted`, isDeleted(name), timeoutMs);
+  const t0 = performance.now();
+  await ctx.client.request("DELETE", `${vmiCollection(NAMESPACE)}/${name}`);
+  await gone;
+  if (pid !== undefined) {
+    await pollUntil(`the launcher of ${name} to exit`, () => !pidAlive(pid), {
+      timeoutMs,
+      intervalMs: 10,
+    });
+  }
+  return performance.now() - t0;
+}
+
+function pidOf(h: BenchHandler, uid: string): number | undefined {
+  try {
+    const pid = Number(Deno.readTextFileSync(`${h.stateDir}/launchers/${uid}.pid`).trim());
+    return Number.isInteger(pid) && pid > 1 ? pid : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** RSS (mean, max), PSS and CPU of a process over `seconds` of sampling every second. */
+async function sampleProcess(pid: number, seconds: number) {
+  const hz = clockTicksPerSecond();
+  const ticks0 = procCpuTicks(pid);
+  const t0 = performance.now();
+  const rss: number[] = [];
+  const pss: number[] = [];
+  for (let i = 0; i < seconds; i++) {
+    await sleep(1_000);
+    const m = procMemory(pid);
+    if (!m) throw new Error(`Cannot sample process ${pid}: it is gone`);
+    rss.push(m.rss);
+    if (m.pss !== undefined) pss.push(m.pss);
+  }
+  const ticks1 = procCpuTicks(pid);
+  const wallS = (performance.now() - t0) / 1000;
+  const cpuPercent = ticks0 === undefined || ticks1 === undefined
+    ? NaN
+    : (ticks1 - ticks0) / hz / wallS * 100;
+  return {
+    rssMean: rss.reduce((a, b) => a + b, 0) / rss.length,
+    rssMax: Math.max(...rss),
+    pssMean: pss.length ? pss.reduce((a, b) => a + b, 0) / pss.length : undefined,
+    cpuPercent,
+    seconds: wallS,
+  };
+}
+
+/** Times a LIST of a node's VMIs (what a starting handler's informer does first). */
+async function listMs(ctx: Ctx, node: string): Promise<number> {
+  const samples: number[] = [];
+  for (let i = 0; i < 5; i++) {
+    const t = performance.now();
+    await ctx.client.request("GET", "/apis/kubevirt.io/v1/virtualmachineinstances", undefined, {
+      query: { labelSelector: `kubevirt.io/nodeName=${node}` },
+    });
+    samples.push(performance.now() - t);
+  }
+  return summarize(samples).p50;
+}
+
+function log(message: string): void {
+  console.error(`bench ${new Date().toISOString().slice(11, 19)} ${message}`);
+}
+
+function fmtSummary(s: Summary): string {
+  return `p50 ${s.p50.toFixed(1)} ms, p99 ${s.p99.toFixed(1)} ms (n=${s.n})`;
+}
+
+function newestLauncherLog(stateDir: string): string | undefined {
+  try {
+    const logs = [...Deno.readDirSync(`${stateDir}/launchers`)]
+      .filter((e) => e.name.endsWith(".log"))
+      .map((e) => `${stateDir}/launchers/${e.name}`)
+      .map((p) => ({ p, t: Deno.statSync(p).mtime?.getTime() ?? 0 }))
+      .sort((a, b) => b.t - a.t);
+    return logs[0]?.p;
+  } catch {
+    return undefined;
+  }
+}
+
+/** Runs one scenario; a failure is noted and the run goes on. */
+async function scenario(ctx: Ctx, n: number, title: string, fn: () => Promise<void>) {
+  if (!ctx.opts.only.has(n)) return;
+  log(`scenario ${n}: ${title}`);
+  const t = performance.now();
+  try {
+    await fn();
+  } catch (error) {
+    const msg = error instanceof Error ? error.message.split("\n")[0] : String(error);
+    ctx.notes.push(`scenario ${n} (${title}) failed: ${msg}`);
+    log(`scenario ${n} failed: ${error instanceof Error ? error.stack : error}`);
+    for (const h of live.handlers) {
+      const tail = (await Deno.readTextFile(h.logFile).catch(() => "")).slice(-3000);
+      log(`log tail of the handler in ${h.dir}:\n${tail}`);
+      const launcherLog = newestLauncherLog(h.stateDir);
+      if (launcherLog) {
+        const lt = (await Deno.readTextFile(launcherLog).catch(() => "")).slice(-3000);
+        log(`log tail of launcher ${launcherLog}:\n${lt}`);
+      }
+    }
+  }
+  log(`scenario ${n} took ${((performance.now() - t) / 1000).toFixed(1)} s`);
+}
+
+// ---------------------------------------------------------------------------
+
+async function run(opts: Options, started: number): Promise<void> {
+  const prefix = `vnb-${suffix()}`;
+  live.qemuFragment = prefix;
+  log(`starting the control plane (prefix ${prefix})`);
+  const cluster = await startCluster();
+  live.cluster = cluster;
+  const client = await kubeClient(cluster.kubeconfigPath);
+  const watch = await VmiWatch.start(client, NAMESPACE);
+  const floorCtx: FloorContext = { client, watch, namespace: NAMESPACE, prefix, timeoutMs: 30_000 };
+  const ctx: Ctx = {
+    opts,
+    client,
+    watch,
+    kubeconfig: cluster.kubeconfigPath,
+    prefix,
+    floorCtx,
+    rows: [],
+    notes: [],
+    json: {},
+  };
+  let env: Environment | undefined;
+  try {
+    // Floors first, on a quiet control plane.
+    log("floors: apiserver create -> watch, status write -> watch, libvirt, bare Deno");
+    const api = await apiserverFloors(floorCtx, opts.floorSamples);
+    const lv = await libvirtFloor(TEST_URI, prefix, {
+      n: opts.floorSamples,
+      domainType: kvmDevice() ? "kvm" : "qemu",
+    });
+    const deno = await denoFloor(5);
+    env = environment(lv.version);
+    const floors = {
+      a: summarize(api.create),
+      b: summarize(lv.defineStart),
+      c: summarize(api.statusPatch),
+      suspend: summarize(lv.suspend),
+      open: summarize(lv.open),
+      denoStart: summarize(deno.startMs),
+    };
+    ctx.json.floors = { ...floors, denoRss: deno.rss, denoPss: deno.pss };
+    log(
+      `floor (a) ${fmtSummary(floors.a)}; (b) ${fmtSummary(floors.b)}; (c) ${
+        fmtSummary(floors.c)
+      }; (d) RSS ${(deno.rss / MB).toFixed(1)} MB; (e) ${fmtSummary(floors.denoStart)}`,
+    );
+    const createFloor = {
+      p50: floors.a.p50 + floors.b.p50 + floors.c.p50,
+      p99: floors.a.p99 + floors.b.p99 + floors.c.p99,
+    };
+    ctx.notes.push(
+      `floors (same run): (a) apiserver create → watch ADDED ${fmtSummary(floors.a)}; ` +
+        `(b) libvirt define+start (test driver, in one process) ${fmtSummary(floors.b)}, ` +
+        `connection open p50 ${floors.open.p50.toFixed(1)} ms; ` +
+        `(c) status write → watch MODIFIED ${fmtSummary(floors.c)}; ` +
+        `(d) bare Deno idle RSS ${(deno.rss / MB).toFixed(1)} MB, PSS ${
+          deno.pss ? (deno.pss / MB).toFixed(1) : "?"
+        } MB; (e) bare Deno start → exit ${fmtSummary(floors.denoStart)}`,
+    );
+
+    // 6: start-up with no VMIs. The last handler stays as the node's handler.
+    const node = `${prefix}-node`;
+    let h: BenchHandler | undefined;
+    await scenario(ctx, 6, "handler start-up with 0 VMIs", async () => {
+      const toReady: number[] = [];
+      const toLine: number[] = [];
+      for (let i = 0; i < opts.startupRuns; i++) {
+        const fresh = await startNewHandler(ctx, `${prefix}-startup-${i}`, TEST_URI);
+        toReady.push(fresh.readyAt - fresh.spawnedAt);
+        const line = await Promise.race([fresh.readyLine, sleep(10_000).then(() => undefined)]);
+        if (line) toLine.push(line.at - fresh.spawnedAt);
+        await stopHandler(fresh);
+        await Deno.remove(fresh.dir, { recursive: true }).catch(() => {});
+        live.dirs.delete(fresh.dir);
+        live.stateDirs.delete(fresh.stateDir);
+      }
+      const empty = await listMs(ctx, `${prefix}-startup-0`);
+      const s = summarize(toReady);
+      ctx.json.startup = { toReadyMs: toReady, toReadyLineMs: toLine, listMs: empty };
+      ctx.rows.push({
+        scenario: 6,
+        metric: `handler start-up, 0 VMIs: spawn → /readyz 200 (p50 of ${s.n})`,
+        value: s.p50,
+        unit: "ms",
+        floor: floors.denoStart.p50 + empty,
+        floorNote: "bare Deno start→exit + LIST",
+      });
+    });
+
+    const needNode = [1, 2, 3, 4, 5].some((n) => opts.only.has(n));
+    if (needNode) {
+      log(`starting the handler of node ${node}`);
+      h = await startNewHandler(ctx, node, TEST_URI);
+    }
+
+    // 4 at 0 VMIs.
+    const idle: Record<string, unknown> = {};
+    ctx.json.idle = idle;
+    const idleRow = async (count: number, label: string) => {
+      const s = await sampleProcess(h!.pid, opts.idleSeconds);
+      idle[String(count)] = s;
+      ctx.rows.push({
+        scenario: 4,
+        metric: `handler RSS, ${label} (mean over ${opts.idleSeconds} s)`,
+        value: s.rssMean / MB,
+        unit: "MB",
+        floor: deno.rss / MB,
+        floorNote: "bare Deno",
+        ...(count === opts.burst
+          ? {
+            target: "≤ 100 MB",
+            met: s.rssMean <= 100 * MB,
+            publicFigure: "memory request 325Mi (341 MB); 270–315 MB highest seen",
+          }
+          : {}),
+      });
+      ctx.rows.push({
+        scenario: 4,
+        metric: `handler CPU, ${label}`,
+        value: s.cpuPercent,
+        unit: "% core",
+      });
+      log(`idle ${count}: RSS ${(s.rssMean / MB).toFixed(1)} MB, CPU ${s.cpuPercent.toFixed(2)} %`);
+    };
+    if (h && opts.only.has(4)) {
+      await scenario(ctx, 4, "handler RSS/CPU with 0 idle VMIs", () => idleRow(0, "0 idle VMIs"));
+    }
+
+    // 1: create -> Running, one at a time.
+    if (h) {
+      const handler = h;
+      await scenario(ctx, 1, `create → Running × ${opts.runs}`, async () => {
+        const lat: number[] = [];
+        const reap: number[] = [];
+        for (let i = 0; i <= opts.runs; i++) {
+          const name = `${prefix}-one-${i}`;
+          const r = await createRunning(ctx, name, node, 60_000);
+          const d = await deleteAndReap(ctx, handler, name, r.uid, 60_000);
+          // Run 0 warms the caches of the handler and the disk; it is not counted.
+          if (i > 0) {
+            lat.push(r.ms);
+            reap.push(d);
+          }
+        }
+        const s = summarize(lat);
+        ctx.json.createToRunning = { samplesMs: lat, deleteToLauncherExitMs: reap, summary: s };
+        log(`create → Running ${fmtSummary(s)}`);
+        for (const q of ["p50", "p99"] as const) {
+          ctx.rows.push({
+            scenario: 1,
+            metric: `create → Running, ${q} (test driver, ${s.n} runs)`,
+            value: s[q],
+            unit: "ms",
+            floor: createFloor[q],
+            floorNote: "a+b+c",
+            target: "≤ 1.2× floor",
+            met: s[q] <= 1.2 * createFloor[q],
+          });
+        }
+        ctx.notes.push(
+          `delete → launcher exited (test driver): ${fmtSummary(summarize(reap))}`,
+        );
+      });
+    }
+
+    // 2: a burst of VMIs (also the population of scenarios 3, 4 and 5).
+    const burstNames = Array.from({ length: opts.burst }, (_, i) => `${prefix}-b-${i}`);
+    let populated = false;
+    if (h && [2, 3, 4, 5].some((n) => opts.only.has(n))) {
+      await scenario(ctx, 2, `burst of ${opts.burst} VMIs`, async () => {
+        log("burst floor: apiserver and libvirt doing the same amount of work");
+        const apiBurst = await apiserverBurstFloor(floorCtx, opts.burst, opts.concurrency);
+        const lvBurst = await libvirtFloor(TEST_URI, `${prefix}-bf`, {
+          n: 1,
+          burst: opts.burst,
+          concurrency: opts.concurrency,
+          domainType: kvmDevice() ? "kvm" : "qemu",
+        });
+        const floorMs = apiBurst.createAllMs + apiBurst.statusAllMs + lvBurst.burstMs;
+        const timeoutMs = Math.max(120_000, opts.burst * 1_500);
+        const waits = burstNames.map((n) =>
+          ctx.watch.waitFor(`VMI ${n} Running`, hasPhase(n, "Running"), timeoutMs)
+        );
+        const t0 = performance.now();
+        const created = await mapLimit(burstNames, opts.concurrency, async (n) => {
+          const t = performance.now();
+          await createVmi(ctx.client, testVmi(n, node, { namespace: NAMESPACE }));
+          return t;
+        });
+        const settled = await Promise.allSettled(waits);
+        const failed = settled.filter((s) => s.status === "rejected").length;
+        if (failed) throw new Error(`${failed} of ${opts.burst} VMIs did not get Running in time`);
+        const ats = settled.map((s) => (s as PromiseFulfilledResult<number>).value);
+        const allMs = Math.max(...ats) - t0;
+        const each = summarize(ats.map((at, i) => at - created[i]));
+        populated = true;
+        ctx.json.burst = {
+          n: opts.burst,
+          allRunningMs: allMs,
+          perVmi: each,
+          floor: { ...apiBurst, libvirtMs: lvBurst.burstMs, totalMs: floorMs },
+        };
+        log(
+          `burst: all ${opts.burst} Running after ${(allMs / 1000).toFixed(1)} s (floor ${
+            (floorMs / 1000).toFixed(2)
+          } s)`,
+        );
+        ctx.rows.push({
+          scenario: 2,
+          metric: `burst of ${opts.burst}: create → all Running`,
+          value: allMs / 1000,
+          unit: "s",
+          floor: floorMs / 1000,
+          floorNote: "same burst through apiserver + libvirt",
+        });
+        ctx.rows.push({
+          scenario: 2,
+          metric: `burst of ${opts.burst}: VMIs per second`,
+          value: opts.burst / (allMs / 1000),
+          unit: "/s",
+          floor: opts.burst / (floorMs / 1000),
+          floorNote: "same",
+          higherIsBetter: true,
+        });
+        ctx.notes.push(
+          `burst of ${opts.burst}: each VMI's create → Running ${fmtSummary(each)}; floor parts: ` +
+            `creates seen ${apiBurst.createAllMs.toFixed(0)} ms, status writes seen ${
+              apiBurst.statusAllMs.toFixed(0)
+            } ms, libvirt define+start ${lvBurst.burstMs.toFixed(0)} ms`,
+        );
+      });
+      if (!populated && !opts.only.has(2)) {
+        // Scenario 2 not asked for: still bring up the population, unmeasured.
+        await mapLimit(burstNames, opts.concurrency, async (n) => {
+          const w = ctx.watch.waitFor(`VMI ${n} Running`, hasPhase(n, "Running"), 300_000);
+          await createVmi(ctx.client, testVmi(n, node, { namespace: NAMESPACE }));
+          await w;
+        });
+        populated = true;
+      }
+    }
+
+    if (h && populated) {
+      await sleep(5_000); // trailing status writes and launcher start-up settle
+      if (opts.only.has(4)) {
+        await scenario(ctx, 4, `handler and launchers with ${opts.burst} idle VMIs`, async () => {
+          await idleRow(opts.burst, `${opts.burst} idle VMIs`);
+          const pids = h!.launcherPids();
+          const mem = pids.map((p) => procMemory(p)).filter((m) => m !== undefined);
+          const rss = summarize(mem.map((m) => m.rss));
+          const pssList = mem.map((m) => m.pss).filter((p) => p !== undefined);
+          const pss = summarize(pssList);
+          ctx.json.launchers = { n: mem.length, rss, pss };
+          ctx.rows.push({
+            scenario: 4,
+            metric: `launcher RSS per VM (mean of ${mem.length})`,
+            value: rss.mean / MB,
+            unit: "MB",
+            floor: deno.rss / MB,
+            floorNote: "bare Deno",
+            target: "≤ 40 MB",
+            met: rss.mean <= 40 * MB,
+          });
+          if (pssList.length) {
+            ctx.rows.push({
+              scenario: 4,
+              metric: `launcher PSS per VM (mean of ${pssList.length})`,
+              value: pss.mean / MB,
+              unit: "MB",
+              floor: deno.pss === undefined ? undefined : deno.pss / MB,
+              floorNote: "bare Deno",
+              target: "≤ 40 MB",
+              met: pss.mean <= 40 * MB,
+            });
+          }
+        });
+      }
+
+      // 3: domain event -> VMI status.
+      await scenario(ctx, 3, `domain event → VMI status × ${opts.eventSamples}`, async () => {
+        const targets = burstNames.slice(0, Math.min(5, burstNames.length));
+        const clients = new Map<string, TestCmdClient>();
+        const samples: { kind: string; ms: number }[] = [];
+        try {
+          for (let i = 0; i < opts.eventSamples; i++) {
+            const name = targets[Math.floor(i / 2) % targets.length];
+            const vmi = ctx.watch.latest(name);
+            if (!vmi) throw new Error(`Cannot find VMI ${name} on the watch`);
+            const uid = vmi.metadata.uid!;
+            let cmd = clients.get(uid);
+            if (!cmd) {
+              cmd = new TestCmdClient(`${h!.runDir}/sockets/${uid}/launcher-sock`, 10_000);
+              clients.set(uid, cmd);
+            }
+            const pause = i % 2 === 0;
+            const seen = ctx.watch.waitFor(
+              `VMI ${name} ${pause ? "paused" : "unpaused"}`,
+              pausedIs(name, pause),
+              10_000,
+            );
+            const t0 = performance.now();
+            const res = await cmd.vmiCall(
+              pause ? "PauseVirtualMachine" : "UnpauseVirtualMachine",
+              vmi,
+            );
+            if (!res.success) {
+              seen.catch(() => {});
+              throw new Error(`Cannot ${pause ? "pause" : "unpause"} ${name}: ${res.message}`);
+            }
+            samples.push({ kind: pause ? "pause" : "unpause", ms: (await seen) - t0 });
+          }
+        } finally {
+          for (const c of clients.values()) c.close();
+        }
+        const s = summarize(samples.map((x) => x.ms));
+        ctx.json.domainEvent = { samples, summary: s };
+        log(`domain event → status ${fmtSummary(s)}`);
+        for (const q of ["p50", "p99"] as const) {
+          ctx.rows.push({
+            scenario: 3,
+            metric: `domain event → VMI status, ${q} (pause/unpause, ${s.n} samples)`,
+            value: s[q],
+            unit: "ms",
+            floor: floors.c[q] + floors.suspend[q],
+            floorNote: "c + libvirt suspend call",
+            ...(q === "p99" ? { target: "≤ 50 ms", met: s.p99 <= 50 } : {}),
+          });
+        }
+      });
+
+      // 5: restart with the population.
+      await scenario(ctx, 5, `handler restart with ${opts.burst} VMIs`, async () => {
+        await sleep(2_000);
+        const list = async () =>
+          (await ctx.client.request<{ items: VirtualMachineInstance[] }>(
+            "GET",
+            vmiCollection(NAMESPACE),
+            undefined,
+            { query: { labelSelector: `kubevirt.io/nodeName=${node}` } },
+          )).items;
+        const before = new Map((await list()).map((v) => [v.metadata.name!, v]));
+        const pidsBefore = new Set(h!.launcherPids());
+        const floorList = await listMs(ctx, node);
+        const old = h!;
+        await stopHandler(old, "SIGKILL");
+        await sleep(1_000);
+        const nh = await startNewHandler(ctx, node, TEST_URI, old.dir);
+        h = nh;
+        const readyMs = nh.readyAt - nh.spawnedAt;
+        const line = await Promise.race([nh.readyLine, sleep(60_000).then(() => undefined)]);
+        await sleep(3_000);
+        const after = await list();
+        let changed = 0;
+        for (const v of after) {
+          const b = before.get(v.metadata.name!);
+          if (!b || JSON.stringify(b.status) !== JSON.stringify(v.status)) changed++;
+        }
+        const pidsAfter = new Set(nh.launcherPids());
+        const samePids = [...pidsBefore].filter((p) => pidsAfter.has(p)).length;
+        ctx.json.restart = {
+          n: before.size,
+          toReadyMs: readyMs,
+          toReadyLineMs: line ? line.at - nh.spawnedAt : undefined,
+          readyLine: line,
+          statusChanged: changed,
+          launchersKept: samePids,
+          launchersBefore: pidsBefore.size,
+          floorListMs: floorList,
+        };
+        const floor = floors.denoStart.p50 + floorList;
+        ctx.rows.push({
+          scenario: 5,
+          metric: `restart with ${before.size} VMIs: spawn → /readyz 200`,
+          value: readyMs,
+          unit: "ms",
+          floor,
+          floorNote: "bare Deno start→exit + LIST",
+          target: "≤ 2000 ms",
+          met: readyMs <= 2000,
+        });
+        ctx.rows.push({
+          scenario: 5,
+          metric: `restart with ${before.size} VMIs: spawn → "Handler ready" (adopted=${
+            line?.adopted ?? "?"
+          })`,
+          value: line ? line.at - nh.spawnedAt : undefined,
+          unit: "ms",
+          floor,
+          floorNote: "same",
+          target: "≤ 2000 ms",
+          met: line ? line.at - nh.spawnedAt <= 2000 && line.adopted === before.size : false,
+        });
+        ctx.rows.push({
+          scenario: 5,
+          metric: `restart: VMIs whose status changed (of ${before.size})`,
+          value: changed,
+          unit: "",
+          target: "0",
+          met: changed === 0,
+          note:
+            `${samePids} of ${pidsBefore.size} launchers are the same processes after the restart`,
+        });
+        log(
+          `restart: /readyz after ${readyMs.toFixed(0)} ms, ready line after ${
+            line ? (line.at - nh.spawnedAt).toFixed(0) : "?"
+          } ms (adopted ${line?.adopted}), ${changed} statuses changed`,
+        );
+      });
+
+      // 4 at half: delete half of the population and let the handler sit.
+      if (opts.only.has(4)) {
+        const half = Math.floor(opts.burst / 2);
+        await scenario(ctx, 4, `handler with ${opts.burst - half} idle VMIs`, async () => {
+          const handler = h!;
+          const t0 = performance.now();
+          await mapLimit(burstNames.slice(0, half), opts.concurrency, async (n) => {
+            const uid = ctx.watch.latest(n)?.metadata.uid;
+            if (uid) await deleteAndReap(ctx, handler, n, uid, 120_000);
+          });
+          ctx.notes.push(
+            `deleting ${half} VMIs until their launchers exited took ${
+              ((performance.now() - t0) / 1000).toFixed(1)
+            } s`,
+          );
+          await sleep(5_000);
+          await idleRow(
+            opts.burst - half,
+            `${opts.burst - half} idle VMIs (after ${half} of ${opts.burst} deleted)`,
+          );
+        });
+      }
+    }
+
+    // Take the test-driver node down before the QEMU scenario.
+    if (h) {
+      log("deleting the remaining VMIs of the test-driver node");
+      const handler = h;
+      const rest = ctx.watch.all().filter((v) =>
+        v.metadata.labels?.["kubevirt.io/nodeName"] === node
+      );
+      await mapLimit(rest, opts.concurrency, async (v) => {
+        await deleteAndReap(ctx, handler, v.metadata.name!, v.metadata.uid!, 120_000)
+          .catch((error) => log(`cleanup: ${error}`));
+      });
+      await stopHandler(handler);
+      killLaunchers(handler.stateDir);
+    }
+
+    // 7: QEMU guests.
+    await scenario(ctx, 7, `QEMU create → Running × ${opts.qemuRuns}`, async () => {
+      const uri = await ensureLibvirtd();
+      live.qemuUsed = true;
+      const domainType = kvmDevice() ? "kvm" : "qemu";
+      const qf = await libvirtFloor(uri, `${prefix}-q`, {
+        n: Math.min(opts.qemuRuns, 5),
+        domainType,
+      });
+      const conn = await openLibvirt(uri, { events: false });
+      try {
+        const hv = await conn.getHypervisorVersion();
+        env!.qemu = `${hv.major}.${hv.minor}.${hv.release}`;
+      } finally {
+        await conn.close();
+      }
+      const qnode = `${prefix}-qemu-node`;
+      const hq = await startNewHandler(ctx, qnode, uri);
+      try {
+        const lat: number[] = [];
+        for (let i = 0; i <= opts.qemuRuns; i++) {
+          const name = `${prefix}-q-${i}`;
+          const r = await createRunning(ctx, name, qnode, 120_000);
+          if (i === 0) env!.qemuDomainType = await domainTypeOf(uri, `${NAMESPACE}_${name}`);
+          await deleteAndReap(ctx, hq, name, r.uid, 120_000);
+          if (i > 0) lat.push(r.ms);
+        }
+        const s = summarize(lat);
+        const bq = summarize(qf.defineStart);
+        ctx.json.qemu = { samplesMs: lat, summary: s, floor: qf };
+        log(`QEMU create → Running ${fmtSummary(s)}; define+start ${fmtSummary(bq)}`);
+        const fl = {
+          p50: floors.a.p50 + bq.p50 + floors.c.p50,
+          p99: floors.a.p99 + bq.p99 + floors.c.p99,
+        };
+        for (const q of ["p50", "p99"] as const) {
+          ctx.rows.push({
+            scenario: 7,
+            metric: `QEMU create → Running, ${q} (${s.n} runs)`,
+            value: s[q],
+            unit: "ms",
+            floor: fl[q],
+            floorNote: `a+b(QEMU ${domainType})+c`,
+            target: "≤ 1.2× floor",
+            met: s[q] <= 1.2 * fl[q],
+          });
+        }
+        ctx.notes.push(`QEMU floor (b): define+start ${fmtSummary(bq)}, type ${domainType}`);
+      } finally {
+        await stopHandler(hq);
+        killLaunchers(hq.stateDir);
+        const removed = await removeQemuDomains(prefix);
+        if (removed) log(`cleanup: removed ${removed} leftover QEMU domains`);
+      }
+    });
+  } finally {
+    if (env) {
+      env.loadAtEnd = loadAverage();
+      const durationS = (performance.now() - started) / 1000;
+      await writeReport(env, ctx, durationS);
+    }
+    await watch.stop();
+    client.close();
+  }
+}
+
+async function domainTypeOf(uri: string, name: string): Promise<string | undefined> {
+  const conn = await openLibvirt(uri, { events: false });
+  try {
+    const xml = await (await conn.lookupByName(name)).getXMLDesc();
+    return /<domain type=['"](\w+)['"]/.exec(xml)?.[1];
+  } catch {
+    return undefined;
+  } finally {
+    await conn.close();
+  }
+}
+
+async function writeReport(env: Environment, ctx: Ctx, durationS: number): Promise<void> {
+  const o = ctx.opts;
+  const options = [
+    o.quick ? "--quick" : "",
+    `runs ${o.runs}`,
+    `burst ${o.burst} (concurrency ${o.concurrency})`,
+    `event samples ${o.eventSamples}`,
+    `idle ${o.idleSeconds} s`,
+    `start-ups ${o.startupRuns}`,
+    `QEMU runs ${o.qemuRuns}`,
+    `floor samples ${o.floorSamples}`,
+    `scenarios ${[...o.only].sort().join(",")}`,
+    `handler log level ${o.logLevel}`,
+  ].filter(Boolean).join(", ");
+  const notes = [
+    "ratio = virtnode ÷ floor (floor ÷ virtnode for rates): how many times the floor; p99 of fewer than 100 samples is the maximum.",
+    ...ctx.notes,
+  ];
+  const md = markdown(env, ctx.rows, {
+    title: "virtnode benchmark",
+    durationS,
+    options,
+    notes,
+  });
+  console.log(md);
+  await Deno.mkdir(OUT_DIR, { recursive: true });
+  await Deno.writeTextFile(`${OUT_DIR}latest.md`, md);
+  const json = {
+    environment: env,
+    options: { ...o, only: [...o.only] },
+    durationS,
+    rows: ctx.rows.map((r) => ({ ...r, ratio: ratio(r) })),
+    notes: ctx.notes,
+    details: ctx.json,
+  };
+  await Deno.writeTextFile(`${OUT_DIR}latest.json`, JSON.stringify(json, null, 2) + "\n");
+  log(`wrote ${OUT_DIR}latest.md and latest.json`);
+}
+
+async function cleanup(): Promise<void> {
+  for (const h of [...live.handlers]) await stopHandler(h, "SIGKILL").catch(() => {});
+  for (const dir of live.stateDirs) killLaunchers(dir);
+  if (live.qemuUsed) {
+    await removeQemuDomains(live.qemuFragment).catch(() =>
+      removeQemuDomainsSync(live.qemuFragment)
+    );
+  }
+  await sleep(200);
+  const leftovers = [...live.stateDirs].flatMap((d) => launcherPids(d));
+  if (leftovers.length) log(`warning: launchers still alive after SIGKILL: ${leftovers.join(" ")}`);
+  live.stateDirs.clear();
+  for (const dir of live.dirs) await Deno.remove(dir, { recursive: true }).catch(() => {});
+  live.dirs.clear();
+  await live.cluster?.stop().catch((error) => log(`cleanup: ${error}`));
+  live.cluster = undefined;
+}
+
+if (import.meta.main) {
+  const opts = parseOptions(Deno.args);
+  const started = performance.now();
+  const onSignal = () => {
+    log("interrupted: cleaning up");
+    cleanupNow();
+    // The control plane's own listener stops it and exits; without one, exit here.
+    if (!live.cluster) Deno.exit(130);
+    live.cluster.stop().finally(() => Deno.exit(130));
+  };
+  Deno.addSignalListener("SIGINT", onSignal);
+  Deno.addSignalListener("SIGTERM", onSignal);
+  globalThis.addEventListener("unload", cleanupNow);
+  const overall = setTimeout(() => {
+    log(`the run took longer than ${opts.timeoutMinutes} min: stopping`);
+    cleanupNow();
+    (live.cluster?.stop() ?? Promise.resolve()).finally(() => Deno.exit(1));
+  }, opts.timeoutMinutes * 60_000);
+  Deno.unrefTimer(overall);
+  let code = 0;
+  try {
+    await run(opts, started);
+  } catch (error) {
+    log(`failed: ${error instanceof Error ? error.stack : error}`);
+    code = 1;
+  } finally {
+    await cleanup();
+    clearTimeout(overall);
+  }
+  log(`done in ${((performance.now() - started) / 1000).toFixed(0)} s`);
+  Deno.exit(code);
+}
