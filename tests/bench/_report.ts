@@ -87,6 +87,7 @@ function readOr(path: string): string {
 
 function fmt(v: number | undefined, unit: string): string {
   if (v === undefined || Number.isNaN(v)) return "—";
+  if (unit === "" && Number.isInteger(v)) return String(v);
   const digits = Math.abs(v) >= 100 ? 0 : Math.abs(v) >= 10 ? 1 : 2;
   const n = v.toFixed(digits);
   return unit ? `${n} ${unit}` : n;

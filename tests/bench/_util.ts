@@ -158,6 +158,16 @@ export function clockTicksPerSecond(): number {
   return clockTicks;
 }
 
+/** MemAvailable of /proc/meminfo, bytes (Infinity when unreadable). */
+export function memAvailable(): number {
+  try {
+    const m = /^MemAvailable:\s+(\d+) kB/m.exec(Deno.readTextFileSync("/proc/meminfo"));
+    return m ? Number(m[1]) * 1024 : Infinity;
+  } catch {
+    return Infinity;
+  }
+}
+
 /** Whether a process with this PID exists. */
 export function pidAlive(pid: number): boolean {
   try {
