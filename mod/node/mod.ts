@@ -71,8 +71,14 @@ export {
   sameLabels,
 } from "./labeller.ts";
 export {
+  type CapabilityDocuments,
+  capabilityDocuments,
+  type CapabilityReader,
+  CapabilityReadError,
+  type ChildReadOptions,
   type NodeServices,
   type NodeServicesOptions,
   readCapabilities,
+  readCapabilitiesInChild,
   startNodeServices,
 } from "./services.ts";

@@ -1,7 +1,8 @@
 /**
  * The node side of `virtnode handler` in one call: device plugins first, the heartbeat
  * fed by their registration, the labeller reading libvirt through a short-lived
- * connection per read. Stopping marks the node unschedulable before the device
+ * connection per read, or in a short-lived child process (as KubeVirt's node-labeller
+ * runs virsh outside virt-handler) so that the handler never maps libvirt. Stopping marks the node unschedulable before the device
  * plugins go, so the scheduler stops sending VMIs before the kubelet loses the devices.
  *
  * @module
@@ -12,6 +13,7 @@ import { getLogger } from "../log/mod.ts";
 import { DevicePluginManager, type DevicePluginManagerOptions } from "./device_plugins.ts";
 import { Heartbeat, type HeartbeatOptions } from "./heartbeat.ts";
 import {
+  type CapabilitySource,
   type GatheredCapabilities,
   gatherNodeLabelInfo,
   type GatherOptions,
@@ -35,6 +37,99 @@ export interface NodeServicesOptions {
   labeller?: Omit<NodeLabellerOptions, "source" | "recorder"> & GatherOptions | false;
   /** Records the labeller's Node events. */
   recorder?: EventRecorder;
+  /** How the labeller reads libvirt; {@linkcode readCapabilities} (in this process) unless told. */
+  readCapabilities?: CapabilityReader;
+}
+
+/** Reads the labeller's inputs from libvirt at `libvirtUri`. */
+export type CapabilityReader = (
+  libvirtUri: string,
+  options: GatherOptions,
+) => Promise<GatheredCapabilities>;
+
+/** The documents a capability read returns, as JSON between processes. */
+export type CapabilityDocuments = Omit<GatheredCapabilities, "info">;
+
+/** Raised when the child process that reads libvirt's capabilities fails. */
+export class CapabilityReadError extends Error {
+  /** Creates the error; `cause` carries the underlying failure. */
+  constructor(message: string, options?: ErrorOptions) {
+    super(message, options);
+    this.name = "CapabilityReadError";
+  }
+}
+
+/** The documents of a read, for {@linkcode readCapabilitiesInChild}'s child to print. */
+export function capabilityDocuments(gathered: GatheredCapabilities): CapabilityDocuments {
+  const { info: _, ...documents } = gathered;
+  return documents;
+}
+
+/** A source that answers with documents read before (their parsing is pure). */
+function replaySource(documents: CapabilityDocuments): CapabilitySource {
+  return {
+    getCapabilities: () => Promise.resolve(documents.capabilities),
+    getDomainCapabilities: () => Promise.resolve(documents.domainCapabilities),
+    baselineHypervisorCPU: () =>
+      documents.baseline === undefined
+        ? Promise.reject(new CapabilityReadError("The child process read no baseline CPU"))
+        : Promise.resolve(documents.baseline),
+  };
+}
+
+/** Options of {@linkcode readCapabilitiesInChild}. */
+export interface ChildReadOptions extends GatherOptions {
+  /** Kill the child after this many milliseconds; 60,000 unless told. */
+  timeoutMs?: number;
+}
+
+/**
+ * Runs `command` (a process that reads libvirt with the same gather options and prints
+ * {@linkcode capabilityDocuments} as JSON) and parses its documents here, so libvirt's
+ * libraries and call workers (about 30 MB RSS) live only as long as the child.
+ */
+export async function readCapabilitiesInChild(
+  command: { cmd: string; args: string[] },
+  options: ChildReadOptions = {},
+): Promise<GatheredCapabilities> {
+  const { timeoutMs = 60_000, ...gather } = options;
+  let output: Deno.CommandOutput;
+  try {
+    output = await new Deno.Command(command.cmd, {
+      args: command.args,
+      stdin: "null",
+      stdout: "piped",
+      stderr: "piped",
+      signal: AbortSignal.timeout(timeoutMs),
+    }).output();
+  } catch (error) {
+    throw new CapabilityReadError(
+      `Cannot run "${command.cmd}" to read libvirt's capabilities: ${message(error)}`,
+      { cause: error },
+    );
+  }
+  if (!output.success) {
+    const stderr = new TextDecoder().decode(output.stderr).trim().split("\n").at(-1) ?? "";
+    throw new CapabilityReadError(
+      `Cannot read libvirt's capabilities: the child process exited with code ${output.code}${
+        output.signal ? ` (${output.signal})` : ""
+      }: ${stderr}`,
+    );
+  }
+  let documents: CapabilityDocuments;
+  try {
+    documents = JSON.parse(new TextDecoder().decode(output.stdout));
+  } catch (error) {
+    throw new CapabilityReadError(
+      `Cannot read libvirt's capabilities: the child process printed no JSON: ${message(error)}`,
+      { cause: error },
+    );
+  }
+  return await gatherNodeLabelInfo(replaySource(documents), gather);
+}
+
+function message(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
 }
 
 /** The running node services. */
@@ -84,10 +179,11 @@ export async function startNodeServices(
     const { virttype, machine, arch, kvmPath, schedRtRuntimePath, ...rest } = options.labeller ??
       {};
     const gather = { virttype, machine, arch, kvmPath, schedRtRuntimePath };
+    const read = options.readCapabilities ?? readCapabilities;
     labeller = new NodeLabeller(client, options.nodeName, {
       ...rest,
       recorder: options.recorder,
-      source: async () => (await readCapabilities(options.libvirtUri, gather)).info,
+      source: async () => (await read(options.libvirtUri, gather)).info,
     });
     labeller.start();
   }
