@@ -85,6 +85,17 @@ export async function apiserverFloors(
   ctx: FloorContext,
   n: number,
 ): Promise<{ create: number[]; statusPatch: number[] }> {
+  // A fresh apiserver answers the first writes of a new CRD slowly (its storage is
+  // still starting); a few objects first keep that out of the floor.
+  const warm = Array.from({ length: 3 }, (_, i) => `${ctx.prefix}-floor-warm-${i}`);
+  try {
+    for (const [i, name] of warm.entries()) {
+      await createOnce(ctx, name);
+      await patchOnce(ctx, name, i);
+    }
+  } finally {
+    await deleteAll(ctx, warm);
+  }
   const names = Array.from({ length: n }, (_, i) => `${ctx.prefix}-floor-${i}`);
   const create: number[] = [];
   const statusPatch: number[] = [];

@@ -30,6 +30,13 @@ import {
   kvmDevice,
   libvirtFloor,
 } from "./_floors.ts";
+import {
+  breakdown,
+  eventBreakdown,
+  type EventMarks,
+  launcherReadyAt,
+  type RunMarks,
+} from "./_breakdown.ts";
 import { type BenchHandler, killLaunchers, launcherPids, spawnHandler } from "./_handler.ts";
 import {
   type Environment,
@@ -275,7 +282,7 @@ async function createRunning(
   name: string,
   node: string,
   timeoutMs: number,
-): Promise<{ ms: number; uid: string }> {
+): Promise<{ ms: number; uid: string; createdAt: number; runningSeenAt: number }> {
   const running = ctx.watch.waitFor(`VMI ${name} Running`, hasPhase(name, "Running"), timeoutMs);
   const t0 = performance.now();
   let created: VirtualMachineInstance;
@@ -285,7 +292,28 @@ async function createRunning(
     running.catch(() => {});
     throw error;
   }
-  return { ms: (await running) - t0, uid: created.metadata.uid! };
+  const seen = await running;
+  const epoch = (t: number) => performance.timeOrigin + t;
+  return {
+    ms: seen - t0,
+    uid: created.metadata.uid!,
+    createdAt: epoch(t0),
+    runningSeenAt: epoch(seen),
+  };
+}
+
+/** The create -> Running breakdown of runs as one report note. */
+async function breakdownNote(what: string, h: BenchHandler, marks: RunMarks[]): Promise<string> {
+  const b = breakdown(await Deno.readTextFile(h.logFile), marks);
+  const part = (label: string, s: Summary) =>
+    `${label} p50 ${s.p50.toFixed(0)} ms (p99 ${s.p99.toFixed(0)})`;
+  return `${what} create → Running, where the time goes (from the handler's and launchers' logs, n=${b.toWatch.n}): ` +
+    [
+      part("create → handler spawns the launcher", b.toLauncherSpawn),
+      part('launcher process start → "Launcher ready"', b.launcherStart),
+      part("→ handler writes Running", b.toRunningWritten),
+      part("→ watch sees it", b.toWatch),
+    ].join("; ");
 }
 
 /** Deletes a VMI; returns ms until its launcher process has exited. */
@@ -543,16 +571,20 @@ async function run(opts: Options, started: number): Promise<void> {
       await scenario(ctx, 1, `create → Running × ${opts.runs}`, async () => {
         const lat: number[] = [];
         const reap: number[] = [];
+        const marks: RunMarks[] = [];
         for (let i = 0; i <= opts.runs; i++) {
           const name = `${prefix}-one-${i}`;
           const r = await createRunning(ctx, name, node, 60_000);
+          const ready = launcherReadyAt(handler.stateDir, r.uid);
           const d = await deleteAndReap(ctx, handler, name, r.uid, 60_000);
           // Run 0 warms the caches of the handler and the disk; it is not counted.
           if (i > 0) {
             lat.push(r.ms);
             reap.push(d);
+            marks.push({ ...r, launcherReadyAt: ready });
           }
         }
+        ctx.notes.push(await breakdownNote("test driver:", handler, marks));
         const s = summarize(lat);
         ctx.json.createToRunning = { samplesMs: lat, deleteToLauncherExitMs: reap, summary: s };
         log(`create → Running ${fmtSummary(s)}`);
@@ -694,6 +726,7 @@ async function run(opts: Options, started: number): Promise<void> {
         const targets = burstNames.slice(0, Math.min(5, burstNames.length));
         const clients = new Map<string, TestCmdClient>();
         const samples: { kind: string; ms: number; rpcMs: number }[] = [];
+        const marks: EventMarks[] = [];
         try {
           for (let i = 0; i < opts.eventSamples; i++) {
             const name = targets[Math.floor(i / 2) % targets.length];
@@ -721,17 +754,33 @@ async function run(opts: Options, started: number): Promise<void> {
               seen.catch(() => {});
               throw new Error(`Cannot ${pause ? "pause" : "unpause"} ${name}: ${res.message}`);
             }
-            samples.push({ kind: pause ? "pause" : "unpause", ms: (await seen) - t0, rpcMs });
+            const seenAt = await seen;
+            samples.push({ kind: pause ? "pause" : "unpause", ms: seenAt - t0, rpcMs });
+            marks.push({
+              uid,
+              status: pause ? "Paused" : "Running",
+              sentAt: performance.timeOrigin + t0,
+              seenAt: performance.timeOrigin + seenAt,
+            });
           }
         } finally {
           for (const c of clients.values()) c.close();
         }
         const s = summarize(samples.map((x) => x.ms));
         const rpc = summarize(samples.map((x) => x.rpcMs));
-        ctx.json.domainEvent = { samples, summary: s, rpc };
+        const eb = eventBreakdown(h!.stateDir, marks);
+        ctx.json.domainEvent = { samples, summary: s, rpc, breakdown: eb };
         ctx.notes.push(
           `domain event → status is timed from sending Pause/Unpause to the launcher's cmd socket; ` +
-            `that call alone took ${fmtSummary(rpc)}`,
+            `that call alone took ${
+              fmtSummary(rpc)
+            }; from the launchers' logs (n=${eb.toWatch.n}): ` +
+            `call sent → launcher logs the domain event p50 ${
+              eb.toLauncherEvent.p50.toFixed(0)
+            } ms ` +
+            `(p99 ${eb.toLauncherEvent.p99.toFixed(0)}), → watch sees the VMI status p50 ${
+              eb.toWatch.p50.toFixed(0)
+            } ms (p99 ${eb.toWatch.p99.toFixed(0)})`,
         );
         log(`domain event → status ${fmtSummary(s)}`);
         for (const q of ["p50", "p99"] as const) {
@@ -885,13 +934,19 @@ async function run(opts: Options, started: number): Promise<void> {
       const hq = await startNewHandler(ctx, qnode, uri);
       try {
         const lat: number[] = [];
+        const marks: RunMarks[] = [];
         for (let i = 0; i <= opts.qemuRuns; i++) {
           const name = `${prefix}-q-${i}`;
           const r = await createRunning(ctx, name, qnode, 120_000);
+          const ready = launcherReadyAt(hq.stateDir, r.uid);
           if (i === 0) env!.qemuDomainType = await domainTypeOf(uri, `${NAMESPACE}_${name}`);
           await deleteAndReap(ctx, hq, name, r.uid, 120_000);
-          if (i > 0) lat.push(r.ms);
+          if (i > 0) {
+            lat.push(r.ms);
+            marks.push({ ...r, launcherReadyAt: ready });
+          }
         }
+        ctx.notes.push(await breakdownNote("QEMU:", hq, marks));
         const s = summarize(lat);
         const bq = summarize(qf.defineStart);
         ctx.json.qemu = { samplesMs: lat, summary: s, floor: qf };
