@@ -16,6 +16,7 @@ import { startCluster } from "../tests/cluster/cluster.ts";
 import { ensureLibvirtd } from "../tests/helpers/libvirtd.ts";
 import { loadKubeClient } from "../mod/kube/mod.ts";
 import type { VirtualMachineInstance } from "../mod/api/mod.ts";
+import { V8_FLAGS } from "../mod/config/mod.ts";
 
 const root = new URL("..", import.meta.url).pathname;
 const args = new Set(Deno.args);
@@ -88,6 +89,7 @@ async function main(): Promise<number> {
     args: [
       "run",
       "-A",
+      `--v8-flags=${V8_FLAGS}`,
       `${root}main.ts`,
       "--node-name",
       nodeName,

@@ -182,3 +182,12 @@ export function parseConfig(
     logFormat: out.logFormat as LogFormat,
   };
 }
+
+/**
+ * V8 flags of every virtnode process. Lite mode runs JavaScript in the interpreter only
+ * (no JIT code, 1 MB young generation): a launcher's anonymous memory drops from 42 to
+ * 35 MB and an idle handler's from 60 to 42 MB with 20 VMIs, and both use less CPU
+ * (nothing gets compiled twice). The `compile` task in deno.json bakes the same flags
+ * into the binary; `deno run` needs them on its command line.
+ */
+export const V8_FLAGS = "--lite-mode";

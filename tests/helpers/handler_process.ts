@@ -8,6 +8,7 @@
 import { loadKubeClient } from "../../mod/kube/mod.ts";
 import type { KubeClient } from "../../mod/kube/mod.ts";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
+import { V8_FLAGS } from "../../mod/config/mod.ts";
 
 const MAIN = new URL("../../main.ts", import.meta.url).pathname;
 
@@ -79,6 +80,7 @@ export async function startHandlerProcess(opts: HandlerProcessOptions): Promise<
     args: [
       "run",
       "-A",
+      `--v8-flags=${V8_FLAGS}`,
       MAIN,
       "--node-name",
       opts.nodeName,
