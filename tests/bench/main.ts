@@ -305,8 +305,9 @@ async function createRunning(
 /** The create -> Running breakdown of runs as one report note. */
 async function breakdownNote(what: string, h: BenchHandler, marks: RunMarks[]): Promise<string> {
   const b = breakdown(await Deno.readTextFile(h.logFile), marks);
-  const part = (label: string, s: Summary) =>
-    `${label} p50 ${s.p50.toFixed(0)} ms (p99 ${s.p99.toFixed(0)})`;
+  // Log lines carry whole milliseconds: a segment under 1 ms may come out slightly negative.
+  const ms = (v: number) => Math.max(0, v).toFixed(0);
+  const part = (label: string, s: Summary) => `${label} p50 ${ms(s.p50)} ms (p99 ${ms(s.p99)})`;
   return `${what} create → Running, where the time goes (from the handler's and launchers' logs, n=${b.toWatch.n}): ` +
     [
       part("create → handler spawns the launcher", b.toLauncherSpawn),
@@ -557,6 +558,11 @@ async function run(opts: Options, started: number): Promise<void> {
         unit: "% core",
       });
       log(`idle ${count}: RSS ${(s.rssMean / MB).toFixed(1)} MB, CPU ${s.cpuPercent.toFixed(2)} %`);
+      ctx.notes.push(
+        `handler with ${label}: RSS mean ${(s.rssMean / MB).toFixed(1)} MB, max ${
+          (s.rssMax / MB).toFixed(1)
+        } MB; PSS mean ${s.pssMean === undefined ? "?" : (s.pssMean / MB).toFixed(1)} MB`,
+      );
     };
     if (h && opts.only.has(4)) {
       await scenario(ctx, 4, "handler RSS/CPU with 0 idle VMIs", async () => {
@@ -667,7 +673,9 @@ async function run(opts: Options, started: number): Promise<void> {
           higherIsBetter: true,
         });
         ctx.notes.push(
-          `burst of ${opts.burst}: each VMI's create → Running ${fmtSummary(each)}; floor parts: ` +
+          `burst of ${opts.burst}: the first VMI was Running after ${
+            (each.min / 1000).toFixed(1)
+          } s; each VMI's create → Running ${fmtSummary(each)}; floor parts: ` +
             `creates seen ${apiBurst.createAllMs.toFixed(0)} ms, status writes seen ${
               apiBurst.statusAllMs.toFixed(0)
             } ms, libvirt define+start ${lvBurst.burstMs.toFixed(0)} ms`,
@@ -1014,6 +1022,7 @@ async function writeReport(env: Environment, ctx: Ctx, durationS: number): Promi
   ].filter(Boolean).join(", ");
   const notes = [
     "ratio = virtnode ÷ floor (floor ÷ virtnode for rates): how many times the floor; p99 of fewer than 100 samples is the maximum.",
+    "a bare Deno process's PSS depends on how many other Deno processes share its pages at that moment (the floor is taken while other engineers' processes may run).",
     ...ctx.notes,
   ];
   const md = markdown(env, ctx.rows, {
