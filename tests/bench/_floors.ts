@@ -11,6 +11,7 @@
  */
 import type { KubeClient } from "../../mod/kube/mod.ts";
 import { openLibvirt } from "../../ffi/mod.ts";
+import { V8_FLAGS } from "../../mod/config/mod.ts";
 import { tinyGuestXml } from "../helpers/libvirtd.ts";
 import { testVmi } from "../helpers/handler_process.ts";
 import { type SeenEvent, vmiCollection, type VmiWatch } from "./_watch.ts";
@@ -230,12 +231,15 @@ export async function libvirtFloor(
   }
 }
 
-/** Floors (d) and (e): a bare Deno process's RSS/PSS when idle, and its start-to-exit time. */
+/**
+ * Floors (d) and (e): a bare Deno process's RSS/PSS when idle, and its start-to-exit time,
+ * with the V8 flags virtnode's processes run with.
+ */
 export async function denoFloor(
   startSamples: number,
 ): Promise<{ rss: number; pss?: number; startMs: number[] }> {
   const child = new Deno.Command(Deno.execPath(), {
-    args: ["eval", "await new Promise((r) => setTimeout(r, 30_000))"],
+    args: ["eval", `--v8-flags=${V8_FLAGS}`, "await new Promise((r) => setTimeout(r, 30_000))"],
     stdin: "null",
     stdout: "null",
     stderr: "null",
@@ -256,7 +260,7 @@ export async function denoFloor(
   for (let i = 0; i < startSamples; i++) {
     const t = performance.now();
     await new Deno.Command(Deno.execPath(), {
-      args: ["eval", "0"],
+      args: ["eval", `--v8-flags=${V8_FLAGS}`, "0"],
       stdin: "null",
       stdout: "null",
       stderr: "null",

@@ -6,6 +6,7 @@
  *
  * @module
  */
+import { V8_FLAGS } from "../../mod/config/mod.ts";
 import { freePort } from "../helpers/handler_process.ts";
 import { BenchTimeoutError, pidAlive, sleep } from "./_util.ts";
 
@@ -66,6 +67,8 @@ export async function spawnHandler(opts: SpawnHandlerOptions): Promise<BenchHand
     args: [
       "run",
       "-A",
+      // Measure the handler as it is deployed: the V8 flags of every virtnode process.
+      `--v8-flags=${V8_FLAGS}`,
       MAIN,
       "--node-name",
       opts.nodeName,

@@ -490,7 +490,7 @@ async function run(opts: Options, started: number): Promise<void> {
         `(b) libvirt define+start (test driver, in one process) ${fmtSummary(floors.b)}, ` +
         `connection open p50 ${floors.open.p50.toFixed(1)} ms; ` +
         `(c) status write → watch MODIFIED ${fmtSummary(floors.c)}; ` +
-        `(d) bare Deno idle RSS ${(deno.rss / MB).toFixed(1)} MB, PSS ${
+        `(d) bare Deno (same V8 flags) idle RSS ${(deno.rss / MB).toFixed(1)} MB, PSS ${
           deno.pss ? (deno.pss / MB).toFixed(1) : "?"
         } MB; (e) bare Deno start → exit ${fmtSummary(floors.denoStart)}`,
     );
