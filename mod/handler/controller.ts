@@ -192,6 +192,7 @@ export class VmiController {
 
   /** Processes one key: reads the stores and syncs (seed 3.1.3). */
   async execute(key: string): Promise<void> {
+    log.debug("Sync started", { key });
     if (!this.#d.informer.hasSynced()) {
       // An unsynced cache cannot tell a deleted VMI from one not listed yet.
       this.#d.queue.addAfter(key, 200);
@@ -419,6 +420,7 @@ export class VmiController {
       requeue = r.requeue;
       return r.status;
     });
+    if (written) log.debug("Status written", { key: this.#key(vmi), phase: change?.to });
     if (requeue) this.#d.queue.addAfter(this.#key(vmi), 250);
     if (written && change) {
       const ev = phaseChangeEvent(change);

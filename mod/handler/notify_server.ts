@@ -122,6 +122,13 @@ export class NotifyServer {
           log.warn("Rejected malformed domain event: {error}", { error });
           return reply(callback, error);
         }
+        log.debug("Domain event received", {
+          namespace: event.domain.metadata.namespace,
+          name: event.domain.metadata.name,
+          type: event.type,
+          status: event.domain.status.status,
+          reason: event.domain.status.reason,
+        });
         try {
           handlers.onDomainEvent(event);
         } catch (error) {

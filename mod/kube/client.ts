@@ -16,6 +16,7 @@
  */
 
 import { detailOf, KubeApiError, KubeConfigError, KubeConnectionError } from "./errors.ts";
+import { Transport } from "./_https.ts";
 
 const SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount";
 const DEFAULT_TIMEOUT_MS = 30_000;
@@ -96,6 +97,7 @@ export interface KubeCredentials {
 export class KubeClient {
   readonly #creds: KubeCredentials;
   readonly #http: Deno.HttpClient | undefined;
+  readonly #transport: Transport;
   readonly #timeoutMs: number;
   #tokenCache: { value: string; readAt: number } | undefined;
 
@@ -112,6 +114,7 @@ export class KubeClient {
     this.#http = Object.keys(tls).length > 0
       ? Deno.createHttpClient(tls as Deno.CreateHttpClientOptions)
       : undefined;
+    this.#transport = new Transport(creds.server, creds);
   }
 
   /** The apiserver URL, e.g. "https://127.0.0.1:6443". */
@@ -148,21 +151,15 @@ export class KubeClient {
     }
     try {
       for (let attempt = 1;; attempt++) {
-        const res = await fetch(url, {
-          method,
-          headers,
-          body: payload,
-          signal,
-          client: this.#http,
-        });
-        const text = await res.text();
+        const res = await this.#transport.send(new URL(url), method, headers, payload, signal);
+        const text = res.text;
         // 429 means the request was not processed (e.g. a CRD's storage still
         // initialising): wait as told and retry within the timeout, as client-go does.
         if (res.status === 429 && attempt < MAX_429_ATTEMPTS) {
-          await abortableSleep(retryAfterMs(res.headers.get("Retry-After")), signal);
+          await abortableSleep(retryAfterMs(res.header("retry-after") ?? null), signal);
           continue;
         }
-        if (!res.ok) throw apiError(method, path, res.status, text);
+        if (res.status < 200 || res.status > 299) throw apiError(method, path, res.status, text);
         return (text.length > 0 ? JSON.parse(text) : undefined) as T;
       }
     } catch (err) {
@@ -199,9 +196,10 @@ export class KubeClient {
     }
   }
 
-  /** Releases the HTTP connection pool. */
+  /** Releases the HTTP connection pools. */
   close(): void {
     this.#http?.close();
+    this.#transport.close();
   }
 
   #url(path: string, query?: RequestOptions["query"]): string {
