@@ -163,6 +163,12 @@ export class VmiController {
     return this.#d.recorder.record(ref, type, reason, message);
   }
 
+  /** Wakes the key of a UID (its launcher just became ready). */
+  wake(uid: string): void {
+    const rec = this.#d.ghosts.get(uid);
+    if (rec) this.#d.queue.add(`${rec.namespace}/${rec.name}`);
+  }
+
   /** Starts `n` workers taking keys from the queue. */
   run(n: number): void {
     for (let i = 0; i < n; i++) this.#workers.push(this.#worker());
@@ -421,7 +427,9 @@ export class VmiController {
       return r.status;
     });
     if (written) log.debug("Status written", { key: this.#key(vmi), phase: change?.to });
-    if (requeue) this.#d.queue.addAfter(this.#key(vmi), 250);
+    if (requeue) {
+      this.#d.queue.addAfter(this.#key(vmi), this.#d.mode.kind === "podless" ? 1_000 : 250);
+    }
     if (written && change) {
       const ev = phaseChangeEvent(change);
       if (ev) this.#record(vmi, ev.type, ev.reason, ev.message).catch(() => {});
@@ -476,7 +484,8 @@ export class VmiController {
     const uid = vmi.metadata.uid!;
     const client = await this.#ensureLauncher(vmi);
     if (!client) {
-      this.#d.queue.addAfter(key, 100);
+      // Pod-less: the spawner wakes the key when the socket appears; this is a fallback.
+      this.#d.queue.addAfter(key, this.#d.mode.kind === "podless" ? 1_000 : 250);
       return;
     }
     if (

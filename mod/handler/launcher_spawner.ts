@@ -12,6 +12,7 @@
  * @module
  */
 import { join } from "node:path";
+import { SocketNames } from "../api/mod.ts";
 import { getLogger } from "../log/mod.ts";
 
 const log = getLogger("handler", "launcher-spawner");
@@ -53,6 +54,8 @@ export interface LauncherSpawnerOptions {
   stateDir: string;
   /** Called when a launcher this handler started exits. */
   onExit?(uid: string, code: number, signal: string | null): void;
+  /** Called when a launcher this handler started has its cmd socket ready. */
+  onReady?(uid: string): void;
 }
 
 /** Starts, watches and stops launcher processes. */
@@ -126,6 +129,7 @@ export class LauncherSpawner {
     }).spawn();
     child.unref();
     this.#children.set(spec.uid, child);
+    this.#watchReady(spec);
     await Deno.writeTextFile(this.#pidFile(spec.uid), `${child.pid}\n`, { mode: 0o600 });
     log.info("Started launcher {pid}", {
       namespace: spec.namespace,
@@ -143,6 +147,40 @@ export class LauncherSpawner {
       });
       this.#opts.onExit?.(spec.uid, status.code, status.signal);
     });
+  }
+
+  /**
+   * Tells `onReady` as soon as the launcher renames its socket to `launcher-sock`
+   * (inotify on its directory), so the VMI is synced at once instead of at the next
+   * poll. Gives up after a minute; the controller's fallback poll still applies.
+   */
+  async #watchReady(spec: LauncherSpec): Promise<void> {
+    if (!this.#opts.onReady) return;
+    const socket = join(spec.socketDir, SocketNames.Launcher);
+    let watcher: Deno.FsWatcher;
+    try {
+      watcher = Deno.watchFs(spec.socketDir, { recursive: false });
+    } catch {
+      return;
+    }
+    const timer = setTimeout(() => watcher.close(), 60_000);
+    try {
+      // It may have been quicker than the watcher.
+      if (await exists(socket)) return this.#opts.onReady(spec.uid);
+      for await (const event of watcher) {
+        if (event.paths.includes(socket) && await exists(socket)) {
+          this.#opts.onReady(spec.uid);
+          return;
+        }
+      }
+    } catch {
+      /* closed */
+    } finally {
+      clearTimeout(timer);
+      try {
+        watcher.close();
+      } catch { /* closed already */ }
+    }
   }
 
   /**
@@ -173,5 +211,14 @@ export class LauncherSpawner {
   /** Forgets children without stopping them (the handler is exiting; VMs keep running). */
   release(): void {
     this.#children.clear();
+  }
+}
+
+async function exists(path: string): Promise<boolean> {
+  try {
+    await Deno.lstat(path);
+    return true;
+  } catch {
+    return false;
   }
 }

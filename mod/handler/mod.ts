@@ -111,6 +111,7 @@ export async function startHandler(
   );
   // The controller is built after the pool it uses; it is told of dead launchers from then on.
   const gone: ((uid: string) => void)[] = [];
+  const ready: ((uid: string) => void)[] = [];
   const launchers = new LauncherClients({ onUnresponsive: (uid) => gone.forEach((f) => f(uid)) });
 
   let mode: LauncherMode;
@@ -121,6 +122,7 @@ export async function startHandler(
       onExit: (uid, code, signal) => {
         launchers.markUnresponsive(uid, `launcher exited (code ${code}, signal ${signal})`);
       },
+      onReady: (uid) => ready.forEach((f) => f(uid)),
     });
     mode = { kind: "podless", spawner, socketRoot: paths.socketRoot };
   } else {
@@ -143,6 +145,7 @@ export async function startHandler(
     reapDomain: options.reapDomain,
   });
   gone.push((uid) => controller.launcherGone(uid));
+  ready.push((uid) => controller.wake(uid));
 
   const notify = await NotifyServer.start(paths.notifySocket, {
     onDomainEvent: (e) => controller.domainEvent(e.type, e.domain),
