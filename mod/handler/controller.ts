@@ -98,6 +98,8 @@ export class VmiController {
   /** Generation last handed to SyncVirtualMachine, per UID. */
   readonly #synced = new Map<string, number>();
   readonly #ioRetry = new FailRetryManager();
+  /** Keys waiting for a launcher start slot (pod-less mode). */
+  readonly #waitingForSlot = new Set<string>();
   #workers: Promise<void>[] = [];
 
   constructor(deps: ControllerDeps) {
@@ -444,10 +446,24 @@ export class VmiController {
   }
 
   /** Ghost record first, then (pod-less) the launcher process; the client once its socket is up. */
-  async #ensureLauncher(vmi: VirtualMachineInstance): Promise<LauncherClient | undefined> {
+  async #ensureLauncher(
+    vmi: VirtualMachineInstance,
+  ): Promise<LauncherClient | "waiting" | undefined> {
     const uid = vmi.metadata.uid!;
     const mode = this.#d.mode;
     let socket = await this.#socketFile(vmi);
+    if (!socket && mode.kind === "podless" && !mode.spawner.canStart()) {
+      // Too many launchers are starting: wait for a slot rather than polling.
+      const key = this.#key(vmi);
+      if (!this.#waitingForSlot.has(key)) {
+        this.#waitingForSlot.add(key);
+        mode.spawner.onSlotFree(() => {
+          this.#waitingForSlot.delete(key);
+          this.#d.queue.add(key);
+        });
+      }
+      return "waiting";
+    }
     if (!socket && mode.kind === "podless") {
       const socketDir = `${mode.socketRoot}/${uid}`;
       socket = `${socketDir}/${SocketNames.Launcher}`;
@@ -483,6 +499,7 @@ export class VmiController {
     const key = this.#key(vmi);
     const uid = vmi.metadata.uid!;
     const client = await this.#ensureLauncher(vmi);
+    if (client === "waiting") return;
     if (!client) {
       // Pod-less: the spawner wakes the key when the socket appears; this is a fallback.
       this.#d.queue.addAfter(key, this.#d.mode.kind === "podless" ? 1_000 : 250);

@@ -56,6 +56,12 @@ export interface LauncherSpawnerOptions {
   onExit?(uid: string, code: number, signal: string | null): void;
   /** Called when a launcher this handler started has its cmd socket ready. */
   onReady?(uid: string): void;
+  /**
+   * Launchers allowed to be starting (spawned, socket not ready yet) at once; default
+   * twice the CPUs, at least 4. Starting a launcher is CPU-bound: starting 200 at once
+   * on 2 cores left the first VMI waiting 17 s for the others.
+   */
+  maxStarting?: number;
 }
 
 /** Starts, watches and stops launcher processes. */
@@ -63,10 +69,30 @@ export class LauncherSpawner {
   readonly #opts: LauncherSpawnerOptions;
   readonly #children = new Map<string, Deno.ChildProcess>();
   readonly #dir: string;
+  readonly #starting = new Set<string>();
+  readonly #slotWaiters: (() => void)[] = [];
+  readonly #maxStarting: number;
 
   constructor(options: LauncherSpawnerOptions) {
     this.#opts = options;
     this.#dir = join(options.stateDir, "launchers");
+    this.#maxStarting = options.maxStarting ??
+      Math.max(4, 2 * (navigator.hardwareConcurrency || 2));
+  }
+
+  /** Whether another launcher may start now (see `maxStarting`). */
+  canStart(): boolean {
+    return this.#starting.size < this.#maxStarting;
+  }
+
+  /** Calls `fn` once, when a starting launcher becomes ready or exits. */
+  onSlotFree(fn: () => void): void {
+    this.#slotWaiters.push(fn);
+  }
+
+  #release(uid: string): void {
+    if (!this.#starting.delete(uid)) return;
+    this.#slotWaiters.shift()?.();
   }
 
   #pidFile(uid: string): string {
@@ -129,7 +155,8 @@ export class LauncherSpawner {
     }).spawn();
     child.unref();
     this.#children.set(spec.uid, child);
-    this.#watchReady(spec);
+    this.#starting.add(spec.uid);
+    this.#watchReady(spec).finally(() => this.#release(spec.uid));
     await Deno.writeTextFile(this.#pidFile(spec.uid), `${child.pid}\n`, { mode: 0o600 });
     log.info("Started launcher {pid}", {
       namespace: spec.namespace,
@@ -140,6 +167,7 @@ export class LauncherSpawner {
     });
     child.status.then((status) => {
       if (this.#children.get(spec.uid) === child) this.#children.delete(spec.uid);
+      this.#release(spec.uid);
       log.info("Launcher exited with code {code}", {
         uid: spec.uid,
         code: status.code,
@@ -155,7 +183,6 @@ export class LauncherSpawner {
    * poll. Gives up after a minute; the controller's fallback poll still applies.
    */
   async #watchReady(spec: LauncherSpec): Promise<void> {
-    if (!this.#opts.onReady) return;
     const socket = join(spec.socketDir, SocketNames.Launcher);
     let watcher: Deno.FsWatcher;
     try {
@@ -166,12 +193,9 @@ export class LauncherSpawner {
     const timer = setTimeout(() => watcher.close(), 60_000);
     try {
       // It may have been quicker than the watcher.
-      if (await exists(socket)) return this.#opts.onReady(spec.uid);
+      if (await exists(socket)) return this.#ready(spec.uid);
       for await (const event of watcher) {
-        if (event.paths.includes(socket) && await exists(socket)) {
-          this.#opts.onReady(spec.uid);
-          return;
-        }
+        if (event.paths.includes(socket) && await exists(socket)) return this.#ready(spec.uid);
       }
     } catch {
       /* closed */
@@ -181,6 +205,11 @@ export class LauncherSpawner {
         watcher.close();
       } catch { /* closed already */ }
     }
+  }
+
+  #ready(uid: string): void {
+    this.#release(uid);
+    this.#opts.onReady?.(uid);
   }
 
   /**
