@@ -64,7 +64,9 @@ export class LauncherClient {
 
   constructor(socketFile: string) {
     this.socketFile = socketFile;
-    this.#client = newCmdClient(socketFile);
+    // An idle channel closes after 10 s: a handler with hundreds of VMIs holds no HTTP/2
+    // session for launchers it is not talking to.
+    this.#client = newCmdClient(socketFile, { "grpc.client_idle_timeout_ms": 10_000 });
   }
 
   #call<Req, Res>(method: string, request: Req, timeoutMs: number): Promise<Res> {
@@ -160,6 +162,26 @@ export interface LauncherClientsOptions {
   onUnresponsive?: (uid: string) => void;
   /** Clock; injectable for tests. */
   now?: () => number;
+}
+
+/**
+ * Connects to a unix socket and closes again, as KubeVirt's monitor dials launcher
+ * sockets: it proves a live listener without holding a gRPC session per launcher.
+ */
+export async function dial(socketFile: string, timeoutMs: number): Promise<void> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`no answer within ${timeoutMs} ms`)), timeoutMs);
+  });
+  try {
+    const conn = await Promise.race([
+      Deno.connect({ transport: "unix", path: socketFile }),
+      timeout,
+    ]);
+    conn.close();
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 async function exists(path: string): Promise<boolean> {
@@ -282,7 +304,7 @@ export class LauncherClients {
         return;
       }
       try {
-        await entry.client.ping();
+        await dial(entry.client.socketFile, LAUNCHER_TIMEOUTS.ping);
         entry.lastAnswerMs = this.#opts.now();
       } catch (error) {
         const silentMs = this.#opts.now() - entry.lastAnswerMs;

@@ -310,14 +310,23 @@ export function unixTarget(socketPath: string): string {
   return socketPath.startsWith("/") ? `unix://${socketPath}` : `unix:${socketPath}`;
 }
 
-function client<C>(definition: grpc.ServiceDefinition, name: string, socketPath: string): C {
+function client<C>(
+  definition: grpc.ServiceDefinition,
+  name: string,
+  socketPath: string,
+  options?: grpc.ChannelOptions,
+): C {
   const Ctor = grpc.makeClientConstructor(definition, name);
-  return new Ctor(unixTarget(socketPath), grpc.credentials.createInsecure()) as unknown as C;
+  return new Ctor(
+    unixTarget(socketPath),
+    grpc.credentials.createInsecure(),
+    options,
+  ) as unknown as C;
 }
 
 /** A cmd client for a launcher socket path (no I/O until the first call). */
-export function newCmdClient(socketPath: string): CmdClient {
-  return client<CmdClient>(cmdService(), "Cmd", socketPath);
+export function newCmdClient(socketPath: string, options?: grpc.ChannelOptions): CmdClient {
+  return client<CmdClient>(cmdService(), "Cmd", socketPath, options);
 }
 
 /** A CmdInfo client for a launcher socket path. */

@@ -1,0 +1,47 @@
+import assert from "node:assert/strict";
+import { LauncherClients } from "../../mod/handler/launcher_clients.ts";
+
+Deno.test("LauncherClients marks a launcher unresponsive only after 30 s without a successful dial, and writes the marker", async () => {
+  const dir = await Deno.makeTempDir();
+  const socket = `${dir}/launcher-sock`;
+  let now = 1_000_000;
+  const gone: string[] = [];
+  const pool = new LauncherClients({ now: () => now, onUnresponsive: (uid) => gone.push(uid) });
+  let listener: Deno.Listener | undefined = Deno.listen({ transport: "unix", path: socket });
+  try {
+    pool.getOrCreate("u1", socket);
+    assert.equal(await pool.state("u1"), "responsive");
+    await pool.monitorOnce();
+    assert.deepEqual(gone, []);
+
+    // The launcher dies without unlinking its socket, as after a SIGKILL: the file stays,
+    // nobody listens (Deno's close() unlinks, so bind a dead socket file with python).
+    listener.close();
+    listener = undefined;
+    const bind = await new Deno.Command("python3", {
+      args: ["-c", "import socket,sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])", socket],
+    }).output();
+    assert.ok(bind.success);
+    now += 11_000;
+    await pool.monitorOnce();
+    now += 11_000;
+    await pool.monitorOnce();
+    assert.deepEqual(gone, [], "22 s without an answer is not yet unresponsive");
+    assert.equal(await pool.state("u1"), "responsive");
+    now += 11_000;
+    await pool.monitorOnce();
+    assert.deepEqual(gone, ["u1"]);
+    assert.equal(await pool.state("u1"), "unresponsive");
+    assert.match(await Deno.readTextFile(`${dir}/launcher-unresponsive`), /no answer for 33 s/);
+
+    // The marker survives a handler restart: a fresh pool reads it.
+    const fresh = new LauncherClients();
+    fresh.getOrCreate("u1", socket);
+    assert.equal(await fresh.state("u1"), "unresponsive");
+    fresh.close();
+  } finally {
+    listener?.close();
+    pool.close();
+    await Deno.remove(dir, { recursive: true });
+  }
+});
