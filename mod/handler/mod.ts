@@ -103,6 +103,12 @@ export async function startHandler(
     path: `/apis/kubevirt.io/v1/${VMI_RESOURCE}`,
     labelSelector: `${Labels.NodeName}=${config.nodeName}`,
     onError: (error) => log.warn("VMI watch interrupted, retrying: {error}", { error }),
+    // managedFields grows with every status write and is never read; an update without
+    // it leaves the server's copy as it is.
+    transform: (vmi) => {
+      delete (vmi.metadata as { managedFields?: unknown }).managedFields;
+      return vmi;
+    },
   });
   const recorder = new EventRecorder(client, { host: config.nodeName });
   const statusWriter = new StatusWriter<VirtualMachineInstanceStatus, VirtualMachineInstance>(

@@ -43,7 +43,7 @@ export interface InformerBackoff {
 }
 
 /** Options of {@linkcode Informer}. */
-export interface InformerOptions {
+export interface InformerOptions<T extends KubeObject = KubeObject> {
   /**
    * Collection path: `/apis/kubevirt.io/v1/virtualmachineinstances` (all namespaces)
    * or `/apis/kubevirt.io/v1/namespaces/ns/virtualmachineinstances`.
@@ -65,6 +65,11 @@ export interface InformerOptions {
   backoff?: InformerBackoff;
   /** Called with every error the loop recovers from (for conditions, events, metrics). */
   onError?: (err: Error) => void;
+  /**
+   * Applied to every object before it is stored (client-go's transform), e.g. to drop
+   * `metadata.managedFields`, which grows with every write and is never read here.
+   */
+  transform?: (obj: T) => T;
 }
 
 /** The list's resourceVersion is too old (410 Gone): relist. */
@@ -86,7 +91,7 @@ class WatchInterrupted extends Error {
 /** Watches one resource collection and keeps a local store; see the module doc. */
 export class Informer<T extends KubeObject = KubeObject> {
   readonly #client: KubeClient;
-  readonly #options: InformerOptions;
+  readonly #options: InformerOptions<T>;
   readonly #resource: string;
   readonly #store = new Map<string, T>();
   readonly #handlers: InformerHandlers<T>[] = [];
@@ -101,7 +106,7 @@ export class Informer<T extends KubeObject = KubeObject> {
   #lists = 0;
 
   /** Creates a stopped informer; call {@linkcode Informer.start}. */
-  constructor(client: KubeClient, options: InformerOptions) {
+  constructor(client: KubeClient, options: InformerOptions<T>) {
     this.#client = client;
     this.#options = options;
     this.#resource = options.resource ?? options.path.split("/").filter(Boolean).at(-1) ??
@@ -244,7 +249,7 @@ export class Informer<T extends KubeObject = KubeObject> {
         }
         throw new Error(`Cannot list ${this.#resource}: ${detailOf(err)}`, { cause: err });
       }
-      for (const item of page.items ?? []) fresh.set(objectKey(item), item);
+      for (const item of page.items ?? []) fresh.set(objectKey(item), this.#transform(item));
       resourceVersion = page.metadata?.resourceVersion ?? resourceVersion;
       cont = page.metadata?.continue || undefined;
     } while (cont);
@@ -356,13 +361,18 @@ export class Informer<T extends KubeObject = KubeObject> {
       this.#store.delete(key);
       this.#emit((h) => h.onDelete?.(old ?? obj));
     } else if (event.type === "ADDED" || event.type === "MODIFIED") {
-      this.#store.set(key, obj);
-      if (old) this.#emit((h) => h.onUpdate?.(old, obj));
-      else this.#emit((h) => h.onAdd?.(obj));
+      const stored = this.#transform(obj);
+      this.#store.set(key, stored);
+      if (old) this.#emit((h) => h.onUpdate?.(old, stored));
+      else this.#emit((h) => h.onAdd?.(stored));
     } else {
       throw new Error(`Cannot watch ${this.#resource}: unknown event type "${String(event.type)}"`);
     }
     if (rv) this.#resourceVersion = rv;
+  }
+
+  #transform(obj: T): T {
+    return this.#options.transform ? this.#options.transform(obj) : obj;
   }
 
   #emit(call: (h: InformerHandlers<T>) => void): void {
