@@ -452,6 +452,10 @@ export class VmiController {
     const uid = vmi.metadata.uid!;
     const mode = this.#d.mode;
     let socket = await this.#socketFile(vmi);
+    if (socket && mode.kind === "podless" && !(await mode.spawner.everStarted(uid))) {
+      // A ghost record whose launcher was never started: start it now.
+      socket = undefined;
+    }
     if (!socket && mode.kind === "podless" && !mode.spawner.canStart()) {
       // Too many launchers are starting: wait for a slot rather than polling.
       const key = this.#key(vmi);

@@ -131,6 +131,20 @@ export class LauncherSpawner {
     }
   }
 
+  /**
+   * Whether a launcher was ever started for this UID on this host: its PID file or log
+   * exists, or a process carries the UID. A handler killed between writing a ghost record
+   * and spawning leaves a record whose launcher never existed; that one may be started,
+   * while a launcher that ran and died is a failed VMI (restart policy none).
+   */
+  async everStarted(uid: string): Promise<boolean> {
+    if (this.#children.has(uid)) return true;
+    for (const file of [this.#pidFile(uid), this.logFile(uid)]) {
+      if (await exists(file)) return true;
+    }
+    return (await findLauncherByUid(uid)) !== undefined;
+  }
+
   /** Starts the launcher of a spec unless one is alive already. */
   async start(spec: LauncherSpec): Promise<void> {
     if (await this.alivePid(spec.uid)) return;

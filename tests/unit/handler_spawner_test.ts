@@ -22,10 +22,12 @@ Deno.test("LauncherSpawner lets only maxStarting launchers start at once and fre
     socketDir: `${dir}/sockets/${uid}`,
   });
   try {
+    assert.equal(await spawner.everStarted("a"), false, "nothing was ever started for a");
     assert.equal(spawner.canStart(), true);
     await spawner.start(spec("a"));
     await spawner.start(spec("b"));
     assert.equal(spawner.canStart(), false, "two are starting");
+    assert.equal(await spawner.everStarted("a"), true);
     const freed = new Promise<number>((resolve) => {
       const t = performance.now();
       spawner.onSlotFree(() => resolve(performance.now() - t));
