@@ -11,7 +11,7 @@ set -euo pipefail
 DENO_VERSION=2.9.3
 APT_PACKAGES=(
   libvirt0 libvirt-clients libvirt-daemon libvirt-daemon-driver-qemu
-  qemu-system-x86 qemu-utils ovmf genisoimage xorriso iproute2 util-linux openssl python3 kmod
+  qemu-system-x86 qemu-utils ovmf genisoimage xorriso iproute2 util-linux openssl python3 kmod systemd
 )
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
