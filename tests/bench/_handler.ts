@@ -6,11 +6,8 @@
  *
  * @module
  */
-import { V8_FLAGS } from "../../mod/config/mod.ts";
-import { freePort } from "../helpers/handler_process.ts";
-import { BenchTimeoutError, pidAlive, sleep } from "./_util.ts";
-
-const MAIN = new URL("../../main.ts", import.meta.url).pathname;
+import { freePort, handlerArgs, launcherPids } from "../helpers/handler_process.ts";
+import { BenchTimeoutError, sleep } from "./_util.ts";
 
 /** What the handler's "Handler ready" line says, and when it was read. */
 export interface ReadyLine {
@@ -64,31 +61,8 @@ export async function spawnHandler(opts: SpawnHandlerOptions): Promise<BenchHand
   const log = await Deno.open(logFile, { append: true, create: true, write: true });
   const spawnedAt = performance.now();
   const child = new Deno.Command(Deno.execPath(), {
-    args: [
-      "run",
-      "-A",
-      // Measure the handler as it is deployed: the V8 flags of every virtnode process.
-      `--v8-flags=${V8_FLAGS}`,
-      MAIN,
-      "--node-name",
-      opts.nodeName,
-      "--kubeconfig",
-      opts.kubeconfig,
-      "--libvirt-uri",
-      opts.libvirtUri,
-      "--state-dir",
-      stateDir,
-      "--run-dir",
-      runDir,
-      "--log-format",
-      "json",
-      "--log-level",
-      opts.logLevel,
-      "handler",
-      "--podless",
-      "--health-address",
-      `127.0.0.1:${port}`,
-    ],
+    // Measure the handler as it is deployed: the V8 flags of every virtnode process.
+    args: handlerArgs({ ...opts, dir, port }),
     stdin: "null",
     stdout: "piped",
     stderr: "piped",
@@ -195,38 +169,4 @@ export async function spawnHandler(opts: SpawnHandlerOptions): Promise<BenchHand
   };
 }
 
-/** The live launcher PIDs named by `<stateDir>/launchers/*.pid`. */
-export function launcherPids(stateDir: string): number[] {
-  const pids: number[] = [];
-  let entries: Deno.DirEntry[];
-  try {
-    entries = [...Deno.readDirSync(`${stateDir}/launchers`)];
-  } catch {
-    return pids;
-  }
-  for (const e of entries) {
-    if (!e.name.endsWith(".pid")) continue;
-    try {
-      const pid = Number(Deno.readTextFileSync(`${stateDir}/launchers/${e.name}`).trim());
-      if (Number.isInteger(pid) && pid > 1 && pidAlive(pid)) pids.push(pid);
-    } catch {
-      // Removed meanwhile.
-    }
-  }
-  return pids;
-}
-
-/** SIGKILLs every live launcher of a state directory; returns how many there were. */
-export function killLaunchers(stateDir: string): number {
-  const pids = launcherPids(stateDir);
-  for (const pid of pids) {
-    try {
-      // A recycled PID is not ours: a launcher carries "launcher" on its command line.
-      const cmdline = Deno.readTextFileSync(`/proc/${pid}/cmdline`);
-      if (cmdline.includes("launcher")) Deno.kill(pid, "SIGKILL");
-    } catch {
-      // Gone meanwhile.
-    }
-  }
-  return pids.length;
-}
+export { killLaunchers, launcherPids } from "../helpers/handler_process.ts";

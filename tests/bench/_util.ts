@@ -168,16 +168,6 @@ export function memAvailable(): number {
   }
 }
 
-/** Whether a process with this PID exists. */
-export function pidAlive(pid: number): boolean {
-  try {
-    Deno.statSync(`/proc/${pid}`);
-    return true;
-  } catch {
-    return false;
-  }
-}
-
 /** Mebibytes of a byte count, one decimal. */
 export function mib(bytes: number): number {
   return Math.round(bytes / 1024 / 1024 * 10) / 10;

@@ -38,6 +38,7 @@ import {
   type RunMarks,
 } from "./_breakdown.ts";
 import { type BenchHandler, killLaunchers, launcherPids, spawnHandler } from "./_handler.ts";
+import { pidAlive } from "../helpers/handler_process.ts";
 import {
   type Environment,
   environment,
@@ -50,7 +51,6 @@ import {
   clockTicksPerSecond,
   mapLimit,
   memAvailable,
-  pidAlive,
   pollUntil,
   procCpuTicks,
   procMemory,

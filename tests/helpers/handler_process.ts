@@ -68,6 +68,53 @@ export async function waitFor<T>(
   }
 }
 
+/** What {@linkcode handlerArgs} builds a command line from. */
+export interface HandlerArgsOptions {
+  kubeconfig: string;
+  nodeName: string;
+  libvirtUri: string;
+  /** State and run directories go below it. */
+  dir: string;
+  /** Port of /healthz and /readyz on 127.0.0.1. */
+  port: number;
+  logLevel: string;
+  /** KubeVirt mode with this kubelet pods directory; pod-less otherwise. */
+  kubeletPodsDir?: string;
+}
+
+/**
+ * The `deno run` arguments of a handler for tests and benchmarks: the V8 flags every
+ * virtnode process runs with, JSON logs, directories below `dir`.
+ */
+export function handlerArgs(o: HandlerArgsOptions): string[] {
+  return [
+    "run",
+    "-A",
+    `--v8-flags=${V8_FLAGS}`,
+    MAIN,
+    "--node-name",
+    o.nodeName,
+    "--kubeconfig",
+    o.kubeconfig,
+    "--libvirt-uri",
+    o.libvirtUri,
+    "--state-dir",
+    `${o.dir}/state`,
+    "--run-dir",
+    `${o.dir}/run`,
+    "--log-format",
+    "json",
+    "--log-level",
+    o.logLevel,
+    "handler",
+    ...(o.kubeletPodsDir
+      ? ["--kubelet-pods-dir", o.kubeletPodsDir, "--device-plugins-dir", `${o.dir}/device-plugins`]
+      : ["--podless"]),
+    "--health-address",
+    `127.0.0.1:${o.port}`,
+  ];
+}
+
 /** Starts the handler and waits until `/readyz` answers 200. */
 export async function startHandlerProcess(opts: HandlerProcessOptions): Promise<HandlerProcess> {
   const dir = opts.dir ?? await Deno.makeTempDir({ prefix: "virtnode-handler-" });
@@ -77,37 +124,7 @@ export async function startHandlerProcess(opts: HandlerProcessOptions): Promise<
   const logFile = `${dir}/handler.log`;
   const log = await Deno.open(logFile, { append: true, create: true, write: true });
   const child = new Deno.Command(Deno.execPath(), {
-    args: [
-      "run",
-      "-A",
-      `--v8-flags=${V8_FLAGS}`,
-      MAIN,
-      "--node-name",
-      opts.nodeName,
-      "--kubeconfig",
-      opts.kubeconfig,
-      "--libvirt-uri",
-      opts.libvirtUri,
-      "--state-dir",
-      stateDir,
-      "--run-dir",
-      runDir,
-      "--log-format",
-      "json",
-      "--log-level",
-      "debug",
-      "handler",
-      ...(opts.kubeletPodsDir
-        ? [
-          "--kubelet-pods-dir",
-          opts.kubeletPodsDir,
-          "--device-plugins-dir",
-          `${dir}/device-plugins`,
-        ]
-        : ["--podless"]),
-      "--health-address",
-      `127.0.0.1:${port}`,
-    ],
+    args: handlerArgs({ ...opts, dir, port, logLevel: "debug" }),
     stdin: "null",
     stdout: "piped",
     stderr: "piped",
@@ -262,4 +279,40 @@ export function pidAlive(pid: number): boolean {
   } catch {
     return false;
   }
+}
+
+/** The live launcher PIDs named by `<stateDir>/launchers/*.pid`. */
+export function launcherPids(stateDir: string): number[] {
+  const pids: number[] = [];
+  let entries: Deno.DirEntry[];
+  try {
+    entries = [...Deno.readDirSync(`${stateDir}/launchers`)];
+  } catch {
+    return pids;
+  }
+  for (const e of entries) {
+    if (!e.name.endsWith(".pid")) continue;
+    try {
+      const pid = Number(Deno.readTextFileSync(`${stateDir}/launchers/${e.name}`).trim());
+      if (Number.isInteger(pid) && pid > 1 && pidAlive(pid)) pids.push(pid);
+    } catch {
+      // Removed meanwhile.
+    }
+  }
+  return pids;
+}
+
+/** SIGKILLs every live launcher of a state directory (test cleanup); returns how many. */
+export function killLaunchers(stateDir: string): number {
+  const pids = launcherPids(stateDir);
+  for (const pid of pids) {
+    try {
+      // A recycled PID is not ours: a launcher carries "launcher" on its command line.
+      const cmdline = Deno.readTextFileSync(`/proc/${pid}/cmdline`);
+      if (cmdline.includes("launcher")) Deno.kill(pid, "SIGKILL");
+    } catch {
+      // Gone meanwhile.
+    }
+  }
+  return pids.length;
 }

@@ -11,6 +11,7 @@ import {
   eventsFor,
   getVmi,
   type HandlerProcess,
+  killLaunchers,
   kubeClient,
   pidAlive,
   startHandlerProcess,
@@ -38,19 +39,6 @@ async function exists(path: string): Promise<boolean> {
   }
 }
 
-/** Kills every launcher a handler started (test cleanup after a failure). */
-async function killLaunchers(h: HandlerProcess): Promise<void> {
-  try {
-    for await (const e of Deno.readDir(`${h.stateDir}/launchers`)) {
-      if (!e.name.endsWith(".pid")) continue;
-      const pid = Number((await Deno.readTextFile(`${h.stateDir}/launchers/${e.name}`)).trim());
-      try {
-        Deno.kill(pid, "SIGKILL");
-      } catch { /* gone */ }
-    }
-  } catch { /* no launchers dir */ }
-}
-
 async function withHandler(
   name: string,
   fn: (ctx: {
@@ -75,7 +63,7 @@ async function withHandler(
   } finally {
     if (!ok) console.error(`handler log:\n${(await Deno.readTextFile(h.logFile)).slice(-6000)}`);
     await h.kill("SIGTERM");
-    await killLaunchers(h);
+    killLaunchers(h.stateDir);
     client.close();
     if (!Deno.env.get("KEEP_HANDLER_DIR")) {
       await Deno.remove(h.dir, { recursive: true }).catch(() => {});
