@@ -70,6 +70,8 @@ export function validateGhostRecord(value: unknown, fileName?: string): string |
 export class GhostRecordStore {
   readonly #dir: string;
   readonly #byUid = new Map<string, GhostRecord>();
+  /** `namespace/name` -> UIDs, so the per-sync lookups do not scan every record. */
+  readonly #byKey = new Map<string, Set<string>>();
 
   /** A store over `dir` (KubeVirt: `/var/run/kubevirt-private/ghost-records`). */
   constructor(dir: string) {
@@ -111,7 +113,7 @@ export class GhostRecordStore {
         }
       }
       if (record) {
-        this.#byUid.set(record.uid, pick(record));
+        this.#remember(record);
         continue;
       }
       const movedTo = await this.#setAside(file);
@@ -141,7 +143,26 @@ export class GhostRecordStore {
 
   /** The records of a `namespace/name` key (usually one; more after a UID change). */
   findByKey(key: string): GhostRecord[] {
-    return this.list().filter((r) => `${r.namespace}/${r.name}` === key);
+    const uids = this.#byKey.get(key);
+    return uids ? [...uids].map((uid) => this.#byUid.get(uid)!) : [];
+  }
+
+  #remember(record: GhostRecord): void {
+    this.#byUid.set(record.uid, pick(record));
+    const key = `${record.namespace}/${record.name}`;
+    const uids = this.#byKey.get(key) ?? new Set<string>();
+    uids.add(record.uid);
+    this.#byKey.set(key, uids);
+  }
+
+  #forget(uid: string): void {
+    const record = this.#byUid.get(uid);
+    if (!record) return;
+    this.#byUid.delete(uid);
+    const key = `${record.namespace}/${record.name}`;
+    const uids = this.#byKey.get(key);
+    uids?.delete(uid);
+    if (uids?.size === 0) this.#byKey.delete(key);
   }
 
   /** The UID last known for `namespace/name`, or undefined (seed 3.4's second fallback). */
@@ -182,7 +203,7 @@ export class GhostRecordStore {
         cause: error,
       });
     }
-    this.#byUid.set(record.uid, pick(record));
+    this.#remember(record);
   }
 
   /** Removes a UID's record after cleanup; removing a missing one is fine. */
@@ -196,7 +217,7 @@ export class GhostRecordStore {
         });
       }
     }
-    this.#byUid.delete(uid);
+    this.#forget(uid);
   }
 }
 

@@ -106,3 +106,21 @@ Deno.test("findLauncherByUid() finds a launcher process by the --uid on its comm
     await child.status;
   }
 });
+
+Deno.test("GhostRecordStore.findByKey() follows adds and deletes of records sharing a name", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const store = new GhostRecordStore(dir);
+    await store.add(record);
+    await store.add({ ...record, uid: "u-2", socketFile: "/run/s/u-2/launcher-sock" });
+    await store.add({ ...record, name: "vm2", uid: "u-3", socketFile: "/run/s/u-3/sock" });
+    assert.deepEqual(store.findByKey("default/vm1").map((r) => r.uid).sort(), ["u-1", "u-2"]);
+    await store.delete("u-1");
+    assert.deepEqual(store.findByKey("default/vm1").map((r) => r.uid), ["u-2"]);
+    await store.delete("u-2");
+    assert.deepEqual(store.findByKey("default/vm1"), []);
+    assert.equal(store.lastKnownUid("default/vm2"), "u-3");
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
