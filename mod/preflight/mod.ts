@@ -8,104 +8,13 @@
  *
  * @module
  */
-import type { Config } from "../config/mod.ts";
 
-/** The outcome of one check. */
-export type Verdict = "PASS" | "WARN" | "FAIL";
-
-/** One line of the preflight report. */
-export interface CheckResult {
-  name: string;
-  verdict: Verdict;
-  detail: string;
-}
-
-/** What the preflight needs from the rest of the agent. */
-export interface PreflightProbes {
-  /** Loads libvirt and returns its library version, e.g. `9.0.0`. */
-  libvirtVersion(): Promise<string>;
-  /** Opens the URI and returns the hypervisor's name and version; closes it again. */
-  openLibvirt(uri: string): Promise<string>;
-  /** Reaches the apiserver with the configured kubeconfig; returns its version string. */
-  apiserverVersion(kubeconfig: string | undefined): Promise<string>;
-}
-
-function describe(error: unknown): string {
-  if (!(error instanceof Error)) return String(error);
-  const cause = error.cause instanceof Error ? `: ${error.cause.message}` : "";
-  return error.message + (error.message.endsWith(cause.slice(2)) ? "" : cause);
-}
-
-async function attempt(
-  name: string,
-  run: () => Promise<string>,
-  onError: Verdict = "FAIL",
-): Promise<CheckResult> {
-  try {
-    return { name, verdict: "PASS", detail: await run() };
-  } catch (error) {
-    return { name, verdict: onError, detail: describe(error) };
-  }
-}
-
-/** Checks that a directory exists (or can be created) and that a file can be written in it. */
-export async function checkWritableDir(name: string, dir: string): Promise<CheckResult> {
-  return await attempt(name, async () => {
-    await Deno.mkdir(dir, { recursive: true, mode: 0o700 });
-    const probe = await Deno.makeTempFile({ dir, prefix: ".virtnode-check-" });
-    await Deno.remove(probe);
-    return `${dir} is writable`;
-  });
-}
-
-/** Reports whether `/dev/kvm` can be opened; software emulation (TCG) is a warning. */
-export async function checkKvm(path = "/dev/kvm"): Promise<CheckResult> {
-  try {
-    const f = await Deno.open(path, { read: true, write: true });
-    f.close();
-    return { name: "kvm", verdict: "PASS", detail: `${path} is usable: hardware virtualization` };
-  } catch (error) {
-    const why = error instanceof Deno.errors.NotFound ? "missing" : describe(error);
-    return {
-      name: "kvm",
-      verdict: "WARN",
-      detail: `${path} ${why}: guests run under software emulation (domain type "qemu")`,
-    };
-  }
-}
-
-/** Runs every check in order and returns their results. */
-export async function runPreflight(
-  config: Config,
-  probes: PreflightProbes,
-): Promise<CheckResult[]> {
-  const results: CheckResult[] = [];
-  results.push(
-    await attempt("libvirt library", async () => {
-      return `libvirt.so.0 loaded, version ${await probes.libvirtVersion()}`;
-    }),
-  );
-  results.push(
-    await attempt(
-      "libvirt connection",
-      async () => `${config.libvirtUri}: ${await probes.openLibvirt(config.libvirtUri)}`,
-    ),
-  );
-  results.push(await checkKvm());
-  results.push(
-    await attempt("apiserver", async () => {
-      const where = config.kubeconfig ?? "in-cluster service account";
-      return `reached with ${where}: ${await probes.apiserverVersion(config.kubeconfig)}`;
-    }),
-  );
-  results.push(await checkWritableDir("state directory", config.stateDir));
-  results.push(await checkWritableDir("run directory", config.runDir));
-  return results;
-}
-
-/** Formats results as aligned lines, `PASS  name  detail`. */
-export function formatReport(results: CheckResult[]): string {
-  const width = Math.max(...results.map((r) => r.name.length));
-  return results.map((r) => `${r.verdict.padEnd(4)}  ${r.name.padEnd(width)}  ${r.detail}`)
-    .join("\n");
-}
+export {
+  checkKvm,
+  type CheckResult,
+  checkWritableDir,
+  formatReport,
+  type PreflightProbes,
+  runPreflight,
+  type Verdict,
+} from "./preflight.ts";
