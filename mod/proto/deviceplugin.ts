@@ -9,7 +9,7 @@
 
 import * as grpc from "@grpc/grpc-js";
 import * as protoLoader from "@grpc/proto-loader";
-import { PROTO_LOADER_OPTIONS, ProtoLoadError, protoPath, unixTarget } from "./mod.ts";
+import { PROTO_LOADER_OPTIONS, ProtoLoadError, protoPath, unixTarget } from "./loader.ts";
 
 /** The `.proto` file of the device plugin API. */
 export const DEVICE_PLUGIN_PROTO = "deviceplugin_v1beta1.proto";

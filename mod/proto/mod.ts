@@ -21,334 +21,72 @@
  * @module
  */
 
-import * as grpc from "@grpc/grpc-js";
-import * as protoLoader from "@grpc/proto-loader";
-import { fileURLToPath } from "node:url";
-
-/** Fully qualified name of the launcher's command service. */
-export const CMD_SERVICE = "kubevirt.cmd.v1.Cmd";
-/** Fully qualified name of the launcher's version service. */
-export const CMD_INFO_SERVICE = "kubevirt.cmd.info.CmdInfo";
-/** Fully qualified name of the handler's notify service. */
-export const NOTIFY_SERVICE = "kubevirt.notify.v1.Notify";
-/** Fully qualified name of the handler's notify version service. */
-export const NOTIFY_INFO_SERVICE = "kubevirt.notify.info.NotifyInfo";
-
-/** Cmd API versions this code speaks (KubeVirt's `CmdVersion` is 1). */
-export const SUPPORTED_CMD_VERSIONS: readonly number[] = Object.freeze([1]);
-/** Notify API versions this code speaks (KubeVirt's `NotifyVersion` is 1). */
-export const SUPPORTED_NOTIFY_VERSIONS: readonly number[] = Object.freeze([1]);
-
-/** Every RPC of `kubevirt.cmd.v1.Cmd`, in the order of `cmd.proto`. */
-export const CMD_METHODS = [
-  "SyncVirtualMachine",
-  "PauseVirtualMachine",
-  "UnpauseVirtualMachine",
-  "FreezeVirtualMachine",
-  "UnfreezeVirtualMachine",
-  "ResetVirtualMachine",
-  "SoftRebootVirtualMachine",
-  "ShutdownVirtualMachine",
-  "KillVirtualMachine",
-  "DeleteVirtualMachine",
-  "MigrateVirtualMachine",
-  "SyncMigrationTarget",
-  "CancelVirtualMachineMigration",
-  "SignalTargetPodCleanup",
-  "FinalizeVirtualMachineMigration",
-  "HotplugHostDevices",
-  "GetDomain",
-  "GetDomainStats",
-  "GetGuestInfo",
-  "GetUsers",
-  "GetFilesystems",
-  "Ping",
-  "Exec",
-  "GuestPing",
-  "VirtualMachineMemoryDump",
-  "GetQemuVersion",
-  "SyncVirtualMachineCPUs",
-  "SyncVirtualMachineMemory",
-  "GetSEVInfo",
-  "GetLaunchMeasurement",
-  "InjectLaunchSecret",
-  "GetDomainDirtyRateStats",
-  "GetScreenshot",
-  "BackupVirtualMachine",
-  "RedefineCheckpoint",
-  "GetVMStats",
-] as const;
-/** Name of a `kubevirt.cmd.v1.Cmd` RPC. */
-export type CmdMethod = typeof CMD_METHODS[number];
-
-/** Domain event types of `DomainEventRequest.eventType` (Kubernetes watch event types). */
-export const DomainEventType = {
-  Added: "ADDED",
-  Modified: "MODIFIED",
-  Deleted: "DELETED",
-  Error: "ERROR",
-} as const;
-/** A domain event type. */
-export type DomainEventType = typeof DomainEventType[keyof typeof DomainEventType];
-
-// ---- kubevirt.cmd.v1 messages ----
-
-/** `kubevirt.cmd.v1.VMI`: the VMI as Kubernetes JSON bytes. */
-export interface VMI {
-  vmiJson: Uint8Array;
-}
-
-/** `kubevirt.cmd.v1.VirtualMachineOptions`, the fields virtnode reads; others pass through. */
-export interface VirtualMachineOptions {
-  MemBalloonStatsPeriod?: number;
-  PreallocatedVolumes?: string[];
-  [field: string]: unknown;
-}
-
-/** `kubevirt.cmd.v1.VMIRequest`. */
-export interface VMIRequest {
-  vmi?: VMI | null;
-  options?: VirtualMachineOptions | null;
-}
-
-/** `kubevirt.cmd.v1.EmptyRequest`. */
-export type EmptyRequest = Record<string, never>;
-
-/** `kubevirt.cmd.v1.Response` (also `kubevirt.notify.v1.Response`). */
-export interface Response {
-  success: boolean;
-  message: string;
-}
-
-/** `kubevirt.cmd.v1.DomainResponse`: `domain` is the Domain JSON, empty when none. */
-export interface DomainResponse {
-  response: Response | null;
-  domain: string;
-}
-
-/** `kubevirt.cmd.v1.DomainStatsResponse`: `domainStats` is JSON text. */
-export interface DomainStatsResponse {
-  response: Response | null;
-  domainStats: string;
-}
-
-/** `kubevirt.cmd.v1.GuestInfoResponse`: `guestInfoResponse` is JSON text. */
-export interface GuestInfoResponse {
-  response: Response | null;
-  guestInfoResponse: string;
-}
-
-/** `kubevirt.cmd.v1.QemuVersionResponse`. */
-export interface QemuVersionResponse {
-  response: Response | null;
-  version: string;
-}
-
-/** `kubevirt.cmd.info.CmdInfoResponse`. */
-export interface CmdInfoResponse {
-  supportedCmdVersions: number[];
-}
-
-// ---- kubevirt.notify.v1 messages ----
-
-/** `kubevirt.notify.v1.DomainEventRequest`. */
-export interface DomainEventRequest {
-  /** Domain JSON (KubeVirt wire shape) for ADDED, MODIFIED, DELETED. */
-  domainJSON: Uint8Array;
-  /** A Kubernetes `Status` as JSON for ERROR; empty otherwise. */
-  statusJSON: Uint8Array;
-  eventType: string;
-}
-
-/** `kubevirt.notify.v1.K8sEventRequest`: a Kubernetes core/v1 Event as JSON. */
-export interface K8sEventRequest {
-  eventJSON: Uint8Array;
-}
-
-/** `kubevirt.notify.info.NotifyInfoResponse`. */
-export interface NotifyInfoResponse {
-  supportedNotifyVersions: number[];
-}
-
-/** Loader options: KubeVirt field names kept, defaults filled in. */
-export const PROTO_LOADER_OPTIONS: protoLoader.Options = Object.freeze({
-  keepCase: true,
-  longs: String,
-  enums: String,
-  defaults: true,
-  oneofs: true,
-});
-
-/** The `.proto` files of this module, by name. */
-export const PROTO_FILES = Object.freeze({
-  cmd: "cmd.proto",
-  cmdInfo: "cmd_info.proto",
-  notify: "notify.proto",
-  notifyInfo: "notify_info.proto",
-});
-
-/** The `.proto` files could not be found or parsed. */
-export class ProtoLoadError extends Error {
-  /** The file that failed. */
-  readonly file: string;
-  /** Creates the error for `file`, with the loader's failure as `cause`. */
-  constructor(file: string, options?: ErrorOptions) {
-    const detail = options?.cause instanceof Error ? `: ${options.cause.message}` : "";
-    super(`Cannot load proto file "${file}"${detail}`, options);
-    this.name = "ProtoLoadError";
-    this.file = file;
-  }
-}
-
-/** Absolute path of one of this module's `.proto` files. */
-export function protoPath(file: string): string {
-  return fileURLToPath(new URL(`./${file}`, import.meta.url));
-}
-
-const cache = new Map<string, protoLoader.PackageDefinition>();
-
-function load(file: string): protoLoader.PackageDefinition {
-  let definition = cache.get(file);
-  if (!definition) {
-    const path = protoPath(file);
-    try {
-      definition = protoLoader.loadSync(path, { ...PROTO_LOADER_OPTIONS });
-    } catch (error) {
-      throw new ProtoLoadError(path, { cause: error });
-    }
-    cache.set(file, definition);
-  }
-  return definition;
-}
-
-function service(file: string, name: string): grpc.ServiceDefinition {
-  const definition = load(file)[name];
-  if (!definition || "format" in definition) {
-    throw new ProtoLoadError(protoPath(file), {
-      cause: new Error(`service "${name}" is not defined`),
-    });
-  }
-  return definition as unknown as grpc.ServiceDefinition;
-}
-
-/** The `kubevirt.cmd.v1.Cmd` service definition, for `Server.addService` or a client. */
-export function cmdService(): grpc.ServiceDefinition {
-  return service(PROTO_FILES.cmd, CMD_SERVICE);
-}
-
-/** The `kubevirt.cmd.info.CmdInfo` service definition. */
-export function cmdInfoService(): grpc.ServiceDefinition {
-  return service(PROTO_FILES.cmdInfo, CMD_INFO_SERVICE);
-}
-
-/** The `kubevirt.notify.v1.Notify` service definition. */
-export function notifyService(): grpc.ServiceDefinition {
-  return service(PROTO_FILES.notify, NOTIFY_SERVICE);
-}
-
-/** The `kubevirt.notify.info.NotifyInfo` service definition. */
-export function notifyInfoService(): grpc.ServiceDefinition {
-  return service(PROTO_FILES.notifyInfo, NOTIFY_INFO_SERVICE);
-}
-
-/** A unary client method as grpc-js generates it (callback style). */
-export type UnaryCall<Req, Res> = (
-  request: Req,
-  metadataOrOptions: grpc.Metadata | grpc.CallOptions,
-  callback: (error: grpc.ServiceError | null, response?: Res) => void,
-) => grpc.ClientUnaryCall;
-
-/** A typed unary client method that also takes call options. */
-export interface UnaryMethod<Req, Res> {
-  (
-    request: Req,
-    callback: (error: grpc.ServiceError | null, response?: Res) => void,
-  ): grpc.ClientUnaryCall;
-  (
-    request: Req,
-    options: grpc.CallOptions,
-    callback: (error: grpc.ServiceError | null, response?: Res) => void,
-  ): grpc.ClientUnaryCall;
-}
-
-/** A `kubevirt.cmd.v1.Cmd` client; methods not typed here exist too (see `CMD_METHODS`). */
-export interface CmdClient extends grpc.Client {
-  SyncVirtualMachine: UnaryMethod<VMIRequest, Response>;
-  PauseVirtualMachine: UnaryMethod<VMIRequest, Response>;
-  UnpauseVirtualMachine: UnaryMethod<VMIRequest, Response>;
-  ResetVirtualMachine: UnaryMethod<VMIRequest, Response>;
-  SoftRebootVirtualMachine: UnaryMethod<VMIRequest, Response>;
-  ShutdownVirtualMachine: UnaryMethod<VMIRequest, Response>;
-  KillVirtualMachine: UnaryMethod<VMIRequest, Response>;
-  DeleteVirtualMachine: UnaryMethod<VMIRequest, Response>;
-  GetDomain: UnaryMethod<EmptyRequest, DomainResponse>;
-  GetDomainStats: UnaryMethod<EmptyRequest, DomainStatsResponse>;
-  GetGuestInfo: UnaryMethod<EmptyRequest, GuestInfoResponse>;
-  Ping: UnaryMethod<EmptyRequest, Response>;
-  GetQemuVersion: UnaryMethod<EmptyRequest, QemuVersionResponse>;
-  [method: string]: unknown;
-}
-
-/** A `kubevirt.cmd.info.CmdInfo` client. */
-export interface CmdInfoClient extends grpc.Client {
-  Info: UnaryMethod<Record<string, never>, CmdInfoResponse>;
-}
-
-/** A `kubevirt.notify.v1.Notify` client. */
-export interface NotifyClient extends grpc.Client {
-  HandleDomainEvent: UnaryMethod<DomainEventRequest, Response>;
-  HandleK8sEvent: UnaryMethod<K8sEventRequest, Response>;
-}
-
-/** A `kubevirt.notify.info.NotifyInfo` client. */
-export interface NotifyInfoClient extends grpc.Client {
-  Info: UnaryMethod<Record<string, never>, NotifyInfoResponse>;
-}
-
-/** The grpc-js target of a unix socket path: `unix:///abs/path`. */
-export function unixTarget(socketPath: string): string {
-  return socketPath.startsWith("/") ? `unix://${socketPath}` : `unix:${socketPath}`;
-}
-
-function client<C>(
-  definition: grpc.ServiceDefinition,
-  name: string,
-  socketPath: string,
-  options?: grpc.ChannelOptions,
-): C {
-  const Ctor = grpc.makeClientConstructor(definition, name);
-  return new Ctor(
-    unixTarget(socketPath),
-    grpc.credentials.createInsecure(),
-    options,
-  ) as unknown as C;
-}
-
-/** A cmd client for a launcher socket path (no I/O until the first call). */
-export function newCmdClient(socketPath: string, options?: grpc.ChannelOptions): CmdClient {
-  return client<CmdClient>(cmdService(), "Cmd", socketPath, options);
-}
-
-/** A CmdInfo client for a launcher socket path. */
-export function newCmdInfoClient(socketPath: string): CmdInfoClient {
-  return client<CmdInfoClient>(cmdInfoService(), "CmdInfo", socketPath);
-}
-
-/** A Notify client for a notify socket path. */
-export function newNotifyClient(socketPath: string): NotifyClient {
-  return client<NotifyClient>(notifyService(), "Notify", socketPath);
-}
-
-/** A NotifyInfo client for a notify socket path. */
-export function newNotifyInfoClient(socketPath: string): NotifyInfoClient {
-  return client<NotifyInfoClient>(notifyInfoService(), "NotifyInfo", socketPath);
-}
-
-/** The highest version both sides support, or `undefined` (KubeVirt's negotiation rule). */
-export function highestCommonVersion(
-  theirs: readonly number[],
-  ours: readonly number[],
-): number | undefined {
-  const common = theirs.filter((v) => ours.includes(v));
-  return common.length === 0 ? undefined : Math.max(...common);
-}
+export { PROTO_LOADER_OPTIONS, ProtoLoadError, protoPath, unixTarget } from "./loader.ts";
+export {
+  CMD_INFO_SERVICE,
+  CMD_METHODS,
+  CMD_SERVICE,
+  type CmdClient,
+  type CmdInfoClient,
+  type CmdInfoResponse,
+  cmdInfoService,
+  type CmdMethod,
+  cmdService,
+  type DomainEventRequest,
+  DomainEventType,
+  type DomainResponse,
+  type DomainStatsResponse,
+  type EmptyRequest,
+  type GuestInfoResponse,
+  highestCommonVersion,
+  type K8sEventRequest,
+  newCmdClient,
+  newCmdInfoClient,
+  newNotifyClient,
+  newNotifyInfoClient,
+  NOTIFY_INFO_SERVICE,
+  NOTIFY_SERVICE,
+  type NotifyClient,
+  type NotifyInfoClient,
+  type NotifyInfoResponse,
+  notifyInfoService,
+  notifyService,
+  PROTO_FILES,
+  type QemuVersionResponse,
+  type Response,
+  SUPPORTED_CMD_VERSIONS,
+  SUPPORTED_NOTIFY_VERSIONS,
+  type UnaryCall,
+  type UnaryMethod,
+  type VirtualMachineOptions,
+  type VMI,
+  type VMIRequest,
+} from "./kubevirt.ts";
+export {
+  type AllocateRequest,
+  type AllocateResponse,
+  type ContainerAllocateResponse,
+  type Device,
+  DEVICE_PLUGIN_API_VERSION,
+  DEVICE_PLUGIN_PROTO,
+  DEVICE_PLUGIN_SERVICE,
+  DeviceHealth,
+  type DevicePluginClient,
+  type DevicePluginOptions,
+  devicePluginService,
+  type DeviceSpec,
+  type Empty,
+  KUBELET_SOCKET,
+  type ListAndWatchResponse,
+  type Mount,
+  newDevicePluginClient,
+  newRegistrationClient,
+  type PreferredAllocationRequest,
+  type PreferredAllocationResponse,
+  type PreStartContainerRequest,
+  type RegisterRequest,
+  REGISTRATION_SERVICE,
+  type RegistrationClient,
+  registrationService,
+  type Unary,
+} from "./deviceplugin.ts";
