@@ -5,7 +5,7 @@
  * @module
  */
 
-import { ConditionReason, VmiPhase } from "../api/constants.ts";
+import { ConditionReason, VmiPhase } from "../api/mod.ts";
 import { LifeCycle, StateChangeReason } from "./status.ts";
 import type { DomainState } from "./status.ts";
 

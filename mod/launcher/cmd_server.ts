@@ -14,7 +14,7 @@
 
 import * as grpc from "@grpc/grpc-js";
 import { join } from "node:path";
-import { SocketNames } from "../api/constants.ts";
+import { SocketNames } from "../api/mod.ts";
 import { encodeDomainJson } from "../domain/mod.ts";
 import {
   CMD_METHODS,

@@ -7,9 +7,13 @@
  * @module
  */
 
-import { KUBEVIRT_API_VERSION, VMI_KIND } from "../api/constants.ts";
-import { parseQuantity, QuantityParseError } from "../api/quantity.ts";
-import type { VirtualMachineInstance } from "../api/types.ts";
+import {
+  KUBEVIRT_API_VERSION,
+  parseQuantity,
+  QuantityParseError,
+  type VirtualMachineInstance,
+  VMI_KIND,
+} from "../api/mod.ts";
 import { InvalidFieldError, UnsupportedFieldError } from "./converter_errors.ts";
 
 /** One node of the allow-list. */

@@ -8,8 +8,12 @@
  */
 
 import * as path from "node:path";
-import { quantityToInteger } from "../api/quantity.ts";
-import type { CloudInitSource, VirtualMachineInstance, Volume } from "../api/types.ts";
+import {
+  type CloudInitSource,
+  quantityToInteger,
+  type VirtualMachineInstance,
+  type Volume,
+} from "../api/mod.ts";
 import {
   ConversionError,
   InvalidFieldError,

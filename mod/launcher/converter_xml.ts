@@ -5,16 +5,17 @@
  * @module
  */
 
-import { DEFAULT_GRACE_PERIOD_SECONDS, SocketNames } from "../api/constants.ts";
-import { quantityToInteger } from "../api/quantity.ts";
-import type {
-  Disk,
-  DiskBus,
-  FeatureState,
-  Interface,
-  Timer,
-  VirtualMachineInstance,
-} from "../api/types.ts";
+import {
+  DEFAULT_GRACE_PERIOD_SECONDS,
+  type Disk,
+  type DiskBus,
+  type FeatureState,
+  type Interface,
+  quantityToInteger,
+  SocketNames,
+  type Timer,
+  type VirtualMachineInstance,
+} from "../api/mod.ts";
 import { ConversionError, InvalidFieldError, UnsupportedFieldError } from "./converter_errors.ts";
 import { el, renderXml } from "./_xml.ts";
 import type { XmlElement } from "./_xml.ts";
