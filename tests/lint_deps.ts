@@ -383,12 +383,31 @@ function areaOf(path: string): string {
   return path === "main.ts" ? "main" : path.split("/")[0];
 }
 
-/** The module folder a file belongs to (`mod/<name>` or `ffi`), if any. */
-function folderOf(path: string): string | undefined {
+/** The top-level module folder a file belongs to (`mod/<name>` or `ffi`), if any. */
+function topFolderOf(path: string): string | undefined {
   const parts = path.split("/");
   if (parts[0] === "ffi" && parts.length > 1) return "ffi";
   if (parts[0] === "mod" && parts.length > 2) return `mod/${parts[1]}`;
   return undefined;
+}
+
+/**
+ * The module folder a file belongs to: the deepest directory under `mod/<name>` or `ffi`
+ * that has a `mod.ts` of its own (a nested folder such as `mod/launcher/args`), else the
+ * top-level folder.
+ */
+function folderOf(path: string, faceDirs: ReadonlySet<string>): string | undefined {
+  const top = topFolderOf(path);
+  if (top === undefined) return undefined;
+  for (let dir = dirOf(path); dir.length > top.length; dir = dirOf(dir)) {
+    if (faceDirs.has(dir)) return dir;
+  }
+  return top;
+}
+
+/** True for a folder's face: a `mod.ts` anywhere under `mod/<name>` or `ffi`. */
+function isFace(path: string): boolean {
+  return baseName(path) === "mod.ts" && topFolderOf(path) !== undefined;
 }
 
 function baseName(path: string): string {
@@ -408,8 +427,8 @@ function layeringProblem(from: string, to: string): string | undefined {
   if (src === "ffi" && dst !== "ffi") return "ffi/ imports only ffi/";
   if (src === "mod") {
     if (dst !== "mod" && dst !== "ffi") return "mod/ imports only mod/ and ffi/";
-    const self = folderOf(from);
-    const other = folderOf(to);
+    const self = topFolderOf(from);
+    const other = topFolderOf(to);
     const base = new Set(["mod/api", "mod/domain"]);
     if (self !== undefined && base.has(self) && other !== self && !base.has(other ?? "")) {
       return "mod/api and mod/domain import only themselves and each other";
@@ -421,14 +440,18 @@ function layeringProblem(from: string, to: string): string | undefined {
 }
 
 /** The private-file rule `edge` breaks, in words, or undefined. */
-function privateProblem(from: string, to: string): string | undefined {
+function privateProblem(
+  from: string,
+  to: string,
+  faceDirs: ReadonlySet<string>,
+): string | undefined {
   if (baseName(to).startsWith("_") && dirOf(to) !== dirOf(from)) {
     return `an underscore file is private to ${dirOf(to) || "the root"}/`;
   }
-  const folder = folderOf(to);
-  if (folder === undefined || folderOf(from) === folder || areaOf(from) === "tests") {
-    return undefined;
-  }
+  const folder = folderOf(to, faceDirs);
+  if (folder === undefined || areaOf(from) === "tests") return undefined;
+  // Inside a folder (its nested folders included) a file imports what it likes.
+  if (from.startsWith(`${folder}/`)) return undefined;
   if (to !== `${folder}/mod.ts`) return `from outside ${folder}/ import only ${folder}/mod.ts`;
   return undefined;
 }
@@ -526,6 +549,7 @@ function findCycles(files: string[], edges: Edge[]): Edge[][] {
 export async function lintDeps(root: string): Promise<LintResult> {
   const paths = await collectFiles(root);
   const known = new Set(paths);
+  const faceDirs = new Set(paths.filter(isFace).map(dirOf));
   const files: SourceFile[] = [];
   for (const path of paths) {
     const text = await Deno.readTextFile(join(root, path));
@@ -536,7 +560,7 @@ export async function lintDeps(root: string): Promise<LintResult> {
   const staticEdges: Edge[] = [];
   let imports = 0;
   for (const file of files) {
-    if (/^(mod\/[^/]+|ffi)\/mod\.ts$/.test(file.path)) {
+    if (isFace(file.path)) {
       const lines = faceCodeLines(file.text);
       if (lines.length > 0) {
         const more = lines.length > 1 ? ` (and ${lines.length - 1} more statements)` : "";
@@ -559,7 +583,7 @@ export async function lintDeps(root: string): Promise<LintResult> {
       }
       const problems: [Rule, string | undefined][] = [
         ["layering", layeringProblem(file.path, target)],
-        ["private", privateProblem(file.path, target)],
+        ["private", privateProblem(file.path, target, faceDirs)],
       ];
       for (const [rule, message] of problems) {
         if (message === undefined) continue;
@@ -580,7 +604,7 @@ export async function lintDeps(root: string): Promise<LintResult> {
       line: cycle[0].ref.line,
       specifier: cycle[0].ref.specifier,
       rule: "cycle",
-      message: `import cycle: ${names}`,
+      message: names,
     });
   }
   return { files: files.length, imports, violations };
