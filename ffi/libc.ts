@@ -124,7 +124,7 @@ export const RESOLVE_BENEATH = 0x08;
 export const RESOLVE_IN_ROOT = 0x10;
 
 /** `*at(2)`: the current directory. */
-export const AT_FDCWD = -100;
+export const AT_FDCWD: number = -100;
 /** `*at(2)`: do not follow a final symlink. */
 export const AT_SYMLINK_NOFOLLOW = 0x100;
 /** `*at(2)`: operate on the descriptor itself when the path is empty. */

@@ -66,7 +66,7 @@ import {
   VIR_DOMAIN_UNDEFINE_NVRAM,
 } from "./libvirt_constants.ts";
 
-export type { DomainRef, HostCpuQuery, TypedParamValue };
+export type { DomainRef, HostCpuQuery, RawDomainStats, TypedParamValue };
 
 /** Options of {@linkcode openLibvirt}. */
 export interface OpenOptions {

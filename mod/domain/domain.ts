@@ -166,7 +166,8 @@ export function decodeDomainJson(text: string): Domain {
   return domainFromWire(raw);
 }
 
-type Json = Record<string, unknown>;
+/** A JSON object as KubeVirt's wire format carries it. */
+export type Json = Record<string, unknown>;
 
 function compact<T extends Json>(object: T): T {
   for (const key of Object.keys(object)) {

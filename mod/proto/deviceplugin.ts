@@ -135,7 +135,8 @@ export function devicePluginService(): grpc.ServiceDefinition {
   return service(DEVICE_PLUGIN_SERVICE);
 }
 
-type Callback<Res> = (error: grpc.ServiceError | null, response?: Res) => void;
+/** The callback of a unary call: an error or the response. */
+export type Callback<Res> = (error: grpc.ServiceError | null, response?: Res) => void;
 
 /** A unary method with optional call options. */
 export interface Unary<Req, Res> {

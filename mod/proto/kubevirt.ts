@@ -156,12 +156,13 @@ export interface NotifyInfoResponse {
 }
 
 /** The `.proto` files of this module, by name. */
-export const PROTO_FILES = Object.freeze({
-  cmd: "cmd.proto",
-  cmdInfo: "cmd_info.proto",
-  notify: "notify.proto",
-  notifyInfo: "notify_info.proto",
-});
+export const PROTO_FILES: Readonly<Record<"cmd" | "cmdInfo" | "notify" | "notifyInfo", string>> =
+  Object.freeze({
+    cmd: "cmd.proto",
+    cmdInfo: "cmd_info.proto",
+    notify: "notify.proto",
+    notifyInfo: "notify_info.proto",
+  });
 
 const cache = new Map<string, protoLoader.PackageDefinition>();
 

@@ -65,6 +65,7 @@ export {
 export {
   type AllocateRequest,
   type AllocateResponse,
+  type Callback,
   type ContainerAllocateResponse,
   type Device,
   DEVICE_PLUGIN_API_VERSION,
