@@ -26,21 +26,33 @@ export interface Config {
 
 /** Raw values as the CLI received them (flags win over environment). */
 export interface RawConfig {
+  /** `--node-name` / `NODE_NAME`. */
   nodeName?: string;
+  /** `--kubeconfig` / `KUBECONFIG`. */
   kubeconfig?: string;
+  /** `--libvirt-uri` / `VIRTNODE_LIBVIRT_URI`. */
   libvirtUri?: string;
+  /** `--state-dir` / `VIRTNODE_STATE_DIR`. */
   stateDir?: string;
+  /** `--run-dir` / `VIRTNODE_RUN_DIR`. */
   runDir?: string;
+  /** `--log-level` / `VIRTNODE_LOG_LEVEL`. */
   logLevel?: string;
+  /** `--log-format` / `VIRTNODE_LOG_FORMAT`. */
   logFormat?: string;
 }
 
 /** One configuration setting: its flag, its environment variable and its default. */
 export interface Setting {
+  /** The {@linkcode RawConfig} field the value goes to. */
   key: keyof RawConfig;
+  /** The command-line flag, e.g. `--node-name`. */
   flag: string;
+  /** The environment variable read when the flag is absent. */
   env: string;
+  /** The `--help` text. */
   description: string;
+  /** The value when neither flag nor environment sets one. */
   default?: () => string | undefined;
 }
 
@@ -108,6 +120,7 @@ export class ConfigError extends Error {
   /** What would have been accepted. */
   readonly allowed: string;
 
+  /** Creates the error for `value` of `setting`, read from a flag or from the environment. */
   constructor(setting: Setting, value: string, allowed: string, source: "flag" | "env") {
     const from = source === "env" ? ` (from ${setting.env})` : "";
     super(`Invalid value ${JSON.stringify(value)} for ${setting.flag}${from}: allowed: ${allowed}`);

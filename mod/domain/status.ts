@@ -177,7 +177,9 @@ const PAUSED_REASONS: readonly StateChangeReason[] = [
 
 /** A domain's status as KubeVirt reports it. */
 export interface DomainState {
+  /** The lifecycle state, e.g. `Running`. */
   status: LifeCycle;
+  /** Why the domain is in that state, e.g. `Booted`. */
   reason: StateChangeReason;
 }
 

@@ -80,14 +80,21 @@ export interface StreamOptions {
 
 /** Resolved connection parameters (what {@linkcode loadKubeClient} produces). */
 export interface KubeCredentials {
+  /** The apiserver's base URL. */
   server: string;
   /** "in-cluster" or the kubeconfig path, for error messages. */
   source: string;
+  /** CA bundle (PEM) that signs the apiserver's certificate. */
   caPem?: string;
+  /** Client certificate (PEM). */
   certPem?: string;
+  /** Client certificate's private key (PEM). */
   keyPem?: string;
+  /** Bearer token. */
   token?: string;
+  /** File a bearer token is re-read from (rotated service account tokens). */
   tokenFile?: string;
+  /** `user:password` for basic authentication. */
   basicAuth?: string;
   /** Header source for exec / auth-provider users (full client-node KubeConfig). */
   dynamicAuth?: () => Promise<string | undefined>;

@@ -31,6 +31,7 @@ export interface EventRecorderOptions {
 
 /** The core/v1 Event fields we write. */
 export interface KubeEvent extends KubeObject {
+  /** The object the event is about. */
   involvedObject: {
     apiVersion?: string;
     kind?: string;
@@ -39,15 +40,25 @@ export interface KubeEvent extends KubeObject {
     uid?: string;
     resourceVersion?: string;
   };
+  /** A short CamelCase reason, e.g. `Created`. */
   reason: string;
+  /** A human-readable description. */
   message: string;
+  /** `Normal` or `Warning`. */
   type: EventType;
+  /** How often the event happened (aggregated). */
   count: number;
+  /** When it first happened, RFC 3339. */
   firstTimestamp: string;
+  /** When it last happened, RFC 3339. */
   lastTimestamp: string;
+  /** The component and host that reported it. */
   source: { component: string; host: string };
+  /** The reporting controller, e.g. `virt-handler`. */
   reportingComponent?: string;
+  /** The reporting controller's instance (the node). */
   reportingInstance?: string;
+  /** What was done or failed, when the reason does not say. */
   action?: string;
 }
 

@@ -15,15 +15,21 @@ import type { KubeObject } from "./types.ts";
 
 /** One RFC 6902 JSON patch operation. */
 export interface JsonPatchOp {
+  /** The operation. */
   op: "add" | "remove" | "replace" | "test" | "move" | "copy";
+  /** JSON pointer the operation applies to. */
   path: string;
+  /** The value for `add`, `replace` and `test`. */
   value?: unknown;
+  /** The source pointer for `move` and `copy`. */
   from?: string;
 }
 
 /** Labels and annotations to set; `null` removes the key. */
 export interface NodeMetadataPatch {
+  /** Labels to set; `null` removes one. */
   labels?: Record<string, string | null>;
+  /** Annotations to set; `null` removes one. */
   annotations?: Record<string, string | null>;
 }
 

@@ -63,8 +63,11 @@ function alias(node: XmlNode): { name: string; userDefined: boolean } | undefine
 
 /** The VMI a launcher serves: namespace, name and UID. */
 export interface VmiRef {
+  /** The VMI's namespace. */
   namespace: string;
+  /** The VMI's name. */
   name: string;
+  /** The VMI's UID, when known. */
   uid?: string;
 }
 

@@ -10,8 +10,11 @@ export type Verdict = "PASS" | "WARN" | "FAIL";
 
 /** One line of the preflight report. */
 export interface CheckResult {
+  /** What was checked, e.g. `libvirt connection`. */
   name: string;
+  /** PASS, WARN or FAIL. */
   verdict: Verdict;
+  /** Why: what was found, or the error. */
   detail: string;
 }
 
