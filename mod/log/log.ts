@@ -3,17 +3,46 @@
  *
  * @module
  */
-import {
-  configureSync,
-  getLogger as logtapeLogger,
-  type Logger,
-  type LogLevel,
-  type LogRecord,
-  resetSync,
-  type Sink,
-} from "@logtape/logtape";
+import { configureSync, getLogger as logtapeLogger, resetSync, type Sink } from "@logtape/logtape";
 
-export type { Logger, LogLevel, LogRecord };
+// Logger, LogLevel and LogRecord are our own, narrowed to what virtnode uses: the public API
+// names no LogTape type, so `deno doc` documents it whole and LogTape stays swappable.
+
+/** A log level, as LogTape names it. */
+export type LogLevel = "trace" | "debug" | "info" | "warning" | "error" | "fatal";
+
+/** The parts of a LogTape record that the formatters read. */
+export interface LogRecord {
+  /** The logger's category, `["virtnode", ...parts]`. */
+  readonly category: readonly string[];
+  /** The record's level. */
+  readonly level: LogLevel;
+  /** The message: template pieces at even indexes, the values put between them at odd ones. */
+  readonly message: readonly unknown[];
+  /** When the record was made, in milliseconds since the Unix epoch. */
+  readonly timestamp: number;
+  /** The key/value context, including the values of the message's `{key}` placeholders. */
+  readonly properties: Record<string, unknown>;
+}
+
+/**
+ * A logger of one part of virtnode: a constant message with `{key}` placeholders, and the
+ * context as properties (`log.info("Labelled node", { name })`).
+ */
+export interface Logger {
+  /** Logs at level `trace`. */
+  trace(message: string, properties?: Record<string, unknown>): void;
+  /** Logs at level `debug`. */
+  debug(message: string, properties?: Record<string, unknown>): void;
+  /** Logs at level `info`. */
+  info(message: string, properties?: Record<string, unknown>): void;
+  /** Logs at level `warning`. */
+  warn(message: string, properties?: Record<string, unknown>): void;
+  /** Logs at level `error`. */
+  error(message: string, properties?: Record<string, unknown>): void;
+  /** Logs at level `fatal`. */
+  fatal(message: string, properties?: Record<string, unknown>): void;
+}
 
 /** The log levels virtnode accepts, lowest first. */
 export const LOG_LEVELS: readonly LogLevel[] = [
