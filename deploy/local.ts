@@ -1,7 +1,7 @@
 /**
  * Local mode (`deno task start`): the whole agent on one machine, for trying
  * virtnode and for demos. It starts a real control plane (kube-apiserver and
- * etcd built by tests/cluster/build.sh), a libvirtd with QEMU (or, when that
+ * etcd built by deploy/cluster/build.sh), a libvirtd with QEMU (or, when that
  * cannot run, libvirt's test driver, said loudly), and `virtnode handler
  * --podless` for a node named after this host; then applies the VMIs in
  * deploy/examples/ for that node and shows each VMI's phase live. Ctrl-C deletes
@@ -12,8 +12,8 @@
  *
  * @module
  */
-import { startCluster } from "../tests/cluster/cluster.ts";
-import { ensureLibvirtd } from "../tests/helpers/libvirtd.ts";
+import { startCluster } from "./cluster/cluster.ts";
+import { ensureLibvirtd } from "./libvirtd.ts";
 import { loadKubeClient } from "../mod/kube/mod.ts";
 import type { VirtualMachineInstance } from "../mod/api/mod.ts";
 import { V8_FLAGS } from "../mod/config/mod.ts";

@@ -12,6 +12,7 @@ DENO_VERSION=2.9.3
 APT_PACKAGES=(
   libvirt0 libvirt-clients libvirt-daemon libvirt-daemon-driver-qemu
   qemu-system-x86 qemu-utils ovmf genisoimage xorriso iproute2 util-linux openssl python3 kmod systemd
+  libxml2-utils
 )
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -47,9 +48,9 @@ step "npm dependencies (deno.lock)"
 deno install --frozen --quiet
 echo "ok"
 
-if [ -x tests/cluster/build.sh ]; then
+if [ -x deploy/cluster/build.sh ]; then
   step "Test control plane (kube-apiserver and etcd built from Go modules; cached)"
-  bash tests/cluster/build.sh
+  bash deploy/cluster/build.sh
 fi
 
 echo

@@ -8,7 +8,7 @@
  * @module
  */
 import { join } from "node:path";
-import { type Cluster, startCluster } from "./cluster/cluster.ts";
+import { type Cluster, startCluster } from "../deploy/cluster/cluster.ts";
 
 const TIERS = ["unit", "integration", "e2e"] as const;
 type Tier = typeof TIERS[number];

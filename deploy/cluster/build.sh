@@ -2,7 +2,7 @@
 # Builds kube-apiserver and etcd for the test control plane into a cache outside
 # git and prints the directory that holds them (the only line on stdout).
 #
-#   tests/cluster/build.sh [--regenerate]
+#   deploy/cluster/build.sh [--regenerate]
 #
 # --regenerate  rewrite the k8s.io staging replaces in go.mod even when go.mod
 #               already names K8S_VERSION.

@@ -15,7 +15,7 @@
  * @module
  */
 import { parseArgs } from "node:util";
-import { type Cluster, startCluster } from "../cluster/cluster.ts";
+import { type Cluster, startCluster } from "../../deploy/cluster/cluster.ts";
 import { createVmi, kubeClient, testVmi } from "../helpers/handler_process.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
 import { TestCmdClient } from "../helpers/cmd_client.ts";

@@ -8,7 +8,7 @@
  *
  * @module
  */
-import { startCluster } from "../cluster/cluster.ts";
+import { startCluster } from "../../deploy/cluster/cluster.ts";
 import {
   createVmi,
   kubeClient,

@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { useCluster } from "../cluster/cluster.ts";
+import { useCluster } from "../../deploy/cluster/cluster.ts";
 
 const main = new URL("../../main.ts", import.meta.url).pathname;
 

@@ -4,7 +4,7 @@
  * right state, and never take the outage for the guest stopping.
  */
 import assert from "node:assert/strict";
-import { useCluster } from "../cluster/cluster.ts";
+import { useCluster } from "../../deploy/cluster/cluster.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
 import { TestCmdClient } from "../helpers/cmd_client.ts";
 import { decodeDomainJson } from "../../mod/domain/mod.ts";

@@ -3,7 +3,7 @@
  * has it, software emulation otherwise), real launchers and a real apiserver.
  */
 import assert from "node:assert/strict";
-import { useCluster } from "../cluster/cluster.ts";
+import { useCluster } from "../../deploy/cluster/cluster.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
 import {
   createVmi,

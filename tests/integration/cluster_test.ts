@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { startCluster } from "../cluster/cluster.ts";
+import { startCluster } from "../../deploy/cluster/cluster.ts";
 
 /** Runs kubectl against the kubeconfig and returns its exit code and output. */
 async function kubectl(kubeconfigPath: string, ...args: string[]) {

@@ -7,7 +7,7 @@
 
 import assert from "node:assert/strict";
 import { join, relative } from "node:path";
-import { useCluster } from "../cluster/cluster.ts";
+import { useCluster } from "../../deploy/cluster/cluster.ts";
 
 const REPO_ROOT = new URL("../../", import.meta.url).pathname;
 const DEPLOY = join(REPO_ROOT, "deploy");

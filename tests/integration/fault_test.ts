@@ -6,7 +6,7 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { type Cluster, startCluster, useCluster } from "../cluster/cluster.ts";
+import { type Cluster, startCluster, useCluster } from "../../deploy/cluster/cluster.ts";
 import {
   createVmi,
   deleteVmi,

@@ -4,7 +4,7 @@
  * started before its kubeconfig exists.
  */
 import assert from "node:assert/strict";
-import { useCluster } from "../cluster/cluster.ts";
+import { useCluster } from "../../deploy/cluster/cluster.ts";
 import {
   createVmi,
   deleteVmi,

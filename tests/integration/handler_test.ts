@@ -4,7 +4,7 @@
  * status and events, deletion and cleanup, failures, and restarts.
  */
 import assert from "node:assert/strict";
-import { useCluster } from "../cluster/cluster.ts";
+import { useCluster } from "../../deploy/cluster/cluster.ts";
 import {
   createVmi,
   deleteVmi,
