@@ -3,6 +3,7 @@
  *
  * @module
  */
+import { splitVmiKey, vmiKey } from "../api/mod.ts";
 
 /** `metav1.ObjectMeta`, the fields we read; anything else is kept as is. */
 export interface ObjectMeta {
@@ -41,17 +42,11 @@ export interface WatchEvent<T extends KubeObject = KubeObject> {
 
 /** The store key of an object: "namespace/name", or "name" for cluster-scoped objects. */
 export function objectKey(obj: KubeObject): string {
-  const name = obj.metadata?.name ?? "";
-  const namespace = obj.metadata?.namespace;
-  return namespace ? `${namespace}/${name}` : name;
+  return vmiKey({ namespace: obj.metadata?.namespace, name: obj.metadata?.name ?? "" });
 }
 
 /** Splits a store key back into namespace ("" when cluster-scoped) and name. */
-export function splitKey(key: string): { namespace: string; name: string } {
-  const slash = key.indexOf("/");
-  if (slash < 0) return { namespace: "", name: key };
-  return { namespace: key.slice(0, slash), name: key.slice(slash + 1) };
-}
+export const splitKey: (key: string) => { namespace: string; name: string } = splitVmiKey;
 
 /** Options for {@linkcode resourcePath}. */
 export interface ResourcePathOptions {

@@ -25,7 +25,7 @@ import {
 } from "../domain/mod.ts";
 import { DomainEventType } from "../proto/mod.ts";
 import { getLogger } from "../log/mod.ts";
-import type { LauncherOptions } from "./args.ts";
+import type { LauncherOptions } from "./args/mod.ts";
 import { CmdServer } from "./cmd_server.ts";
 import { DomainManager } from "./domain_manager.ts";
 import { ConnectionKeeper } from "./_connection_keeper.ts";

@@ -12,7 +12,12 @@
  * @module
  */
 
-export { LauncherArgsError, type LauncherOptions, parseLauncherArgs } from "./args.ts";
+export {
+  formatLauncherArgs,
+  LauncherArgsError,
+  type LauncherOptions,
+  parseLauncherArgs,
+} from "./args/mod.ts";
 export {
   EXIT_DOMAIN_FAILED,
   EXIT_START_FAILED,
@@ -27,6 +32,8 @@ export {
   launcherInitSocketPath,
   launcherSocketPath,
 } from "./cmd_server.ts";
+export { type PrepareOptions } from "./converter.ts";
+export { ConnectionKeeper } from "./_connection_keeper.ts";
 export {
   type ConverterSettings,
   DomainManager,

@@ -42,10 +42,15 @@ export interface NotifyTimeouts {
 
 /** A Kubernetes object reference, as the Event's `involvedObject`. */
 export interface InvolvedObject {
+  /** The object's namespace. */
   namespace: string;
+  /** The object's name. */
   name: string;
+  /** The object's UID. */
   uid?: string;
+  /** The object's kind (`VirtualMachineInstance` unless told). */
   kind?: string;
+  /** The object's API version (`kubevirt.io/v1` unless told). */
   apiVersion?: string;
 }
 
@@ -54,8 +59,8 @@ export type K8sEventType = "Normal" | "Warning";
 
 /** A notify call failed for good (after retries, or at once for a non-transient status). */
 export class NotifyError extends Error {
-  /** The gRPC status code of the last failure, when there was one. */
-  readonly code?: grpc.status;
+  /** The gRPC status code of the last failure, when there was one (grpc-js `status`). */
+  readonly code?: number;
   /** Creates the error; `detail` follows `Cannot send <what> to "<socket>": `. */
   constructor(what: string, socketPath: string, detail: string, options?: ErrorOptions) {
     super(`Cannot send ${what} to "${socketPath}": ${detail}`, options);

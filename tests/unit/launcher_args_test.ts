@@ -1,5 +1,10 @@
 import assert from "node:assert/strict";
-import { LauncherArgsError, parseLauncherArgs } from "../../mod/launcher/mod.ts";
+import {
+  formatLauncherArgs,
+  LauncherArgsError,
+  type LauncherOptions,
+  parseLauncherArgs,
+} from "../../mod/launcher/args/mod.ts";
 
 const base = [
   "--namespace",
@@ -67,5 +72,60 @@ Deno.test("parseLauncherArgs() names the bad argument", () => {
   assert.match(
     argError([...base, "--grace-period=soon"]).message,
     /^Invalid argument "--grace-period": "soon" is not a whole number of seconds$/,
+  );
+});
+
+/** Every option set, each to a value other than its default. */
+const everyOption: LauncherOptions = {
+  namespace: "team-a",
+  name: "vm.one",
+  uid: "5f0c-77aa",
+  socketDir: "/run/virtnode/sockets/5f0c-77aa",
+  libvirtUri: "test:///default",
+  notifySocket: "/run/virtnode/domain-notify.sock",
+  gracePeriodSeconds: 7,
+  runDir: "/run/virtnode/private/5f0c-77aa",
+  diskDir: "/var/lib/virtnode/disks/5f0c-77aa",
+  imageDir: "/var/lib/virtnode/images",
+  hostDiskRoot: "/srv/disks",
+  domainType: "qemu",
+  ovmfDir: "/usr/share/OVMF",
+};
+
+Deno.test("formatLauncherArgs() round-trips every option through parseLauncherArgs()", () => {
+  const args = formatLauncherArgs(everyOption);
+  assert.deepEqual(parseLauncherArgs(args), everyOption);
+  // Each option is on the command line once, as its own flag.
+  assert.equal(args.filter((a) => a.startsWith("--")).length, Object.keys(everyOption).length);
+});
+
+Deno.test("formatLauncherArgs() round-trips the defaults the parser fills in", () => {
+  const parsed = parseLauncherArgs(base);
+  assert.deepEqual(parseLauncherArgs(formatLauncherArgs(parsed)), parsed);
+});
+
+Deno.test("formatLauncherArgs() leaves out options that are not set", () => {
+  const { hostDiskRoot: _h, domainType: _d, ovmfDir: _o, notifySocket: _n, ...rest } = everyOption;
+  const args = formatLauncherArgs(rest);
+  for (const flag of ["--host-disk-root", "--domain-type", "--ovmf-dir", "--notify-socket"]) {
+    assert.ok(!args.includes(flag), `${flag} in ${args.join(" ")}`);
+  }
+  assert.deepEqual(parseLauncherArgs(args), {
+    ...rest,
+    hostDiskRoot: undefined,
+    domainType: undefined,
+    ovmfDir: undefined,
+    notifySocket: undefined,
+  });
+});
+
+Deno.test("formatLauncherArgs() refuses what the launcher would refuse, naming the flag", () => {
+  assert.throws(
+    () => formatLauncherArgs({ ...everyOption, name: "Not A Name" }),
+    (e: unknown) => e instanceof LauncherArgsError && e.argument === "--name",
+  );
+  assert.throws(
+    () => formatLauncherArgs({ ...everyOption, diskDir: "relative/dir" }),
+    (e: unknown) => e instanceof LauncherArgsError && e.argument === "--disk-dir",
   );
 });

@@ -1,11 +1,13 @@
 /**
  * Command line of `virtnode launcher`: `--namespace --name --uid --socket-dir
  * --libvirt-uri --notify-socket --grace-period` and the converter's directories.
+ * The handler writes it ({@linkcode formatLauncherArgs}) and the launcher reads it
+ * ({@linkcode parseLauncherArgs}); a round trip gives back the same options.
  *
  * @module
  */
 
-import { DEFAULT_GRACE_PERIOD_SECONDS, Paths } from "../api/constants.ts";
+import { DEFAULT_GRACE_PERIOD_SECONDS, Paths } from "../../api/mod.ts";
 
 /** Everything {@linkcode runLauncher} needs, as parsed from the command line. */
 export interface LauncherOptions {
@@ -160,4 +162,38 @@ export function parseLauncherArgs(args: readonly string[]): LauncherOptions {
     domainType,
     ovmfDir: optionalPath("--ovmf-dir"),
   };
+}
+
+/** The flag of each option, in the order {@linkcode formatLauncherArgs} writes them. */
+const FLAG_OF: Readonly<Record<keyof LauncherOptions, Flag>> = {
+  namespace: "--namespace",
+  name: "--name",
+  uid: "--uid",
+  socketDir: "--socket-dir",
+  libvirtUri: "--libvirt-uri",
+  notifySocket: "--notify-socket",
+  gracePeriodSeconds: "--grace-period",
+  runDir: "--run-dir",
+  diskDir: "--disk-dir",
+  imageDir: "--image-dir",
+  hostDiskRoot: "--host-disk-root",
+  domainType: "--domain-type",
+  ovmfDir: "--ovmf-dir",
+};
+
+/**
+ * Writes the command line that {@linkcode parseLauncherArgs} reads back into the same
+ * options: every option that is set, as `--flag value`. Throws
+ * {@linkcode LauncherArgsError} for options the parser would refuse.
+ */
+export function formatLauncherArgs(options: LauncherOptions): string[] {
+  const args: string[] = [];
+  for (const [key, flag] of Object.entries(FLAG_OF) as [keyof LauncherOptions, Flag][]) {
+    const value = options[key];
+    if (value === undefined) continue;
+    args.push(flag, String(value));
+  }
+  // The parser is the one definition of what is valid: refuse here what it would refuse.
+  parseLauncherArgs(args);
+  return args;
 }
