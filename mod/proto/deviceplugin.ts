@@ -9,7 +9,18 @@
 
 import * as grpc from "@grpc/grpc-js";
 import * as protoLoader from "@grpc/proto-loader";
-import { PROTO_LOADER_OPTIONS, ProtoLoadError, protoPath, unixTarget } from "./loader.ts";
+import {
+  type CallOptions,
+  type ClientCall,
+  type ClientReadableStream,
+  type GrpcClient,
+  PROTO_LOADER_OPTIONS,
+  ProtoLoadError,
+  protoPath,
+  type ServiceDefinition,
+  type ServiceError,
+  unixTarget,
+} from "./loader.ts";
 
 /** The `.proto` file of the device plugin API. */
 export const DEVICE_PLUGIN_PROTO = "deviceplugin_v1beta1.proto";
@@ -109,7 +120,7 @@ export interface PreStartContainerRequest {
 
 let definition: protoLoader.PackageDefinition | undefined;
 
-function service(name: string): grpc.ServiceDefinition {
+function service(name: string): ServiceDefinition {
   const path = protoPath(DEVICE_PLUGIN_PROTO);
   if (!definition) {
     try {
@@ -122,40 +133,40 @@ function service(name: string): grpc.ServiceDefinition {
   if (!found || "format" in found) {
     throw new ProtoLoadError(path, { cause: new Error(`service "${name}" is not defined`) });
   }
-  return found as unknown as grpc.ServiceDefinition;
+  return found as unknown as ServiceDefinition;
 }
 
 /** The `v1beta1.Registration` service definition. */
-export function registrationService(): grpc.ServiceDefinition {
+export function registrationService(): ServiceDefinition {
   return service(REGISTRATION_SERVICE);
 }
 
 /** The `v1beta1.DevicePlugin` service definition. */
-export function devicePluginService(): grpc.ServiceDefinition {
+export function devicePluginService(): ServiceDefinition {
   return service(DEVICE_PLUGIN_SERVICE);
 }
 
 /** The callback of a unary call: an error or the response. */
-export type Callback<Res> = (error: grpc.ServiceError | null, response?: Res) => void;
+export type Callback<Res> = (error: ServiceError | null, response?: Res) => void;
 
 /** A unary method with optional call options. */
 export interface Unary<Req, Res> {
-  (request: Req, callback: Callback<Res>): grpc.ClientUnaryCall;
-  (request: Req, options: grpc.CallOptions, callback: Callback<Res>): grpc.ClientUnaryCall;
+  (request: Req, callback: Callback<Res>): ClientCall;
+  (request: Req, options: CallOptions, callback: Callback<Res>): ClientCall;
 }
 
 /** A `v1beta1.Registration` client (what a plugin uses to reach the kubelet). */
-export interface RegistrationClient extends grpc.Client {
+export interface RegistrationClient extends GrpcClient {
   Register: Unary<RegisterRequest, Empty>;
 }
 
 /** A `v1beta1.DevicePlugin` client (what the kubelet uses to reach a plugin). */
-export interface DevicePluginClient extends grpc.Client {
+export interface DevicePluginClient extends GrpcClient {
   GetDevicePluginOptions: Unary<Empty, DevicePluginOptions>;
   ListAndWatch(
     request: Empty,
-    options?: grpc.CallOptions,
-  ): grpc.ClientReadableStream<ListAndWatchResponse>;
+    options?: CallOptions,
+  ): ClientReadableStream<ListAndWatchResponse>;
   GetPreferredAllocation: Unary<PreferredAllocationRequest, PreferredAllocationResponse>;
   Allocate: Unary<AllocateRequest, AllocateResponse>;
   PreStartContainer: Unary<PreStartContainerRequest, Empty>;

@@ -8,7 +8,18 @@
 
 import * as grpc from "@grpc/grpc-js";
 import * as protoLoader from "@grpc/proto-loader";
-import { PROTO_LOADER_OPTIONS, ProtoLoadError, protoPath, unixTarget } from "./loader.ts";
+import {
+  type CallOptions,
+  type ChannelOptions,
+  type ClientCall,
+  type GrpcClient,
+  PROTO_LOADER_OPTIONS,
+  ProtoLoadError,
+  protoPath,
+  type ServiceDefinition,
+  type ServiceError,
+  unixTarget,
+} from "./loader.ts";
 
 /** Fully qualified name of the launcher's command service. */
 export const CMD_SERVICE = "kubevirt.cmd.v1.Cmd";
@@ -180,58 +191,51 @@ function load(file: string): protoLoader.PackageDefinition {
   return definition;
 }
 
-function service(file: string, name: string): grpc.ServiceDefinition {
+function service(file: string, name: string): ServiceDefinition {
   const definition = load(file)[name];
   if (!definition || "format" in definition) {
     throw new ProtoLoadError(protoPath(file), {
       cause: new Error(`service "${name}" is not defined`),
     });
   }
-  return definition as unknown as grpc.ServiceDefinition;
+  return definition as unknown as ServiceDefinition;
 }
 
 /** The `kubevirt.cmd.v1.Cmd` service definition, for `Server.addService` or a client. */
-export function cmdService(): grpc.ServiceDefinition {
+export function cmdService(): ServiceDefinition {
   return service(PROTO_FILES.cmd, CMD_SERVICE);
 }
 
 /** The `kubevirt.cmd.info.CmdInfo` service definition. */
-export function cmdInfoService(): grpc.ServiceDefinition {
+export function cmdInfoService(): ServiceDefinition {
   return service(PROTO_FILES.cmdInfo, CMD_INFO_SERVICE);
 }
 
 /** The `kubevirt.notify.v1.Notify` service definition. */
-export function notifyService(): grpc.ServiceDefinition {
+export function notifyService(): ServiceDefinition {
   return service(PROTO_FILES.notify, NOTIFY_SERVICE);
 }
 
 /** The `kubevirt.notify.info.NotifyInfo` service definition. */
-export function notifyInfoService(): grpc.ServiceDefinition {
+export function notifyInfoService(): ServiceDefinition {
   return service(PROTO_FILES.notifyInfo, NOTIFY_INFO_SERVICE);
 }
-
-/** A unary client method as grpc-js generates it (callback style). */
-export type UnaryCall<Req, Res> = (
-  request: Req,
-  metadataOrOptions: grpc.Metadata | grpc.CallOptions,
-  callback: (error: grpc.ServiceError | null, response?: Res) => void,
-) => grpc.ClientUnaryCall;
 
 /** A typed unary client method that also takes call options. */
 export interface UnaryMethod<Req, Res> {
   (
     request: Req,
-    callback: (error: grpc.ServiceError | null, response?: Res) => void,
-  ): grpc.ClientUnaryCall;
+    callback: (error: ServiceError | null, response?: Res) => void,
+  ): ClientCall;
   (
     request: Req,
-    options: grpc.CallOptions,
-    callback: (error: grpc.ServiceError | null, response?: Res) => void,
-  ): grpc.ClientUnaryCall;
+    options: CallOptions,
+    callback: (error: ServiceError | null, response?: Res) => void,
+  ): ClientCall;
 }
 
 /** A `kubevirt.cmd.v1.Cmd` client; methods not typed here exist too (see `CMD_METHODS`). */
-export interface CmdClient extends grpc.Client {
+export interface CmdClient extends GrpcClient {
   SyncVirtualMachine: UnaryMethod<VMIRequest, Response>;
   PauseVirtualMachine: UnaryMethod<VMIRequest, Response>;
   UnpauseVirtualMachine: UnaryMethod<VMIRequest, Response>;
@@ -249,26 +253,26 @@ export interface CmdClient extends grpc.Client {
 }
 
 /** A `kubevirt.cmd.info.CmdInfo` client. */
-export interface CmdInfoClient extends grpc.Client {
+export interface CmdInfoClient extends GrpcClient {
   Info: UnaryMethod<Record<string, never>, CmdInfoResponse>;
 }
 
 /** A `kubevirt.notify.v1.Notify` client. */
-export interface NotifyClient extends grpc.Client {
+export interface NotifyClient extends GrpcClient {
   HandleDomainEvent: UnaryMethod<DomainEventRequest, Response>;
   HandleK8sEvent: UnaryMethod<K8sEventRequest, Response>;
 }
 
 /** A `kubevirt.notify.info.NotifyInfo` client. */
-export interface NotifyInfoClient extends grpc.Client {
+export interface NotifyInfoClient extends GrpcClient {
   Info: UnaryMethod<Record<string, never>, NotifyInfoResponse>;
 }
 
 function client<C>(
-  definition: grpc.ServiceDefinition,
+  definition: ServiceDefinition,
   name: string,
   socketPath: string,
-  options?: grpc.ChannelOptions,
+  options?: ChannelOptions,
 ): C {
   const Ctor = grpc.makeClientConstructor(definition, name);
   return new Ctor(
@@ -279,7 +283,7 @@ function client<C>(
 }
 
 /** A cmd client for a launcher socket path (no I/O until the first call). */
-export function newCmdClient(socketPath: string, options?: grpc.ChannelOptions): CmdClient {
+export function newCmdClient(socketPath: string, options?: ChannelOptions): CmdClient {
   return client<CmdClient>(cmdService(), "Cmd", socketPath, options);
 }
 

@@ -21,7 +21,21 @@
  * @module
  */
 
-export { PROTO_LOADER_OPTIONS, ProtoLoadError, protoPath, unixTarget } from "./loader.ts";
+export {
+  type CallOptions,
+  type ChannelOptions,
+  type ClientCall,
+  type ClientReadableStream,
+  type GrpcClient,
+  type MethodDefinition,
+  PROTO_LOADER_OPTIONS,
+  type ProtoLoaderOptions,
+  ProtoLoadError,
+  protoPath,
+  type ServiceDefinition,
+  type ServiceError,
+  unixTarget,
+} from "./loader.ts";
 export {
   CMD_INFO_SERVICE,
   CMD_METHODS,
@@ -56,7 +70,6 @@ export {
   type Response,
   SUPPORTED_CMD_VERSIONS,
   SUPPORTED_NOTIFY_VERSIONS,
-  type UnaryCall,
   type UnaryMethod,
   type VirtualMachineOptions,
   type VMI,
