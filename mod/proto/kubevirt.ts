@@ -91,19 +91,25 @@ export type DomainEventType = typeof DomainEventType[keyof typeof DomainEventTyp
 
 /** `kubevirt.cmd.v1.VMI`: the VMI as Kubernetes JSON bytes. */
 export interface VMI {
+  /** The `VirtualMachineInstance` as Kubernetes JSON. */
   vmiJson: Uint8Array;
 }
 
 /** `kubevirt.cmd.v1.VirtualMachineOptions`, the fields virtnode reads; others pass through. */
 export interface VirtualMachineOptions {
+  /** Seconds between memory balloon statistics updates; 0 turns them off. */
   MemBalloonStatsPeriod?: number;
+  /** Names of the volumes whose disk images are preallocated. */
   PreallocatedVolumes?: string[];
+  /** Options virtnode does not read, passed on as received. */
   [field: string]: unknown;
 }
 
 /** `kubevirt.cmd.v1.VMIRequest`. */
 export interface VMIRequest {
+  /** The VMI to act on. */
   vmi?: VMI | null;
+  /** Options for defining the domain. */
   options?: VirtualMachineOptions | null;
 }
 
@@ -112,36 +118,47 @@ export type EmptyRequest = Record<string, never>;
 
 /** `kubevirt.cmd.v1.Response` (also `kubevirt.notify.v1.Response`). */
 export interface Response {
+  /** Whether the call succeeded. */
   success: boolean;
+  /** Why it failed; empty on success. */
   message: string;
 }
 
 /** `kubevirt.cmd.v1.DomainResponse`: `domain` is the Domain JSON, empty when none. */
 export interface DomainResponse {
+  /** The outcome of the call. */
   response: Response | null;
+  /** The Domain as JSON, or empty when there is no domain. */
   domain: string;
 }
 
 /** `kubevirt.cmd.v1.DomainStatsResponse`: `domainStats` is JSON text. */
 export interface DomainStatsResponse {
+  /** The outcome of the call. */
   response: Response | null;
+  /** The domain's statistics as JSON. */
   domainStats: string;
 }
 
 /** `kubevirt.cmd.v1.GuestInfoResponse`: `guestInfoResponse` is JSON text. */
 export interface GuestInfoResponse {
+  /** The outcome of the call. */
   response: Response | null;
+  /** What the guest agent reports, as JSON. */
   guestInfoResponse: string;
 }
 
 /** `kubevirt.cmd.v1.QemuVersionResponse`. */
 export interface QemuVersionResponse {
+  /** The outcome of the call. */
   response: Response | null;
+  /** The QEMU version the launcher runs. */
   version: string;
 }
 
 /** `kubevirt.cmd.info.CmdInfoResponse`. */
 export interface CmdInfoResponse {
+  /** The cmd API versions the launcher speaks. */
   supportedCmdVersions: number[];
 }
 
@@ -153,16 +170,19 @@ export interface DomainEventRequest {
   domainJSON: Uint8Array;
   /** A Kubernetes `Status` as JSON for ERROR; empty otherwise. */
   statusJSON: Uint8Array;
+  /** The event type, one of {@linkcode DomainEventType}. */
   eventType: string;
 }
 
 /** `kubevirt.notify.v1.K8sEventRequest`: a Kubernetes core/v1 Event as JSON. */
 export interface K8sEventRequest {
+  /** The core/v1 Event as JSON. */
   eventJSON: Uint8Array;
 }
 
 /** `kubevirt.notify.info.NotifyInfoResponse`. */
 export interface NotifyInfoResponse {
+  /** The notify API versions the handler speaks. */
   supportedNotifyVersions: number[];
 }
 
@@ -236,35 +256,53 @@ export interface UnaryMethod<Req, Res> {
 
 /** A `kubevirt.cmd.v1.Cmd` client; methods not typed here exist too (see `CMD_METHODS`). */
 export interface CmdClient extends GrpcClient {
+  /** Defines and starts the domain, or brings a running one in line with the VMI. */
   SyncVirtualMachine: UnaryMethod<VMIRequest, Response>;
+  /** Pauses the domain. */
   PauseVirtualMachine: UnaryMethod<VMIRequest, Response>;
+  /** Resumes a paused domain. */
   UnpauseVirtualMachine: UnaryMethod<VMIRequest, Response>;
+  /** Resets the domain, like pressing the reset button. */
   ResetVirtualMachine: UnaryMethod<VMIRequest, Response>;
+  /** Asks the guest to reboot. */
   SoftRebootVirtualMachine: UnaryMethod<VMIRequest, Response>;
+  /** Asks the guest to shut down (ACPI). */
   ShutdownVirtualMachine: UnaryMethod<VMIRequest, Response>;
+  /** Destroys the domain at once. */
   KillVirtualMachine: UnaryMethod<VMIRequest, Response>;
+  /** Undefines the domain. */
   DeleteVirtualMachine: UnaryMethod<VMIRequest, Response>;
+  /** The current domain. */
   GetDomain: UnaryMethod<EmptyRequest, DomainResponse>;
+  /** The domain's statistics. */
   GetDomainStats: UnaryMethod<EmptyRequest, DomainStatsResponse>;
+  /** What the guest agent reports. */
   GetGuestInfo: UnaryMethod<EmptyRequest, GuestInfoResponse>;
+  /** Succeeds when the launcher answers. */
   Ping: UnaryMethod<EmptyRequest, Response>;
+  /** The QEMU version of the launcher. */
   GetQemuVersion: UnaryMethod<EmptyRequest, QemuVersionResponse>;
+  /** The other RPCs of `CMD_METHODS`, untyped. */
   [method: string]: unknown;
 }
 
 /** A `kubevirt.cmd.info.CmdInfo` client. */
 export interface CmdInfoClient extends GrpcClient {
+  /** The cmd API versions the launcher speaks. */
   Info: UnaryMethod<Record<string, never>, CmdInfoResponse>;
 }
 
 /** A `kubevirt.notify.v1.Notify` client. */
 export interface NotifyClient extends GrpcClient {
+  /** Reports a change of the domain to the handler. */
   HandleDomainEvent: UnaryMethod<DomainEventRequest, Response>;
+  /** Asks the handler to record a Kubernetes event on the VMI. */
   HandleK8sEvent: UnaryMethod<K8sEventRequest, Response>;
 }
 
 /** A `kubevirt.notify.info.NotifyInfo` client. */
 export interface NotifyInfoClient extends GrpcClient {
+  /** The notify API versions the handler speaks. */
   Info: UnaryMethod<Record<string, never>, NotifyInfoResponse>;
 }
 
