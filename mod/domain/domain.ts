@@ -20,55 +20,81 @@ export const DOMAIN_API_VERSION = "1.2.2";
 
 /** Guest OS information the guest agent reports. */
 export interface DomainOsInfo {
+  /** The OS name, e.g. `Fedora Linux`. */
   name?: string;
+  /** The kernel release, e.g. `6.8.5-301.fc40.x86_64`. */
   kernelRelease?: string;
+  /** The OS version, e.g. `40 (Cloud Edition)`. */
   version?: string;
+  /** The OS name and version for display, e.g. `Fedora Linux 40 (Cloud Edition)`. */
   prettyName?: string;
+  /** The OS version ID, e.g. `40`. */
   versionId?: string;
+  /** The kernel version string, as `uname -v` prints it. */
   kernelVersion?: string;
+  /** The machine architecture, e.g. `x86_64`. */
   machine?: string;
+  /** The OS ID, e.g. `fedora`. */
   id?: string;
 }
 
 /** One guest network interface the guest agent reports. */
 export interface DomainInterfaceStatus {
+  /** The interface's MAC address. */
   mac?: string;
+  /** The interface's first IP address. */
   ip?: string;
+  /** Every IP address of the interface. */
   ips?: string[];
+  /** The interface's name in the guest, e.g. `eth0`. */
   interfaceName?: string;
 }
 
 /** A device alias; user-defined aliases are written `ua-<name>` in libvirt XML. */
 export interface DomainAlias {
+  /** The alias, without the `ua-` prefix when user-defined. */
   name: string;
+  /** Whether the alias was given by the user (`ua-` in libvirt XML). */
   userDefined: boolean;
 }
 
 /** A network interface of the domain spec. */
 export interface DomainInterface {
+  /** The interface type, e.g. `ethernet` or `bridge`. */
   type: string;
+  /** The interface's MAC address. */
   mac?: string;
+  /** The device model, e.g. `virtio`. */
   model?: string;
+  /** The device alias. */
   alias?: DomainAlias;
 }
 
 /** A disk of the domain spec. */
 export interface DomainDisk {
+  /** What the guest sees, e.g. `disk` or `cdrom`. */
   device: string;
+  /** Where the data is, e.g. `file` or `block`. */
   type: string;
+  /** The image file or block device on the host. */
   source: { file?: string; dev?: string };
+  /** The bus and device name in the guest, e.g. `virtio` and `vda`. */
   target: { bus?: string; dev?: string };
+  /** The device alias. */
   alias?: DomainAlias;
 }
 
 /** `<metadata><kubevirt>` of the domain spec. */
 export interface DomainKubevirtMetadata {
+  /** The VMI's UID. */
   uid: string;
+  /** The grace period of the guest's shutdown, and whether it is being shut down. */
   gracePeriod?: {
     deletionGracePeriodSeconds: number;
     deletionTimestamp?: string;
     markedForGracefulShutdown?: boolean;
   };
+  /** The state of the VMI's live migration, when one was started. */
   migration?: {
     uid?: string;
     startTimestamp?: string;
@@ -86,26 +112,37 @@ export interface DomainSpecSummary {
   type?: string;
   /** libvirt domain name, `<namespace>_<name>`. */
   name: string;
+  /** The libvirt domain UUID. */
   uuid?: string;
+  /** KubeVirt's metadata in the domain. */
   metadata: { kubevirt: DomainKubevirtMetadata };
   /** Present when the domain has `<features>`; `acpi` tells whether ACPI is on. */
   features?: { acpi: boolean };
+  /** The network interfaces and disks. */
   devices: { interfaces: DomainInterface[]; disks: DomainDisk[] };
 }
 
 /** A domain's status: lifecycle, reason, and what the guest agent reported. */
 export interface DomainStatus {
+  /** The lifecycle state. */
   status: LifeCycle;
+  /** Why the domain is in that state. */
   reason: StateChangeReason;
+  /** The guest OS, as the guest agent reports it. */
   osInfo?: DomainOsInfo;
+  /** The guest's network interfaces, as the guest agent reports them. */
   interfaces?: DomainInterfaceStatus[];
+  /** Whether the guest's filesystems are frozen, e.g. `frozen`. */
   fsFreezeStatus?: { status: string };
 }
 
 /** A domain as the launcher reports it. */
 export interface Domain {
+  /** Always `Domain`. */
   kind: typeof DOMAIN_KIND;
+  /** KubeVirt's domain API version ({@linkcode DOMAIN_API_VERSION}). */
   apiVersion: string;
+  /** The VMI the domain belongs to. */
   metadata: {
     /** The VMI's name (not the libvirt domain name). */
     name: string;
@@ -114,7 +151,9 @@ export interface Domain {
     resourceVersion?: string;
     deletionTimestamp?: string;
   };
+  /** The parts of the domain spec the handler reads. */
   spec: DomainSpecSummary;
+  /** The domain's status. */
   status: DomainStatus;
 }
 
