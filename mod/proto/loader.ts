@@ -9,8 +9,9 @@
 import { fileURLToPath } from "node:url";
 
 // The grpc-js shapes below are our own, narrowed to what virtnode uses: the public API names
-// no npm type, so `deno doc` documents it whole. Each is assignable to the grpc-js type
-// the value is handed to (`Server.addService`, `makeClientConstructor`).
+// no npm type, so `deno doc` documents it whole. A ServiceDefinition is assignable to what
+// grpc-js takes (`Server.addService`, `makeClientConstructor`); what grpc-js hands back
+// (its ServiceError, calls, streams) is assignable to ours.
 
 /** Options of `@grpc/proto-loader`'s `loadSync`, the ones virtnode sets. */
 export interface ProtoLoaderOptions {
