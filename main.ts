@@ -116,6 +116,7 @@ function hostPort(value: string): string {
 /** Loads the Kubernetes client, retrying with backoff until it works or `signal` aborts. */
 async function kubeClientWithRetry(config: Config, signal: AbortSignal) {
   const { loadKubeClient } = await import("./mod/kube/mod.ts");
+  const { sleep } = await import("./mod/lifecycle/mod.ts");
   const log = getLogger("kube");
   let delay = 1_000;
   for (;;) {
@@ -127,48 +128,14 @@ async function kubeClientWithRetry(config: Config, signal: AbortSignal) {
         seconds: delay / 1000,
         error,
       });
-      await new Promise((r) => setTimeout(r, delay));
+      await sleep(delay, signal);
       delay = Math.min(delay * 2, 30_000);
     }
   }
 }
 
-/** Removes a domain a dead launcher left behind in libvirt (pod-less mode only). */
-async function reapDomain(uri: string, namespace: string, name: string, uid: string) {
-  const { openLibvirt, LibvirtError, LIBVIRT_ERROR_CODES } = await import("./ffi/mod.ts");
-  const conn = await openLibvirt(uri, { events: false, workers: 1 });
-  try {
-    const domain = await conn.lookupByName(`${namespace}_${name}`);
-    const xml = await domain.getXMLDesc();
-    if (!xml.includes(uid)) return; // another VMI's domain by now
-    const state = await domain.getState();
-    if (state.stateName !== "Shutoff") await domain.destroy();
-    await domain.undefine({ nvram: true }).catch(() => domain.undefine());
-    getLogger("handler").warn("Removed domain left by a dead launcher", { namespace, name, uid });
-  } catch (error) {
-    if (!(error instanceof LibvirtError && error.code === LIBVIRT_ERROR_CODES.VIR_ERR_NO_DOMAIN)) {
-      throw error;
-    }
-  } finally {
-    await conn.close();
-  }
-}
-
-function buildProgram(): Command {
-  const program = new Command("virtnode")
-    .description(
-      "KubeVirt-compatible node agent: runs VirtualMachineInstances on this node through libvirt",
-    )
-    .version(VERSION, "-V, --version", "print virtnode's version")
-    .showHelpAfterError("(run 'virtnode --help' for usage)")
-    .enablePositionalOptions()
-    .exitOverride();
-  for (const s of SETTINGS) {
-    program.addOption(
-      new Option(`${s.flag} <value>`, `${s.description} (env: ${s.env})`),
-    );
-  }
-
+/** Adds `virtnode version`: virtnode's, Deno's, V8's and libvirt's versions. */
+function versionCommand(program: Command): void {
   program.command("version")
     .description("print virtnode's, Deno's, V8's and libvirt's versions")
     .action(async () => {
@@ -185,7 +152,10 @@ function buildProgram(): Command {
       }
       console.log(lines.join("\n"));
     });
+}
 
+/** Adds `virtnode check`: the preflight, each check PASS/WARN/FAIL. */
+function checkCommand(program: Command): void {
   program.command("check")
     .description("preflight: libvirt, KVM, apiserver and directories, each PASS/WARN/FAIL")
     .action(async (_opts, command: Command) => {
@@ -203,7 +173,10 @@ function buildProgram(): Command {
         Deno.exit(1);
       }
     });
+}
 
+/** Adds `virtnode handler`: the node agent, the handler and the node services under one signal. */
+function handlerCommand(program: Command): void {
   program.command("handler")
     .description("run the node agent: sync this node's VMIs with their launchers and libvirt")
     .option("--podless", "start launchers as processes of this host (no launcher pods)")
@@ -233,57 +206,37 @@ function buildProgram(): Command {
     .option("--no-node-labeller", "do not label this node from libvirt's capabilities")
     .action(async (opts, command: Command) => {
       const config = loadConfig(command, "virt-handler");
-      const { startHandler, handlerPaths } = await import("./mod/handler/mod.ts");
-      const stopSignal = new AbortController();
-      const onSignal = () => stopSignal.abort();
-      Deno.addSignalListener("SIGTERM", onSignal);
-      Deno.addSignalListener("SIGINT", onSignal);
-      const client = await kubeClientWithRetry(config, stopSignal.signal);
-      const paths = handlerPaths(config);
+      const [{ Handler }, node, { EventRecorder }, { runStages }, { formatLauncherArgs }] =
+        await Promise.all([
+          import("./mod/handler/mod.ts"),
+          import("./mod/node/mod.ts"),
+          import("./mod/kube/mod.ts"),
+          import("./mod/lifecycle/mod.ts"),
+          import("./mod/launcher/args/mod.ts"),
+        ]);
+      // One signal for everything the handler runs; SIGTERM and SIGINT abort it.
+      const stop = new AbortController();
+      Deno.addSignalListener("SIGTERM", () => stop.abort());
+      Deno.addSignalListener("SIGINT", () => stop.abort());
+      const client = await kubeClientWithRetry(config, stop.signal);
       const globals = ["--log-level", config.logLevel, "--log-format", "json"];
-      const handler = await startHandler(config, client, {
+      const handler = await Handler.create(config, client, {
         healthAddress: opts.healthAddress,
         workers: opts.workers,
         podsDir: opts.kubeletPodsDir,
-        reapDomain: (ns, name, uid) => reapDomain(config.libvirtUri, ns, name, uid),
+        imageDir: opts.imageDir,
+        hostDiskRoot: opts.hostDiskRoot,
         launcherCommand: opts.podless
-          ? (spec) =>
-            selfCommand([
-              ...globals,
-              "launcher",
-              "--namespace",
-              spec.namespace,
-              "--name",
-              spec.name,
-              "--uid",
-              spec.uid,
-              "--socket-dir",
-              spec.socketDir,
-              "--libvirt-uri",
-              config.libvirtUri,
-              "--notify-socket",
-              paths.notifySocket,
-              "--grace-period",
-              String(spec.gracePeriodSeconds),
-              "--run-dir",
-              `${config.runDir}/private/${spec.uid}`,
-              "--disk-dir",
-              `${config.stateDir}/disks/${spec.uid}`,
-              "--image-dir",
-              opts.imageDir ?? `${config.stateDir}/images`,
-              ...(opts.hostDiskRoot ? ["--host-disk-root", opts.hostDiskRoot] : []),
-            ])
+          ? (options) => selfCommand([...globals, "launcher", ...formatLauncherArgs(options)])
           : undefined,
       });
-      const { readCapabilitiesInChild, startNodeServices } = await import("./mod/node/mod.ts");
-      const { EventRecorder } = await import("./mod/kube/mod.ts");
-      const node = await startNodeServices(client, {
+      const services = node.nodeServices(client, {
         nodeName: config.nodeName,
         libvirtUri: config.libvirtUri,
         // libvirt's libraries and workers cost the handler ~30 MB RSS for as long as they
         // are mapped; a child reads them (what KubeVirt's node-labeller script does).
         readCapabilities: (uri, gather) =>
-          readCapabilitiesInChild(
+          node.readCapabilitiesInChild(
             selfCommand([
               ...globals,
               "--libvirt-uri",
@@ -302,19 +255,14 @@ function buildProgram(): Command {
         labeller: opts.nodeLabeller ? {} : false,
         recorder: new EventRecorder(client, { host: config.nodeName, component: "node-labeller" }),
       });
-      const stopAll = async () => {
-        // Unschedulable first, so no new VMI lands here while the handler drains.
-        await node.stop().catch((error) =>
-          getLogger("handler").warn("Cannot mark the node unschedulable: {error}", { error })
-        );
-        await handler.stop();
-      };
-      stopSignal.signal.addEventListener("abort", () => void stopAll(), { once: true });
-      if (stopSignal.signal.aborted) void stopAll();
-      await handler.done;
+      // Unschedulable first, so no new VMI lands here while the handler drains.
+      await runStages([...services.stages, [handler]], stop.signal);
       Deno.exit(0);
     });
+}
 
+/** Adds `virtnode heartbeat`: one beat by hand, or the node's heartbeat state. */
+function heartbeatCommand(program: Command): void {
   program.command("heartbeat")
     .description("write one heartbeat of this node, or --show its heartbeat state")
     .option("--show", "print the node's schedulable label, heartbeat and its age; write nothing")
@@ -346,7 +294,10 @@ function buildProgram(): Command {
         client.close();
       }
     });
+}
 
+/** Adds `virtnode labeller`: the labels libvirt's capabilities give, printed or applied. */
+function labellerCommand(program: Command): void {
   program.command("labeller")
     .description("print the node labels libvirt's capabilities give; --apply writes them")
     .option("--apply", "replace this node's labeller labels (guarded by a test of the labels read)")
@@ -390,7 +341,7 @@ function buildProgram(): Command {
             component: "node-labeller",
           }),
         });
-        const result = await labeller.run();
+        const result = await labeller.labelOnce();
         console.log(
           `node "${config.nodeName}": ${result.outcome}, ${
             Object.keys(result.labels).length
@@ -400,15 +351,21 @@ function buildProgram(): Command {
         client.close();
       }
     });
+}
 
+/** Adds the hidden `__mntns-child`: a compiled virtnode's mount-namespace worker (see ffi/libc.ts). */
+function mountNamespaceChildCommand(program: Command): void {
   program.command("__mntns-child", { hidden: true })
     .description("internal: perform actions in another mount namespace (see ffi/libc.ts)")
     .argument("<request>")
     .action(async (request: string) => {
-      const { mountNamespaceChild } = await import("./ffi/_mntns_child.ts");
+      const { mountNamespaceChild } = await import("./ffi/mod.ts");
       console.log(JSON.stringify(mountNamespaceChild(request)));
     });
+}
 
+/** Adds `virtnode launcher`: one VMI's launcher (KubeVirt's virt-launcher role). */
+function launcherCommand(program: Command): void {
   program.command("launcher")
     .description(
       "run one VMI's launcher (KubeVirt's virt-launcher role); see 'virtnode launcher --help'",
@@ -440,7 +397,29 @@ function buildProgram(): Command {
       }
       Deno.exit(await runLauncher(options));
     });
+}
 
+function buildProgram(): Command {
+  const program = new Command("virtnode")
+    .description(
+      "KubeVirt-compatible node agent: runs VirtualMachineInstances on this node through libvirt",
+    )
+    .version(VERSION, "-V, --version", "print virtnode's version")
+    .showHelpAfterError("(run 'virtnode --help' for usage)")
+    .enablePositionalOptions()
+    .exitOverride();
+  for (const s of SETTINGS) {
+    program.addOption(
+      new Option(`${s.flag} <value>`, `${s.description} (env: ${s.env})`),
+    );
+  }
+  versionCommand(program);
+  checkCommand(program);
+  handlerCommand(program);
+  heartbeatCommand(program);
+  labellerCommand(program);
+  mountNamespaceChildCommand(program);
+  launcherCommand(program);
   return program;
 }
 

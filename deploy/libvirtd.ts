@@ -6,6 +6,7 @@
  *
  * @module
  */
+import { sleep } from "../mod/lifecycle/mod.ts";
 
 /** The URI of the system libvirtd that {@linkcode ensureLibvirtd} starts. */
 export const QEMU_SYSTEM_URI = "qemu:///system";
@@ -57,7 +58,7 @@ async function waitForSocket(path: string, timeoutMs: number): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (!(await exists(path))) {
     if (Date.now() > deadline) throw new Error(`Cannot start libvirtd: no socket "${path}"`);
-    await new Promise((resolve) => setTimeout(resolve, 50));
+    await sleep(50);
   }
 }
 

@@ -14,7 +14,8 @@
  */
 import { startCluster } from "./cluster/cluster.ts";
 import { ensureLibvirtd } from "./libvirtd.ts";
-import { loadKubeClient } from "../mod/kube/mod.ts";
+import { type KubeClient, loadKubeClient } from "../mod/kube/mod.ts";
+import { sleep } from "../mod/lifecycle/mod.ts";
 import type { VirtualMachineInstance } from "../mod/api/mod.ts";
 import { V8_FLAGS } from "../mod/config/mod.ts";
 
@@ -69,23 +70,19 @@ async function examples(): Promise<{ file: string; yaml: string; name: string }[
   return out;
 }
 
-async function main(): Promise<number> {
-  say(`node name: ${nodeName}`);
-  say("starting the control plane (kube-apiserver + etcd; built and cached on first use)");
-  const cluster = await startCluster();
-  say(`kubeconfig: ${cluster.kubeconfigPath}`);
-  say(`  try: KUBECONFIG=${cluster.kubeconfigPath} kubectl get vmi -w`);
-  // No kubelet runs here: register the Node as one would, for the heartbeat and labels.
-  const nodeJson = JSON.stringify({ apiVersion: "v1", kind: "Node", metadata: { name: nodeName } });
-  const nodeFile = `${cluster.dir}/node.json`;
-  await Deno.writeTextFile(nodeFile, nodeJson);
-  await kubectl(cluster.kubeconfigPath, "apply", "-f", nodeFile);
-  const uri = await pickLibvirt();
-  say(`libvirt: ${uri}`);
-  const dir = await Deno.makeTempDir({ prefix: "virtnode-local-" });
+/** The handler process, its log pumped into a file. */
+interface HandlerChild {
+  process: Deno.ChildProcess;
+  /** Resolves when its output has been written out. */
+  pumped: Promise<unknown>;
+  logFile: Deno.FsFile;
+}
+
+/** Starts `virtnode handler --podless` for this host's node, its output in `<dir>/handler.log`. */
+async function startHandler(dir: string, kubeconfig: string, uri: string): Promise<HandlerChild> {
   const handlerLog = `${dir}/handler.log`;
-  const log = await Deno.open(handlerLog, { create: true, write: true, append: true });
-  const handler = new Deno.Command(Deno.execPath(), {
+  const logFile = await Deno.open(handlerLog, { create: true, write: true, append: true });
+  const process = new Deno.Command(Deno.execPath(), {
     args: [
       "run",
       "-A",
@@ -94,7 +91,7 @@ async function main(): Promise<number> {
       "--node-name",
       nodeName,
       "--kubeconfig",
-      cluster.kubeconfigPath,
+      kubeconfig,
       "--libvirt-uri",
       uri,
       "--state-dir",
@@ -113,60 +110,74 @@ async function main(): Promise<number> {
     stderr: "piped",
   }).spawn();
   const pump = async (s: ReadableStream<Uint8Array>) => {
-    for await (const chunk of s) await log.write(chunk);
+    for await (const chunk of s) await logFile.write(chunk);
   };
-  const pumps = Promise.all([pump(handler.stdout), pump(handler.stderr)]);
-  say(`handler started (pid ${handler.pid}); its log: ${handlerLog}`);
+  const pumped = Promise.all([pump(process.stdout), pump(process.stderr)]);
+  say(`handler started (pid ${process.pid}); its log: ${handlerLog}`);
+  return { process, pumped, logFile };
+}
 
-  let stopping = false;
-  const stopped = new Promise<void>((resolve) => {
+/** Resolves at the first SIGINT or SIGTERM. */
+function stopRequested(): Promise<void> {
+  return new Promise<void>((resolve) => {
     const onSignal = () => {
-      if (!stopping) say("Ctrl-C: stopping");
-      stopping = true;
+      say("Ctrl-C: stopping");
       resolve();
     };
     Deno.addSignalListener("SIGINT", onSignal);
     Deno.addSignalListener("SIGTERM", onSignal);
   });
+}
 
-  const manifests = await examples();
-  for (const m of manifests) {
-    const tmp = `${dir}/${m.file}`;
-    await Deno.writeTextFile(tmp, m.yaml);
-    say((await kubectl(cluster.kubeconfigPath, "apply", "-f", tmp)).trim());
-  }
+/** One screen of the VMIs' phases and the node's labels. */
+async function statusTable(client: KubeClient, path: string): Promise<{
+  table: string;
+  vmis: VirtualMachineInstance[];
+}> {
+  const list = await client.request<{ items: VirtualMachineInstance[] }>("GET", path);
+  const rows = list.items.map((v) => {
+    const ready = v.status?.conditions?.find((c) => c.type === "Ready");
+    const sync = v.status?.conditions?.find((c) => c.type === "Synchronized");
+    return `${v.metadata.name.padEnd(16)} ${(v.status?.phase ?? "Pending").padEnd(10)} ` +
+      `${(v.status?.nodeName ?? "").padEnd(20)} ready=${ready?.status ?? "-"}` +
+      (sync?.status === "False" ? `  sync error: ${sync.message}` : "");
+  });
+  const node = await client.request<{ metadata: { labels?: Record<string, string> } }>(
+    "GET",
+    `/api/v1/nodes/${nodeName}`,
+  );
+  const labels = node.metadata.labels ?? {};
+  const cpuLabels = Object.keys(labels).filter((k) => k.includes(".node.kubevirt.io/")).length;
+  rows.push(
+    `node ${nodeName}: kubevirt.io/schedulable=${labels["kubevirt.io/schedulable"] ?? "-"}, ` +
+      `${cpuLabels} labels from libvirt's capabilities`,
+  );
+  return { table: rows.join("\n"), vmis: list.items };
+}
 
-  const client = await loadKubeClient({ kubeconfigPath: cluster.kubeconfigPath });
+/**
+ * Shows the VMIs until a stop is requested; with `--until-running`, until every example
+ * VMI runs (0) or one fails (1).
+ */
+async function watch(
+  client: KubeClient,
+  uri: string,
+  kubeconfig: string,
+  expected: number,
+  stopped: Promise<void>,
+): Promise<number> {
   const path = "/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstances";
+  let stopping = false;
+  stopped.then(() => (stopping = true));
   let last = "";
-  let code = 0;
   while (!stopping) {
-    let rows: string[] = [];
     try {
-      const list = await client.request<{ items: VirtualMachineInstance[] }>("GET", path);
-      rows = list.items.map((v) => {
-        const ready = v.status?.conditions?.find((c) => c.type === "Ready");
-        const sync = v.status?.conditions?.find((c) => c.type === "Synchronized");
-        return `${v.metadata.name.padEnd(16)} ${(v.status?.phase ?? "Pending").padEnd(10)} ` +
-          `${(v.status?.nodeName ?? "").padEnd(20)} ready=${ready?.status ?? "-"}` +
-          (sync?.status === "False" ? `  sync error: ${sync.message}` : "");
-      });
-      const node = await client.request<{ metadata: { labels?: Record<string, string> } }>(
-        "GET",
-        `/api/v1/nodes/${nodeName}`,
-      );
-      const labels = node.metadata.labels ?? {};
-      const cpuLabels = Object.keys(labels).filter((k) => k.includes(".node.kubevirt.io/")).length;
-      rows.push(
-        `node ${nodeName}: kubevirt.io/schedulable=${labels["kubevirt.io/schedulable"] ?? "-"}, ` +
-          `${cpuLabels} labels from libvirt's capabilities`,
-      );
-      const table = rows.join("\n");
+      const { table, vmis } = await statusTable(client, path);
       if (table !== last) {
         if (isTerminal) {
           console.log(
             "\x1b[2J\x1b[H" + `virtnode local mode — node ${nodeName}, ` +
-              `libvirt ${uri}  (Ctrl-C stops everything)\nkubeconfig: ${cluster.kubeconfigPath}\n`,
+              `libvirt ${uri}  (Ctrl-C stops everything)\nkubeconfig: ${kubeconfig}\n`,
           );
         }
         console.log(`${"NAME".padEnd(16)} ${"PHASE".padEnd(10)} ${"NODE".padEnd(20)} READY`);
@@ -174,33 +185,29 @@ async function main(): Promise<number> {
         last = table;
       }
       if (
-        untilRunning && list.items.length === manifests.length &&
-        list.items.every((v) => v.status?.phase === "Running")
+        untilRunning && vmis.length === expected &&
+        vmis.every((v) => v.status?.phase === "Running")
       ) {
         say("every example VMI is Running");
-        break;
+        return 0;
       }
-      if (untilRunning && list.items.some((v) => v.status?.phase === "Failed")) {
+      if (untilRunning && vmis.some((v) => v.status?.phase === "Failed")) {
         say("an example VMI failed");
-        code = 1;
-        break;
+        return 1;
       }
     } catch (error) {
       say(`cannot list VMIs yet: ${(error as Error).message}`);
     }
-    await Promise.race([stopped, new Promise((r) => setTimeout(r, 1000))]);
+    await Promise.race([stopped, sleep(1000)]);
   }
+  return 0;
+}
 
+/** Deletes the example VMIs and waits (up to a minute) for the handler to clean them up. */
+async function deleteExamples(dir: string, kubeconfig: string, names: string[]): Promise<void> {
   say("deleting the example VMIs (graceful shutdown of their guests)");
-  for (const m of manifests) {
-    await kubectl(
-      cluster.kubeconfigPath,
-      "delete",
-      "vmi",
-      m.name,
-      "--ignore-not-found",
-      "--wait=false",
-    )
+  for (const name of names) {
+    await kubectl(kubeconfig, "delete", "vmi", name, "--ignore-not-found", "--wait=false")
       .catch((e) => say(e.message));
   }
   const deadline = Date.now() + 60_000;
@@ -210,15 +217,45 @@ async function main(): Promise<number> {
       left = [...Deno.readDirSync(`${dir}/state/ghost-records`)].filter((e) => e.isFile).length;
     } catch { /* none yet */ }
     if (left === 0) break;
-    await new Promise((r) => setTimeout(r, 250));
+    await sleep(250);
   }
+}
+
+async function main(): Promise<number> {
+  say(`node name: ${nodeName}`);
+  say("starting the control plane (kube-apiserver + etcd; built and cached on first use)");
+  const cluster = await startCluster();
+  const kubeconfig = cluster.kubeconfigPath;
+  say(`kubeconfig: ${kubeconfig}`);
+  say(`  try: KUBECONFIG=${kubeconfig} kubectl get vmi -w`);
+  // No kubelet runs here: register the Node as one would, for the heartbeat and labels.
+  const nodeJson = JSON.stringify({ apiVersion: "v1", kind: "Node", metadata: { name: nodeName } });
+  const nodeFile = `${cluster.dir}/node.json`;
+  await Deno.writeTextFile(nodeFile, nodeJson);
+  await kubectl(kubeconfig, "apply", "-f", nodeFile);
+  const uri = await pickLibvirt();
+  say(`libvirt: ${uri}`);
+  const dir = await Deno.makeTempDir({ prefix: "virtnode-local-" });
+  const handler = await startHandler(dir, kubeconfig, uri);
+  const stopped = stopRequested();
+
+  const manifests = await examples();
+  for (const m of manifests) {
+    const tmp = `${dir}/${m.file}`;
+    await Deno.writeTextFile(tmp, m.yaml);
+    say((await kubectl(kubeconfig, "apply", "-f", tmp)).trim());
+  }
+  const client = await loadKubeClient({ kubeconfigPath: kubeconfig });
+  const code = await watch(client, uri, kubeconfig, manifests.length, stopped);
+
+  await deleteExamples(dir, kubeconfig, manifests.map((m) => m.name));
   say("stopping the handler");
   try {
-    handler.kill("SIGTERM");
+    handler.process.kill("SIGTERM");
   } catch { /* gone */ }
-  const status = await handler.status;
-  await pumps;
-  log.close();
+  const status = await handler.process.status;
+  await handler.pumped;
+  handler.logFile.close();
   client.close();
   say(`handler exited with code ${status.code}`);
   say("stopping the control plane");

@@ -9,3 +9,4 @@ export * from "./errors.ts";
 export * from "./libvirt.ts";
 export * from "./libvirt_constants.ts";
 export * from "./libc.ts";
+export { mountNamespaceChild } from "./_mntns_child.ts";

@@ -9,6 +9,7 @@
 
 import * as path from "node:path";
 import { fileURLToPath } from "node:url";
+import { sleep } from "../../mod/lifecycle/mod.ts";
 
 /** A running (or borrowed) control plane and how to reach it. */
 export interface Cluster {
@@ -450,7 +451,7 @@ async function waitUntil(
     } catch (error) {
       lastError = error;
     }
-    await new Promise((resolve) => setTimeout(resolve, 100));
+    await sleep(100);
   }
   throw new ClusterError(
     `Cannot start ${managed.name}: not ready after ${timeoutMs} ms: ${await logTail(

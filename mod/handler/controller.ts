@@ -1,22 +1,24 @@
 /**
- * The VMI controller (seed 3.1): one queue of `namespace/name` keys fed by the
- * VMI informer and by domain notifications; `execute(key)` reads the current VMI
- * and domain from the stores (events are only wake-ups) and `sync()` decides in
- * the seed's order: shutdown, irrecoverable destroy, delete, cleanup, update,
- * nothing. Every failure becomes a `Synchronized=False` condition and a Warning
- * event, and the key is retried with backoff.
+ * The VMI controller: one queue of `namespace/name` keys fed by the VMI informer and
+ * by domain notifications. A worker takes a key and calls {@linkcode VmiController.reconcile},
+ * which reads the current VMI and domain from the stores (events are only wake-ups),
+ * decides with {@linkcode decideSync}, acts, writes the status, and returns what the
+ * worker loop should do with the key: nothing, or look again after a while. A thrown
+ * error requeues the key with per-key exponential backoff. Only the worker loop touches
+ * the queue; event sources only add keys to it.
+ *
+ * Every failure of a sync becomes a `Synchronized=False` condition and a `SyncFailed`
+ * Warning event before the error reaches the worker loop.
  *
  * @module
  */
 import {
-  DEFAULT_GRACE_PERIOD_SECONDS,
-  isFinalPhase,
-  Paths,
+  splitVmiKey,
   type VirtualMachineInstance,
   type VirtualMachineInstanceStatus,
+  vmiKey,
   VmiPhase,
 } from "../api/mod.ts";
-import { launcherSocketDirOnHost, SocketNames } from "../api/mod.ts";
 import { type Domain, type LauncherState, LifeCycle, StateChangeReason } from "../domain/mod.ts";
 import type {
   EventRecorder,
@@ -25,59 +27,77 @@ import type {
   StatusWriter,
   WorkQueue,
 } from "../kube/mod.ts";
+import { aborted } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
+import { decideSync, type SyncDecision } from "./decide.ts";
 import type { GhostRecordStore } from "./ghost_records.ts";
-import type { LauncherClient, LauncherClients } from "./launcher_clients.ts";
-import type { LauncherSpawner } from "./launcher_spawner.ts";
+import { LauncherClient, type LauncherClients } from "./launcher_clients.ts";
+import type { LauncherProvider } from "./launcher_provider.ts";
 import { FailRetryManager } from "./retry_manager.ts";
-import { computeStatus, EventReason, phaseChangeEvent } from "./status.ts";
+import { computeStatus, EventReason, phaseChangeEvent, type StatusInput } from "./status.ts";
+import { gracePeriodSeconds } from "./_vmi.ts";
 
 const log = getLogger("handler", "controller");
 
-/** ACPI shutdown is sent again this often while the grace period runs (seed 3.1). */
+/** ACPI shutdown is sent again this often while the grace period runs (as KubeVirt does). */
 export const ACPI_RESEND_MS = 5_000;
+/** A key taken before the informer has listed is looked at again after this long. */
+export const CACHE_NOT_SYNCED_REQUEUE_MS = 200;
+/** After cleaning up an older VMI's domain under the same name, the new VMI waits this long. */
+export const OLDER_DOMAIN_REQUEUE_MS = 1_000;
+/** Concurrent syncs unless told (KubeVirt's handler threadiness). */
+export const DEFAULT_WORKERS = 8;
 
-/** How a VMI's launcher socket is found. */
-export type LauncherMode =
-  | { kind: "podless"; spawner: LauncherSpawner; socketRoot: string }
-  | {
-    kind: "kubevirt";
-    podsDir: string;
-    /**
-     * A short directory for links to launcher socket directories whose path is too
-     * long for a unix socket address (108 bytes; the kubelet's pod volume paths are
-     * longer than that).
-     */
-    linkDir: string;
-  };
+/** What a reconcile asks of the worker loop. */
+export type ReconcileResult =
+  | { readonly kind: "done" }
+  | { readonly kind: "requeueAfter"; readonly ms: number; readonly reason: string };
 
-/** Longest unix socket path we dial directly (sun_path is 108 bytes with its NUL). */
-const MAX_SOCKET_PATH = 100;
+/** Nothing more to do for the key until an event wakes it. */
+export const DONE: ReconcileResult = Object.freeze({ kind: "done" });
 
-/** Everything the controller works with; built by the composition root. */
+/** Look at the key again after `ms`, for `reason`. */
+export function requeueAfter(ms: number, reason: string): ReconcileResult {
+  return { kind: "requeueAfter", ms: Math.max(0, Math.round(ms)), reason };
+}
+
+/** The sooner of two results (`done` is the latest). */
+export function sooner(a: ReconcileResult, b: ReconcileResult): ReconcileResult {
+  if (a.kind === "done") return b;
+  if (b.kind === "done") return a;
+  return b.ms < a.ms ? b : a;
+}
+
+/** Everything the controller works with; built by the handler. */
 export interface ControllerDeps {
+  /** This node's name. */
   nodeName: string;
-  mode: LauncherMode;
+  /** Where launchers come from (pod-less or launcher pods). */
+  provider: LauncherProvider;
+  /** The VMIs of this node. */
   informer: Informer<VirtualMachineInstance>;
+  /** The one queue of `namespace/name` keys. */
   queue: WorkQueue<string>;
+  /** Writes the controller waits to see in its informer. */
   expectations: Expectations;
+  /** Writes VMI status the way virt-handler does. */
   statusWriter: StatusWriter<VirtualMachineInstanceStatus, VirtualMachineInstance>;
+  /** Records the VMIs' Events. */
   recorder: EventRecorder;
+  /** The handler's memory across restarts. */
   ghosts: GhostRecordStore;
+  /** The cmd clients of the launchers. */
   launchers: LauncherClients;
-  /** Orphan domain removal after a dead launcher (pod-less: the handler plays the kubelet). */
-  reapDomain?: (namespace: string, name: string, uid: string) => Promise<void>;
+  /** Concurrent syncs; {@linkcode DEFAULT_WORKERS} unless told. */
+  workers?: number;
+  /** Told once the workers run (the informer has listed). */
+  onStarted?: () => void;
 }
 
 interface ShutdownState {
   startedMs: number;
   lastAcpiMs: number;
   graceSeconds: number;
-}
-
-function splitKey(key: string): [string, string] {
-  const i = key.indexOf("/");
-  return [key.slice(0, i), key.slice(i + 1)];
 }
 
 function domainUid(domain: Domain | undefined): string | undefined {
@@ -88,8 +108,14 @@ function describe(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
 }
 
-/** The VirtualMachineController of the seed. */
+function isPausedBy(domain: Domain | undefined, reason: StateChangeReason): boolean {
+  return domain?.status.status === LifeCycle.Paused && domain.status.reason === reason;
+}
+
+/** The VirtualMachineController of KubeVirt's virt-handler. */
 export class VmiController {
+  /** For logs and errors. */
+  readonly name = "vmi-controller";
   readonly #d: ControllerDeps;
   readonly #domains = new Map<string, Domain>();
   /** Last seen copy of VMIs the informer deleted, until cleanup is done. */
@@ -98,29 +124,22 @@ export class VmiController {
   /** Generation last handed to SyncVirtualMachine, per UID. */
   readonly #synced = new Map<string, number>();
   readonly #ioRetry = new FailRetryManager();
-  /** Keys waiting for a launcher start slot (pod-less mode). */
-  readonly #waitingForSlot = new Set<string>();
-  #workers: Promise<void>[] = [];
 
+  /** Creates the controller and subscribes it to the informer; nothing runs until {@linkcode run}. */
   constructor(deps: ControllerDeps) {
     this.#d = deps;
     deps.informer.addHandlers({
       onAdd: (vmi) => this.#vmiEvent(vmi),
       onUpdate: (_old, vmi) => this.#vmiEvent(vmi),
       onDelete: (vmi) => {
-        const key = this.#key(vmi);
-        this.#deleted.set(key, vmi);
+        this.#deleted.set(vmiKey(vmi.metadata), vmi);
         this.#vmiEvent(vmi);
       },
     });
   }
 
-  #key(vmi: VirtualMachineInstance): string {
-    return `${vmi.metadata.namespace}/${vmi.metadata.name}`;
-  }
-
   #vmiEvent(vmi: VirtualMachineInstance): void {
-    const key = this.#key(vmi);
+    const key = vmiKey(vmi.metadata);
     this.#d.expectations.setExpectations(key, 0, 0);
     this.#d.queue.add(key);
   }
@@ -132,7 +151,7 @@ export class VmiController {
 
   /** Records a domain notification and wakes its key. */
   domainEvent(type: "ADDED" | "MODIFIED" | "DELETED", domain: Domain): void {
-    const key = `${domain.metadata.namespace}/${domain.metadata.name}`;
+    const key = vmiKey(domain.metadata);
     if (type === "DELETED") this.#domains.delete(key);
     else this.#domains.set(key, domain);
     this.#d.queue.add(key);
@@ -143,52 +162,51 @@ export class VmiController {
     for (const [key, domain] of this.#domains) {
       if (domainUid(domain) === uid) this.#domains.delete(key);
     }
+    this.wakeUid(uid);
+  }
+
+  /** Wakes the key of a UID's VMI (its launcher became ready, or went away). */
+  wakeUid(uid: string): void {
     const rec = this.#d.ghosts.get(uid);
-    if (rec) this.#d.queue.add(`${rec.namespace}/${rec.name}`);
+    if (rec) this.#d.queue.add(vmiKey(rec));
   }
 
-  #record(
-    vmi: VirtualMachineInstance,
-    type: "Normal" | "Warning",
-    reason: string,
-    message: string,
-  ): Promise<unknown> {
-    const ref = {
-      apiVersion: "kubevirt.io/v1",
-      kind: "VirtualMachineInstance",
-      metadata: {
-        name: vmi.metadata.name,
-        namespace: vmi.metadata.namespace,
-        uid: vmi.metadata.uid,
-      },
-    };
-    return this.#d.recorder.record(ref, type, reason, message);
+  /** Wakes a key. */
+  wake(key: string): void {
+    this.#d.queue.add(key);
   }
 
-  /** Wakes the key of a UID (its launcher just became ready). */
-  wake(uid: string): void {
-    const rec = this.#d.ghosts.get(uid);
-    if (rec) this.#d.queue.add(`${rec.namespace}/${rec.name}`);
+  /**
+   * Runs the workers once the informer has listed (before that a VMI missing from the
+   * cache would look deleted, and its running VM would be shut down). When `signal`
+   * aborts, the queue takes no new keys, in-flight syncs finish, and this resolves.
+   */
+  async run(signal: AbortSignal): Promise<void> {
+    const q = this.#d.queue;
+    await Promise.race([this.#d.informer.waitForSync(), aborted(signal)]);
+    const workers: Promise<void>[] = [];
+    if (!signal.aborted) {
+      for (let i = 0; i < (this.#d.workers ?? DEFAULT_WORKERS); i++) workers.push(this.#worker());
+      this.#d.onStarted?.();
+    }
+    await aborted(signal);
+    await q.shutDownWithDrain();
+    await Promise.all(workers);
   }
 
-  /** Starts `n` workers taking keys from the queue. */
-  run(n: number): void {
-    for (let i = 0; i < n; i++) this.#workers.push(this.#worker());
-  }
-
-  /** Resolves when every worker has stopped (after the queue is shut down). */
-  async stopped(): Promise<void> {
-    await Promise.all(this.#workers);
-  }
-
+  /** The worker loop: the only code that takes keys from, and puts them back on, the queue. */
   async #worker(): Promise<void> {
     const q = this.#d.queue;
     for (;;) {
       const key = await q.get();
       if (key === undefined) return;
       try {
-        await this.execute(key);
+        const result = await this.reconcile(key);
         q.forget(key);
+        if (result.kind === "requeueAfter") {
+          log.debug("Requeue {key} after {ms} ms: {reason}", { key, ...result });
+          q.addAfter(key, result.ms);
+        }
       } catch (error) {
         log.error("Sync of {key} failed, retrying with backoff: {error}", { key, error });
         q.addRateLimited(key);
@@ -198,193 +216,180 @@ export class VmiController {
     }
   }
 
-  /** Processes one key: reads the stores and syncs (seed 3.1.3). */
-  async execute(key: string): Promise<void> {
-    log.debug("Sync started", { key });
+  /**
+   * One sync of a key: read the VMI and its domain, decide, act, write the status.
+   * Throws (for backoff) when the action failed; the failure is on the VMI by then.
+   */
+  async reconcile(key: string): Promise<ReconcileResult> {
     if (!this.#d.informer.hasSynced()) {
-      // An unsynced cache cannot tell a deleted VMI from one not listed yet.
-      this.#d.queue.addAfter(key, 200);
-      return;
+      return requeueAfter(CACHE_NOT_SYNCED_REQUEUE_MS, "the VMI cache has not listed yet");
     }
     const cached = this.#d.informer.get(key);
     const vmiExists = cached !== undefined;
-    if (vmiExists && !this.#d.expectations.satisfied(key)) return;
+    if (vmiExists && !this.#d.expectations.satisfied(key)) return DONE;
     if (vmiExists) this.#deleted.delete(key);
     const domain = this.#domains.get(key);
-    let vmi: VirtualMachineInstance;
-    if (cached) {
-      vmi = structuredClone(cached);
-    } else {
-      const [namespace, name] = splitKey(key);
-      const last = this.#deleted.get(key);
-      const uid = domainUid(domain) ?? last?.metadata.uid ?? this.#d.ghosts.lastKnownUid(key);
-      if (!uid) return; // nothing of this VMI is left on the node
-      vmi = last ? structuredClone(last) : {
-        metadata: { namespace, name, uid },
-        spec: { domain: { devices: {} } },
-      } as VirtualMachineInstance;
-      vmi.metadata.uid = uid;
-    }
+    const vmi = cached ? structuredClone(cached) : this.#lastKnown(key, domain);
+    if (!vmi) return DONE; // nothing of this VMI is left on the node
 
-    // Local leftovers of an older VMI with this name whose domain is gone already:
-    // clean them up (the key now belongs to the new VMI, so nothing else would).
     if (vmiExists) {
+      // Leftovers of an older VMI with this name whose domain is gone already: the key
+      // belongs to the new VMI now, so nothing else would clean them up.
       for (const rec of this.#d.ghosts.findByKey(key)) {
         if (rec.uid === vmi.metadata.uid || domainUid(domain) === rec.uid) continue;
         log.info("Cleaning up after an older VMI with this name", { key, uid: rec.uid });
-        await this.#processVmCleanup({
-          ...vmi,
-          metadata: { ...vmi.metadata, uid: rec.uid },
-          status: {},
+        await this.#processVmCleanup(this.#withUid(vmi, rec.uid));
+      }
+      // A domain of an older VMI with this name: clean it up first.
+      const oldUid = domainUid(domain);
+      if (domain && oldUid && oldUid !== vmi.metadata.uid) {
+        log.info("Domain belongs to an older VMI with this name; cleaning it up first", {
+          key,
+          uid: oldUid,
         });
+        await this.#sync(this.#withUid(vmi, oldUid), false, domain);
+        return requeueAfter(OLDER_DOMAIN_REQUEUE_MS, "an older VMI's domain is being removed");
       }
     }
+    return await this.#sync(vmi, vmiExists, domain);
+  }
 
-    // A domain of an older VMI with the same name: clean it up first (seed 3.1.3).
-    const oldUid = domainUid(domain);
-    if (vmiExists && domain && oldUid && oldUid !== vmi.metadata.uid) {
-      log.info("Domain belongs to an older VMI with this name; cleaning it up first", {
-        key,
-        uid: oldUid,
-      });
-      const old = { ...vmi, metadata: { ...vmi.metadata, uid: oldUid }, status: {} };
-      await this.#sync(old, false, domain);
-      this.#d.queue.addAfter(key, 1_000);
-      return;
-    }
-    await this.#sync(vmi, vmiExists, domain);
+  /** The VMI as last seen, for a key the informer no longer has; undefined when nothing is left. */
+  #lastKnown(key: string, domain: Domain | undefined): VirtualMachineInstance | undefined {
+    const last = this.#deleted.get(key);
+    const uid = domainUid(domain) ?? last?.metadata.uid ?? this.#d.ghosts.lastKnownUid(key);
+    if (!uid) return undefined;
+    const { namespace, name } = splitVmiKey(key);
+    const vmi = last ? structuredClone(last) : {
+      metadata: { namespace, name, uid },
+      spec: { domain: { devices: {} } },
+    } as VirtualMachineInstance;
+    vmi.metadata.uid = uid;
+    return vmi;
+  }
+
+  #withUid(vmi: VirtualMachineInstance, uid: string): VirtualMachineInstance {
+    return { ...vmi, metadata: { ...vmi.metadata, uid }, status: {} };
   }
 
   async #launcherState(vmi: VirtualMachineInstance): Promise<LauncherState> {
     const uid = vmi.metadata.uid!;
     if (!this.#d.launchers.get(uid)) {
-      const socket = await this.#socketFile(vmi);
+      const socket = await this.#d.provider.socketOf(vmi);
       if (!socket) return "notReady";
       this.#d.launchers.getOrCreate(uid, socket);
     }
     return await this.#d.launchers.state(uid);
   }
 
-  async #socketFile(vmi: VirtualMachineInstance): Promise<string | undefined> {
+  /** Read, decide, act, report. */
+  async #sync(
+    vmi: VirtualMachineInstance,
+    vmiExists: boolean,
+    domain: Domain | undefined,
+  ): Promise<ReconcileResult> {
+    const key = vmiKey(vmi.metadata);
     const uid = vmi.metadata.uid!;
-    const ghost = this.#d.ghosts.get(uid);
-    if (ghost) return ghost.socketFile;
-    const mode = this.#d.mode;
-    if (mode.kind === "podless") return undefined; // spawned by processVmUpdate
-    for (const [podUid, node] of Object.entries(vmi.status?.activePods ?? {})) {
-      if (node !== this.#d.nodeName || !/^[0-9a-zA-Z-]+$/.test(podUid)) continue;
-      const dir = launcherSocketDirOnHost(podUid, mode.podsDir);
-      try {
-        await Deno.lstat(`${dir}/${SocketNames.Launcher}`);
-      } catch {
-        continue; // not this pod's, or not ready yet
-      }
-      if (`${dir}/${SocketNames.Launcher}`.length <= MAX_SOCKET_PATH) {
-        return `${dir}/${SocketNames.Launcher}`;
-      }
-      const link = `${mode.linkDir}/${podUid}`;
-      await Deno.mkdir(mode.linkDir, { recursive: true, mode: 0o700 });
-      try {
-        if ((await Deno.readLink(link)) !== dir) {
-          await Deno.remove(link);
-          await Deno.symlink(dir, link);
-        }
-      } catch {
-        await Deno.symlink(dir, link);
-      }
-      return `${link}/${SocketNames.Launcher}`;
-    }
-    return undefined;
-  }
-
-  #graceSeconds(vmi: VirtualMachineInstance): number {
-    const g = vmi.spec?.terminationGracePeriodSeconds;
-    return typeof g === "number" && g >= 0 ? g : DEFAULT_GRACE_PERIOD_SECONDS;
-  }
-
-  /** The seed's sync(): decide and act, then report status (seed 3.1.4). */
-  async #sync(vmi: VirtualMachineInstance, vmiExists: boolean, domain: Domain | undefined) {
-    const key = this.#key(vmi);
-    const uid = vmi.metadata.uid!;
-    const phase = (vmi.status?.phase ?? VmiPhase.Unset) as VmiPhase;
-
-    if (vmiExists && (phase === VmiPhase.Unset || phase === VmiPhase.Pending)) {
-      // Pod-less mode has no virt-controller: do its scheduling step for this node.
-      if (this.#d.mode.kind === "podless" && !vmi.metadata.deletionTimestamp) {
-        await this.#schedule(vmi);
-      }
-      return;
-    }
-    if (vmiExists && phase === VmiPhase.Scheduling) return;
-
     const launcher = await this.#launcherState(vmi);
-    const domainExists = domain !== undefined && launcher !== "unresponsive";
-    const status = domain?.status.status;
-    const domainAlive = domainExists && status !== LifeCycle.Shutoff &&
-      status !== LifeCycle.Crashed && status !== undefined;
-    const final = isFinalPhase(phase);
-    const deleting = !vmiExists || !!vmi.metadata.deletionTimestamp;
-    const forceShutdownIrrecoverable = domainExists && status === LifeCycle.Paused &&
-      domain!.status.reason === StateChangeReason.PausedPostcopyFailed;
-
-    let shouldShutdown = false;
-    let shouldDelete = false;
-    let shouldCleanUp = false;
-    let shouldUpdate = false;
-    if (deleting || final) {
-      if (domainAlive) shouldShutdown = true;
-      else if (domainExists) shouldDelete = true;
-      else shouldCleanUp = true;
-    }
-    let computed: ReturnType<typeof computeStatus> | undefined;
-    const shutdown = this.#shutdowns.get(uid);
-    const statusInput = {
-      domain: domainExists ? domain : undefined,
+    const gracePeriodApplied = (this.#shutdowns.get(uid)?.graceSeconds ?? 0) > 0;
+    const decision = decideSync({
+      vmi,
+      vmiExists,
+      domain,
       launcher,
-      nodeName: this.#d.nodeName,
-      podless: this.#d.mode.kind === "podless",
-      gracePeriodApplied: (shutdown?.graceSeconds ?? 0) > 0,
-      now: new Date().toISOString(),
-    };
-    if (vmiExists && !final && !deleting) {
-      computed = computeStatus(vmi, statusInput);
-      // Only act on the spec once the status agrees with the domain (seed 3.1.4).
-      if ((computed.status.phase ?? VmiPhase.Unset) === phase) shouldUpdate = true;
-      const ioError = domainExists && status === LifeCycle.Paused &&
-        domain!.status.reason === StateChangeReason.PausedIOError;
-      const d = this.#ioRetry.shouldDelay(uid, shouldUpdate && ioError);
-      if (d.delay) {
-        shouldUpdate = false;
-        this.#d.queue.addAfter(key, d.afterMs);
-      }
-    }
+      standsInForController: this.#d.provider.standsInForController,
+      gracePeriodApplied,
+    });
+    const logged = { key, uid, action: decision.action, reason: decision.reason };
+    if (decision.action === "none") log.debug("Sync: {action}, {reason}", logged);
+    else log.info("Sync: {action}, {reason}", logged);
 
+    if (decision.action === "schedule") {
+      await this.#schedule(vmi);
+      return DONE;
+    }
+    if (!decision.writesStatus) return DONE;
+
+    const domainSeen = domain !== undefined && launcher !== "unresponsive" ? domain : undefined;
+    let result: ReconcileResult = DONE;
     let syncError: unknown;
     try {
-      if (shouldShutdown) await this.#processVmShutdown(vmi, vmiExists);
-      else if (forceShutdownIrrecoverable) await this.#processVmDestroy(vmi);
-      else if (shouldDelete) await this.#processVmDelete(vmi);
-      else if (shouldCleanUp) await this.#processVmCleanup(vmi);
-      else if (shouldUpdate) await this.#processVmUpdate(vmi, domainExists ? domain : undefined);
+      result = await this.#act(decision, vmi, vmiExists, domainSeen);
     } catch (error) {
       syncError = error;
     }
 
     if (vmiExists) {
-      await this.#updateStatus(vmi, {
-        ...statusInput,
+      const requeue = await this.#updateStatus(vmi, {
+        domain: domainSeen,
+        launcher,
+        nodeName: this.#d.nodeName,
+        standsInForController: this.#d.provider.standsInForController,
+        gracePeriodApplied,
+        now: new Date().toISOString(),
         syncError: syncError === undefined ? undefined : describe(syncError),
       });
+      result = sooner(result, requeue);
     }
     if (syncError !== undefined) {
-      if (vmiExists) {
-        this.#record(vmi, "Warning", EventReason.SyncFailed, describe(syncError))
-          .catch(() => {});
-      }
+      if (vmiExists) this.#record(vmi, "Warning", EventReason.SyncFailed, describe(syncError));
       throw syncError;
+    }
+    return result;
+  }
+
+  /** Carries out a decision; returns when to look again. */
+  async #act(
+    decision: SyncDecision,
+    vmi: VirtualMachineInstance,
+    vmiExists: boolean,
+    domain: Domain | undefined,
+  ): Promise<ReconcileResult> {
+    // The IO-error backoff learns of every sync: one without the failure counts toward recovery.
+    const hold = this.#ioRetry.shouldDelay(
+      vmi.metadata.uid!,
+      decision.resumeAfterIOError === true,
+    );
+    switch (decision.action) {
+      case "shutdown":
+        return await this.#processVmShutdown(vmi, vmiExists);
+      case "destroy":
+        await this.#processVmDestroy(vmi);
+        return DONE;
+      case "delete":
+        await this.#processVmDelete(vmi);
+        return DONE;
+      case "cleanup":
+        await this.#processVmCleanup(vmi);
+        return DONE;
+      case "update":
+        if (hold.delay) return requeueAfter(hold.afterMs, "resume after IO error backs off");
+        return await this.#processVmUpdate(vmi, domain);
+      default:
+        return DONE;
     }
   }
 
+  #record(
+    vmi: VirtualMachineInstance,
+    type: "Normal" | "Warning",
+    reason: string,
+    message: string,
+  ): void {
+    const ref = {
+      apiVersion: "kubevirt.io/v1",
+      kind: "VirtualMachineInstance",
+      metadata: {
+        name: vmi.metadata.name,
+        namespace: vmi.metadata.namespace,
+        uid: vmi.metadata.uid,
+      },
+    };
+    // The recorder reports its own failures; an event never fails a sync.
+    this.#d.recorder.record(ref, type, reason, message).catch(() => {});
+  }
+
+  /** virt-controller's scheduling step, for this node (pod-less mode). */
   async #schedule(vmi: VirtualMachineInstance): Promise<void> {
     const now = new Date().toISOString();
     await this.#writeStatus(vmi, (s) => {
@@ -402,7 +407,7 @@ export class VmiController {
     vmi: VirtualMachineInstance,
     mutate: (s: VirtualMachineInstanceStatus) => VirtualMachineInstanceStatus | void,
   ): Promise<boolean> {
-    const key = this.#key(vmi);
+    const key = vmiKey(vmi.metadata);
     const current = this.#d.informer.get(key);
     if (!current) return false;
     this.#d.expectations.expectWrites(key);
@@ -416,10 +421,8 @@ export class VmiController {
     }
   }
 
-  async #updateStatus(
-    vmi: VirtualMachineInstance,
-    input: Parameters<typeof computeStatus>[1],
-  ): Promise<void> {
+  /** Writes the computed status; asks to look again while the launcher is not ready. */
+  async #updateStatus(vmi: VirtualMachineInstance, input: StatusInput): Promise<ReconcileResult> {
     let change: ReturnType<typeof computeStatus>["phaseChange"];
     let requeue = false;
     const written = await this.#writeStatus(vmi, (s) => {
@@ -428,13 +431,11 @@ export class VmiController {
       requeue = r.requeue;
       return r.status;
     });
-    if (written) log.debug("Status written", { key: this.#key(vmi), phase: change?.to });
-    if (requeue) {
-      this.#d.queue.addAfter(this.#key(vmi), this.#d.mode.kind === "podless" ? 1_000 : 250);
-    }
+    const key = vmiKey(vmi.metadata);
+    if (written) log.debug("Status written", { key, phase: change?.to });
     if (written && change) {
       const ev = phaseChangeEvent(change);
-      if (ev) this.#record(vmi, ev.type, ev.reason, ev.message).catch(() => {});
+      if (ev) this.#record(vmi, ev.type, ev.reason, ev.message);
       log.info("VMI phase changed from {from} to {to}", {
         namespace: vmi.metadata.namespace,
         name: vmi.metadata.name,
@@ -443,119 +444,78 @@ export class VmiController {
         to: change.to,
       });
     }
+    return requeue
+      ? requeueAfter(this.#d.provider.notReadyRequeueMs, "the launcher is not ready yet")
+      : DONE;
   }
 
-  /** Ghost record first, then (pod-less) the launcher process; the client once its socket is up. */
-  async #ensureLauncher(
-    vmi: VirtualMachineInstance,
-  ): Promise<LauncherClient | "waiting" | undefined> {
+  /** The launcher client once its socket answers; otherwise when to look again. */
+  async #ensureLauncher(vmi: VirtualMachineInstance): Promise<LauncherClient | ReconcileResult> {
     const uid = vmi.metadata.uid!;
-    const mode = this.#d.mode;
-    let socket = await this.#socketFile(vmi);
-    if (socket && mode.kind === "podless" && !(await mode.spawner.everStarted(uid))) {
-      // A ghost record whose launcher was never started: start it now.
-      socket = undefined;
-    }
-    if (!socket && mode.kind === "podless" && !mode.spawner.canStart()) {
-      // Too many launchers are starting: wait for a slot rather than polling.
-      const key = this.#key(vmi);
-      if (!this.#waitingForSlot.has(key)) {
-        this.#waitingForSlot.add(key);
-        mode.spawner.onSlotFree(() => {
-          this.#waitingForSlot.delete(key);
-          this.#d.queue.add(key);
-        });
-      }
-      return "waiting";
-    }
-    if (!socket && mode.kind === "podless") {
-      const socketDir = `${mode.socketRoot}/${uid}`;
-      socket = `${socketDir}/${SocketNames.Launcher}`;
-      await this.#d.ghosts.add({
-        name: vmi.metadata.name,
-        namespace: vmi.metadata.namespace!,
-        socketFile: socket,
-        uid,
-      });
-      await mode.spawner.start({
-        namespace: vmi.metadata.namespace!,
-        name: vmi.metadata.name,
-        uid,
-        gracePeriodSeconds: this.#graceSeconds(vmi),
-        socketDir,
-      });
-    }
-    if (!socket) return undefined;
-    if (!this.#d.ghosts.get(uid)) {
-      await this.#d.ghosts.add({
-        name: vmi.metadata.name,
-        namespace: vmi.metadata.namespace!,
-        socketFile: socket,
-        uid,
-      });
-    }
-    const client = this.#d.launchers.getOrCreate(uid, socket);
-    return (await this.#d.launchers.isReady(uid)) ? client : undefined;
+    const started = await this.#d.provider.start(vmi);
+    if ("waiting" in started) return DONE; // the provider wakes the key
+    const notReady = requeueAfter(this.#d.provider.notReadyRequeueMs, "launcher not ready");
+    if ("absent" in started) return notReady;
+    const client = this.#d.launchers.getOrCreate(uid, started.socket);
+    return (await this.#d.launchers.isReady(uid)) ? client : notReady;
   }
 
-  /** containerDisk -> hotplug -> network -> ownership -> resources -> SyncVirtualMachine (seed 3.2). */
-  async #processVmUpdate(vmi: VirtualMachineInstance, domain: Domain | undefined): Promise<void> {
-    const key = this.#key(vmi);
+  /** Brings the domain to the VMI's spec: define and start it, or resume it after an IO error. */
+  async #processVmUpdate(
+    vmi: VirtualMachineInstance,
+    domain: Domain | undefined,
+  ): Promise<ReconcileResult> {
     const uid = vmi.metadata.uid!;
     const client = await this.#ensureLauncher(vmi);
-    if (client === "waiting") return;
-    if (!client) {
-      // Pod-less: the spawner wakes the key when the socket appears; this is a fallback.
-      this.#d.queue.addAfter(key, this.#d.mode.kind === "podless" ? 1_000 : 250);
-      return;
-    }
-    if (
-      domain?.status.status === LifeCycle.Paused &&
-      domain.status.reason === StateChangeReason.PausedIOError
-    ) {
+    if (!(client instanceof LauncherClient)) return client;
+    if (isPausedBy(domain, StateChangeReason.PausedIOError)) {
       await client.unpauseVirtualMachine(vmi);
-      this.#record(vmi, "Normal", EventReason.Resumed, "VMI resumed after IO error")
-        .catch(() => {});
-      return;
+      this.#record(vmi, "Normal", EventReason.Resumed, "VMI resumed after IO error");
+      return DONE;
     }
+    // (containerDisk, hotplug volumes, network and device ownership come before this call
+    // as their issues land; today the launcher prepares what the converter supports.)
     const generation = vmi.metadata.generation ?? 0;
     const alive = domain !== undefined && domain.status.status !== LifeCycle.Shutoff &&
       domain.status.status !== LifeCycle.Crashed;
     if (alive && !this.#synced.has(uid)) {
       // Adopted after a restart: the domain runs this spec already; do not disturb it.
       this.#synced.set(uid, generation);
-      return;
+      return DONE;
     }
-    if (alive && this.#synced.get(uid) === generation) return;
+    if (alive && this.#synced.get(uid) === generation) return DONE;
     await client.syncVirtualMachine(vmi);
     if (!domain) {
-      this.#record(vmi, "Normal", EventReason.Created, "VirtualMachineInstance defined.")
-        .catch(() => {});
+      this.#record(vmi, "Normal", EventReason.Created, "VirtualMachineInstance defined.");
     }
     this.#synced.set(uid, generation);
+    return DONE;
   }
 
-  /** Graceful shutdown: ACPI every 5 s until the grace period expires, then kill (seed 3.1). */
-  async #processVmShutdown(vmi: VirtualMachineInstance, vmiExists: boolean): Promise<void> {
-    const key = this.#key(vmi);
+  /** Graceful shutdown: ACPI every {@linkcode ACPI_RESEND_MS} until the grace period ends, then kill. */
+  async #processVmShutdown(
+    vmi: VirtualMachineInstance,
+    vmiExists: boolean,
+  ): Promise<ReconcileResult> {
+    const key = vmiKey(vmi.metadata);
     const uid = vmi.metadata.uid!;
     const client = this.#d.launchers.get(uid);
     if (!client) throw new Error("no launcher client to shut the domain down with");
     const now = Date.now();
     let st = this.#shutdowns.get(uid);
     if (!st) {
-      st = { startedMs: now, lastAcpiMs: 0, graceSeconds: this.#graceSeconds(vmi) };
+      st = { startedMs: now, lastAcpiMs: 0, graceSeconds: gracePeriodSeconds(vmi) };
       this.#shutdowns.set(uid, st);
       const [reason, message] = vmiExists && !vmi.metadata.deletionTimestamp
         ? [EventReason.ShuttingDown, "Signaled Graceful Shutdown"]
         : [EventReason.Deleted, "Signaled Deletion"];
-      this.#record(vmi, "Normal", reason, message).catch(() => {});
+      this.#record(vmi, "Normal", reason, message);
     }
     const graceMs = st.graceSeconds * 1000;
     if (now - st.startedMs >= graceMs) {
       log.info("Grace period expired, killing domain", { key, uid, grace: st.graceSeconds });
       await this.#processVmDestroy(vmi);
-      return;
+      return DONE;
     }
     if (now - st.lastAcpiMs >= ACPI_RESEND_MS) {
       await client.shutdownVirtualMachine(vmi);
@@ -568,7 +528,10 @@ export class VmiController {
       });
     }
     const remaining = graceMs - (now - st.startedMs);
-    this.#d.queue.addAfter(key, Math.min(ACPI_RESEND_MS, remaining));
+    return requeueAfter(
+      Math.min(ACPI_RESEND_MS, remaining),
+      "graceful shutdown: resend ACPI or kill at the end of the grace period",
+    );
   }
 
   async #processVmDestroy(vmi: VirtualMachineInstance): Promise<void> {
@@ -583,24 +546,18 @@ export class VmiController {
     await client.deleteVirtualMachine(vmi);
   }
 
-  /** Local cleanup in the seed's order: migration proxy first, launcher client last. */
+  /**
+   * Removes what the node keeps for a VMI, in KubeVirt's order: the migration proxy
+   * first (none is started by this version), then the launcher, the ghost record and
+   * local state, the launcher client last.
+   */
   async #processVmCleanup(vmi: VirtualMachineInstance): Promise<void> {
-    const key = this.#key(vmi);
+    const key = vmiKey(vmi.metadata);
     const uid = vmi.metadata.uid!;
-    // (migration proxy: none is started by this version)
-    const mode = this.#d.mode;
-    if (mode.kind === "podless") {
-      // Close our connection before the launcher's server goes away: Deno 2.9.6 can crash
-      // in a process whose grpc-js client is connected while the peer shuts down.
-      this.#d.launchers.remove(uid);
-      const wasAlive = (await mode.spawner.alivePid(uid)) !== undefined;
-      await mode.spawner.stop(uid, (this.#graceSeconds(vmi) + 5) * 1000);
-      if (!wasAlive && this.#d.reapDomain) {
-        // The launcher died without its domain: remove what it left in libvirt.
-        await this.#d.reapDomain(vmi.metadata.namespace!, vmi.metadata.name, uid);
-      }
-      await Deno.remove(`${mode.socketRoot}/${uid}`, { recursive: true }).catch(() => {});
-    }
+    // Close our connection before the launcher's server goes away: Deno 2.9.4+ can crash
+    // in a process whose grpc-js client is connected while the peer shuts down.
+    this.#d.launchers.remove(uid);
+    await this.#d.provider.stop(vmi);
     await this.#d.ghosts.delete(uid);
     this.#shutdowns.delete(uid);
     this.#synced.delete(uid);
@@ -610,6 +567,3 @@ export class VmiController {
     this.#d.launchers.remove(uid);
   }
 }
-
-/** Default socket root for pod-less launchers. */
-export const PODLESS_SOCKET_ROOT = `${Paths.VirtShareDir}/sockets`;

@@ -1,5 +1,5 @@
 /**
- * Ghost records: the handler's memory across restarts (seed 3.4).
+ * Ghost records: the handler's memory across restarts.
  *
  * One small JSON file per VMI UID, `{name, namespace, socketFile, uid}` as
  * KubeVirt writes it, created before the first call to a VMI's launcher and
@@ -20,17 +20,23 @@ const log = getLogger("handler", "ghost-records");
 
 /** What a ghost record remembers of one VMI. */
 export interface GhostRecord {
+  /** The VMI's name. */
   name: string;
+  /** The VMI's namespace. */
   namespace: string;
   /** The launcher's cmd socket. */
   socketFile: string;
+  /** The VMI's UID (also the file's name). */
   uid: string;
 }
 
 /** A file found in the ghost record directory that is not a valid record. */
 export interface SetAsideFile {
+  /** Where the file was. */
   file: string;
+  /** Where it was moved. */
   movedTo: string;
+  /** Why it is not a record. */
   reason: string;
 }
 
@@ -165,7 +171,7 @@ export class GhostRecordStore {
     if (uids?.size === 0) this.#byKey.delete(key);
   }
 
-  /** The UID last known for `namespace/name`, or undefined (seed 3.4's second fallback). */
+  /** The UID last known for `namespace/name` (the last fallback for a key the informer lost), or undefined. */
   lastKnownUid(key: string): string | undefined {
     return this.findByKey(key)[0]?.uid;
   }

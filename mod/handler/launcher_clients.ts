@@ -1,5 +1,5 @@
 /**
- * Launcher clients (seed 2.1 #12): one gRPC cmd client per VMI UID, with
+ * Launcher clients: one gRPC cmd client per VMI UID, with
  * timeouts on every call and KubeVirt's unresponsive detection.
  *
  * A monitor dials every known launcher about every 11 s; a launcher that has not
@@ -11,7 +11,6 @@
  * @module
  */
 import { dirname, join } from "node:path";
-import type * as grpc from "@grpc/grpc-js";
 import type { VirtualMachineInstance } from "../api/mod.ts";
 import { SocketNames } from "../api/mod.ts";
 import { decodeDomainJson, type Domain, type LauncherState } from "../domain/mod.ts";
@@ -20,9 +19,11 @@ import {
   type DomainResponse,
   newCmdClient,
   type Response,
+  type ServiceError,
   type UnaryMethod,
   type VMIRequest,
 } from "../proto/mod.ts";
+import { every } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
 
 const log = getLogger("handler", "launcher-clients");
@@ -33,6 +34,7 @@ export class LauncherCallError extends Error {
   readonly method: string;
   /** True when the launcher could not be reached at all (as opposed to refusing). */
   readonly unreachable: boolean;
+  /** Creates `server error. command <method> failed: <message>`, as KubeVirt words it. */
   constructor(
     method: string,
     message: string,
@@ -62,6 +64,7 @@ export class LauncherClient {
   readonly socketFile: string;
   readonly #client: CmdClient;
 
+  /** A client of the launcher at `socketFile`; it connects on the first call. */
   constructor(socketFile: string) {
     this.socketFile = socketFile;
     // An idle channel closes after 10 s: a handler with hundreds of VMIs holds no HTTP/2
@@ -76,7 +79,7 @@ export class LauncherClient {
         this.#client,
         request,
         { deadline: Date.now() + timeoutMs },
-        (error: grpc.ServiceError | null, response?: Res) => {
+        (error: ServiceError | null, response?: Res) => {
           if (error) {
             // 14 UNAVAILABLE, 4 DEADLINE_EXCEEDED: nobody answered.
             const unreachable = error.code === 14 || error.code === 4;
@@ -197,9 +200,10 @@ async function exists(path: string): Promise<boolean> {
 export class LauncherClients {
   readonly #entries = new Map<string, Entry>();
   readonly #opts: Required<Omit<LauncherClientsOptions, "onUnresponsive">> & LauncherClientsOptions;
-  #timer: ReturnType<typeof setInterval> | undefined;
-  #monitoring = false;
+  /** For logs. */
+  readonly name = "launcher-monitor";
 
+  /** An empty pool; the monitor runs with {@linkcode run}. */
   constructor(options: LauncherClientsOptions = {}) {
     this.#opts = {
       monitorIntervalMs: 11_000,
@@ -318,20 +322,20 @@ export class LauncherClients {
     }));
   }
 
-  /** Starts the periodic monitor. */
-  startMonitor(): void {
-    if (this.#timer !== undefined) return;
-    this.#timer = setInterval(() => {
-      if (this.#monitoring) return;
-      this.#monitoring = true;
-      this.monitorOnce().finally(() => (this.#monitoring = false));
-    }, this.#opts.monitorIntervalMs);
+  /**
+   * Dials every launcher each `monitorIntervalMs` until `signal` aborts; then closes
+   * every client.
+   */
+  async run(signal: AbortSignal): Promise<void> {
+    await every(this.#opts.monitorIntervalMs, () => this.monitorOnce(), signal, {
+      immediate: false,
+      onError: (error) => log.warn("Launcher monitor round failed: {error}", { error }),
+    });
+    this.close();
   }
 
-  /** Stops the monitor and closes every client. */
+  /** Closes and forgets every client. */
   close(): void {
-    if (this.#timer !== undefined) clearInterval(this.#timer);
-    this.#timer = undefined;
     for (const uid of this.uids()) this.remove(uid);
   }
 }

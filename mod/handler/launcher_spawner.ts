@@ -13,6 +13,7 @@
  */
 import { join } from "node:path";
 import { SocketNames } from "../api/mod.ts";
+import { sleep } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
 
 const log = getLogger("handler", "launcher-spawner");
@@ -37,8 +38,11 @@ export async function findLauncherByUid(uid: string): Promise<number | undefined
 
 /** What a launcher is started for. */
 export interface LauncherSpec {
+  /** The VMI's namespace. */
   namespace: string;
+  /** The VMI's name. */
   name: string;
+  /** The VMI's UID. */
   uid: string;
   /** The VMI's grace period, seconds. */
   gracePeriodSeconds: number;
@@ -73,6 +77,7 @@ export class LauncherSpawner {
   readonly #slotWaiters: (() => void)[] = [];
   readonly #maxStarting: number;
 
+  /** Creates the spawner; nothing starts until {@linkcode start}. */
   constructor(options: LauncherSpawnerOptions) {
     this.#opts = options;
     this.#dir = join(options.stateDir, "launchers");
@@ -238,7 +243,7 @@ export class LauncherSpawner {
       } catch { /* already gone */ }
       const deadline = Date.now() + timeoutMs;
       while (Date.now() < deadline && (await this.alivePid(uid)) !== undefined) {
-        await new Promise((r) => setTimeout(r, 50));
+        await sleep(50);
       }
       if ((await this.alivePid(uid)) !== undefined) {
         log.warn("Launcher did not stop in time; killing it", { uid, pid });

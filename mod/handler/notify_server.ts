@@ -1,5 +1,5 @@
 /**
- * The handler's notify server (seed 2.1 #16): launchers push every domain change
+ * The handler's notify server: launchers push every domain change
  * here as `kubevirt.notify.v1.Notify/HandleDomainEvent`, and Kubernetes events
  * about their VMI as `HandleK8sEvent`. The socket is a unix socket only root can
  * use. A malformed message is answered `success: false` naming the problem; it
@@ -19,30 +19,40 @@ import {
   SUPPORTED_NOTIFY_VERSIONS,
   unixTarget,
 } from "../proto/mod.ts";
+import { aborted } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
 
 const log = getLogger("handler", "notify-server");
 
 /** A domain change as the controller consumes it. */
 export interface DomainNotification {
+  /** What happened to the domain, as a watch event names it. */
   type: "ADDED" | "MODIFIED" | "DELETED";
+  /** The domain as the launcher reports it now. */
   domain: Domain;
 }
 
 /** A Kubernetes event a launcher asks the handler to record. */
 export interface K8sEventNotification {
+  /** The event's type. */
   type: "Normal" | "Warning";
+  /** The event's reason. */
   reason: string;
+  /** The event's message. */
   message: string;
-  /** The VMI it is about. */
+  /** The namespace of the VMI it is about. */
   namespace: string;
+  /** The name of the VMI it is about. */
   name: string;
+  /** The UID of the VMI it is about. */
   uid?: string;
 }
 
 /** What the notify server hands to the rest of the handler. */
 export interface NotifyHandlers {
+  /** A launcher reported a domain change. */
   onDomainEvent(event: DomainNotification): void;
+  /** A launcher asked for a Kubernetes event about its VMI. */
   onK8sEvent(event: K8sEventNotification): void;
 }
 
@@ -96,8 +106,10 @@ function reply(callback: grpc.sendUnaryData<Response>, error?: unknown): void {
   });
 }
 
-/** The running notify server. */
+/** The notify server: bound by {@linkcode NotifyServer.start}, served until its run ends. */
 export class NotifyServer {
+  /** For logs. */
+  readonly name = "notify-server";
   readonly #server: grpc.Server;
   /** The socket path. */
   readonly socketPath: string;
@@ -168,8 +180,13 @@ export class NotifyServer {
     return new NotifyServer(server, socketPath);
   }
 
-  /** Stops serving (in-flight calls finish) and removes the socket. */
-  async stop(): Promise<void> {
+  /** Serves until `signal` aborts; then stops (in-flight calls finish) and removes the socket. */
+  async run(signal: AbortSignal): Promise<void> {
+    await aborted(signal);
+    await this.#stop();
+  }
+
+  async #stop(): Promise<void> {
     await new Promise<void>((resolve) => {
       const timer = setTimeout(() => {
         this.#server.forceShutdown();

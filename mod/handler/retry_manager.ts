@@ -1,6 +1,6 @@
 /**
  * Exponential backoff for repeating a recovery action while a failure persists
- * (KubeVirt's FailRetryManager; seed "IO Error 指数退避").
+ * (the shape of KubeVirt's FailRetryManager, used for IO-error resumes).
  *
  * Used for domains paused with reason IOError: the first resume happens at
  * once; while the domain keeps pausing, the next tries wait 10 s, 20 s, 40 s ...

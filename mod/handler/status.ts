@@ -1,6 +1,6 @@
 /**
- * What the handler writes into a VMI's status (seed 3.6): the phase by the
- * design's table, the conditions, interfaces, guest OS info and volume status a
+ * What the handler writes into a VMI's status: the phase (the table in
+ * `mod/domain/phase.ts`), the conditions, interfaces, guest OS info and volume status a
  * domain gives, and the Events a phase change deserves. Pure functions: the
  * controller applies them to a copy of the informer's VMI and the status writer
  * decides whether anything changed.
@@ -23,6 +23,7 @@ import {
   type LauncherState,
   LifeCycle,
   pausedConditionReason,
+  type PhaseDecision,
   vmiPhaseFromDomain,
 } from "../domain/mod.ts";
 
@@ -51,8 +52,8 @@ export interface StatusInput {
   syncError?: string;
   /** This node's name. */
   nodeName: string;
-  /** Pod-less mode: no virt-controller, so the handler also owns `Ready`. */
-  podless: boolean;
+  /** The handler stands in for virt-controller (pod-less mode), so it also owns `Ready`. */
+  standsInForController: boolean;
   /** A graceful shutdown with a non-zero grace period was requested of this VMI. */
   gracePeriodApplied: boolean;
   /** Now, RFC 3339 (injectable for tests). */
@@ -61,12 +62,15 @@ export interface StatusInput {
 
 /** The phase change a status update makes, for Events. */
 export interface PhaseChange {
+  /** The phase before. */
   from: VmiPhase;
+  /** The phase after. */
   to: VmiPhase;
 }
 
 /** Result of {@linkcode computeStatus}. */
 export interface ComputedStatus {
+  /** The status to write. */
   status: VirtualMachineInstanceStatus;
   /** Set when the phase changes. */
   phaseChange?: PhaseChange;
@@ -171,6 +175,27 @@ export function volumeStatusFromDomain(
   return out;
 }
 
+/** What the phase of a VMI depends on: a subset of {@linkcode StatusInput}. */
+export type PhaseInputs = Pick<StatusInput, "domain" | "launcher" | "gracePeriodApplied">;
+
+function phaseDecision(vmi: VirtualMachineInstance, input: PhaseInputs): PhaseDecision {
+  const current = (vmi.status?.phase ?? VmiPhase.Unset) as VmiPhase;
+  if (isFinalPhase(current)) return { phase: current, requeue: false };
+  const domain = input.domain;
+  return vmiPhaseFromDomain({
+    domain: domain ? domain.status : undefined,
+    vmiPhase: current,
+    launcher: input.launcher,
+    acpiEnabled: domain?.spec.features ? domain.spec.features.acpi : true,
+    gracePeriodApplied: input.gracePeriodApplied,
+  });
+}
+
+/** The phase {@linkcode computeStatus} would give the VMI now; a final phase stays. */
+export function nextPhase(vmi: VirtualMachineInstance, input: PhaseInputs): VmiPhase {
+  return phaseDecision(vmi, input).phase;
+}
+
 /**
  * Computes the status a VMI should have now. `vmi` is not modified. The phase
  * follows {@linkcode vmiPhaseFromDomain}; a final phase never changes again.
@@ -179,16 +204,7 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
   const status: VirtualMachineInstanceStatus = structuredClone(vmi.status ?? {});
   const current = (status.phase ?? VmiPhase.Unset) as VmiPhase;
   const domain = input.domain;
-  const acpi = domain?.spec.features ? domain.spec.features.acpi : true;
-  const decision = isFinalPhase(current)
-    ? { phase: current, requeue: false, pausedReason: undefined }
-    : vmiPhaseFromDomain({
-      domain: domain ? domain.status : undefined,
-      vmiPhase: current,
-      launcher: input.launcher,
-      acpiEnabled: acpi,
-      gracePeriodApplied: input.gracePeriodApplied,
-    });
+  const decision = phaseDecision(vmi, input);
 
   let phaseChange: PhaseChange | undefined;
   if (decision.phase !== current) {
@@ -240,7 +256,7 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
     );
   }
 
-  if (input.podless) {
+  if (input.standsInForController) {
     const st = domain?.status.status;
     const running = status.phase === VmiPhase.Running &&
       (st === LifeCycle.Running || st === LifeCycle.Blocked || st === LifeCycle.PMSuspended);

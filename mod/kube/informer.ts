@@ -22,13 +22,17 @@ import { getLogger } from "@logtape/logtape";
 import type { KubeClient } from "./client.ts";
 import { detailOf, isApiStatus, KubeApiError, KubeConnectionError } from "./errors.ts";
 import { type KubeList, type KubeObject, objectKey, type WatchEvent } from "./types.ts";
+import { aborted, sleep } from "../lifecycle/mod.ts";
 
 const logger = getLogger(["virtnode", "kube", "informer"]);
 
 /** Event handlers; exceptions they throw are logged and do not stop the informer. */
 export interface InformerHandlers<T> {
+  /** An object appeared (also for each object of the first list). */
   onAdd?(obj: T): void;
+  /** An object changed. */
   onUpdate?(oldObj: T, newObj: T): void;
+  /** An object went away (its last known state). */
   onDelete?(obj: T): void;
 }
 
@@ -90,6 +94,8 @@ class WatchInterrupted extends Error {
 
 /** Watches one resource collection and keeps a local store; see the module doc. */
 export class Informer<T extends KubeObject = KubeObject> {
+  /** For logs: `informer/<resource>`. */
+  readonly name: string;
   readonly #client: KubeClient;
   readonly #options: InformerOptions<T>;
   readonly #resource: string;
@@ -105,12 +111,13 @@ export class Informer<T extends KubeObject = KubeObject> {
   #restarts = 0;
   #lists = 0;
 
-  /** Creates a stopped informer; call {@linkcode Informer.start}. */
+  /** Creates an informer; nothing is listed until {@linkcode Informer.run}. */
   constructor(client: KubeClient, options: InformerOptions<T>) {
     this.#client = client;
     this.#options = options;
     this.#resource = options.resource ?? options.path.split("/").filter(Boolean).at(-1) ??
       options.path;
+    this.name = `informer/${this.#resource}`;
   }
 
   /** Adds handlers; objects already in the store are not replayed. */
@@ -118,10 +125,18 @@ export class Informer<T extends KubeObject = KubeObject> {
     this.#handlers.push(handlers);
   }
 
-  /** Starts the list/watch loop in the background (idempotent). */
-  start(): void {
-    if (this.#running || this.#stopped) return;
+  /**
+   * Lists and watches until `signal` aborts, restarting with backoff after any error;
+   * resolves once the watch is closed. An informer runs once.
+   */
+  async run(signal: AbortSignal): Promise<void> {
+    if (this.#running || this.#stopped) throw new Error("Cannot run an informer twice");
     this.#running = this.#run();
+    await aborted(signal);
+    this.#stopped = true;
+    this.#abort.abort();
+    for (const w of this.#syncWaiters.splice(0)) w();
+    await this.#running;
   }
 
   /** Whether the first LIST has been applied to the store. */
@@ -170,14 +185,6 @@ export class Informer<T extends KubeObject = KubeObject> {
     return this.#lists;
   }
 
-  /** Stops the loop and closes the watch; resolves when it has ended. */
-  async stop(): Promise<void> {
-    this.#stopped = true;
-    this.#abort.abort();
-    for (const w of this.#syncWaiters.splice(0)) w();
-    await this.#running;
-  }
-
   async #run(): Promise<void> {
     const initialMs = this.#options.backoff?.initialMs ?? 200;
     const maxMs = this.#options.backoff?.maxMs ?? 30_000;
@@ -218,7 +225,7 @@ export class Informer<T extends KubeObject = KubeObject> {
           relist: needList,
           error: error.message,
         });
-        await this.#sleep(delay);
+        await sleep(delay, this.#abort.signal);
         delay = Math.min(delay * 2, maxMs);
       }
     }
@@ -391,19 +398,6 @@ export class Informer<T extends KubeObject = KubeObject> {
     } catch {
       // A failing error callback must not stop the loop.
     }
-  }
-
-  #sleep(ms: number): Promise<void> {
-    return new Promise((resolve) => {
-      const timer = setTimeout(done, ms);
-      const signal = this.#abort.signal;
-      function done() {
-        clearTimeout(timer);
-        signal.removeEventListener("abort", done);
-        resolve();
-      }
-      signal.addEventListener("abort", done, { once: true });
-    });
   }
 }
 

@@ -13,6 +13,7 @@
  */
 
 import { type Connection, LIBVIRT_ERROR_CODES, LibvirtError } from "../../ffi/mod.ts";
+import { sleep } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import type { VmiRef } from "./_domain_reader.ts";
 
@@ -57,8 +58,6 @@ export function isConnectionError(error: unknown): boolean {
   if (!(error instanceof LibvirtError)) return false;
   return CONNECTION_CODES.has(error.code) || CONNECTION_MESSAGE.test(error.libvirtMessage);
 }
-
-const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
 /** Watches one connection and reconnects it when it is lost. */
 export class ConnectionKeeper {

@@ -24,6 +24,7 @@ import {
   StateChangeReason,
 } from "../domain/mod.ts";
 import { DomainEventType } from "../proto/mod.ts";
+import { sleep } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import type { LauncherOptions } from "./args/mod.ts";
 import { CmdServer } from "./cmd_server.ts";
@@ -241,8 +242,6 @@ class EventForwarder {
     }
   }
 }
-
-const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
 async function currentState(manager: DomainManager): Promise<DomainState | undefined> {
   const domain = await manager.getDomain();

@@ -33,6 +33,7 @@ export {
   launcherSocketPath,
 } from "./cmd_server.ts";
 export { type PrepareOptions } from "./converter.ts";
+export { type IsoTool } from "./_iso.ts";
 export { ConnectionKeeper } from "./_connection_keeper.ts";
 export {
   type ConverterSettings,

@@ -26,6 +26,7 @@ import {
   SUPPORTED_NOTIFY_VERSIONS,
   unixTarget,
 } from "../proto/mod.ts";
+import { sleep } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
 
 const log = getLogger("launcher", "notify-client");
@@ -106,8 +107,6 @@ function unary<Req, Res>(
     });
   });
 }
-
-const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
 function message(error: unknown): string {
   return error instanceof Error ? error.message : String(error);

@@ -32,9 +32,9 @@ import {
   newRegistrationClient,
   type PreferredAllocationRequest,
   type PreferredAllocationResponse,
-} from "../proto/deviceplugin.ts";
+} from "../proto/mod.ts";
 import { unixTarget } from "../proto/mod.ts";
-import { sleep } from "./_sleep.ts";
+import { every, sleep } from "../lifecycle/mod.ts";
 
 const log = getLogger("device-plugins");
 
@@ -187,10 +187,8 @@ export class GenericDevicePlugin {
   #registrations = 0;
   /** Identity of the kubelet socket registered with; undefined once it was seen gone. */
   #kubeletId: string | undefined;
-  #abort: AbortController | undefined;
-  #loop: Promise<void> | undefined;
 
-  /** Creates the plugin; nothing happens until {@linkcode start}. */
+  /** Creates the plugin; nothing happens until {@linkcode run}. */
   constructor(device: PermanentDevice, config: DevicePluginConfig = {}) {
     const pluginDir = config.pluginDir ?? DEFAULT_DEVICE_PLUGIN_DIR;
     this.device = device;
@@ -230,23 +228,12 @@ export class GenericDevicePlugin {
     return this.#ids.map((ID) => ({ ID, health }));
   }
 
-  /** Starts the serve-register-watch loop. */
-  start(): void {
-    if (this.#abort) return;
-    const abort = new AbortController();
-    this.#abort = abort;
-    this.#loop = this.#run(abort.signal);
-  }
-
-  /** Stops serving: streams get an empty device list and end; the socket is removed. */
-  async stop(): Promise<void> {
-    this.#abort?.abort();
-    await this.#loop;
-    this.#abort = undefined;
-    this.#loop = undefined;
-  }
-
-  async #run(signal: AbortSignal): Promise<void> {
+  /**
+   * Serves, registers with the kubelet and watches until `signal` aborts, registering
+   * again after a kubelet restart; then streams get an empty device list and end, and
+   * the socket is removed.
+   */
+  async run(signal: AbortSignal): Promise<void> {
     let failures = 0;
     while (!signal.aborted) {
       try {
@@ -505,10 +492,10 @@ export interface DevicePluginManagerOptions extends DevicePluginConfig {
 export class DevicePluginManager {
   readonly #config: DevicePluginManagerOptions;
   readonly #plugins = new Map<string, GenericDevicePlugin>();
-  #poll: ReturnType<typeof setInterval> | undefined;
-  #started = false;
+  /** For logs. */
+  readonly name = "device-plugins";
 
-  /** Creates the manager; nothing runs until {@linkcode start}. */
+  /** Creates the manager; nothing runs until {@linkcode run}. */
   constructor(options: DevicePluginManagerOptions = {}) {
     this.#config = options;
   }
@@ -518,43 +505,40 @@ export class DevicePluginManager {
     return [...this.#plugins.values()];
   }
 
-  /** Starts plugins for the devices present now and polls for the others. */
-  async start(): Promise<void> {
-    if (this.#started) return;
-    this.#started = true;
+  /**
+   * Runs a plugin for each device present now, looks for the others every poll, and
+   * stops every plugin when `signal` aborts.
+   */
+  async run(signal: AbortSignal): Promise<void> {
     await Deno.mkdir(this.#config.pluginDir ?? DEFAULT_DEVICE_PLUGIN_DIR, { recursive: true });
-    await this.#startPresent();
-    this.#poll = setInterval(() => {
-      this.#startPresent().catch((error) =>
-        log.error("Cannot look for devices: {error}", { error })
-      );
-    }, this.#config.pollIntervalMs ?? 5_000);
+    const runs: Promise<void>[] = [];
+    await every(
+      this.#config.pollIntervalMs ?? 5_000,
+      () => this.#startPresent(signal, runs),
+      signal,
+      {
+        onError: (error) => log.error("Cannot look for devices: {error}", { error }),
+      },
+    );
+    await Promise.all(runs);
+    this.#plugins.clear();
   }
 
-  async #startPresent(): Promise<void> {
+  async #startPresent(signal: AbortSignal, runs: Promise<void>[]): Promise<void> {
     for (const device of this.#config.devices ?? PERMANENT_DEVICES) {
-      if (!this.#started || this.#plugins.has(device.name)) continue;
+      if (signal.aborted || this.#plugins.has(device.name)) continue;
       const path = join(this.#config.deviceRoot ?? "/", device.path);
       if (!(await statOrUndefined(path))) continue;
-      if (!this.#started || this.#plugins.has(device.name)) continue;
+      if (signal.aborted || this.#plugins.has(device.name)) continue;
       const plugin = new GenericDevicePlugin(device, this.#config);
       this.#plugins.set(device.name, plugin);
       log.info("Starting device plugin", { resource: device.resourceName, path: device.path });
-      plugin.start();
+      runs.push(plugin.run(signal));
     }
   }
 
   /** Whether every started plugin is registered (true when none runs, as KubeVirt's). */
   allRegistered(): boolean {
     return this.plugins.every((p) => p.registered);
-  }
-
-  /** Stops every plugin. */
-  async stop(): Promise<void> {
-    this.#started = false;
-    clearInterval(this.#poll);
-    this.#poll = undefined;
-    await Promise.all(this.plugins.map((p) => p.stop()));
-    this.#plugins.clear();
   }
 }

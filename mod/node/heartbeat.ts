@@ -13,7 +13,7 @@
 import { Annotations, Labels } from "../api/mod.ts";
 import { detailOf, type KubeClient, type KubeObject, patchNodeMetadata } from "../kube/mod.ts";
 import { getLogger } from "../log/mod.ts";
-import { sleep } from "./_sleep.ts";
+import { every, sleep } from "../lifecycle/mod.ts";
 
 const log = getLogger("heartbeat");
 
@@ -159,8 +159,8 @@ export class Heartbeat {
   readonly #client: KubeClient;
   readonly #nodeName: string;
   readonly #options: HeartbeatOptions;
-  #abort: AbortController | undefined;
-  #loop: Promise<void> | undefined;
+  /** For logs. */
+  readonly name = "heartbeat";
   #last: HeartbeatState | undefined;
 
   /** Creates the heartbeat of `nodeName`; nothing is written until a beat. */
@@ -214,17 +214,6 @@ export class Heartbeat {
     return state;
   }
 
-  /**
-   * Starts beating: "false" at once (device plugins are not up yet), then as soon as
-   * `isReady` turns true within `readyWaitMs`, then every interval with jitter.
-   */
-  start(): void {
-    if (this.#abort) return;
-    const abort = new AbortController();
-    this.#abort = abort;
-    this.#loop = this.#run(abort.signal);
-  }
-
   async #tryBeat(options: { schedulable?: boolean } = {}): Promise<void> {
     try {
       await this.beatOnce(options);
@@ -233,31 +222,34 @@ export class Heartbeat {
     }
   }
 
-  async #run(signal: AbortSignal): Promise<void> {
+  /**
+   * Beats until `signal` aborts: "false" at once (device plugins are not up yet), then
+   * as soon as `isReady` turns true within `readyWaitMs`, then every interval with
+   * jitter. When the signal aborts it marks the node unschedulable, retrying like
+   * client-go's default backoff (10 ms, 50 ms, 250 ms, 1.25 s); a node it cannot
+   * mark is logged as an error.
+   */
+  async run(signal: AbortSignal): Promise<void> {
     await this.#tryBeat({ schedulable: false });
     const isReady = this.#options.isReady ?? (() => true);
     const deadline = Date.now() + (this.#options.readyWaitMs ?? 10_000);
     while (!signal.aborted && !isReady() && Date.now() < deadline) {
       await sleep(this.#options.readyPollMs ?? 1_000, signal);
     }
-    while (!signal.aborted) {
-      await this.#tryBeat();
-      if (signal.aborted) break;
-      const interval = this.#options.intervalMs ?? 60_000;
-      const random = this.#options.random ?? Math.random;
-      await sleep(interval + random() * (this.#options.jitterFactor ?? 1.2) * interval, signal);
+    const interval = this.#options.intervalMs ?? 60_000;
+    await every(interval, () => this.#tryBeat(), signal, {
+      jitter: this.#options.jitterFactor ?? 1.2,
+      random: this.#options.random,
+    });
+    try {
+      await this.markUnschedulable();
+    } catch (error) {
+      log.error("Cannot mark the node unschedulable: {error}", { error, name: this.#nodeName });
     }
   }
 
-  /**
-   * Stops beating and marks the node unschedulable, retrying like client-go's default
-   * backoff (10 ms, 50 ms, 250 ms, 1.25 s). Rejects when every attempt failed.
-   */
-  async stop(): Promise<void> {
-    this.#abort?.abort();
-    await this.#loop;
-    this.#abort = undefined;
-    this.#loop = undefined;
+  /** Writes a beat with `schedulable=false`, retrying; rejects when every attempt failed. */
+  async markUnschedulable(): Promise<void> {
     let lastError: unknown;
     for (const delay of [10, 50, 250, 1_250, 0]) {
       try {
@@ -265,7 +257,7 @@ export class Heartbeat {
         return;
       } catch (error) {
         lastError = error;
-        if (delay > 0) await new Promise((r) => setTimeout(r, delay));
+        if (delay > 0) await sleep(delay);
       }
     }
     throw new HeartbeatError(

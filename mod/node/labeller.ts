@@ -20,6 +20,7 @@ import {
   patchNodeJson,
   replaceMapWithTest,
 } from "../kube/mod.ts";
+import { sleep } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import {
   type DomainCapabilitiesInfo,
@@ -374,13 +375,13 @@ export class NodeLabeller {
   readonly #nodeName: string;
   readonly #options: NodeLabellerOptions;
   #info: NodeLabelInfo | undefined;
-  #timer: ReturnType<typeof setTimeout> | undefined;
-  #running: Promise<unknown> | undefined;
+  /** For logs. */
+  readonly name = "node-labeller";
+  #wake: AbortController | undefined;
   #pending = false;
-  #stopped = true;
   #lastObsoleteWarning: string | undefined;
 
-  /** Creates a labeller for `nodeName`; nothing runs until {@linkcode start} or {@linkcode run}. */
+  /** Creates a labeller for `nodeName`; nothing runs until {@linkcode labelOnce} or {@linkcode run}. */
   constructor(client: KubeClient, nodeName: string, options: NodeLabellerOptions) {
     this.#client = client;
     this.#nodeName = nodeName;
@@ -419,7 +420,7 @@ export class NodeLabeller {
    * labeller's labels under a `test` of the labels as read; on a conflict re-read and
    * retry up to `maxAttempts` times.
    */
-  async run(options: { refresh?: boolean } = {}): Promise<LabelRunResult> {
+  async labelOnce(options: { refresh?: boolean } = {}): Promise<LabelRunResult> {
     const computed = computeNodeLabels(await this.info(options.refresh), {
       obsoleteModels: this.#options.obsoleteModels,
     });
@@ -484,60 +485,44 @@ export class NodeLabeller {
     });
   }
 
-  /** Starts the loop: a run now, then every 3 min (jittered); failures retry with backoff. */
-  start(): void {
-    if (!this.#stopped) return;
-    this.#stopped = false;
-    this.trigger();
+  /**
+   * Labels now, then every 3 min (jittered) until `signal` aborts; a failed pass is
+   * retried with backoff (5 ms doubling, capped at the period). A pass in progress
+   * when the signal aborts is awaited.
+   */
+  async run(signal: AbortSignal): Promise<void> {
+    let failures = 0;
+    while (!signal.aborted) {
+      let delay: number;
+      try {
+        await this.labelOnce();
+        delay = this.#period();
+        failures = 0;
+      } catch (error) {
+        failures++;
+        delay = Math.min(5 * 2 ** Math.min(failures, 20), this.#period());
+        log.error("Node labelling failed: {error}", { error, name: this.#nodeName });
+      }
+      if (this.#pending) {
+        this.#pending = false;
+        continue;
+      }
+      const wake = new AbortController();
+      this.#wake = wake;
+      await sleep(delay, AbortSignal.any([signal, wake.signal]));
+      this.#wake = undefined;
+    }
   }
 
-  /** Asks for a run as soon as the current one (if any) is done. */
+  /** Asks {@linkcode run} for a pass as soon as the current one (if any) is done. */
   trigger(): void {
-    if (this.#stopped) return;
-    if (this.#running) {
-      this.#pending = true;
-      return;
-    }
-    clearTimeout(this.#timer);
-    this.#timer = undefined;
-    this.#running = this.#loopOnce(0);
-  }
-
-  async #loopOnce(failures: number): Promise<void> {
-    let delay: number;
-    try {
-      await this.run();
-      delay = this.#period();
-      failures = 0;
-    } catch (error) {
-      failures++;
-      // Like the work queue's per-item backoff: 5 ms doubling, capped at the period.
-      delay = Math.min(5 * 2 ** Math.min(failures, 20), this.#period());
-      log.error("Node labelling failed: {error}", { error, name: this.#nodeName });
-    }
-    this.#running = undefined;
-    if (this.#stopped) return;
-    if (this.#pending) {
-      this.#pending = false;
-      delay = 0;
-    }
-    this.#timer = setTimeout(() => {
-      this.#timer = undefined;
-      this.#running = this.#loopOnce(failures);
-    }, delay);
+    if (this.#wake) this.#wake.abort();
+    else this.#pending = true;
   }
 
   #period(): number {
     const interval = this.#options.intervalMs ?? 3 * 60_000;
     const random = this.#options.random ?? Math.random;
     return interval + random() * (this.#options.jitterFactor ?? 1.2) * interval;
-  }
-
-  /** Stops the loop and waits for a run in progress. */
-  async stop(): Promise<void> {
-    this.#stopped = true;
-    clearTimeout(this.#timer);
-    this.#timer = undefined;
-    await this.#running;
   }
 }

@@ -77,8 +77,8 @@ export {
   CapabilityReadError,
   type ChildReadOptions,
   type NodeServices,
+  nodeServices,
   type NodeServicesOptions,
   readCapabilities,
   readCapabilitiesInChild,
-  startNodeServices,
 } from "./services.ts";

@@ -1,15 +1,16 @@
 /**
- * The node side of `virtnode handler` in one call: device plugins first, the heartbeat
+ * The node side of `virtnode handler` in one call: device plugins, the heartbeat
  * fed by their registration, the labeller reading libvirt through a short-lived
  * connection per read, or in a short-lived child process (as KubeVirt's node-labeller
- * runs virsh outside virt-handler) so that the handler never maps libvirt. Stopping marks the node unschedulable before the device
- * plugins go, so the scheduler stops sending VMIs before the kubelet loses the devices.
+ * runs virsh outside virt-handler) so that the handler never maps libvirt. Stopping marks
+ * the node unschedulable before the device plugins go, so the scheduler stops sending
+ * VMIs before the kubelet loses the devices.
  *
  * @module
  */
 
 import type { EventRecorder, KubeClient } from "../kube/mod.ts";
-import { getLogger } from "../log/mod.ts";
+import type { Runnable } from "../lifecycle/mod.ts";
 import { DevicePluginManager, type DevicePluginManagerOptions } from "./device_plugins.ts";
 import { Heartbeat, type HeartbeatOptions } from "./heartbeat.ts";
 import {
@@ -20,8 +21,6 @@ import {
   NodeLabeller,
   type NodeLabellerOptions,
 } from "./labeller.ts";
-
-const log = getLogger("node");
 
 /** Options of {@linkcode startNodeServices}. */
 export interface NodeServicesOptions {
@@ -132,7 +131,7 @@ function message(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
 }
 
-/** The running node services. */
+/** The node services of one node, ready to run. */
 export interface NodeServices {
   /** The heartbeat. */
   heartbeat: Heartbeat;
@@ -140,8 +139,11 @@ export interface NodeServices {
   labeller?: NodeLabeller;
   /** The device plugins, unless disabled. */
   devicePlugins?: DevicePluginManager;
-  /** Heartbeat says unschedulable, then the labeller and the device plugins stop. */
-  stop(): Promise<void>;
+  /**
+   * The runnables in the order they stop: the heartbeat first (it marks the node
+   * unschedulable), then the labeller and the device plugins.
+   */
+  stages: Runnable[][];
 }
 
 /** Reads the labeller's inputs from libvirt over a connection opened for this read. */
@@ -159,21 +161,15 @@ export async function readCapabilities(
   }
 }
 
-/** Starts device plugins, heartbeat and labeller for one node. */
-export async function startNodeServices(
-  client: KubeClient,
-  options: NodeServicesOptions,
-): Promise<NodeServices> {
-  let devicePlugins: DevicePluginManager | undefined;
-  if (options.devicePlugins !== false) {
-    devicePlugins = new DevicePluginManager(options.devicePlugins ?? {});
-    await devicePlugins.start();
-  }
+/** Builds device plugins, heartbeat and labeller for one node; run them with `runStages`. */
+export function nodeServices(client: KubeClient, options: NodeServicesOptions): NodeServices {
+  const devicePlugins = options.devicePlugins === false
+    ? undefined
+    : new DevicePluginManager(options.devicePlugins ?? {});
   const heartbeat = new Heartbeat(client, options.nodeName, {
     ...options.heartbeat,
     isReady: () => devicePlugins?.allRegistered() ?? true,
   });
-  heartbeat.start();
   let labeller: NodeLabeller | undefined;
   if (options.labeller !== false) {
     const { virttype, machine, arch, kvmPath, schedRtRuntimePath, ...rest } = options.labeller ??
@@ -185,18 +181,9 @@ export async function startNodeServices(
       recorder: options.recorder,
       source: async () => (await read(options.libvirtUri, gather)).info,
     });
-    labeller.start();
   }
-  return {
-    heartbeat,
-    labeller,
-    devicePlugins,
-    async stop() {
-      await heartbeat.stop().catch((error) =>
-        log.error("Cannot mark the node unschedulable: {error}", { error })
-      );
-      await labeller?.stop();
-      await devicePlugins?.stop();
-    },
-  };
+  const later: Runnable[] = [];
+  if (labeller) later.push(labeller);
+  if (devicePlugins) later.push(devicePlugins);
+  return { heartbeat, labeller, devicePlugins, stages: [[heartbeat], later] };
 }

@@ -1,10 +1,10 @@
 /**
- * mod/kube against a real kube-apiserver + etcd (tests/cluster), with the CRDs of
+ * mod/kube against a real kube-apiserver + etcd (deploy/cluster), with the CRDs of
  * deploy/crds applied by the cluster.
  */
 
 import assert from "node:assert/strict";
-import { type Cluster, startCluster } from "../cluster/cluster.ts";
+import { type Cluster, startCluster } from "../../deploy/cluster/cluster.ts";
 import {
   EventRecorder,
   Informer,
@@ -113,7 +113,8 @@ Deno.test("Informer sees add, update and delete of its node's VMIs and never ano
       pageSize: 2,
     });
     const seen = recordEvents(informer);
-    informer.start();
+    const stop = new AbortController();
+    const running = informer.run(stop.signal);
     try {
       await informer.waitForSync();
       assert.equal(informer.hasSynced(), true);
@@ -160,7 +161,8 @@ Deno.test("Informer sees add, update and delete of its node's VMIs and never ano
       assert.ok(seen.every((e) => !e.includes("-b")), `saw another node's VMI: ${seen}`);
       assert.equal(informer.restarts, 0);
     } finally {
-      await informer.stop();
+      stop.abort();
+      await running;
     }
   });
 });
@@ -179,7 +181,8 @@ Deno.test("Informer recovers when the apiserver stops and starts, and catches up
       onError: (err) => errors.push(err),
     });
     const seen = recordEvents(informer);
-    informer.start();
+    const stop = new AbortController();
+    const running = informer.run(stop.signal);
     try {
       await informer.waitForSync();
       assert.equal(informer.list().length, 3);
@@ -246,7 +249,8 @@ Deno.test("Informer recovers when the apiserver stops and starts, and catches up
       assert.match(messages, /^Cannot watch virtualmachineinstances: 410 Expired: /m, messages);
       assert.equal(informer.lists, 2, "one initial list and one relist after the 410");
     } finally {
-      await informer.stop();
+      stop.abort();
+      await running;
     }
   });
 });

@@ -1,11 +1,11 @@
 /**
- * The heartbeat and the node labeller against a real kube-apiserver (tests/cluster):
+ * The heartbeat and the node labeller against a real kube-apiserver (deploy/cluster):
  * only an apiserver runs, so the tests create their Node objects themselves.
  */
 
 import assert from "node:assert/strict";
 import { fileURLToPath } from "node:url";
-import { useCluster } from "../cluster/cluster.ts";
+import { useCluster } from "../../deploy/cluster/cluster.ts";
 import {
   EventRecorder,
   type KubeClient,
@@ -21,12 +21,13 @@ import {
   type NodeLabelInfo,
   NodeLabeller,
   NodeLabellerError,
+  nodeServices,
   parseCpuFeatures,
   parseDomainCapabilities,
   parseHostCapabilities,
   readNodeHeartbeat,
-  startNodeServices,
 } from "../../mod/node/mod.ts";
+import { runStages } from "../../mod/lifecycle/mod.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
 
 const FIXTURES = fileURLToPath(new URL("../fixtures/labeller/", import.meta.url));
@@ -126,7 +127,8 @@ Deno.test("heartbeat and labeller against a real apiserver", async (t) => {
           intervalMs: 60_000,
           cpuManagerStatePaths: [`${tmp}/missing`],
         });
-        heartbeat.start();
+        const stop = new AbortController();
+        const running = heartbeat.run(stop.signal);
         const schedulable = async () =>
           (await getNode(client, "hb-2")).metadata?.labels?.["kubevirt.io/schedulable"];
         const deadline = Date.now() + 10_000;
@@ -145,7 +147,8 @@ Deno.test("heartbeat and labeller against a real apiserver", async (t) => {
             (performance.now() - readyAt).toFixed(0)
           } ms`,
         );
-        await heartbeat.stop();
+        stop.abort();
+        await running;
         assert.equal(await schedulable(), "false");
       } finally {
         await deleteNode(client, "hb-2");
@@ -180,7 +183,7 @@ Deno.test("heartbeat and labeller against a real apiserver", async (t) => {
         const labeller = new NodeLabeller(client, "lb-1", {
           source: () => Promise.resolve(fixtureInfo("intel-skylake-server")),
         });
-        const result = await labeller.run();
+        const result = await labeller.labelOnce();
         assert.equal(result.outcome, "patched");
         assert.equal(result.attempts, 1);
         assert.deepEqual(result.removed.sort(), [
@@ -198,7 +201,7 @@ Deno.test("heartbeat and labeller against a real apiserver", async (t) => {
         for (const [key, value] of Object.entries(result.labels)) {
           assert.equal(labels[key], value, key);
         }
-        assert.equal((await labeller.run()).outcome, "unchanged");
+        assert.equal((await labeller.labelOnce()).outcome, "unchanged");
       } finally {
         await deleteNode(client, "lb-1");
       }
@@ -210,7 +213,7 @@ Deno.test("heartbeat and labeller against a real apiserver", async (t) => {
         const labeller = new NodeLabeller(client, "lb-2", {
           source: () => Promise.resolve(fixtureInfo("amd-epyc-rome")),
         });
-        assert.equal((await labeller.run()).outcome, "patched");
+        assert.equal((await labeller.labelOnce()).outcome, "patched");
         const labels = (await getNode(client, "lb-2")).metadata?.labels ?? {};
         assert.equal(labels["kubevirt.io/sev-es"], "true");
         assert.equal(labels["cpu-vendor.node.kubevirt.io/AMD"], "true");
@@ -228,13 +231,13 @@ Deno.test("heartbeat and labeller against a real apiserver", async (t) => {
         const labeller = new NodeLabeller(client, "lb-3", {
           source: () => Promise.resolve(fixtureInfo("intel-skylake-server")),
         });
-        assert.equal((await labeller.run()).outcome, "skipped");
+        assert.equal((await labeller.labelOnce()).outcome, "skipped");
         const labels = (await getNode(client, "lb-3")).metadata?.labels ?? {};
         assert.deepEqual(labels, { "cpu-model.node.kubevirt.io/Gone": "true" });
         await patchNodeMetadata(client, "lb-3", {
           annotations: { "node-labeller.kubevirt.io/skip-node": null },
         });
-        assert.equal((await labeller.run()).outcome, "patched");
+        assert.equal((await labeller.labelOnce()).outcome, "patched");
       } finally {
         await deleteNode(client, "lb-3");
       }
@@ -261,7 +264,7 @@ Deno.test("heartbeat and labeller against a real apiserver", async (t) => {
         const labeller = new NodeLabeller(racing(1), "lb-4", {
           source: () => Promise.resolve(fixtureInfo("intel-skylake-server")),
         });
-        const result = await labeller.run();
+        const result = await labeller.labelOnce();
         assert.equal(result.outcome, "patched");
         assert.equal(result.attempts, 2);
         const labels = (await getNode(client, "lb-4")).metadata?.labels ?? {};
@@ -275,7 +278,7 @@ Deno.test("heartbeat and labeller against a real apiserver", async (t) => {
           source: () => Promise.resolve(fixtureInfo("amd-epyc-rome")),
           maxAttempts: 3,
         });
-        await assert.rejects(loser.run(), (error: Error) => {
+        await assert.rejects(loser.labelOnce(), (error: Error) => {
           assert.ok(error instanceof NodeLabellerError);
           assert.ok(error.cause instanceof PatchConflictError);
           assert.match(error.message, /^Cannot label node "lb-4": /);
@@ -308,7 +311,7 @@ Deno.test("heartbeat and labeller against a real apiserver", async (t) => {
             ),
           recorder,
         });
-        await labeller.run();
+        await labeller.labelOnce();
         const labels = (await getNode(client, "lb-5")).metadata?.labels ?? {};
         assert.equal(labels["node-labeller.kubevirt.io/obsolete-host-model"], "true");
         let events: KubeList<KubeObject & { reason?: string; type?: string; message?: string }> = {
@@ -329,7 +332,7 @@ Deno.test("heartbeat and labeller against a real apiserver", async (t) => {
       }
     });
 
-    await t.step("start() labels at once and trigger() runs again on demand", async () => {
+    await t.step("run() labels at once and trigger() runs again on demand", async () => {
       await createNode(client, "lb-6");
       try {
         let info = fixtureInfo("intel-skylake-server");
@@ -341,7 +344,8 @@ Deno.test("heartbeat and labeller against a real apiserver", async (t) => {
           },
           intervalMs: 60_000,
         });
-        labeller.start();
+        const stop = new AbortController();
+        const running = labeller.run(stop.signal);
         const host = async () =>
           Object.keys((await getNode(client, "lb-6")).metadata?.labels ?? {})
             .find((k) => k.startsWith("host-model-cpu.node.kubevirt.io/"));
@@ -358,20 +362,21 @@ Deno.test("heartbeat and labeller against a real apiserver", async (t) => {
           assert.ok(Date.now() < deadline);
           await new Promise((r) => setTimeout(r, 20));
         }
-        await labeller.stop();
+        stop.abort();
+        await running;
         assert.equal(runs, 2);
       } finally {
         await deleteNode(client, "lb-6");
       }
     });
     await t.step(
-      "startNodeServices() labels from libvirt and beats; stop() says false",
+      "nodeServices() label from libvirt and beat; stopping them says false",
       async () => {
         const uri = await ensureLibvirtd();
         await createNode(client, "svc-1");
         const pluginDir = `${tmp}/device-plugins`;
         try {
-          const services = await startNodeServices(client, {
+          const services = nodeServices(client, {
             nodeName: "svc-1",
             libvirtUri: uri,
             // No device node exists under this root: no plugin runs, nothing to wait for.
@@ -379,6 +384,8 @@ Deno.test("heartbeat and labeller against a real apiserver", async (t) => {
             heartbeat: { cpuManagerStatePaths: [`${tmp}/missing`], readyPollMs: 20 },
             labeller: { virttype: "qemu" },
           });
+          const stop = new AbortController();
+          const running = runStages(services.stages, stop.signal);
           const labels = async () => (await getNode(client, "svc-1")).metadata?.labels ?? {};
           const deadline = Date.now() + 20_000;
           for (;;) {
@@ -391,7 +398,8 @@ Deno.test("heartbeat and labeller against a real apiserver", async (t) => {
             await new Promise((r) => setTimeout(r, 50));
           }
           assert.deepEqual(services.devicePlugins?.plugins, []);
-          await services.stop();
+          stop.abort();
+          await running;
           assert.equal((await labels())["kubevirt.io/schedulable"], "false");
         } finally {
           await deleteNode(client, "svc-1");

@@ -18,7 +18,7 @@ import {
   type RegisterRequest,
   registrationService,
 } from "../../mod/proto/deviceplugin.ts";
-import { unixTarget } from "../../mod/proto/mod.ts";
+import { type ServiceError, unixTarget } from "../../mod/proto/mod.ts";
 
 const grpcTest = { sanitizeOps: false, sanitizeResources: false };
 
@@ -85,7 +85,7 @@ function watch(client: DevicePluginClient) {
 }
 
 function unary<Res>(
-  call: (cb: (error: grpc.ServiceError | null, response?: Res) => void) => unknown,
+  call: (cb: (error: ServiceError | null, response?: Res) => void) => unknown,
 ): Promise<Res> {
   return new Promise((resolve, reject) =>
     call((error, response) => error ? reject(error) : resolve(response!))
@@ -98,6 +98,10 @@ interface Env {
   deviceRoot: string;
   kubelet: TestKubelet;
   manager: DevicePluginManager;
+  /** Runs the manager until {@linkcode Env.stop}. */
+  start(): void;
+  /** Stops the manager and waits for it (a no-op when it is not running). */
+  stop(): Promise<void>;
 }
 
 async function setup(
@@ -123,11 +127,27 @@ async function setup(
     pollIntervalMs: 60_000,
     ...options,
   });
-  return { dir, pluginDir, deviceRoot, kubelet, manager };
+  let running: { stop: AbortController; done: Promise<void> } | undefined;
+  return {
+    dir,
+    pluginDir,
+    deviceRoot,
+    kubelet,
+    manager,
+    start() {
+      const stop = new AbortController();
+      running = { stop, done: manager.run(stop.signal) };
+    },
+    async stop() {
+      running?.stop.abort();
+      await running?.done;
+      running = undefined;
+    },
+  };
 }
 
 async function teardown(env: Env): Promise<void> {
-  await env.manager.stop();
+  await env.stop();
   env.kubelet.stop();
   await Deno.remove(env.dir, { recursive: true });
 }
@@ -139,7 +159,7 @@ Deno.test(
     const env = await setup(["dev/kvm", "dev/net/tun"]);
     try {
       const started = performance.now();
-      await env.manager.start();
+      env.start();
       await waitFor(
         "two registrations",
         () => env.kubelet.registrations.length === 2 && env.manager.allRegistered(),
@@ -164,7 +184,7 @@ Deno.test(
       assert.equal(info.mode! & 0o777, 0o600);
       await assert.rejects(Deno.stat(join(env.pluginDir, "kubevirt-vhost-net.sock")));
       // Stopped plugins take their sockets with them.
-      await env.manager.stop();
+      await env.stop();
       const left = [...Deno.readDirSync(env.pluginDir)].map((e) => e.name);
       assert.deepEqual(left, ["kubelet.sock"]);
     } finally {
@@ -176,7 +196,7 @@ Deno.test(
 Deno.test("a device that appears later gets its plugin on the next poll", grpcTest, async () => {
   const env = await setup(["dev/kvm"], { pollIntervalMs: 100 });
   try {
-    await env.manager.start();
+    env.start();
     await waitFor("kvm registration", () => env.kubelet.registrations.length === 1);
     await Deno.writeTextFile(join(env.deviceRoot, "dev/vhost-net"), "");
     await waitFor("vhost-net registration", () => env.kubelet.registrations.length === 2);
@@ -196,8 +216,11 @@ Deno.test(
     const env = await setup(["dev/kvm"]);
     const client = newDevicePluginClient(join(env.pluginDir, "kubevirt-kvm.sock"));
     try {
-      await env.manager.start();
-      await waitFor("registration", () => env.manager.allRegistered());
+      env.start();
+      await waitFor(
+        "registration",
+        () => env.manager.plugins.length > 0 && env.manager.allRegistered(),
+      );
       const w = watch(client);
       await waitFor("the first list", () => w.messages.length === 1);
       assert.deepEqual(w.messages[0].devices.map((d) => [d.ID, d.health]), [
@@ -220,7 +243,7 @@ Deno.test(
           backMs.toFixed(0)
         } ms`,
       );
-      await env.manager.stop();
+      await env.stop();
       // On stop the kubelet gets an empty list, then the stream ends.
       await waitFor("the stream to end", () => w.ended());
       assert.deepEqual(w.messages[w.messages.length - 1].devices, []);
@@ -240,8 +263,11 @@ Deno.test(
     const env = await setup(["dev/net/tun"], { pollIntervalMs: 150 });
     const client = newDevicePluginClient(join(env.pluginDir, "kubevirt-tun.sock"));
     try {
-      await env.manager.start();
-      await waitFor("registration", () => env.manager.allRegistered());
+      env.start();
+      await waitFor(
+        "registration",
+        () => env.manager.plugins.length > 0 && env.manager.allRegistered(),
+      );
       const w = watch(client);
       await waitFor("the first list", () => w.messages.length === 1);
       await Deno.rename(join(env.deviceRoot, "dev/net"), join(env.deviceRoot, "dev/net.old"));
@@ -262,7 +288,7 @@ Deno.test("Allocate returns the device node with rw permissions", grpcTest, asyn
   const kvm = newDevicePluginClient(join(env.pluginDir, "kubevirt-kvm.sock"));
   const tun = newDevicePluginClient(join(env.pluginDir, "kubevirt-tun.sock"));
   try {
-    await env.manager.start();
+    env.start();
     await waitFor(
       "registration",
       () => env.manager.allRegistered() && env.manager.plugins.length === 2,
@@ -321,7 +347,7 @@ Deno.test(
   async () => {
     const env = await setup(["dev/kvm", "dev/net/tun"], { backoffMs: undefined });
     try {
-      await env.manager.start();
+      env.start();
       await waitFor("registration", () => env.kubelet.registrations.length === 2);
       // A kubelet restart: the old one goes, the directory is emptied, a new one serves.
       env.kubelet.stop();
@@ -362,7 +388,7 @@ Deno.test(
 Deno.test("a re-created kubelet socket alone also triggers registration", grpcTest, async () => {
   const env = await setup(["dev/kvm"]);
   try {
-    await env.manager.start();
+    env.start();
     await waitFor("registration", () => env.kubelet.registrations.length === 1);
     env.kubelet.stop();
     await Deno.remove(env.kubelet.socketPath).catch(() => {});
@@ -379,13 +405,16 @@ Deno.test("a re-created kubelet socket alone also triggers registration", grpcTe
 Deno.test("a plugin retries with backoff until a kubelet answers", grpcTest, async () => {
   const env = await setup(["dev/kvm"], {}, false);
   try {
-    await env.manager.start();
+    env.start();
     await new Promise((r) => setTimeout(r, 400));
     assert.equal(env.manager.allRegistered(), false);
     await env.kubelet.start();
     await waitFor("registration", () => env.kubelet.registrations.length === 1);
     // The kubelet records the request before the plugin has its answer.
-    await waitFor("the plugin to see its registration answered", () => env.manager.allRegistered());
+    await waitFor(
+      "the plugin to see its registration answered",
+      () => env.manager.plugins.length > 0 && env.manager.allRegistered(),
+    );
     assert.equal(env.kubelet.registrations.length, 1);
   } finally {
     await teardown(env);

@@ -30,7 +30,7 @@ function input(status?: LifeCycle, reason?: StateChangeReason, more: Partial<Sta
       : undefined,
     launcher: "responsive" as const,
     nodeName: "node1",
-    podless: true,
+    standsInForController: true,
     gracePeriodApplied: false,
     now: T0,
     ...more,
@@ -116,7 +116,7 @@ Deno.test("computeStatus() requeues a Scheduled VMI whose launcher is not ready 
 Deno.test("computeStatus() leaves Ready alone outside pod-less mode (virt-controller owns it)", () => {
   const r = computeStatus(
     vmi("Scheduled"),
-    input(LifeCycle.Running, undefined, { podless: false }),
+    input(LifeCycle.Running, undefined, { standsInForController: false }),
   );
   assert.equal(r.status.conditions!.find((c) => c.type === "Ready"), undefined);
 });

@@ -1,0 +1,301 @@
+/**
+ * `virtnode handler`, assembled: the Kubernetes layer, the launcher clients, the
+ * notify server, ghost records, the launcher provider of the mode it runs in, and the
+ * controller, as one {@linkcode Runnable}.
+ *
+ * Start-up re-adopts what already runs before anything else: ghost records give each
+ * launcher's socket, the launchers are asked for their domains, and only then does the
+ * VMI informer feed the queue, so a restarted handler finds every VM where it left it
+ * and never stops one. When its signal aborts, the handler turns not ready, stops
+ * taking work, lets in-flight syncs finish, then closes its watch, its notify socket
+ * and its launcher connections, and leaves every VM running.
+ *
+ * @module
+ */
+import { join } from "node:path";
+import {
+  Labels,
+  SocketNames,
+  type VirtualMachineInstance,
+  type VirtualMachineInstanceStatus,
+  VMI_RESOURCE,
+} from "../api/mod.ts";
+import type { Config } from "../config/mod.ts";
+import {
+  EventRecorder,
+  Expectations,
+  Informer,
+  type KubeClient,
+  StatusWriter,
+  WorkQueue,
+} from "../kube/mod.ts";
+import type { LauncherOptions } from "../launcher/args/mod.ts";
+import { aborted, every, type Runnable, runnable, runStages } from "../lifecycle/mod.ts";
+import { getLogger } from "../log/mod.ts";
+import { VmiController } from "./controller.ts";
+import { GhostRecordStore } from "./ghost_records.ts";
+import { LauncherClients } from "./launcher_clients.ts";
+import type { LauncherProvider } from "./launcher_provider.ts";
+import { NotifyServer } from "./notify_server.ts";
+import { PodLaunchers } from "./pod_launchers.ts";
+import { PodlessLaunchers } from "./podless_launchers.ts";
+
+const log = getLogger("handler");
+
+/** Every launcher's domain is asked for again this often (KubeVirt's resync). */
+export const DOMAIN_RESYNC_MS = 5 * 60_000;
+/** Launchers asked for their domain at once while re-adopting. */
+const ADOPT_CONCURRENCY = 32;
+
+/** Options of {@linkcode Handler.create} beyond the shared configuration. */
+export interface HandlerOptions {
+  /**
+   * Pod-less mode: the command line that runs `virtnode launcher` with the given
+   * options; KubeVirt mode (launcher pods) when absent.
+   */
+  launcherCommand?: (options: LauncherOptions) => { cmd: string; args: string[] };
+  /** Pod-less mode: containerDisk images; `<stateDir>/images` unless told. */
+  imageDir?: string;
+  /** Pod-less mode: the only directory hostDisk volumes may use. */
+  hostDiskRoot?: string;
+  /** `host:port` of the health endpoints (`/healthz`, `/readyz`); none when undefined. */
+  healthAddress?: string;
+  /** Concurrent syncs (KubeVirt's handler threadiness). */
+  workers?: number;
+  /** The kubelet's pods directory (KubeVirt mode). */
+  podsDir?: string;
+  /** Resync of every launcher's domain; {@linkcode DOMAIN_RESYNC_MS} unless told. */
+  resyncMs?: number;
+}
+
+/** The paths the handler uses below the configured directories. */
+export function handlerPaths(config: Config): {
+  ghostDir: string;
+  socketRoot: string;
+  notifySocket: string;
+} {
+  return {
+    ghostDir: join(config.stateDir, "ghost-records"),
+    socketRoot: join(config.runDir, "sockets"),
+    notifySocket: join(config.runDir, SocketNames.DomainNotify),
+  };
+}
+
+/** The node agent's VMI side; see the module doc. */
+export class Handler implements Runnable {
+  /** For logs. */
+  readonly name = "handler";
+  /** The controller (for tests and the local mode's display). */
+  readonly controller: VmiController;
+  /** The VMI informer. */
+  readonly informer: Informer<VirtualMachineInstance>;
+  readonly #config: Config;
+  readonly #options: HandlerOptions;
+  readonly #ghosts: GhostRecordStore;
+  readonly #launchers: LauncherClients;
+  readonly #provider: LauncherProvider;
+  readonly #recorder: EventRecorder;
+  #ready = false;
+  #started = performance.now();
+  #adopted = 0;
+
+  private constructor(
+    config: Config,
+    client: KubeClient,
+    options: HandlerOptions,
+    ghosts: GhostRecordStore,
+  ) {
+    this.#config = config;
+    this.#options = options;
+    this.#ghosts = ghosts;
+    const paths = handlerPaths(config);
+    const queue = new WorkQueue<string>();
+    this.informer = new Informer<VirtualMachineInstance>(client, {
+      path: `/apis/kubevirt.io/v1/${VMI_RESOURCE}`,
+      labelSelector: `${Labels.NodeName}=${config.nodeName}`,
+      onError: (error) => log.warn("VMI watch interrupted, retrying: {error}", { error }),
+      // managedFields grows with every status write and is never read; an update without
+      // it leaves the server's copy as it is.
+      transform: (vmi) => {
+        delete (vmi.metadata as { managedFields?: unknown }).managedFields;
+        return vmi;
+      },
+    });
+    this.#recorder = new EventRecorder(client, { host: config.nodeName });
+    // The controller is built after the pool and the provider; their callbacks run later.
+    this.#launchers = new LauncherClients({
+      onUnresponsive: (uid) => this.controller.launcherGone(uid),
+    });
+    const launchers = this.#launchers;
+    this.#provider = options.launcherCommand
+      ? new PodlessLaunchers({
+        ghosts,
+        socketRoot: paths.socketRoot,
+        stateDir: config.stateDir,
+        launcherCommand: options.launcherCommand,
+        launcherDefaults: {
+          libvirtUri: config.libvirtUri,
+          notifySocket: paths.notifySocket,
+          imageDir: options.imageDir ?? join(config.stateDir, "images"),
+          hostDiskRoot: options.hostDiskRoot,
+          runRoot: join(config.runDir, "private"),
+          diskRoot: join(config.stateDir, "disks"),
+        },
+        wake: (key) => this.controller.wake(key),
+        exited: (uid, why) => void launchers.markUnresponsive(uid, why),
+      })
+      : new PodLaunchers({
+        nodeName: config.nodeName,
+        ghosts,
+        podsDir: options.podsDir ?? "/var/lib/kubelet/pods",
+        linkDir: join(config.runDir, "pod-sockets"),
+      });
+    this.controller = new VmiController({
+      nodeName: config.nodeName,
+      provider: this.#provider,
+      informer: this.informer,
+      queue,
+      expectations: new Expectations(),
+      statusWriter: new StatusWriter<VirtualMachineInstanceStatus, VirtualMachineInstance>(
+        client,
+        { groupVersionPath: "/apis/kubevirt.io/v1", plural: VMI_RESOURCE },
+      ),
+      recorder: this.#recorder,
+      ghosts,
+      launchers,
+      workers: options.workers,
+      onStarted: () => this.#onStarted(),
+    });
+  }
+
+  /** Builds the handler of this node; reads its ghost records (setting bad ones aside). */
+  static async create(
+    config: Config,
+    client: KubeClient,
+    options: HandlerOptions = {},
+  ): Promise<Handler> {
+    const started = performance.now();
+    const ghosts = new GhostRecordStore(handlerPaths(config).ghostDir);
+    for (const bad of await ghosts.load()) {
+      log.error("Ghost record set aside: {reason}", {
+        file: bad.file,
+        movedTo: bad.movedTo,
+        reason: bad.reason,
+      });
+    }
+    const handler = new Handler(config, client, options, ghosts);
+    handler.#started = started;
+    return handler;
+  }
+
+  /** Whether `/readyz` answers 200: the workers run and no stop has begun. */
+  ready(): boolean {
+    return this.#ready;
+  }
+
+  #onStarted(): void {
+    this.#ready = true;
+    log.info("Handler ready: {vmis} VMIs on this node, {adopted} launchers re-adopted", {
+      vmis: this.informer.list().length,
+      adopted: this.#adopted,
+      startupMs: Math.round(performance.now() - this.#started),
+    });
+  }
+
+  /**
+   * Serves the notify socket, re-adopts running launchers, then runs until `signal`
+   * aborts: workers first to stop (in-flight syncs finish), then the watch, the notify
+   * socket, the launcher monitor, the provider and the health endpoints.
+   */
+  async run(signal: AbortSignal): Promise<void> {
+    const controller = this.controller;
+    const notify = await NotifyServer.start(handlerPaths(this.#config).notifySocket, {
+      onDomainEvent: (e) => controller.domainEvent(e.type, e.domain),
+      onK8sEvent: (e) => {
+        this.#recorder.record(
+          {
+            apiVersion: "kubevirt.io/v1",
+            kind: "VirtualMachineInstance",
+            metadata: { namespace: e.namespace, name: e.name, uid: e.uid },
+          },
+          e.type,
+          e.reason,
+          e.message,
+        ).catch((error) => log.warn("Cannot record launcher event: {error}", { error }));
+      },
+    });
+    this.#adopted = await this.#adopt();
+    signal.addEventListener("abort", () => {
+      this.#ready = false;
+      log.info("Handler stopping: draining in-flight syncs; VMs keep running");
+    }, { once: true });
+
+    const resync = runnable(
+      "domain-resync",
+      (s) =>
+        every(this.#options.resyncMs ?? DOMAIN_RESYNC_MS, () => this.#adopt(), s, {
+          immediate: false,
+          onError: (error) => log.warn("Domain resync failed: {error}", { error }),
+        }),
+    );
+    const parts: Runnable[] = [this.informer, notify, this.#launchers, this.#provider];
+    if (this.#options.healthAddress) {
+      parts.push(healthServer(this.#options.healthAddress, () => this.#ready));
+    }
+    await runStages([[controller, resync], parts], signal);
+    log.info("Handler stopped");
+  }
+
+  /** Asks every launcher a ghost record names for its domain; returns how many answered. */
+  async #adopt(): Promise<number> {
+    let adopted = 0;
+    const all = this.#provider.adoptable();
+    for (let i = 0; i < all.length; i += ADOPT_CONCURRENCY) {
+      await Promise.all(
+        all.slice(i, i + ADOPT_CONCURRENCY).map(async (l) => {
+          const client = this.#launchers.getOrCreate(l.uid, l.socket);
+          try {
+            await Deno.lstat(l.socket);
+            const domain = await client.getDomain();
+            if (domain) this.controller.domainEvent("ADDED", domain);
+            adopted++;
+          } catch (error) {
+            log.warn("Launcher of ghost record not answering yet: {error}", {
+              namespace: l.namespace,
+              name: l.name,
+              uid: l.uid,
+              error,
+            });
+          }
+        }),
+      );
+    }
+    return adopted;
+  }
+}
+
+/** `/healthz` (alive) and `/readyz` (`ready()`) on `address`, until the signal aborts. */
+function healthServer(address: string, ready: () => boolean): Runnable {
+  const [hostname, port] = splitHostPort(address);
+  return runnable("health", async (signal) => {
+    const server = Deno.serve({ hostname, port, onListen: () => {} }, (req) => {
+      const path = new URL(req.url).pathname;
+      if (path === "/healthz") return new Response("ok\n");
+      if (path === "/readyz") {
+        return ready() ? new Response("ok\n") : new Response("not ready\n", { status: 503 });
+      }
+      return new Response("not found\n", { status: 404 });
+    });
+    await aborted(signal);
+    await server.shutdown();
+  });
+}
+
+function splitHostPort(address: string): [string, number] {
+  const i = address.lastIndexOf(":");
+  const port = Number(address.slice(i + 1));
+  if (i < 0 || !Number.isInteger(port) || port < 0 || port > 65535) {
+    throw new Error(`Invalid health address ${JSON.stringify(address)}: expected host:port`);
+  }
+  return [address.slice(0, i) || "0.0.0.0", port];
+}

@@ -1,0 +1,59 @@
+/**
+ * The seam between the controller and the two ways launchers come to exist.
+ *
+ * - KubeVirt mode ({@linkcode PodLaunchers}): virt-controller creates a launcher pod per
+ *   VMI; the handler only finds the pod's cmd socket under the kubelet's pods directory.
+ * - Pod-less mode ({@linkcode PodlessLaunchers}): no pods; the handler starts launchers
+ *   on this host itself and plays the small part of virt-controller it needs
+ *   (scheduling Pending VMIs to this node, the `Ready` condition).
+ *
+ * Everything after "where is this VMI's launcher socket" is the same code: the
+ * controller never asks which mode it runs in, only what the provider can do.
+ * Both providers write a VMI's ghost record before the handler's first call to its
+ * launcher (pod-less: before the launcher is even started).
+ *
+ * @module
+ */
+import type { VirtualMachineInstance } from "../api/mod.ts";
+import type { Runnable } from "../lifecycle/mod.ts";
+import type { GhostRecordStore } from "./ghost_records.ts";
+
+/** What {@linkcode LauncherProvider.start} found. */
+export type LauncherStart =
+  /** The launcher exists (or is starting); its cmd socket is or will be here. */
+  | { socket: string }
+  /** No launcher yet, and none can be had now; the provider wakes the key when that changes. */
+  | { waiting: string }
+  /** No launcher yet (KubeVirt mode: the pod's socket has not appeared). */
+  | { absent: string };
+
+/** Finds, starts, stops and re-adopts the launchers of this node's VMIs. */
+export interface LauncherProvider extends Runnable {
+  /**
+   * The handler plays virt-controller's part: it schedules Pending VMIs to this node
+   * and owns their `Ready` condition (pod-less mode).
+   */
+  readonly standsInForController: boolean;
+  /** How soon to look at a VMI again whose launcher socket has not appeared, ms. */
+  readonly notReadyRequeueMs: number;
+  /** The cmd socket of the VMI's launcher if one is known; starts nothing. */
+  socketOf(vmi: VirtualMachineInstance): Promise<string | undefined>;
+  /** Makes sure the VMI has a launcher (pod-less: starts one) and records its ghost record. */
+  start(vmi: VirtualMachineInstance): Promise<LauncherStart>;
+  /** Ends the VMI's launcher once its domain is gone and removes what it left on the node. */
+  stop(vmi: VirtualMachineInstance): Promise<void>;
+  /** Launchers that run from before this handler's start, to ask for their domains. */
+  adoptable(): { uid: string; socket: string; namespace: string; name: string }[];
+}
+
+/** The launchers a ghost record store names, as {@linkcode LauncherProvider.adoptable} gives them. */
+export function launchersOfGhostRecords(
+  ghosts: GhostRecordStore,
+): { uid: string; socket: string; namespace: string; name: string }[] {
+  return ghosts.list().map((r) => ({
+    uid: r.uid,
+    socket: r.socketFile,
+    namespace: r.namespace,
+    name: r.name,
+  }));
+}
