@@ -14,6 +14,7 @@
  * @module
  */
 import { basename, join } from "node:path";
+import { vmiKey } from "../api/mod.ts";
 import { getLogger } from "../log/mod.ts";
 
 const log = getLogger("handler", "ghost-records");
@@ -155,7 +156,7 @@ export class GhostRecordStore {
 
   #remember(record: GhostRecord): void {
     this.#byUid.set(record.uid, pick(record));
-    const key = `${record.namespace}/${record.name}`;
+    const key = vmiKey(record);
     const uids = this.#byKey.get(key) ?? new Set<string>();
     uids.add(record.uid);
     this.#byKey.set(key, uids);
@@ -165,7 +166,7 @@ export class GhostRecordStore {
     const record = this.#byUid.get(uid);
     if (!record) return;
     this.#byUid.delete(uid);
-    const key = `${record.namespace}/${record.name}`;
+    const key = vmiKey(record);
     const uids = this.#byKey.get(key);
     uids?.delete(uid);
     if (uids?.size === 0) this.#byKey.delete(key);

@@ -8,7 +8,7 @@
 
 import type { KubeClient } from "./client.ts";
 import { detailOf, isApiStatus } from "./errors.ts";
-import type { KubeObject } from "./types.ts";
+import { type KubeObject, objectKey } from "./types.ts";
 
 /** Event types Kubernetes knows. */
 export type EventType = "Normal" | "Warning";
@@ -191,9 +191,7 @@ export class EventRecorder {
   }
 
   #error(reason: string, object: KubeObject, err: unknown): Error {
-    const name = object.metadata?.namespace
-      ? `${object.metadata.namespace}/${object.metadata.name}`
-      : object.metadata?.name;
+    const name = objectKey(object);
     return new Error(
       `Cannot record event "${reason}" for ${object.kind ?? "object"} "${name}": ${detailOf(err)}`,
       {

@@ -16,6 +16,7 @@
 import type { KubeClient } from "./client.ts";
 import { detailOf, isApiStatus } from "./errors.ts";
 import type { KubeObject } from "./types.ts";
+import { vmiKey } from "../api/mod.ts";
 
 /** Applies the caller's change to a status; may mutate in place or return a new one. */
 export type StatusMutation<S> = (status: S) => S | void;
@@ -149,5 +150,5 @@ export class StatusWriter<S extends object, T extends KubeObject & { status?: S 
 }
 
 function keyOf(namespace: string | undefined, name: string): string {
-  return namespace ? `${namespace}/${name}` : name;
+  return vmiKey({ namespace, name });
 }

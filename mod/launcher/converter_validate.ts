@@ -13,6 +13,7 @@ import {
   QuantityParseError,
   type VirtualMachineInstance,
   VMI_KIND,
+  vmiKey,
 } from "../api/mod.ts";
 import { InvalidFieldError, UnsupportedFieldError } from "./converter_errors.ts";
 
@@ -340,7 +341,7 @@ export function vmiKeyOf(vmi: unknown): string {
   const namespace = typeof metadata.namespace === "string" && metadata.namespace
     ? metadata.namespace
     : "default";
-  return `${namespace}/${name}`;
+  return vmiKey({ namespace, name });
 }
 
 /**

@@ -15,7 +15,9 @@ import {
   SocketNames,
   type Timer,
   type VirtualMachineInstance,
+  vmiKey as keyOf,
 } from "../api/mod.ts";
+import { domainNameOf } from "../domain/mod.ts";
 import { ConversionError, InvalidFieldError, UnsupportedFieldError } from "./converter_errors.ts";
 import { el, renderXml } from "./_xml.ts";
 import type { XmlElement } from "./_xml.ts";
@@ -54,12 +56,12 @@ export interface DomainXmlOptions {
 
 /** The libvirt domain name of a VMI: `<namespace>_<name>`, as KubeVirt names it. */
 export function domainNameForVmi(vmi: VirtualMachineInstance): string {
-  return `${vmi.metadata.namespace ?? "default"}_${vmi.metadata.name}`;
+  return domainNameOf(vmi.metadata.namespace ?? "default", vmi.metadata.name);
 }
 
 /** `namespace/name` of a VMI. */
 export function vmiKey(vmi: VirtualMachineInstance): string {
-  return `${vmi.metadata.namespace ?? "default"}/${vmi.metadata.name}`;
+  return keyOf({ namespace: vmi.metadata.namespace ?? "default", name: vmi.metadata.name });
 }
 
 const UUID_RE = /^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$/;

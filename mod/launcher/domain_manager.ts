@@ -13,7 +13,7 @@ import {
   LIBVIRT_ERROR_CODES,
   LibvirtError,
 } from "../../ffi/mod.ts";
-import { isFinalPhase, type VirtualMachineInstance } from "../api/mod.ts";
+import { isFinalPhase, type VirtualMachineInstance, vmiKey } from "../api/mod.ts";
 import {
   type Domain,
   domainNameOf,
@@ -144,7 +144,7 @@ export class DomainManager {
 
   /** `namespace/name`. */
   get vmiKey(): string {
-    return `${this.vmi.namespace}/${this.vmi.name}`;
+    return vmiKey(this.vmi);
   }
 
   /** Whether the last lifecycle command asked the domain to stop (Shutdown, Kill, Delete). */
