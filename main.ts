@@ -44,42 +44,6 @@ function loadConfig(command: Command, component: string): Config {
   return config;
 }
 
-function dotted(v: { major: number; minor: number; release: number }): string {
-  return `${v.major}.${v.minor}.${v.release}`;
-}
-
-/** libvirt's library version, read through its built-in test driver (no daemon needed). */
-async function libvirtVersion(): Promise<string> {
-  const { openLibvirt } = await import("./ffi/mod.ts");
-  const conn = await openLibvirt("test:///default", { events: false, workers: 1 });
-  try {
-    return dotted(await conn.getLibVersion());
-  } finally {
-    await conn.close();
-  }
-}
-
-async function openLibvirtProbe(uri: string): Promise<string> {
-  const { openLibvirt } = await import("./ffi/mod.ts");
-  const conn = await openLibvirt(uri, { events: false, workers: 1 });
-  try {
-    return `connected, hypervisor version ${dotted(await conn.getHypervisorVersion())}`;
-  } finally {
-    await conn.close();
-  }
-}
-
-async function apiserverVersion(kubeconfig: string | undefined): Promise<string> {
-  const { loadKubeClient } = await import("./mod/kube/mod.ts");
-  const client = await loadKubeClient({ kubeconfigPath: kubeconfig, timeoutMs: 5_000 });
-  try {
-    const v = await client.request<{ gitVersion: string }>("GET", "/version");
-    return `Kubernetes ${v.gitVersion}`;
-  } finally {
-    client.close();
-  }
-}
-
 /** The command line that runs this same program with `args` (compiled or from source). */
 function selfCommand(args: string[]): { cmd: string; args: string[] } {
   if (Deno.build.standalone) return { cmd: Deno.execPath(), args };
@@ -146,7 +110,8 @@ function versionCommand(program: Command): void {
         `typescript ${Deno.version.typescript}`,
       ];
       try {
-        lines.push(`libvirt ${await libvirtVersion()}`);
+        const { hostProbes } = await import("./mod/preflight/mod.ts");
+        lines.push(`libvirt ${await hostProbes.libvirtVersion()}`);
       } catch (error) {
         lines.push(`libvirt unavailable: ${error instanceof Error ? error.message : error}`);
       }
@@ -160,12 +125,8 @@ function checkCommand(program: Command): void {
     .description("preflight: libvirt, KVM, apiserver and directories, each PASS/WARN/FAIL")
     .action(async (_opts, command: Command) => {
       const config = loadConfig(command, "virtnode-check");
-      const { runPreflight, formatReport } = await import("./mod/preflight/mod.ts");
-      const results = await runPreflight(config, {
-        libvirtVersion,
-        openLibvirt: openLibvirtProbe,
-        apiserverVersion,
-      });
+      const { runPreflight, formatReport, hostProbes } = await import("./mod/preflight/mod.ts");
+      const results = await runPreflight(config, hostProbes);
       console.log(formatReport(results));
       const failed = results.filter((r) => r.verdict === "FAIL").length;
       if (failed > 0) {

@@ -18,3 +18,4 @@ export {
   runPreflight,
   type Verdict,
 } from "./preflight.ts";
+export { hostProbes } from "./probes.ts";
