@@ -1,6 +1,22 @@
 /**
- * The VMI phase a domain's status implies: the design's table "Phase from domain
- * state+reason", as a pure function.
+ * The VMI phase a domain's status implies, as a pure function, one branch per row
+ * (KubeVirt's virt-handler, `pkg/virt-handler/vm.go`, where it computes the phase):
+ *
+ * | domain                              | reason                        | VMI phase |
+ * |-------------------------------------|-------------------------------|-----------|
+ * | none, VMI Scheduled or Running      | launcher not ready yet        | unchanged, look again soon |
+ * | none, VMI Scheduled or Running      | launcher unresponsive         | Failed (WaitingForSync for a migration target) |
+ * | none                                | launcher answers              | unchanged |
+ * | Running, Blocked, PMSuspended       | any                           | Running |
+ * | Paused                              | PostcopyFailed                | Failed |
+ * | Paused                              | other                         | Running, with a Paused condition for the reason |
+ * | Shutoff or Crashed                  | Crashed, Panicked             | Failed |
+ * | Shutoff                             | Destroyed                     | Failed if ACPI is on and a grace period applied, else Succeeded |
+ * | Shutoff                             | Shutdown, Saved, FromSnapshot | Succeeded |
+ * | Shutoff                             | Migrated, Unknown, Failed     | unchanged |
+ * | NoState, ShuttingDown, others       |                               | unchanged |
+ *
+ * A final phase (Succeeded, Failed) never changes again; the caller keeps it.
  *
  * @module
  */
@@ -39,8 +55,8 @@ export interface PhaseDecision {
 }
 
 /**
- * The VMI phase implied by the domain's status, one branch per row of the design's
- * table. `domain` absent means the launcher reports no domain.
+ * The VMI phase implied by the domain's status, one branch per row of the table in
+ * this module's doc. `domain` absent means the launcher reports no domain.
  */
 export function vmiPhaseFromDomain(input: PhaseInput): PhaseDecision {
   const unchanged = { phase: input.vmiPhase, requeue: false };
