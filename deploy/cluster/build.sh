@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver and etcd for the test control plane into a cache outside
-# git and prints the directory that holds them (the only line on stdout).
+# Builds kube-apiserver and etcd for the test control plane, and kubectl, into a
+# cache outside git and prints the directory that holds them (the only line on
+# stdout). kubectl comes from the same k8s.io/kubernetes module (go.mod's `tool`
+# line) so a machine without one gets a matching client; setup.sh links it.
 #
 #   deploy/cluster/build.sh [--regenerate]
 #
 # --regenerate  rewrite the k8s.io staging replaces in go.mod even when go.mod
 #               already names K8S_VERSION.
 # Environment: VIRTNODE_CACHE (default ~/.cache/virtnode), K8S_VERSION,
-# ETCD_VERSION, GO (default: go on PATH, else /usr/local/go/bin/go).
+# ETCD_VERSION, GO (default: go on PATH, else /usr/local/go/bin/go, else
+# Debian's /usr/lib/go-1.23/bin/go), GOTOOLCHAIN (default auto: a Go older than
+# go.mod's toolchain line fetches that toolchain from the Go module proxy).
 set -euo pipefail
 
 K8S_VERSION=${K8S_VERSION:-v1.37.2}
@@ -19,8 +23,15 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$here"
 
 if [[ -z ${GO:-} ]]; then
-  if command -v go >/dev/null; then GO=go; else GO=/usr/local/go/bin/go; fi
+  GO=/usr/local/go/bin/go
+  if command -v go >/dev/null; then
+    GO=go
+  elif [[ ! -x $GO && -x /usr/lib/go-1.23/bin/go ]]; then
+    GO=/usr/lib/go-1.23/bin/go
+  fi
 fi
+# Debian's go.env says GOTOOLCHAIN=local; the pinned toolchain needs auto.
+export GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
 
 regenerate=false
 for arg in "$@"; do
@@ -96,6 +107,11 @@ ldflags+=" -X k8s.io/component-base/version.gitVersion=$K8S_VERSION"
 ldflags+=" -X k8s.io/component-base/version.gitMajor=1"
 ldflags+=" -X k8s.io/component-base/version.gitMinor=$(cut -d. -f2 <<<"$K8S_VERSION")"
 ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
+# kubectl reports its client version from client-go's copy of these variables.
+ldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
+ldflags+=" -X k8s.io/client-go/pkg/version.gitMajor=1"
+ldflags+=" -X k8s.io/client-go/pkg/version.gitMinor=$(cut -d. -f2 <<<"$K8S_VERSION")"
+ldflags+=" -X k8s.io/client-go/pkg/version.gitTreeState=clean"
 key=$(
   {
     echo "$go_version $K8S_VERSION $ETCD_VERSION $ldflags $("$GO" env GOOS GOARCH)"
@@ -105,7 +121,9 @@ key=$(
 cache_root=${VIRTNODE_CACHE:-$HOME/.cache/virtnode}/cluster
 out=$cache_root/$key
 
-if [[ -x $out/kube-apiserver && -x $out/etcd ]]; then
+built() { [[ -x $out/kube-apiserver && -x $out/etcd && -x $out/kubectl ]]; }
+
+if built; then
   log "cached: $out"
   echo "$out"
   exit 0
@@ -115,7 +133,7 @@ mkdir -p "$cache_root"
 # One build at a time: test processes that start together wait for the first.
 exec 9>"$cache_root/.lock"
 flock 9
-if [[ -x $out/kube-apiserver && -x $out/etcd ]]; then
+if built; then
   log "built by another process: $out"
   echo "$out"
   exit 0
@@ -131,6 +149,9 @@ log "go build etcd done"
 log "go build kube-apiserver ($K8S_VERSION)"
 "$GO" build -trimpath -ldflags "$ldflags" -o "$staging_dir/kube-apiserver" ./cmd/kube-apiserver
 log "go build kube-apiserver done"
+log "go build kubectl ($K8S_VERSION)"
+"$GO" build -trimpath -ldflags "$ldflags" -o "$staging_dir/kubectl" k8s.io/kubernetes/cmd/kubectl
+log "go build kubectl done"
 rm -rf "$out"
 mv "$staging_dir" "$out"
 chmod 755 "$out"
