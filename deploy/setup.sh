@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs what virtnode and its tests need on a Debian 12 machine, then runs a
 # deno task. Idempotent: a second run finds everything in place and only prints
-# what it checked.
+# what it checked. A fresh Debian 12 needs nothing beforehand: Debian's packages,
+# npm (for Deno), a Go from bookworm-backports (which fetches the toolchain that
+# deploy/cluster/go.mod names from the Go module proxy) and a kubectl built from
+# the same k8s.io/kubernetes module as the test control plane.
 #
 #   bash deploy/setup.sh            # install only
 #   bash deploy/setup.sh start      # install, then run the agent in local mode
@@ -12,13 +15,40 @@ DENO_VERSION=2.9.3
 APT_PACKAGES=(
   libvirt0 libvirt-clients libvirt-daemon libvirt-daemon-driver-qemu
   qemu-system-x86 qemu-utils ovmf genisoimage xorriso iproute2 util-linux openssl python3 kmod systemd
-  libxml2-utils
+  libxml2-utils procps ca-certificates debootstrap
 )
+# Debian 12's own Go is 1.19; backports has one that can fetch a newer toolchain.
+GO_BACKPORTS_PACKAGE=golang-1.23-go
+GO_BACKPORTS_BIN=/usr/lib/go-1.23/bin/go
+BACKPORTS_LINE="deb http://deb.debian.org/debian bookworm-backports main"
+BACKPORTS_FILE=/etc/apt/sources.list.d/virtnode-bookworm-backports.list
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 step() { printf '\n==> %s\n' "$*"; }
 started=$(date +%s)
+apt_updated=false
+
+apt_install() {
+  export DEBIAN_FRONTEND=noninteractive
+  if ! $apt_updated; then
+    echo "apt-get update"
+    apt-get update -qq
+    apt_updated=true
+  fi
+  echo "apt-get install $*"
+  apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+# Prints the Go version $1 runs as for deploy/cluster (after any toolchain switch).
+go_version_for_cluster() {
+  (cd deploy/cluster && GOTOOLCHAIN=auto "$1" env GOVERSION 2>/dev/null) | sed -n 's/^go//p'
+}
+
+# True when version $1 is at least version $2.
+version_at_least() {
+  [[ $(printf '%s\n%s\n' "$2" "$1" | sort -V | head -1) == "$2" ]]
+}
 
 step "Debian packages: ${APT_PACKAGES[*]}"
 missing=()
@@ -29,16 +59,21 @@ if [ ${#missing[@]} -eq 0 ]; then
   echo "all installed"
 else
   echo "installing: ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  apt_install "${missing[@]}"
+fi
+
+step "npm (installs Deno)"
+if command -v npm >/dev/null; then
+  echo "$(command -v npm): $(npm --version)"
+else
+  apt_install npm
+  echo "$(command -v npm): $(npm --version)"
 fi
 
 step "Deno $DENO_VERSION (npm package \"deno\")"
 if command -v deno >/dev/null && deno --version 2>/dev/null | head -1 | grep -q "deno $DENO_VERSION "; then
   echo "$(command -v deno): $(deno --version | head -1)"
 else
-  command -v npm >/dev/null || { echo "npm is needed to install Deno: apt-get install npm" >&2; exit 1; }
   npm install -g --no-fund --no-audit "deno@$DENO_VERSION" >/dev/null
   hash -r
   echo "$(command -v deno): $(deno --version | head -1)"
@@ -48,10 +83,57 @@ step "npm dependencies (deno.lock)"
 deno install --frozen --quiet
 echo "ok"
 
-if [ -x deploy/cluster/build.sh ]; then
-  step "Test control plane (kube-apiserver and etcd built from Go modules; cached)"
-  bash deploy/cluster/build.sh
+go_needed=$(sed -n 's/^toolchain go//p' deploy/cluster/go.mod)
+go_needed=${go_needed:-$(sed -n 's/^go //p' deploy/cluster/go.mod)}
+step "Go >= $go_needed (deploy/cluster/go.mod)"
+go_bin=""
+tried=" "
+for candidate in "${GO:-}" "$(command -v go || true)" /usr/local/go/bin/go "$GO_BACKPORTS_BIN"; do
+  [[ -n $candidate && -x $candidate && $tried != *" $candidate "* ]] || continue
+  tried+="$candidate "
+  have=$(go_version_for_cluster "$candidate")
+  echo "$candidate runs as go${have:-?}"
+  if [[ -n $have ]] && version_at_least "$have" "$go_needed"; then
+    go_bin=$candidate
+    break
+  fi
+done
+if [[ -z $go_bin ]]; then
+  if ! grep -rqsF "$BACKPORTS_LINE" /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    echo "adding bookworm-backports: $BACKPORTS_FILE"
+    echo "$BACKPORTS_LINE" >"$BACKPORTS_FILE"
+    apt_updated=false
+  fi
+  apt_install -t bookworm-backports "$GO_BACKPORTS_PACKAGE"
+  echo "fetching go$go_needed from the Go module proxy (GOTOOLCHAIN=auto)"
+  have=$(go_version_for_cluster "$GO_BACKPORTS_BIN")
+  if [[ -z $have ]] || ! version_at_least "$have" "$go_needed"; then
+    echo "setup.sh: Cannot get go$go_needed: $GO_BACKPORTS_BIN runs as go${have:-?}" >&2
+    exit 1
+  fi
+  go_bin=$GO_BACKPORTS_BIN
+  echo "$go_bin runs as go$have"
 fi
+# build.sh (also run by the tests) finds the same Go; GO makes it explicit here.
+export GO=$go_bin GOTOOLCHAIN=auto
+
+step "Test control plane and kubectl (built from Go modules by deploy/cluster/build.sh; cached)"
+cluster_bin=$(bash deploy/cluster/build.sh)
+echo "$cluster_bin"
+
+step "kubectl"
+# A link we made earlier points into the cache; a kubectl of the machine's own is kept.
+link=/usr/local/bin/kubectl
+if [[ -L $link && $(readlink "$link") == */cluster/*/kubectl ]] && [[ $(readlink "$link") != "$cluster_bin/kubectl" ]]; then
+  ln -sfn "$cluster_bin/kubectl" "$link"
+  echo "updated $link -> $cluster_bin/kubectl"
+elif command -v kubectl >/dev/null; then
+  echo "$(command -v kubectl) (already on PATH)"
+else
+  ln -sfn "$cluster_bin/kubectl" "$link"
+  echo "linked $link -> $cluster_bin/kubectl"
+fi
+kubectl version --client | sed -n 1p
 
 echo
 echo "setup done in $(($(date +%s) - started)) s"
