@@ -1,5 +1,5 @@
 /**
- * Runs the test tiers (unit, integration, e2e) with `deno test` and prints one
+ * Runs the test tiers (unit, integration, e2e, fresh) with `deno test` and prints one
  * plain summary line, `tests: N passed, N failed, N skipped`, that CI reads.
  * Skipped tests are listed loudly: a skip is never a pass.
  *
@@ -10,7 +10,8 @@
 import { join } from "node:path";
 import { type Cluster, startCluster } from "../deploy/cluster/cluster.ts";
 
-const TIERS = ["unit", "integration", "e2e"] as const;
+// fresh: tests/fresh/check.sh installs the project into a debootstrapped Debian 12 root.
+const TIERS = ["unit", "integration", "e2e", "fresh"] as const;
 type Tier = typeof TIERS[number];
 
 /** Counts read from one tier's JUnit report. */
@@ -109,7 +110,7 @@ async function main(): Promise<number> {
   const env: Record<string, string> = {};
   try {
     for (const tier of asked as Tier[]) {
-      if (tier !== "unit" && !cluster && testFiles(tier).length > 0) {
+      if (tier !== "unit" && tier !== "fresh" && !cluster && testFiles(tier).length > 0) {
         console.log("\n=== starting the shared test control plane (kube-apiserver + etcd)");
         cluster = await startCluster();
         env.VIRTNODE_TEST_KUBECONFIG = cluster.kubeconfigPath;
