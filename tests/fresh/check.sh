@@ -80,7 +80,7 @@ cleanup() {
   exit "$status"
 }
 trap cleanup EXIT
-trap 'exit 130' INT
+trap 'echo "fresh check: interrupted" >&2; exit 130' INT
 trap 'exit 143' TERM
 
 # --- The cached root -----------------------------------------------------------
@@ -169,17 +169,24 @@ in_root() {
 }
 
 # --- Install -------------------------------------------------------------------
+# Runs $1 in the root, its output indented. In the background with `wait`, so Ctrl-C
+# reaches the trap at once instead of after dpkg, which ignores SIGINT, finishes.
+in_root_shown() {
+  in_root "$1" 2>&1 | sed -u 's/^/  | /' &
+  wait $!
+}
+
 log "in the root: bash deploy/setup.sh"
-in_root "bash deploy/setup.sh" 2>&1 | sed -u 's/^/  | /' ||
-  fail "deploy/setup.sh failed in a fresh root"
+in_root_shown "bash deploy/setup.sh" || fail "deploy/setup.sh failed in a fresh root"
 phase_done "deploy/setup.sh in the fresh root"
 
 log "in the root: bash deploy/setup.sh again (must install nothing)"
-second=$(in_root "bash deploy/setup.sh" 2>&1) || {
-  echo "$second" | sed 's/^/  | /'
+in_root "bash deploy/setup.sh" >"$run_dir/second.log" 2>&1 &
+wait $! || {
+  sed 's/^/  | /' "$run_dir/second.log"
   fail "the second deploy/setup.sh failed"
 }
-if grep -E '^(apt-get install|adding bookworm-backports|linked|updated)' <<<"$second"; then
+if grep -E '^(apt-get install|adding bookworm-backports|linked|updated)' "$run_dir/second.log"; then
   fail "the second deploy/setup.sh changed the machine: it is not idempotent"
 fi
 phase_done "deploy/setup.sh again (idempotent)"
@@ -195,6 +202,6 @@ unlisted=$(
     done
 )
 [[ -z $unlisted ]] || fail "programs called by the code but missing from tests/fresh/programs.txt: $unlisted"
-in_root "bash tests/fresh/_inside.sh" 2>&1 | sed -u 's/^/  | /' ||
+in_root_shown "bash tests/fresh/_inside.sh" ||
   fail "the fresh root lacks what the tests call (see above)"
 phase_done "checks in the root (programs, deno check main.ts)"
