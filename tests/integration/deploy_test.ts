@@ -1,17 +1,21 @@
 /**
  * Every manifest under deploy/ is accepted by a real apiserver (`kubectl apply
- * --dry-run=server`, which runs validation and admission without persisting), and the
- * systemd unit passes `systemd-analyze verify` (or, without systemd-analyze, a parse
- * of its sections and the settings that keep VMs alive across restarts).
+ * --dry-run=server`, which runs validation and admission without persisting); the
+ * DaemonSet mounts and probes only what KubeVirt mode uses, within resource limits; and
+ * the systemd unit passes `systemd-analyze verify`, keeps VMs alive across restarts and
+ * keeps its `systemd-analyze security` exposure at or below {@linkcode UNIT_EXPOSURE}.
  */
 
 import assert from "node:assert/strict";
 import { join, relative } from "node:path";
+import { load } from "js-yaml";
 import { useCluster } from "../../deploy/cluster/cluster.ts";
 
 const REPO_ROOT = new URL("../../", import.meta.url).pathname;
 const DEPLOY = join(REPO_ROOT, "deploy");
 const UNIT = join(DEPLOY, "virtnode.service");
+/** `systemd-analyze security` of the unit (0 safest, 10 unsafe; 9.6 without hardening). */
+const UNIT_EXPOSURE = 2.4;
 
 async function run(
   cmd: string,
@@ -37,16 +41,16 @@ Deno.test("every manifest in deploy/ passes a server-side dry run", async () => 
   const cluster = await useCluster();
   const kubectl = (...args: string[]) =>
     run("kubectl", ["--kubeconfig", cluster.kubeconfigPath, ...args]);
-  let createdNamespace = false;
   try {
     const files = yamlFiles(DEPLOY);
     assert.ok(files.some((f) => f.endsWith("daemonset.yaml")), "the DaemonSet is there");
     assert.ok(files.some((f) => f.includes("/crds/")), "the CRDs are there");
     // Namespaced objects are dry-run in the namespace, which must exist for real; the
     // CRDs are applied for real too, so that the examples' kinds are known.
+    // The namespace stays: without a namespace controller a deleted one stays
+    // Terminating and refuses new objects (rbac_test applies it too).
     const ns = await kubectl("apply", "-f", join(DEPLOY, "namespace.yaml"));
     assert.equal(ns.code, 0, ns.stderr);
-    createdNamespace = true;
     const crds = await kubectl("apply", "--server-side", "-f", join(DEPLOY, "crds"));
     assert.equal(crds.code, 0, crds.stderr);
     const established = await kubectl(
@@ -68,10 +72,75 @@ Deno.test("every manifest in deploy/ passes a server-side dry run", async () => 
     }
     console.log(`  ${files.length} manifests accepted`);
   } finally {
-    if (createdNamespace) {
-      await kubectl("delete", "--wait=false", "-f", join(DEPLOY, "namespace.yaml"));
-    }
     await cluster.stop();
+  }
+});
+
+interface Container {
+  args: string[];
+  resources?: { requests?: Record<string, string>; limits?: Record<string, string> };
+  volumeMounts: {
+    name: string;
+    mountPath: string;
+    mountPropagation?: string;
+    readOnly?: boolean;
+  }[];
+}
+
+interface PodSpec {
+  hostNetwork?: boolean;
+  containers: Container[];
+  volumes: { name: string; hostPath?: { path: string } }[];
+}
+
+function daemonSetPod(): PodSpec {
+  const ds = load(Deno.readTextFileSync(join(DEPLOY, "daemonset.yaml"))) as {
+    spec: { template: { spec: PodSpec } };
+  };
+  return ds.spec.template.spec;
+}
+
+Deno.test("the DaemonSet propagates no mount back to the host and mounts only what KubeVirt mode uses", () => {
+  const pod = daemonSetPod();
+  const [handler] = pod.containers;
+  // The handler makes no mounts: nothing may propagate from the container to the host.
+  for (const m of handler.volumeMounts) {
+    assert.ok(
+      m.mountPropagation === undefined || m.mountPropagation === "HostToContainer",
+      `${m.mountPath}: ${m.mountPropagation}`,
+    );
+  }
+  const hostPaths = pod.volumes.map((v) => v.hostPath?.path).sort();
+  assert.deepEqual(hostPaths, [
+    "/var/lib/kubelet/device-plugins",
+    "/var/lib/kubelet/pods",
+    "/var/lib/virtnode",
+    "/var/run/kubevirt",
+    "/var/run/libvirt",
+  ]);
+  // Only the labeller connects to libvirt: a socket needs no writable mount.
+  const libvirt = handler.volumeMounts.find((m) => m.mountPath === "/var/run/libvirt");
+  assert.equal(libvirt?.readOnly, true);
+});
+
+Deno.test("the DaemonSet requests and limits CPU and memory and says why its health port is not loopback", () => {
+  const pod = daemonSetPod();
+  const [handler] = pod.containers;
+  for (const kind of ["requests", "limits"] as const) {
+    for (const resource of ["cpu", "memory"]) {
+      assert.ok(handler.resources?.[kind]?.[resource], `${kind}.${resource}`);
+    }
+  }
+  const health = handler.args.find((a) => a.startsWith("--health-address="));
+  assert.ok(health, "the health address is explicit");
+  if (!health.startsWith("--health-address=127.0.0.1:")) {
+    // Anything but loopback is for the kubelet's probes of the pod IP: only in the pod's
+    // own network namespace, never on the host's.
+    assert.notEqual(pod.hostNetwork, true, "health beyond loopback only off the host network");
+    assert.match(
+      Deno.readTextFileSync(join(DEPLOY, "daemonset.yaml")),
+      /# Not loopback: .*\n.*kubelet probes the pod IP/,
+    );
   }
 });
 
@@ -107,15 +176,28 @@ Deno.test("the systemd unit keeps launchers alive and restarts the handler", () 
   assert.deepEqual(unit.get("Install")!.get("WantedBy"), ["multi-user.target"]);
 });
 
-Deno.test("the systemd unit passes systemd-analyze verify", async () => {
-  const which = await run("sh", ["-c", "command -v systemd-analyze"]);
-  // deploy/setup.sh installs systemd: a missing tool is a broken setup, not a skip.
-  assert.equal(
-    which.code,
-    0,
-    'systemd-analyze is missing: install the Debian package "systemd" (deploy/setup.sh does)',
-  );
-  // verify also checks that ExecStart's binary exists: point it at a stand-in.
+Deno.test("the systemd unit sandboxes the handler with what the launchers tolerate", () => {
+  const service = parseUnit(Deno.readTextFileSync(UNIT)).get("Service")!;
+  for (
+    const [key, value] of [
+      ["NoNewPrivileges", "yes"],
+      ["ProtectSystem", "strict"],
+      ["ProtectHome", "yes"],
+      ["PrivateTmp", "yes"],
+      ["ProtectKernelTunables", "yes"],
+      ["ProtectControlGroups", "yes"],
+    ]
+  ) {
+    assert.deepEqual(service.get(key), [value], key);
+  }
+  // The handler's --state-dir and --run-dir defaults are the only writable paths.
+  assert.deepEqual(service.get("ReadWritePaths"), ["/var/lib/virtnode /var/run/kubevirt"]);
+  assert.match(service.get("SystemCallFilter")![0], /^@system-service\b/);
+  assert.deepEqual(service.get("SystemCallErrorNumber"), ["EPERM"]);
+});
+
+/** The unit with ExecStart pointing at an executable stand-in (verify checks it exists). */
+async function withUnitCopy(fn: (path: string) => Promise<void>): Promise<void> {
   const dir = await Deno.makeTempDir({ prefix: "virtnode-unit-" });
   try {
     const stub = join(dir, "virtnode");
@@ -126,11 +208,33 @@ Deno.test("the systemd unit passes systemd-analyze verify", async () => {
       copy,
       Deno.readTextFileSync(UNIT).replaceAll("/usr/local/bin/virtnode", stub),
     );
+    await fn(copy);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+}
+
+Deno.test(`the systemd unit's exposure stays at or below ${UNIT_EXPOSURE} (systemd-analyze security)`, async () => {
+  await withUnitCopy(async (copy) => {
+    const result = await run("systemd-analyze", ["security", "--offline=yes", "--no-pager", copy]);
+    const score = /Overall exposure level for \S+: ([0-9.]+)/.exec(result.stdout + result.stderr);
+    assert.ok(score, `no exposure level in: ${result.stdout}${result.stderr}`);
+    assert.ok(Number(score[1]) <= UNIT_EXPOSURE, `exposure ${score[1]} > ${UNIT_EXPOSURE}`);
+  });
+});
+
+Deno.test("the systemd unit passes systemd-analyze verify", async () => {
+  const which = await run("sh", ["-c", "command -v systemd-analyze"]);
+  // deploy/setup.sh installs systemd: a missing tool is a broken setup, not a skip.
+  assert.equal(
+    which.code,
+    0,
+    'systemd-analyze is missing: install the Debian package "systemd" (deploy/setup.sh does)',
+  );
+  await withUnitCopy(async (copy) => {
     const result = await run("systemd-analyze", ["verify", copy]);
     assert.equal(result.code, 0, result.stderr);
     // Unknown or misspelled keys are only warnings: any output is a failure here.
     assert.equal(result.stderr.trim(), "", result.stderr);
-  } finally {
-    await Deno.remove(dir, { recursive: true });
-  }
+  });
 });
