@@ -33,6 +33,7 @@ const LIBC_SYMBOLS = {
   socket: { parameters: [I, I, I], result: I },
   connect: { parameters: [I, B, U], result: I },
   getsockopt: { parameters: [I, I, I, B, B], result: I },
+  close_range: { parameters: [U, U, I], result: I },
 } as const;
 
 let libc: Deno.DynamicLibrary<typeof LIBC_SYMBOLS> | null = null;
@@ -142,6 +143,21 @@ const SYS_OPENAT2_X86_64 = 437;
 /** Opens `path` (`open(2)`), returning a file descriptor; close it with {@linkcode close}. */
 export function open(path: string, flags: number, mode = 0): number {
   return check(c().open(cpath(path), flags, mode), `Cannot open "${path}"`);
+}
+
+/** `close_range(2)`'s flag that marks instead of closing (Linux 5.11). */
+const CLOSE_RANGE_CLOEXEC = 1 << 2;
+
+/**
+ * Marks every descriptor from `first` on close-on-exec, so that a process started next
+ * inherits none of them. Deno's Node compatibility layer (which grpc-js uses) opens its
+ * sockets without `O_CLOEXEC`: without this, every child would hold the parent's
+ * listening sockets and connections. Throws {@linkcode ErrnoError}.
+ */
+export function closeOnExecFrom(first = 3): void {
+  if (c().close_range(first, 0xffffffff, CLOSE_RANGE_CLOEXEC) !== 0) {
+    throw errnoError(`Cannot mark descriptors from ${first} on close-on-exec`);
+  }
 }
 
 /** Closes a file descriptor. */

@@ -12,6 +12,7 @@
  * @module
  */
 import { join } from "node:path";
+import { closeOnExecFrom } from "../../ffi/mod.ts";
 import { SocketNames } from "../api/mod.ts";
 import { sleep } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
@@ -157,6 +158,9 @@ export class LauncherSpawner {
     await Deno.mkdir(spec.socketDir, { recursive: true, mode: 0o700 });
     const { cmd, args } = this.#opts.command(spec);
     const logFile = this.logFile(spec.uid);
+    // The launcher must hold none of the handler's sockets (a launcher holding the notify
+    // listener would swallow the connects of every launcher after a handler restart).
+    closeOnExecFrom(3);
     // sh only redirects output to the log file; setsid gives the launcher its own
     // session so the handler's terminal and process group signals never reach it.
     const child = new Deno.Command("/bin/sh", {

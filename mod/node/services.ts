@@ -10,6 +10,7 @@
  */
 
 import type { EventRecorder, KubeClient } from "../kube/mod.ts";
+import { closeOnExecFrom } from "../../ffi/mod.ts";
 import type { Runnable } from "../lifecycle/mod.ts";
 import { DevicePluginManager, type DevicePluginManagerOptions } from "./device_plugins.ts";
 import { Heartbeat, type HeartbeatOptions } from "./heartbeat.ts";
@@ -94,6 +95,8 @@ export async function readCapabilitiesInChild(
   const { timeoutMs = 60_000, ...gather } = options;
   let output: Deno.CommandOutput;
   try {
+    // The child must hold none of this process's sockets (see closeOnExecFrom).
+    closeOnExecFrom(3);
     output = await new Deno.Command(command.cmd, {
       args: command.args,
       stdin: "null",
@@ -151,7 +154,7 @@ export async function readCapabilities(
   libvirtUri: string,
   options: GatherOptions = {},
 ): Promise<GatheredCapabilities> {
-  // Loaded on first use: `virtnode heartbeat` and friends never need libvirt.
+  // libvirt is opened here only: `virtnode heartbeat` and friends never map it.
   const { openLibvirt } = await import("../../ffi/mod.ts");
   const conn = await openLibvirt(libvirtUri, { events: false, workers: 1 });
   try {
