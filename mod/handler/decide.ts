@@ -12,7 +12,7 @@
  * | 2 | the VMI is Pending/Scheduling otherwise                       | `none`     |
  * | 3 | the VMI is gone, being deleted or in a final phase, and its domain is alive | `shutdown` |
  * | 4 | the same, the domain exists but is down                       | `delete`   |
- * | 5 | the same, no domain is left (or its launcher is unresponsive) | `cleanup`  |
+ * | 5 | the same, no domain is left, or its launcher does not answer  | `cleanup`  |
  * | 6 | the domain is paused because post-copy migration failed       | `destroy`  |
  * | 7 | the VMI is live and its status already agrees with the domain | `update`   |
  * | 8 | the VMI is live but its phase is about to change              | `none` (the status is written first; the spec is acted on in the next sync) |
@@ -120,9 +120,16 @@ export function decideSync(input: SyncInput): SyncDecision {
     ? `VMI is ${phase}`
     : undefined;
   if (why) {
-    const reason = `${why}; ${seen}`;
-    if (domainAlive) return { action: SyncAction.Shutdown, reason, writesStatus: true };
-    if (domainExists) return { action: SyncAction.Delete, reason, writesStatus: true };
+    // Shutting down or deleting a domain takes a launcher that answers; one that is gone
+    // (its socket removed as it exited) has taken its domain with it, or left it for the
+    // cleanup to remove. Calling it would only fail (SyncFailed after every crash).
+    const reason = launcher === "responsive" ? `${why}; ${seen}` : `${why}; ${seen}, launcher gone`;
+    if (launcher === "responsive" && domainAlive) {
+      return { action: SyncAction.Shutdown, reason, writesStatus: true };
+    }
+    if (launcher === "responsive" && domainExists) {
+      return { action: SyncAction.Delete, reason, writesStatus: true };
+    }
     return { action: SyncAction.Cleanup, reason, writesStatus: true };
   }
 

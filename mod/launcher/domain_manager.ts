@@ -13,7 +13,7 @@ import {
   LIBVIRT_ERROR_CODES,
   LibvirtError,
 } from "../../ffi/mod.ts";
-import { isFinalPhase, type VirtualMachineInstance, vmiKey } from "../api/mod.ts";
+import { isFinalPhase, type VirtualMachineInstance, vmiKey, VmiPhase } from "../api/mod.ts";
 import {
   type Domain,
   domainNameOf,
@@ -245,8 +245,9 @@ export class DomainManager {
 
   /**
    * Defines and starts the domain of `vmiJson`, or leaves an existing active domain as it
-   * is. A stopped domain is redefined from the VMI and started again unless the VMI's
-   * phase is final.
+   * is. A stopped domain is started only for a VMI that has not run yet (as KubeVirt's
+   * launcher does): once a VMI was Running, a domain that went down (QEMU crashed or was
+   * killed) stays down, and its VMI fails when this launcher exits.
    */
   syncVmi(vmiJson: Uint8Array | string | null | undefined): Promise<void> {
     return this.#run("sync", async () => {
@@ -259,7 +260,7 @@ export class DomainManager {
         const info = await existing.getState();
         const state = domainStateFromLibvirt(info.state, info.reason);
         if (isDomainActive(state.status)) return;
-        if (isFinalPhase(vmi.status?.phase)) return;
+        if (isFinalPhase(vmi.status?.phase) || vmi.status?.phase === VmiPhase.Running) return;
       }
       await this.#prepareDirs();
       const { xml } = await convertVmiToDomainXml(raw, {

@@ -100,7 +100,7 @@ Deno.test("handler+QEMU: a guest paused with virsh gets Paused=True (PausedByUse
 });
 
 Deno.test("handler+QEMU: a guest whose QEMU is killed makes its VMI Failed and its domain is removed", async () => {
-  await withQemuHandler(async ({ ns, node, client }) => {
+  await withQemuHandler(async ({ ns, node, client, stateDir }) => {
     const name = "crash";
     const vmi = await createVmi(client, testVmi(name, node, { namespace: ns }));
     await waitForPhase(client, ns, name, "Running", 90_000);
@@ -116,6 +116,18 @@ Deno.test("handler+QEMU: a guest whose QEMU is killed makes its VMI Failed and i
       const list = await virsh("list", "--all", "--name");
       return !list.split("\n").includes(domain);
     }, 60_000);
+    // As KubeVirt's functional tests assert: a VMI in a final phase is not synced again,
+    // so its dead launcher is never called and no SyncFailed follows the crash.
+    await waitFor("the VMI's local state to be cleaned up", async () => {
+      try {
+        return [...Deno.readDirSync(`${stateDir}/ghost-records`)]
+          .filter((e) => e.name === vmi.metadata.uid).length === 0;
+      } catch {
+        return true;
+      }
+    }, 30_000);
+    const syncFailed = (await eventsFor(client, ns, name)).filter((e) => e.reason === "SyncFailed");
+    assert.deepEqual(syncFailed, [], "no SyncFailed after a crash");
   });
 });
 

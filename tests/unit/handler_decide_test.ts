@@ -149,6 +149,18 @@ const ROWS: Row[] = [
     action: SyncAction.Cleanup,
     writesStatus: true,
   },
+  {
+    name: "5: a Failed VMI whose crashed domain's launcher is gone is cleaned up, not called",
+    input: { vmi: vmi(VmiPhase.Failed), domain: crashed, launcher: "notReady" },
+    action: SyncAction.Cleanup,
+    writesStatus: true,
+  },
+  {
+    name: "5: a VMI deleted while its launcher still starts is cleaned up",
+    input: { vmi: vmi(VmiPhase.Scheduled), vmiExists: false, launcher: "notReady" },
+    action: SyncAction.Cleanup,
+    writesStatus: true,
+  },
   // 6: irrecoverable.
   {
     name: "6: a live VMI whose domain is paused by a failed post-copy is destroyed",
