@@ -132,8 +132,11 @@ export class VmiController {
       onAdd: (vmi) => this.#vmiEvent(vmi),
       onUpdate: (_old, vmi) => this.#vmiEvent(vmi),
       onDelete: (vmi) => {
-        this.#deleted.set(vmiKey(vmi.metadata), vmi);
-        this.#vmiEvent(vmi);
+        const key = vmiKey(vmi.metadata);
+        this.#deleted.set(key, vmi);
+        // No write of ours can be observed for a deleted VMI: forget what we waited for.
+        this.#d.expectations.delete(key);
+        this.#d.queue.add(key);
       },
     });
   }
@@ -385,8 +388,14 @@ export class VmiController {
         uid: vmi.metadata.uid,
       },
     };
-    // The recorder reports its own failures; an event never fails a sync.
-    this.#d.recorder.record(ref, type, reason, message).catch(() => {});
+    // An event never fails a sync, but a lost one is said (a 403 here would hide otherwise).
+    this.#d.recorder.record(ref, type, reason, message).catch((error) =>
+      log.warn("Cannot record event {reason}: {error}", {
+        key: vmiKey(ref.metadata),
+        reason,
+        error,
+      })
+    );
   }
 
   /** virt-controller's scheduling step, for this node (pod-less mode). */
@@ -564,6 +573,7 @@ export class VmiController {
     this.#ioRetry.forget(uid);
     this.#deleted.delete(key);
     for (const [k, d] of this.#domains) if (domainUid(d) === uid) this.#domains.delete(k);
+    if (!this.#d.informer.get(key)) this.#d.expectations.delete(key);
     this.#d.launchers.remove(uid);
   }
 }

@@ -1,0 +1,152 @@
+/**
+ * VmiController.reconcile() with its collaborators stubbed: what it returns to the worker
+ * loop and what it leaves behind. The real-process behaviour is in the integration tier.
+ */
+import assert from "node:assert/strict";
+import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
+import { LifeCycle, newDomain, StateChangeReason } from "../../mod/domain/mod.ts";
+import {
+  type ControllerDeps,
+  type GhostRecord,
+  type LauncherProvider,
+  VmiController,
+} from "../../mod/handler/mod.ts";
+import { Expectations, WorkQueue } from "../../mod/kube/mod.ts";
+
+const UID = "0badf00d-0000-4000-8000-000000000001";
+const KEY = "default/vm1";
+
+interface Stubs {
+  controller: VmiController;
+  expectations: Expectations;
+  queue: WorkQueue<string>;
+  handlers: {
+    onAdd?(v: VirtualMachineInstance): void;
+    onDelete?(v: VirtualMachineInstance): void;
+  };
+  calls: string[];
+  cache: Map<string, VirtualMachineInstance>;
+}
+
+function vmi(phase: string): VirtualMachineInstance {
+  return {
+    apiVersion: "kubevirt.io/v1",
+    kind: "VirtualMachineInstance",
+    metadata: { namespace: "default", name: "vm1", uid: UID, resourceVersion: "1" },
+    spec: { domain: { devices: {} } },
+    status: { phase },
+  } as VirtualMachineInstance;
+}
+
+function stubs(): Stubs {
+  const calls: string[] = [];
+  const cache = new Map<string, VirtualMachineInstance>();
+  const handlers: Stubs["handlers"] = {};
+  let ghost: GhostRecord | undefined = {
+    name: "vm1",
+    namespace: "default",
+    uid: UID,
+    socketFile: "/nonexistent/launcher-sock",
+  };
+  const provider: LauncherProvider = {
+    name: "stub",
+    standsInForController: true,
+    notReadyRequeueMs: 1_000,
+    socketOf: () => Promise.resolve(undefined),
+    start: () => Promise.resolve({ waiting: "stub" }),
+    stop: () => {
+      calls.push("provider.stop");
+      return Promise.resolve();
+    },
+    adoptable: () => [],
+    run: () => Promise.resolve(),
+  };
+  const expectations = new Expectations();
+  const queue = new WorkQueue<string>();
+  const deps = {
+    nodeName: "node1",
+    provider,
+    informer: {
+      addHandlers: (h: Stubs["handlers"]) => Object.assign(handlers, h),
+      hasSynced: () => true,
+      get: (key: string) => cache.get(key),
+    },
+    queue,
+    expectations,
+    statusWriter: {
+      update: (
+        current: VirtualMachineInstance,
+        mutate: (s: NonNullable<VirtualMachineInstance["status"]>) => unknown,
+      ) => {
+        calls.push("status.update");
+        mutate(structuredClone(current.status ?? {}));
+        return Promise.resolve({ written: false });
+      },
+    },
+    recorder: { record: () => Promise.resolve() },
+    ghosts: {
+      get: (uid: string) => (ghost?.uid === uid ? ghost : undefined),
+      findByKey: (key: string) => (ghost && key === KEY ? [ghost] : []),
+      lastKnownUid: (key: string) => (key === KEY ? ghost?.uid : undefined),
+      delete: () => {
+        calls.push("ghosts.delete");
+        ghost = undefined;
+        return Promise.resolve();
+      },
+    },
+    launchers: {
+      get: () => undefined,
+      getOrCreate: () => ({}),
+      state: () => Promise.resolve("notReady"),
+      isReady: () => Promise.resolve(false),
+      remove: () => calls.push("launchers.remove"),
+    },
+  } as unknown as ControllerDeps;
+  return { controller: new VmiController(deps), expectations, queue, handlers, calls, cache };
+}
+
+Deno.test("reconcile() of a deleted VMI cleans up and prunes its domain and expectations", async () => {
+  const s = stubs();
+  const v = vmi("Failed");
+  s.cache.set(KEY, v);
+  s.handlers.onAdd!(v);
+  s.expectations.expectWrites(KEY);
+  s.controller.domainEvent(
+    "ADDED",
+    newDomain({ namespace: "default", name: "vm1", uid: UID }, {
+      status: LifeCycle.Crashed,
+      reason: StateChangeReason.Crashed,
+    }),
+  );
+  s.cache.delete(KEY);
+  s.handlers.onDelete!(v);
+  assert.equal(s.expectations.get(KEY), undefined, "a deleted VMI's expectations are forgotten");
+
+  const result = await s.controller.reconcile(KEY);
+  assert.deepEqual(result, { kind: "done" });
+  assert.deepEqual(s.calls, [
+    "launchers.remove",
+    "provider.stop",
+    "ghosts.delete",
+    "launchers.remove",
+  ]);
+  assert.equal(s.controller.domains.size, 0, "the domain store forgets the VMI");
+  assert.equal(s.expectations.get(KEY), undefined);
+  // A second reconcile finds nothing left and does nothing (level-driven, idempotent).
+  s.calls.length = 0;
+  assert.deepEqual(await s.controller.reconcile(KEY), { kind: "done" });
+  assert.deepEqual(s.calls, []);
+  s.queue.shutDown();
+});
+
+Deno.test("reconcile() asks the worker loop to look again while the launcher cannot start yet", async () => {
+  const s = stubs();
+  const v = vmi("Scheduled");
+  s.cache.set(KEY, v);
+  // The stub launcher is never ready: the status write asks for a requeue.
+  const result = await s.controller.reconcile(KEY);
+  assert.equal(result.kind, "requeueAfter");
+  assert.equal(result.kind === "requeueAfter" && result.ms, 1_000);
+  assert.deepEqual(s.calls, ["status.update"]);
+  s.queue.shutDown();
+});
