@@ -12,9 +12,11 @@ import { sleep } from "../mod/lifecycle/mod.ts";
 export const QEMU_SYSTEM_URI = "qemu:///system";
 
 const SOCKET_PATH = "/var/run/libvirt/libvirt-sock";
-const QEMU_CONF = "/etc/libvirt/qemu.conf";
+/** The QEMU driver's configuration file. */
+export const QEMU_CONF = "/etc/libvirt/qemu.conf";
 const QEMU_CONF_MARKER = "# virtnode tests: run QEMU as root without a security driver";
-const QEMU_CONF_LINES = [
+/** The lines virtnode adds to qemu.conf: QEMU as root, no security driver, no cgroups. */
+export const QEMU_CONF_LINES: string = [
   QEMU_CONF_MARKER,
   'user = "root"',
   'group = "root"',
@@ -62,19 +64,36 @@ async function waitForSocket(path: string, timeoutMs: number): Promise<void> {
   }
 }
 
+/** What {@linkcode prepareLibvirtd} changed on the host, and how to change it back. */
+export interface PreparedLibvirtd {
+  /** The URI to connect to ({@linkcode QEMU_SYSTEM_URI}). */
+  uri: string;
+  /** Whether qemu.conf got virtnode's lines (it had none before). */
+  changedQemuConf: boolean;
+  /** Whether libvirtd (and virtlogd) were started here (none ran before). */
+  startedDaemons: boolean;
+  /**
+   * Leaves the host as it was found: stops the daemons started here and gives qemu.conf
+   * back its content from before. Call it once every guest is gone.
+   */
+  restore(): Promise<void>;
+}
+
 /**
- * Prepares and starts a real libvirtd with the QEMU driver, once per machine: users and
- * groups, the qemu.conf lines (appended only once), state directories, `virtlogd -d` and
- * `libvirtd -d`. Returns the URI to connect to ({@linkcode QEMU_SYSTEM_URI}).
+ * Prepares and starts a real libvirtd with the QEMU driver: users and groups, the
+ * qemu.conf lines (appended only once), state directories, `virtlogd -d` and
+ * `libvirtd -d`. Says what it changed, so local mode can undo it.
  */
-export async function ensureLibvirtd(): Promise<string> {
+export async function prepareLibvirtd(): Promise<PreparedLibvirtd> {
   await ensureGroup("kvm");
   await ensureGroup("libvirt-qemu");
   if ((await run("getent", ["passwd", "libvirt-qemu"], true)).trim() === "") {
     await run("useradd", ["-r", "-g", "libvirt-qemu", "-G", "kvm", "libvirt-qemu"]);
   }
-  const conf = (await exists(QEMU_CONF)) ? await Deno.readTextFile(QEMU_CONF) : "";
-  if (!conf.includes(QEMU_CONF_MARKER)) {
+  const hadConf = await exists(QEMU_CONF);
+  const conf = hadConf ? await Deno.readTextFile(QEMU_CONF) : "";
+  const changedQemuConf = !conf.includes(QEMU_CONF_MARKER);
+  if (changedQemuConf) {
     const sep = conf === "" || conf.endsWith("\n") ? "" : "\n";
     await Deno.writeTextFile(QEMU_CONF, sep + QEMU_CONF_LINES, { append: true });
   }
@@ -88,10 +107,36 @@ export async function ensureLibvirtd(): Promise<string> {
   ) {
     await Deno.mkdir(dir, { recursive: true });
   }
-  if (!(await processRunning("virtlogd"))) await run("virtlogd", ["-d"]);
-  if (!(await processRunning("libvirtd"))) {
-    await run("libvirtd", ["-d"]);
-  }
+  const startedLogd = !(await processRunning("virtlogd"));
+  if (startedLogd) await run("virtlogd", ["-d"]);
+  const startedDaemons = !(await processRunning("libvirtd"));
+  if (startedDaemons) await run("libvirtd", ["-d"]);
   await waitForSocket(SOCKET_PATH, 15_000);
-  return QEMU_SYSTEM_URI;
+  return {
+    uri: QEMU_SYSTEM_URI,
+    changedQemuConf,
+    startedDaemons,
+    async restore() {
+      if (startedDaemons) await stopDaemon("libvirtd");
+      if (startedLogd) await stopDaemon("virtlogd");
+      if (!changedQemuConf) return;
+      if (hadConf) await Deno.writeTextFile(QEMU_CONF, conf);
+      else await Deno.remove(QEMU_CONF).catch(() => {});
+    },
+  };
+}
+
+/** SIGTERM to a daemon by name, then waits (up to 10 s) for it to go. */
+async function stopDaemon(name: string): Promise<void> {
+  await run("pkill", ["-TERM", "-x", name], true);
+  const deadline = Date.now() + 10_000;
+  while ((await processRunning(name)) && Date.now() < deadline) await sleep(100);
+}
+
+/**
+ * Prepares and starts a real libvirtd with the QEMU driver, once per machine, and leaves
+ * it so (the tests share it). Returns the URI to connect to ({@linkcode QEMU_SYSTEM_URI}).
+ */
+export async function ensureLibvirtd(): Promise<string> {
+  return (await prepareLibvirtd()).uri;
 }

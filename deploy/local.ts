@@ -5,7 +5,8 @@
  * cannot run, libvirt's test driver, said loudly), and `virtnode handler
  * --podless` for a node named after this host; then applies the VMIs in
  * deploy/examples/ for that node and shows each VMI's phase live. Ctrl-C deletes
- * the example VMIs, waits for their launchers to stop, and stops everything.
+ * the example VMIs, waits for their launchers to stop, stops everything, and leaves the
+ * host's libvirt as it found it (qemu.conf, and whether libvirtd runs).
  *
  * Flags: `--until-running` exits (cleanly) once every example VMI is Running, for
  * tests; `--test-driver` uses libvirt's test driver even where QEMU could run.
@@ -13,7 +14,7 @@
  * @module
  */
 import { startCluster } from "./cluster/cluster.ts";
-import { ensureLibvirtd } from "./libvirtd.ts";
+import { type PreparedLibvirtd, prepareLibvirtd } from "./libvirtd.ts";
 import { type KubeClient, loadKubeClient } from "../mod/kube/mod.ts";
 import { sleep } from "../mod/lifecycle/mod.ts";
 import type { VirtualMachineInstance } from "../mod/api/mod.ts";
@@ -23,21 +24,29 @@ const root = new URL("..", import.meta.url).pathname;
 const args = new Set(Deno.args);
 const untilRunning = args.has("--until-running");
 const isTerminal = Deno.stdout.isTerminal();
+/** `--until-running` gives up after this long. */
+const UNTIL_RUNNING_TIMEOUT_MS = 5 * 60_000;
 const nodeName = Deno.hostname().toLowerCase().replace(/[^a-z0-9.-]/g, "-");
 
 function say(line: string) {
   console.log(`[local] ${line}`);
 }
 
-async function pickLibvirt(): Promise<string> {
-  if (args.has("--test-driver")) return "test:///default";
+/** libvirtd with QEMU, as this host allows; libvirt's test driver when it cannot run. */
+async function pickLibvirt(): Promise<{ uri: string; prepared?: PreparedLibvirtd }> {
+  if (args.has("--test-driver")) return { uri: "test:///default" };
   try {
-    return await ensureLibvirtd();
+    const prepared = await prepareLibvirtd();
+    if (prepared.changedQemuConf) {
+      say("libvirt: added virtnode's lines to qemu.conf (undone at exit)");
+    }
+    if (prepared.startedDaemons) say("libvirt: started libvirtd (stopped at exit)");
+    return { uri: prepared.uri, prepared };
   } catch (error) {
     const bar = "!".repeat(78);
     console.log(`${bar}\n!!! Cannot start libvirtd with QEMU: ${(error as Error).message}`);
     console.log(`!!! Falling back to libvirt's TEST DRIVER: no real guests will run.\n${bar}`);
-    return "test:///default";
+    return { uri: "test:///default" };
   }
 }
 
@@ -82,8 +91,16 @@ interface HandlerChild {
 async function startHandler(dir: string, kubeconfig: string, uri: string): Promise<HandlerChild> {
   const handlerLog = `${dir}/handler.log`;
   const logFile = await Deno.open(handlerLog, { create: true, write: true, append: true });
-  const process = new Deno.Command(Deno.execPath(), {
+  // Its own session: a terminal's Ctrl-C reaches local mode only, which deletes the VMIs
+  // through this handler before it stops it. setpriv has the kernel stop it should local
+  // mode die without doing so.
+  const process = new Deno.Command("setsid", {
     args: [
+      "setpriv",
+      "--pdeathsig",
+      "SIGTERM",
+      "--",
+      Deno.execPath(),
       "run",
       "-A",
       `--v8-flags=${V8_FLAGS}`,
@@ -170,7 +187,12 @@ async function watch(
   let stopping = false;
   stopped.then(() => (stopping = true));
   let last = "";
+  const deadline = Date.now() + UNTIL_RUNNING_TIMEOUT_MS;
   while (!stopping) {
+    if (untilRunning && Date.now() > deadline) {
+      say(`the example VMIs were not all Running after ${UNTIL_RUNNING_TIMEOUT_MS / 1000} s`);
+      return 1;
+    }
     try {
       const { table, vmis } = await statusTable(client, path);
       if (table !== last) {
@@ -221,10 +243,24 @@ async function deleteExamples(dir: string, kubeconfig: string, names: string[]):
   }
 }
 
+/** The example VMIs' domains (`default_<name>`) that libvirt still has. */
+async function leftoverDomains(uri: string, names: string[]): Promise<string[]> {
+  if (uri.startsWith("test:")) return []; // each launcher had its own test driver state
+  const out = await new Deno.Command("virsh", {
+    args: ["-c", uri, "list", "--all", "--name"],
+    stdin: "null",
+    stdout: "piped",
+    stderr: "null",
+  }).output();
+  const domains = new Set(new TextDecoder().decode(out.stdout).split("\n").map((l) => l.trim()));
+  return names.map((n) => `default_${n}`).filter((d) => domains.has(d));
+}
+
 async function main(): Promise<number> {
   say(`node name: ${nodeName}`);
   say("starting the control plane (kube-apiserver + etcd; built and cached on first use)");
-  const cluster = await startCluster();
+  // Local mode owns Ctrl-C: it deletes its VMIs through the cluster before stopping it.
+  const cluster = await startCluster({ stopOnSignals: false });
   const kubeconfig = cluster.kubeconfigPath;
   say(`kubeconfig: ${kubeconfig}`);
   say(`  try: KUBECONFIG=${kubeconfig} kubectl get vmi -w`);
@@ -233,7 +269,7 @@ async function main(): Promise<number> {
   const nodeFile = `${cluster.dir}/node.json`;
   await Deno.writeTextFile(nodeFile, nodeJson);
   await kubectl(kubeconfig, "apply", "-f", nodeFile);
-  const uri = await pickLibvirt();
+  const { uri, prepared } = await pickLibvirt();
   say(`libvirt: ${uri}`);
   const dir = await Deno.makeTempDir({ prefix: "virtnode-local-" });
   const handler = await startHandler(dir, kubeconfig, uri);
@@ -260,9 +296,15 @@ async function main(): Promise<number> {
   say(`handler exited with code ${status.code}`);
   say("stopping the control plane");
   await cluster.stop();
+  const left = await leftoverDomains(uri, manifests.map((m) => m.name));
+  if (left.length > 0) say(`domains left behind in libvirt: ${left.join(", ")}`);
+  if (prepared) {
+    await prepared.restore();
+    say("libvirt: the host's configuration is as it was");
+  }
   await Deno.remove(dir, { recursive: true }).catch(() => {});
   say("done");
-  return code || (status.code === 0 ? 0 : 1);
+  return code || (status.code === 0 && left.length === 0 ? 0 : 1);
 }
 
 Deno.exit(await main());

@@ -39,6 +39,12 @@ export interface StartClusterOptions {
   crdDir?: string | false;
   /** A directory holding `kube-apiserver` and `etcd`; skips `build.sh`. */
   binDir?: string;
+  /**
+   * Stop the cluster and exit on SIGINT and SIGTERM (the default). A caller that has work
+   * to do with the cluster after a signal (local mode deletes its VMIs first) passes
+   * `false` and stops it itself; the servers still die with the process.
+   */
+  stopOnSignals?: boolean;
 }
 
 /** Raised when the control plane cannot be built, started, reached or stopped. */
@@ -78,7 +84,7 @@ export async function startCluster(options: StartClusterOptions = {}): Promise<C
   await Deno.writeTextFile(path.join(dir, OWNER_FILE), `${Deno.pid}\n`);
   await removeOrphanedDirs(path.dirname(dir));
   const controlPlane = new ControlPlane(binDir, dir);
-  live.add(controlPlane);
+  live.add(controlPlane, options.stopOnSignals ?? true);
   try {
     await controlPlane.start();
     await applyCrds(controlPlane.kubeconfigPath, options.crdDir);
@@ -356,10 +362,12 @@ class ControlPlane implements Cluster {
 
   async #spawn(name: string, binary: string, args: string[]): Promise<Managed> {
     const logPath = path.join(this.dir, `${name}.log`);
-    // setpriv makes the kernel kill the child when we die, even by SIGKILL;
-    // it execs the binary, so the pid we signal is the server's own.
+    // setpriv makes the kernel kill the child when we die, even by SIGKILL; setsid gives it
+    // a session of its own, so a terminal's Ctrl-C (SIGINT to the whole foreground process
+    // group) does not stop it before whoever started it is done with it (local mode deletes
+    // its VMIs through it first). Both exec, so the pid we signal is the server's own.
     const [command, commandArgs] = await hasSetpriv()
-      ? ["setpriv", ["--pdeathsig", "SIGKILL", "--", binary, ...args]]
+      ? ["setsid", ["setpriv", "--pdeathsig", "SIGKILL", "--", binary, ...args]]
       : [binary, args];
     let child: Deno.ChildProcess;
     try {
@@ -385,17 +393,22 @@ class ControlPlane implements Cluster {
 
 /**
  * The clusters this process started and has not stopped; while there are any,
- * SIGINT, SIGTERM and unload stop them so no server outlives us.
+ * SIGINT, SIGTERM and unload stop them so no server outlives us (unless every one is
+ * owned by a caller that handles signals itself).
  */
 class LiveClusters {
   #planes = new Set<ControlPlane>();
+  /** Planes whose owner handles signals itself. */
+  #signalExempt = new Set<ControlPlane>();
 
-  add(plane: ControlPlane): void {
+  add(plane: ControlPlane, stopOnSignals: boolean): void {
     if (this.#planes.size === 0) this.#listen();
     this.#planes.add(plane);
+    if (!stopOnSignals) this.#signalExempt.add(plane);
   }
 
   delete(plane: ControlPlane): void {
+    this.#signalExempt.delete(plane);
     if (!this.#planes.delete(plane) || this.#planes.size > 0) return;
     this.#unlisten();
   }
@@ -408,6 +421,7 @@ class LiveClusters {
   #onSigterm = () => this.#stopAllAndExit(143);
 
   async #stopAllAndExit(code: number): Promise<void> {
+    if ([...this.#planes].every((plane) => this.#signalExempt.has(plane))) return;
     this.#unlisten();
     await Promise.allSettled([...this.#planes].map((plane) => plane.stop()));
     Deno.exit(code);
