@@ -27,7 +27,8 @@ export function uniqueGuestName(prefix = "vn-test"): string {
 /**
  * Returns the XML of a tiny QEMU (TCG) guest: 64 MiB, one vCPU, no graphics, a serial
  * console on a pty, and either no disk or the given one. With no bootable disk the guest
- * sits in its firmware, which is enough to exercise the lifecycle.
+ * sits in its firmware (told not to reboot when it finds nothing to boot), which is
+ * enough to exercise the lifecycle.
  */
 export function tinyGuestXml(name: string, options: TinyGuestOptions = {}): string {
   const memory = options.memoryMiB ?? 64;
@@ -43,7 +44,7 @@ export function tinyGuestXml(name: string, options: TinyGuestOptions = {}): stri
   <name>${name}</name>
   <memory unit='MiB'>${memory}</memory>
   <vcpu>1</vcpu>
-  <os><type arch='x86_64' machine='pc'>hvm</type></os>
+  <os><type arch='x86_64' machine='pc'>hvm</type><bios rebootTimeout='-1'/></os>
   <features><acpi/></features>
   <on_poweroff>destroy</on_poweroff>
   <on_reboot>restart</on_reboot>

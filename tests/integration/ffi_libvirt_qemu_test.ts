@@ -135,7 +135,11 @@ Deno.test("a tiny QEMU guest goes through its lifecycle with the right events", 
     await dom.undefine({ nvram: false });
     await next;
     await assert.rejects(conn.lookupByName(name), LibvirtError);
-    assert.deepEqual(seen, [
+    // A guest without an OS may reset itself from its firmware (seen on loaded machines):
+    // such reboots follow ours and are not what this test asserts, so a run of them counts
+    // as the one reboot the test asked for.
+    const ours = seen.filter((e, i) => !(e === "reboot" && seen[i - 1] === "reboot"));
+    assert.deepEqual(ours, [
       "Defined/Added",
       "Started/Booted",
       "Suspended/Paused",
