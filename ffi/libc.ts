@@ -34,6 +34,9 @@ const LIBC_SYMBOLS = {
   connect: { parameters: [I, B, U], result: I },
   getsockopt: { parameters: [I, I, I, B, B], result: I },
   close_range: { parameters: [U, U, I], result: I },
+  pidfd_open: { parameters: [I, U], result: I },
+  pidfd_send_signal: { parameters: [I, I, P, U], result: I },
+  poll: { parameters: [B, "u64", I], result: I },
 } as const;
 
 let libc: Deno.DynamicLibrary<typeof LIBC_SYMBOLS> | null = null;
@@ -158,6 +161,52 @@ export function closeOnExecFrom(first = 3): void {
   if (c().close_range(first, 0xffffffff, CLOSE_RANGE_CLOEXEC) !== 0) {
     throw errnoError(`Cannot mark descriptors from ${first} on close-on-exec`);
   }
+}
+
+/** Signal number of `SIGKILL`, for {@linkcode pidfdSendSignal}. */
+export const SIGKILL = 9;
+/** Signal number of `SIGTERM`, for {@linkcode pidfdSendSignal}. */
+export const SIGTERM = 15;
+
+/**
+ * Opens a pidfd (`pidfd_open(2)`, Linux 5.3) for the process `pid`: a descriptor that
+ * names that one process for as long as it is open, even after its PID is reused. Close it
+ * with {@linkcode close}; it is close-on-exec. Throws {@linkcode ErrnoError} (`ESRCH` when
+ * no such process exists).
+ */
+export function pidfdOpen(pid: number): number {
+  return check(c().pidfd_open(pid, 0), `Cannot open a pidfd for process ${pid}`);
+}
+
+/**
+ * Sends `signal` (a number, e.g. {@linkcode SIGTERM}; 0 only checks) to the process a
+ * pidfd names (`pidfd_send_signal(2)`). Never reaches another process that reused the
+ * PID. Throws {@linkcode ErrnoError} (`ESRCH` once the process has exited).
+ */
+export function pidfdSendSignal(pidfd: number, signal: number): void {
+  check(
+    c().pidfd_send_signal(pidfd, signal, null, 0),
+    `Cannot send signal ${signal} through pidfd ${pidfd}`,
+  );
+}
+
+const POLLIN = 0x1;
+
+/**
+ * Whether the process a pidfd names has exited (its pidfd polls readable), without
+ * waiting. True for a zombie too: it has exited, whoever reaps it.
+ */
+export function pidfdExited(pidfd: number): boolean {
+  const pollfd = new Uint8Array(8); // struct pollfd { int fd; short events; short revents; }
+  const view = new DataView(pollfd.buffer);
+  view.setInt32(0, pidfd, true);
+  view.setInt16(4, POLLIN, true);
+  check(c().poll(pollfd, 1n, 0), `Cannot poll pidfd ${pidfd}`);
+  const revents = view.getInt16(6, true);
+  if (revents & 0x20 /* POLLNVAL */) {
+    throw new ErrnoError(`Cannot poll pidfd ${pidfd}`, 9, "Bad file descriptor");
+  }
+  return (revents & POLLIN) !== 0;
 }
 
 /** Closes a file descriptor. */
