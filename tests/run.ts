@@ -1,7 +1,11 @@
 /**
  * Runs the test tiers (unit, integration, e2e, fresh) with `deno test` and prints one
  * plain summary line, `tests: N passed, N failed, N skipped`, that CI reads.
- * Skipped tests are listed loudly: a skip is never a pass.
+ * Skipped tests are listed loudly: a skip is never a pass. A tier fails when it ran no
+ * test, ran past its timeout, or left a process or a test guest behind: every process a
+ * tier starts carries `VIRTNODE_TEST_RUN=<tier>-<uuid>` in its environment, and whatever
+ * still carries it when the tier ends (also on Ctrl-C, SIGTERM or a timeout) is listed,
+ * SIGKILLed and counted as a failure.
  *
  * Usage: `deno run -A tests/run.ts [unit|integration|e2e ...]`
  *
@@ -12,10 +16,11 @@ import { type Cluster, startCluster } from "../deploy/cluster/cluster.ts";
 
 // fresh: tests/fresh/check.sh installs the project into a debootstrapped Debian 12 root.
 const TIERS = ["unit", "integration", "e2e", "fresh"] as const;
-type Tier = typeof TIERS[number];
+/** A test tier: a folder of `*_test.ts` files below `tests/`. */
+export type Tier = typeof TIERS[number];
 
-/** Counts read from one tier's JUnit report. */
-interface TierResult {
+/** Counts read from one tier's JUnit report, and its failures (see {@linkcode judgeTier}). */
+export interface TierResult {
   tier: Tier;
   passed: number;
   failed: string[];
@@ -61,38 +66,284 @@ export function parseJunit(xml: string): { passed: number; failed: string[]; ski
   return { passed, failed, skipped };
 }
 
-async function runTier(tier: Tier, env: Record<string, string>): Promise<TierResult | undefined> {
-  const files = testFiles(tier);
+/** The environment variable that marks every process one tier run starts. */
+export const RUN_MARKER_VAR = "VIRTNODE_TEST_RUN";
+
+/**
+ * How long a tier may run before the runner ends it and everything it started. Generous:
+ * integration takes about 5 minutes, e2e 2.5 and fresh 2 when its root is cached (a first
+ * debootstrap takes longer).
+ */
+export const TIER_TIMEOUT_MS: Record<Tier, number> = {
+  unit: 10 * 60_000,
+  integration: 20 * 60_000,
+  e2e: 15 * 60_000,
+  fresh: 20 * 60_000,
+};
+
+/** A process that still carries a tier's marker after the tier ended. */
+export interface LeftProcess {
+  pid: number;
+  /** Its command line, arguments joined by spaces (shortened). */
+  command: string;
+}
+
+// Machine daemons, shared by design: a test that finds no libvirtd starts one
+// (tests/helpers/libvirtd.ts -> deploy/libvirtd.ts ensureLibvirtd), so libvirtd and the
+// virtlogd it starts inherit that tier's marker, yet they are meant to outlive every tier.
+// QEMU processes are libvirtd's children (their environment is libvirt's, not the test's);
+// a guest a test leaves behind is caught by the domain check below instead.
+const SHARED_DAEMONS = new Set(["libvirtd", "virtlogd", "virtlockd", "virtqemud"]);
+
+function readProc(pid: string | number, file: string): string | undefined {
+  try {
+    return Deno.readTextFileSync(`/proc/${pid}/${file}`);
+  } catch {
+    return undefined; // exited meanwhile, or a kernel thread
+  }
+}
+
+function isSharedDaemon(pid: string | number): boolean {
+  if (SHARED_DAEMONS.has(readProc(pid, "comm")?.trim() ?? "")) return true;
+  // The fourth field of stat is the parent PID; comm (field two) may hold spaces.
+  const stat = readProc(pid, "stat");
+  const ppid = stat?.slice(stat.lastIndexOf(")") + 2).split(" ")[1];
+  return ppid !== undefined && SHARED_DAEMONS.has(readProc(ppid, "comm")?.trim() ?? "");
+}
+
+/**
+ * The processes whose environment holds `VIRTNODE_TEST_RUN=<marker>`, from
+ * `/proc/<pid>/environ`: every descendant of a tier inherits it, even one that left the
+ * tier's session with setsid (launchers do, by design). This process, `exclude` and the
+ * shared machine daemons are left out.
+ */
+export function findMarkedProcesses(marker: string, exclude: Iterable<number> = []): LeftProcess[] {
+  const needle = `\0${RUN_MARKER_VAR}=${marker}\0`;
+  const skip = new Set([Deno.pid, ...exclude]);
+  const found: LeftProcess[] = [];
+  for (const entry of Deno.readDirSync("/proc")) {
+    if (!/^\d+$/.test(entry.name) || skip.has(Number(entry.name))) continue;
+    const environ = readProc(entry.name, "environ");
+    if (!environ || !`\0${environ}\0`.includes(needle)) continue;
+    if (isSharedDaemon(entry.name)) continue;
+    const cmdline = readProc(entry.name, "cmdline") ?? "";
+    const command = cmdline.replaceAll("\0", " ").trim();
+    found.push({
+      pid: Number(entry.name),
+      command: command.length > 300 ? `${command.slice(0, 300)}...` : command,
+    });
+  }
+  return found;
+}
+
+/**
+ * SIGKILLs every process carrying the marker (see {@linkcode findMarkedProcesses}) until
+ * none is left, and returns the ones it found. Repeats because a dying parent's child may
+ * still be forking.
+ */
+export async function sweepMarkedProcesses(
+  marker: string,
+  exclude: Iterable<number> = [],
+): Promise<LeftProcess[]> {
+  const seen = new Map<number, LeftProcess>();
+  for (let round = 0; round < 50; round++) {
+    const left = findMarkedProcesses(marker, exclude);
+    if (left.length === 0) break;
+    for (const p of left) {
+      if (!seen.has(p.pid)) seen.set(p.pid, p);
+      try {
+        Deno.kill(p.pid, "SIGKILL");
+      } catch {
+        // Gone meanwhile.
+      }
+    }
+    // A killed process stays a zombie until its parent reaps it; a zombie's environ is
+    // empty, so the next round does not count it.
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  return [...seen.values()];
+}
+
+/** The libvirt that tests' QEMU guests run under (deploy/libvirtd.ts QEMU_SYSTEM_URI). */
+const QEMU_URI = "qemu:///system";
+
+/** The names of every domain defined in libvirt at `uri`; none when it cannot be reached. */
+export async function listDomains(uri = QEMU_URI): Promise<string[]> {
+  try {
+    const out = await new Deno.Command("virsh", {
+      args: ["-c", uri, "list", "--all", "--name"],
+      stdin: "null",
+      stdout: "piped",
+      stderr: "null",
+      signal: AbortSignal.timeout(15_000),
+    }).output();
+    if (!out.success) return [];
+    return new TextDecoder().decode(out.stdout).split("\n").map((l) => l.trim()).filter(Boolean);
+  } catch {
+    return []; // no virsh, or libvirtd hangs
+  }
+}
+
+/**
+ * The domains of `after` that were not in `before` and are named the way tests name
+ * guests: `uniqueGuestName` (`vn-test-<pid>-...`) or a VMI's `<namespace>_<name>`.
+ */
+export function leftDomains(before: string[], after: string[]): string[] {
+  const had = new Set(before);
+  return after.filter((d) => !had.has(d) && (/^vn-test-/.test(d) || /^[a-z0-9-]+_./.test(d)));
+}
+
+/** What {@linkcode judgeTier} decides from. */
+export interface TierOutcome {
+  files: number;
+  passed: number;
+  failed: string[];
+  skipped: string[];
+  /** The exit code of `deno test`. */
+  code: number;
+  /** Set when the tier was ended early: why (a timeout, a signal). */
+  endedBecause?: string;
+  /** Processes still carrying the tier's marker when it ended. */
+  leftProcesses: LeftProcess[];
+  /** Test guests defined in libvirt during the tier and still there. */
+  leftDomains: string[];
+}
+
+/**
+ * The failures of one tier run: its failed tests, plus one line for each way a tier can
+ * fail without a failed test: no test files, no test run, an early end, a nonzero exit,
+ * processes or guests left behind.
+ */
+export function judgeTier(tier: string, o: TierOutcome): string[] {
+  const failed = [...o.failed];
+  if (o.files === 0) failed.push(`${tier}: no test files (a tier that runs nothing fails)`);
+  else if (o.endedBecause) failed.push(`${tier}: ended early: ${o.endedBecause}`);
+  else if (o.passed + o.failed.length === 0) {
+    failed.push(`${tier}: its ${o.files} test files ran 0 tests (a tier that runs nothing fails)`);
+  } else if (o.code !== 0 && o.failed.length === 0) {
+    failed.push(`${tier}: deno test exited with code ${o.code} (see output above)`);
+  }
+  if (o.leftProcesses.length > 0) {
+    failed.push(
+      `${tier}: left ${o.leftProcesses.length} processes running (killed now): ` +
+        o.leftProcesses.map((p) => `${p.pid} "${p.command}"`).join(", "),
+    );
+  }
+  if (o.leftDomains.length > 0) {
+    failed.push(
+      `${tier}: left ${o.leftDomains.length} libvirt domains defined in ${QEMU_URI}: ` +
+        o.leftDomains.map((d) => `"${d}"`).join(", "),
+    );
+  }
+  return failed;
+}
+
+/** Options of {@linkcode runTier}. */
+export interface RunTierOptions {
+  /** The test files; the tier's `tests/<tier>/*_test.ts` unless told. */
+  files?: string[];
+  /** {@linkcode TIER_TIMEOUT_MS} of the tier unless told. */
+  timeoutMs?: number;
+  /** Ends the tier (and sweeps what it started) when aborted, e.g. on Ctrl-C. */
+  signal?: AbortSignal;
+  /** Check libvirt for test guests left behind (the default). */
+  checkDomains?: boolean;
+  /** Output of `deno test`; inherited unless told. */
+  output?: "inherit" | "null";
+}
+
+/**
+ * Runs one tier with `deno test`, every process it starts marked with a fresh
+ * `VIRTNODE_TEST_RUN`; when it ends (by itself, by its timeout, or by `signal`) kills
+ * whatever still carries the marker, and fails the tier for it.
+ */
+export async function runTier(
+  tier: Tier,
+  env: Record<string, string>,
+  options: RunTierOptions = {},
+): Promise<TierResult> {
+  const files = options.files ?? testFiles(tier);
   if (files.length === 0) {
     console.log(`\n=== ${tier}: no test files`);
-    return undefined;
+    const outcome = { files: 0, passed: 0, failed: [], skipped: [], code: 0 };
+    return {
+      tier,
+      passed: 0,
+      failed: judgeTier(tier, { ...outcome, leftProcesses: [], leftDomains: [] }),
+      skipped: [],
+      seconds: 0,
+    };
   }
   console.log(`\n=== ${tier}: ${files.length} test files`);
+  const marker = `${tier}-${crypto.randomUUID()}`;
+  const checkDomains = options.checkDomains ?? tier !== "unit";
+  const domainsBefore = checkDomains ? await listDomains() : [];
   const junit = await Deno.makeTempFile({ prefix: `virtnode-${tier}-`, suffix: ".xml" });
   const args = ["test", "-A", `--junit-path=${junit}`];
   if (tier === "unit") args.push("--parallel");
   const started = performance.now();
-  const status = await new Deno.Command(Deno.execPath(), {
+  const child = new Deno.Command(Deno.execPath(), {
     args: [...args, ...files],
     cwd: root,
-    env,
+    env: { ...env, [RUN_MARKER_VAR]: marker },
     stdin: "null",
-    stdout: "inherit",
-    stderr: "inherit",
-  }).output();
+    stdout: options.output ?? "inherit",
+    stderr: options.output ?? "inherit",
+  }).spawn();
+  const timeoutMs = options.timeoutMs ?? TIER_TIMEOUT_MS[tier];
+  let endedBecause: string | undefined;
+  let endEarly!: (why: string) => void;
+  const ended = new Promise<void>((resolve) => {
+    endEarly = (why) => {
+      endedBecause ??= why;
+      resolve();
+    };
+  });
+  const timer = setTimeout(() => endEarly(`timed out after ${timeoutMs / 1000} s`), timeoutMs);
+  const onAbort = () => endEarly(`interrupted (${options.signal?.reason ?? "aborted"})`);
+  options.signal?.addEventListener("abort", onAbort);
+  if (options.signal?.aborted) onAbort();
+  const status = await Promise.race([child.status, ended.then(() => undefined)]);
+  clearTimeout(timer);
+  options.signal?.removeEventListener("abort", onAbort);
+  if (!status) console.log(`\n=== ${tier}: ${endedBecause}: ending it and what it started`);
+  // deno test itself carries the marker: after an early end the sweep ends it too.
+  const leftProcesses = await sweepMarkedProcesses(marker);
+  const code = (await child.status).code;
   const seconds = (performance.now() - started) / 1000;
   let xml = "";
   try {
     xml = await Deno.readTextFile(junit);
   } catch {
-    // No report: the run died before writing one; counted below as a failure.
+    // No report: the run died before writing one; judged below.
   }
   await Deno.remove(junit).catch(() => {});
-  const result = { tier, ...parseJunit(xml), seconds };
-  if (!status.success && result.failed.length === 0) {
-    result.failed.push(`${tier}: deno test exited with code ${status.code} (see output above)`);
-  }
-  return result;
+  const parsed = parseJunit(xml);
+  // A killed tier's deno test is not among the processes it left.
+  const left = leftProcesses.filter((p) => p.pid !== child.pid);
+  const domains = checkDomains ? leftDomains(domainsBefore, await listDomains()) : [];
+  for (const p of left) console.log(`!!! ${tier} left process ${p.pid}: ${p.command}`);
+  for (const d of domains) console.log(`!!! ${tier} left libvirt domain "${d}"`);
+  const failed = judgeTier(tier, {
+    files: files.length,
+    ...parsed,
+    code,
+    endedBecause,
+    leftProcesses: left,
+    leftDomains: domains,
+  });
+  return { tier, passed: parsed.passed, failed, skipped: parsed.skipped, seconds };
+}
+
+/**
+ * Every failure of a run: its tiers' failures, plus one when no tier ran a test (a run
+ * that tested nothing does not pass) and one when a signal ended it.
+ */
+export function runFailures(results: TierResult[], interruptedBy?: string): string[] {
+  const failed = results.flatMap((r) => r.failed);
+  if (results.every((r) => r.passed + r.failed.length === 0)) failed.push("no tier ran any test");
+  if (interruptedBy) failed.push(`interrupted by ${interruptedBy}`);
+  return failed;
 }
 
 async function main(): Promise<number> {
@@ -104,26 +355,43 @@ async function main(): Promise<number> {
     }
   }
   const results: TierResult[] = [];
+  // Ctrl-C or SIGTERM ends the running tier and sweeps what it started before the shared
+  // control plane stops; no further tier starts.
+  const interrupt = new AbortController();
+  const onSignal = (signal: Deno.Signal) => () => {
+    if (!interrupt.signal.aborted) console.log(`\n=== ${signal}: stopping`);
+    interrupt.abort(signal);
+  };
+  const onSigint = onSignal("SIGINT");
+  const onSigterm = onSignal("SIGTERM");
+  Deno.addSignalListener("SIGINT", onSigint);
+  Deno.addSignalListener("SIGTERM", onSigterm);
   // One control plane for the tiers that talk to an apiserver; tests that must stop
-  // it or need an empty store start their own.
+  // it or need an empty store start their own. It is started here, outside any tier, so
+  // it carries no tier's marker and no tier's sweep ends it.
   let cluster: Cluster | undefined;
   const env: Record<string, string> = {};
   try {
     for (const tier of asked as Tier[]) {
+      if (interrupt.signal.aborted) break;
       if (tier !== "unit" && tier !== "fresh" && !cluster && testFiles(tier).length > 0) {
         console.log("\n=== starting the shared test control plane (kube-apiserver + etcd)");
-        cluster = await startCluster();
+        cluster = await startCluster({ stopOnSignals: false });
         env.VIRTNODE_TEST_KUBECONFIG = cluster.kubeconfigPath;
         console.log(`kubeconfig: ${cluster.kubeconfigPath}`);
       }
-      const r = await runTier(tier, env);
-      if (r) results.push(r);
+      results.push(await runTier(tier, env, { signal: interrupt.signal }));
     }
   } finally {
     await cluster?.stop();
+    Deno.removeSignalListener("SIGINT", onSigint);
+    Deno.removeSignalListener("SIGTERM", onSigterm);
   }
   const passed = results.reduce((n, r) => n + r.passed, 0);
-  const failed = results.flatMap((r) => r.failed);
+  const failed = runFailures(
+    results,
+    interrupt.signal.aborted ? interrupt.signal.reason : undefined,
+  );
   const skipped = results.flatMap((r) => r.skipped);
   console.log("\n=== summary");
   for (const r of results) {
@@ -141,7 +409,8 @@ async function main(): Promise<number> {
     for (const f of failed) console.log(`  ${f}`);
   }
   console.log(`\ntests: ${passed} passed, ${failed.length} failed, ${skipped.length} skipped`);
-  return failed.length > 0 || results.length === 0 ? 1 : 0;
+  if (interrupt.signal.aborted) return interrupt.signal.reason === "SIGTERM" ? 143 : 130;
+  return failed.length > 0 ? 1 : 0;
 }
 
 if (import.meta.main) Deno.exit(await main());
