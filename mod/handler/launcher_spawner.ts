@@ -6,35 +6,169 @@
  * log file, so that neither the handler's death nor a signal to its terminal
  * stops a VM: a restarted handler finds them again through their ghost records.
  * Restart policy is none, as for a launcher pod: a launcher that exits is
- * reported and its VMI fails. The launcher's PID is kept in a file so that a
- * restarted handler can still stop a launcher it did not start.
+ * reported and its VMI fails. The launcher's PID and start time are kept in a file so
+ * that a restarted handler can still stop a launcher it did not start.
+ *
+ * Every signal goes through a pidfd, opened before the process behind a PID is checked to
+ * be the UID's launcher (`launcher --uid <uid>` on its command line, our user, and the
+ * start time recorded when it was spawned): a PID reused by another process between the
+ * check and the signal can never be hit.
  *
  * @module
  */
 import { join } from "node:path";
-import { closeOnExecFrom } from "../../ffi/mod.ts";
+import {
+  close,
+  closeOnExecFrom,
+  ErrnoError,
+  pidfdExited,
+  pidfdOpen,
+  pidfdSendSignal,
+  SIGKILL,
+  SIGTERM,
+} from "../../ffi/mod.ts";
 import { SocketNames } from "../api/mod.ts";
 import { sleep } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
 
 const log = getLogger("handler", "launcher-spawner");
 
-/** The PID of a running `virtnode launcher ... --uid <uid>` process, from /proc. */
+/**
+ * The PID of a running `virtnode launcher ... --uid <uid>` process of this user, from
+ * /proc. Only a hint: signal it through {@linkcode LauncherSpawner.stop}, which checks
+ * the process again behind a pidfd.
+ */
 export async function findLauncherByUid(uid: string): Promise<number | undefined> {
-  const needle = `\0--uid\0${uid}\0`;
   for await (const entry of Deno.readDir("/proc")) {
     if (!/^\d+$/.test(entry.name)) continue;
-    let cmdline: string;
-    try {
-      cmdline = await Deno.readTextFile(`/proc/${entry.name}/cmdline`);
-    } catch {
-      continue; // exited meanwhile
-    }
-    if (cmdline.includes("\0launcher\0") && `\0${cmdline}`.includes(needle)) {
-      return Number(entry.name);
-    }
+    const pid = Number(entry.name);
+    if (isLauncherProcess(pid, uid)) return pid;
   }
   return undefined;
+}
+
+/** Where a launcher was started: its PID and start time, as its PID file records them. */
+interface LauncherRecord {
+  pid: number;
+  /** Field 22 of /proc/<pid>/stat; absent in a PID file written before it was recorded. */
+  startTime?: string;
+}
+
+/** Parses a PID file: `<pid> <starttime>`, or a lone `<pid>` as older handlers wrote. */
+function parsePidFile(text: string): LauncherRecord | undefined {
+  const [pidText, startTime, ...rest] = text.trim().split(/\s+/);
+  const pid = Number(pidText);
+  if (!/^\d+$/.test(pidText) || pid <= 1 || rest.length > 0) return undefined;
+  if (startTime === undefined) return { pid };
+  return /^\d+$/.test(startTime) ? { pid, startTime } : undefined;
+}
+
+/**
+ * A process's start time in clock ticks after boot (field 22 of /proc/<pid>/stat), which
+ * tells a process from a later one that reused its PID; undefined when it is gone.
+ */
+function processStartTime(pid: number): string | undefined {
+  let stat: string;
+  try {
+    stat = Deno.readTextFileSync(`/proc/${pid}/stat`);
+  } catch {
+    return undefined;
+  }
+  // Field 2, the command name, may hold spaces and ")": count from after its last ")".
+  return stat.slice(stat.lastIndexOf(")") + 2).split(" ")[22 - 3];
+}
+
+/** The real user ID a process runs as (`Uid:` of /proc/<pid>/status). */
+function processOwner(pid: number): number | undefined {
+  try {
+    const status = Deno.readTextFileSync(`/proc/${pid}/status`);
+    const uid = /^Uid:\s+(\d+)/m.exec(status)?.[1];
+    return uid === undefined ? undefined : Number(uid);
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * Whether `pid` is the UID's launcher: `launcher` and `--uid <uid>` on its command line,
+ * run by this user, and, when known, started at `startTime`.
+ */
+function isLauncherProcess(pid: number, uid: string, startTime?: string): boolean {
+  let cmdline: string;
+  try {
+    cmdline = `\0${Deno.readTextFileSync(`/proc/${pid}/cmdline`)}`;
+  } catch {
+    return false; // exited meanwhile
+  }
+  if (!cmdline.includes("\0launcher\0") || !cmdline.includes(`\0--uid\0${uid}\0`)) return false;
+  if (processOwner(pid) !== Deno.uid()) return false;
+  return startTime === undefined || processStartTime(pid) === startTime;
+}
+
+/**
+ * A launcher held by a pidfd: signals reach that process or none, never one that reused
+ * its PID. Shared by the children map and a running `stop`; the last holder to release it
+ * closes the descriptor.
+ */
+class PidfdProcess {
+  readonly pid: number;
+  readonly #fd: number;
+  #holders = 1;
+
+  constructor(pid: number, fd: number) {
+    this.pid = pid;
+    this.#fd = fd;
+  }
+
+  /** Opens a pidfd for `pid` and keeps it only if `pid` is the UID's launcher. */
+  static openLauncher(uid: string, record: LauncherRecord): PidfdProcess | undefined {
+    let fd: number;
+    try {
+      fd = pidfdOpen(record.pid);
+    } catch (error) {
+      if (error instanceof ErrnoError && error.code === "ESRCH") return undefined;
+      throw error;
+    }
+    const process = new PidfdProcess(record.pid, fd);
+    // Checked after the pidfd is open, and alive after the check: /proc described the
+    // process the pidfd holds, not a later one with its PID.
+    if (isLauncherProcess(record.pid, uid, record.startTime) && !process.exited()) return process;
+    process.release();
+    return undefined;
+  }
+
+  /** One more holder; each holder calls {@linkcode release} once. */
+  retain(): PidfdProcess {
+    this.#holders++;
+    return this;
+  }
+
+  /** Drops one holder; the last closes the pidfd. */
+  release(): void {
+    if (--this.#holders === 0) close(this.#fd);
+  }
+
+  /** Whether the process has exited (reaped or not). */
+  exited(): boolean {
+    return pidfdExited(this.#fd);
+  }
+
+  /** Sends a signal; false when the process had exited already. */
+  signal(signal: number): boolean {
+    try {
+      pidfdSendSignal(this.#fd, signal);
+      return true;
+    } catch (error) {
+      if (error instanceof ErrnoError && error.code === "ESRCH") return false;
+      throw error;
+    }
+  }
+}
+
+/** A launcher this handler spawned, held by the pidfd opened before it could be reaped. */
+interface Child {
+  child: Deno.ChildProcess;
+  process: PidfdProcess;
 }
 
 /** What a launcher is started for. */
@@ -72,7 +206,7 @@ export interface LauncherSpawnerOptions {
 /** Starts, watches and stops launcher processes. */
 export class LauncherSpawner {
   readonly #opts: LauncherSpawnerOptions;
-  readonly #children = new Map<string, Deno.ChildProcess>();
+  readonly #children = new Map<string, Child>();
   readonly #dir: string;
   readonly #starting = new Set<string>();
   readonly #slotWaiters: (() => void)[] = [];
@@ -115,33 +249,48 @@ export class LauncherSpawner {
     return this.#children.has(uid);
   }
 
-  /** The PID of a UID's launcher if one is alive (child or adopted). */
+  /**
+   * The PID of a UID's launcher if one is alive (child or adopted): the process its PID
+   * file names, if that is still the launcher (command line, owner and start time).
+   */
   async alivePid(uid: string): Promise<number | undefined> {
+    const launcher = await this.#openLauncher(uid);
+    if (!launcher) return undefined;
+    launcher.release();
+    return launcher.pid;
+  }
+
+  /** The UID's live launcher behind a pidfd, or undefined; the caller releases it. */
+  async #openLauncher(uid: string): Promise<PidfdProcess | undefined> {
     const child = this.#children.get(uid);
-    if (child) return child.pid;
-    let pid: number;
+    if (child) return child.process.exited() ? undefined : child.process.retain();
+    let text: string;
     try {
-      pid = Number((await Deno.readTextFile(this.#pidFile(uid))).trim());
+      text = await Deno.readTextFile(this.#pidFile(uid));
     } catch {
       // No PID file: a handler killed between spawning a launcher and writing the
       // file must not start a second one after its restart. Look for it in /proc.
-      return await findLauncherByUid(uid);
+      const pid = await findLauncherByUid(uid);
+      return pid === undefined ? undefined : PidfdProcess.openLauncher(uid, { pid });
     }
-    if (!Number.isInteger(pid) || pid <= 1) return undefined;
-    try {
-      const cmdline = await Deno.readTextFile(`/proc/${pid}/cmdline`);
-      // A recycled PID is not our launcher: it must carry the UID on its command line.
-      return cmdline.includes(uid) ? pid : undefined;
-    } catch {
-      return undefined;
-    }
+    const record = parsePidFile(text);
+    return record && PidfdProcess.openLauncher(uid, record);
+  }
+
+  /** Drops the handle of the UID's child, if it is `only` (or any, unless told). */
+  #forgetChild(uid: string, only?: Child): void {
+    const child = this.#children.get(uid);
+    if (!child || (only && child !== only)) return;
+    this.#children.delete(uid);
+    child.process.release();
   }
 
   /**
    * Whether a launcher was ever started for this UID on this host: its PID file or log
-   * exists, or a process carries the UID. A handler killed between writing a ghost record
-   * and spawning leaves a record whose launcher never existed; that one may be started,
-   * while a launcher that ran and died is a failed VMI (restart policy none).
+   * exists, or a launcher process of ours carries the UID. A handler killed between
+   * writing a ghost record and spawning leaves a record whose launcher never existed;
+   * that one may be started, while a launcher that ran and died is a failed VMI (restart
+   * policy none).
    */
   async everStarted(uid: string): Promise<boolean> {
     if (this.#children.has(uid)) return true;
@@ -176,11 +325,27 @@ export class LauncherSpawner {
       stdout: "null",
       stderr: "null",
     }).spawn();
+    // Before anything awaits, so before Deno can reap it: the PID is still this child's
+    // (sh execs setsid, which execs the launcher: one process, one start time).
+    let fd: number;
+    try {
+      fd = pidfdOpen(child.pid);
+    } catch (error) {
+      child.kill("SIGKILL"); // Deno's own handle: valid until it reaps the child
+      throw error;
+    }
+    const startTime = processStartTime(child.pid);
     child.unref();
-    this.#children.set(spec.uid, child);
+    const entry: Child = { child, process: new PidfdProcess(child.pid, fd) };
+    this.#children.set(spec.uid, entry);
     this.#starting.add(spec.uid);
     this.#watchReady(spec).finally(() => this.#release(spec.uid));
-    await Deno.writeTextFile(this.#pidFile(spec.uid), `${child.pid}\n`, { mode: 0o600 });
+    // Written whole or not at all: a torn PID file would make a live launcher look dead.
+    const pidFile = this.#pidFile(spec.uid);
+    await Deno.writeTextFile(`${pidFile}.tmp`, `${child.pid} ${startTime ?? ""}`.trim() + "\n", {
+      mode: 0o600,
+    });
+    await Deno.rename(`${pidFile}.tmp`, pidFile);
     log.info("Started launcher {pid}", {
       namespace: spec.namespace,
       name: spec.name,
@@ -189,7 +354,7 @@ export class LauncherSpawner {
       logFile,
     });
     child.status.then((status) => {
-      if (this.#children.get(spec.uid) === child) this.#children.delete(spec.uid);
+      this.#forgetChild(spec.uid, entry);
       this.#release(spec.uid);
       log.info("Launcher exited with code {code}", {
         uid: spec.uid,
@@ -237,33 +402,45 @@ export class LauncherSpawner {
 
   /**
    * Stops a UID's launcher: SIGTERM (it shuts its guest down within the grace
-   * period), then SIGKILL after `timeoutMs`. Returns once it is gone.
+   * period), then SIGKILL after `timeoutMs`. Returns once it is gone. Both signals go
+   * through a pidfd of the verified launcher; a PID file naming any other process
+   * signals nothing.
    */
   async stop(uid: string, timeoutMs: number): Promise<void> {
-    const pid = await this.alivePid(uid);
-    if (pid !== undefined) {
+    const launcher = await this.#openLauncher(uid);
+    if (launcher) {
       try {
-        Deno.kill(pid, "SIGTERM");
-      } catch { /* already gone */ }
-      const deadline = Date.now() + timeoutMs;
-      while (Date.now() < deadline && (await this.alivePid(uid)) !== undefined) {
-        await sleep(50);
-      }
-      if ((await this.alivePid(uid)) !== undefined) {
-        log.warn("Launcher did not stop in time; killing it", { uid, pid });
-        try {
-          Deno.kill(pid, "SIGKILL");
-        } catch { /* gone meanwhile */ }
+        launcher.signal(SIGTERM);
+        if (!await exitedWithin(launcher, timeoutMs)) {
+          log.warn("Launcher did not stop in time; killing it", { uid, pid: launcher.pid });
+          launcher.signal(SIGKILL);
+          await exitedWithin(launcher, KILL_WAIT_MS);
+        }
+      } finally {
+        launcher.release();
       }
     }
-    this.#children.delete(uid);
+    this.#forgetChild(uid);
     await Deno.remove(this.#pidFile(uid)).catch(() => {});
   }
 
   /** Forgets children without stopping them (the handler is exiting; VMs keep running). */
   release(): void {
-    this.#children.clear();
+    for (const uid of [...this.#children.keys()]) this.#forgetChild(uid);
   }
+}
+
+/** How long `stop` waits for a SIGKILLed launcher to be gone. */
+const KILL_WAIT_MS = 5_000;
+
+/** Polls until the process exits or `timeoutMs` passes; whether it exited. */
+async function exitedWithin(process: PidfdProcess, timeoutMs: number): Promise<boolean> {
+  const deadline = Date.now() + timeoutMs;
+  while (!process.exited()) {
+    if (Date.now() >= deadline) return false;
+    await sleep(50);
+  }
+  return true;
 }
 
 async function exists(path: string): Promise<boolean> {

@@ -1,5 +1,8 @@
 import assert from "node:assert/strict";
-import { LauncherSpawner } from "../../mod/handler/launcher_spawner.ts";
+import {
+  LauncherSpawner,
+  type LauncherSpawnerOptions,
+} from "../../mod/handler/launcher_spawner.ts";
 
 Deno.test("LauncherSpawner lets only maxStarting launchers start at once and frees a slot when one is ready", async () => {
   const dir = await Deno.makeTempDir();
@@ -40,6 +43,217 @@ Deno.test("LauncherSpawner lets only maxStarting launchers start at once and fre
   } finally {
     await spawner.stop("a", 2_000);
     await spawner.stop("b", 2_000);
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+/**
+ * A process whose command line reads like the UID's launcher, `bash -c <script> virtnode
+ * launcher --uid <uid>` (or `argv` after the script); on SIGTERM it exits with its sleep.
+ */
+async function standIn(uid: string, options: { argv?: string[]; runAs?: number } = {}) {
+  const script = "trap 'kill $!; exit 0' TERM; sleep 30 & wait";
+  const argv = ["bash", "-c", script, ...options.argv ?? ["virtnode", "launcher", "--uid", uid]];
+  const [cmd, ...args] = options.runAs === undefined ? argv : [
+    "setpriv",
+    `--reuid=${options.runAs}`,
+    `--regid=${options.runAs}`,
+    "--clear-groups",
+    ...argv,
+  ];
+  const child = new Deno.Command(cmd, { args, stdin: "null", stdout: "null", stderr: "null" })
+    .spawn();
+  await untilTrapped(child.pid);
+  let exited = false;
+  child.status.then(() => exited = true);
+  return {
+    pid: child.pid,
+    child,
+    exited: () => exited,
+    async end() {
+      if (!exited) child.kill("SIGTERM"); // its trap ends its sleep too
+      await child.status;
+    },
+  };
+}
+
+/**
+ * Until the process catches or ignores SIGTERM (`SigCgt`/`SigIgn` of /proc/<pid>/status):
+ * then bash has run its `trap`, after setpriv (if any) exec'd it.
+ */
+async function untilTrapped(pid: number): Promise<void> {
+  const SIGTERM_BIT = 1n << 14n;
+  for (let i = 0; i < 500; i++) {
+    const status = await Deno.readTextFile(`/proc/${pid}/status`).catch(() => "");
+    const mask = (name: string) =>
+      BigInt(`0x${new RegExp(`^${name}:\\s*([0-9a-f]+)`, "m").exec(status)?.[1] ?? "0"}`);
+    if (((mask("SigCgt") | mask("SigIgn")) & SIGTERM_BIT) !== 0n) return;
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  throw new Error(`Cannot start stand-in launcher ${pid}: it never trapped SIGTERM`);
+}
+
+/** Field 22 of /proc/<pid>/stat, counted from after the command name's last ")". */
+function startTimeOf(pid: number): string {
+  const stat = Deno.readTextFileSync(`/proc/${pid}/stat`);
+  return stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19];
+}
+
+function spawnerIn(dir: string, options: Partial<LauncherSpawnerOptions> = {}) {
+  return new LauncherSpawner({
+    stateDir: `${dir}/state`,
+    command: () => ({ cmd: "false", args: [] }),
+    ...options,
+  });
+}
+
+async function writePidFile(dir: string, uid: string, text: string): Promise<void> {
+  await Deno.mkdir(`${dir}/state/launchers`, { recursive: true });
+  await Deno.writeTextFile(`${dir}/state/launchers/${uid}.pid`, text);
+}
+
+Deno.test("stop() signals nothing when the launcher died and its PID went to a look-alike started later", async () => {
+  const dir = await Deno.makeTempDir();
+  const uid = `u-${crypto.randomUUID()}`;
+  const first = spawnerIn(dir, { command: () => ({ cmd: "sleep", args: ["30"] }) });
+  await first.start({
+    namespace: "default",
+    name: "vm",
+    uid,
+    gracePeriodSeconds: 0,
+    socketDir: `${dir}/s`,
+  });
+  const pidFile = `${dir}/state/launchers/${uid}.pid`;
+  const recorded = await Deno.readTextFile(pidFile);
+  const dead = await first.alivePid(uid);
+  await first.stop(uid, 0);
+  // Its PID went to a process with the same command line: the PID file, as the spawner
+  // wrote it, now names that one. Only the start time tells them apart.
+  const other = await standIn(uid);
+  try {
+    await writePidFile(dir, uid, recorded.replace(String(dead), String(other.pid)));
+    const spawner = spawnerIn(dir);
+    assert.equal(await spawner.alivePid(uid), undefined, "a process started later is not it");
+    await spawner.stop(uid, 200);
+    await new Promise((r) => setTimeout(r, 200));
+    assert.equal(other.exited(), false, "stop() signalled a process that is not the launcher");
+  } finally {
+    await other.end();
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("stop() signals nothing when a one-number PID file names a process without the launcher's command line", async () => {
+  const dir = await Deno.makeTempDir();
+  const uid = `u-${crypto.randomUUID()}`;
+  // Carries the UID, but is no `launcher --uid <uid>`.
+  const other = await standIn(uid, { argv: ["virtnode", "launcher-log", uid] });
+  try {
+    await writePidFile(dir, uid, `${other.pid}\n`);
+    const spawner = spawnerIn(dir);
+    assert.equal(await spawner.alivePid(uid), undefined);
+    await spawner.stop(uid, 200);
+    await new Promise((r) => setTimeout(r, 200));
+    assert.equal(other.exited(), false, "stop() signalled a process that is not the launcher");
+  } finally {
+    await other.end();
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test({
+  name: "stop() signals nothing when the PID file names a launcher look-alike of another user",
+  ignore: Deno.uid() !== 0, // only root starts a process as another user
+  async fn() {
+    const dir = await Deno.makeTempDir();
+    const uid = `u-${crypto.randomUUID()}`;
+    const other = await standIn(uid, { runAs: 65534 });
+    try {
+      // No start time to compare (as handlers before it wrote): the owner must decide.
+      await writePidFile(dir, uid, `${other.pid}\n`);
+      const spawner = spawnerIn(dir);
+      assert.equal(await spawner.alivePid(uid), undefined, "not run by the handler's user");
+      await spawner.stop(uid, 200);
+      await new Promise((r) => setTimeout(r, 200));
+      assert.equal(other.exited(), false, "stop() signalled another user's process");
+    } finally {
+      await other.end();
+      await Deno.remove(dir, { recursive: true });
+    }
+  },
+});
+
+Deno.test("A restarted handler finds a launcher by its PID file (with or without start time) and stop() ends it", async () => {
+  const dir = await Deno.makeTempDir();
+  const uid = `u-${crypto.randomUUID()}`;
+  const launcher = await standIn(uid);
+  try {
+    const spawner = spawnerIn(dir);
+    await writePidFile(dir, uid, `${launcher.pid}\n`); // as handlers before start times wrote
+    assert.equal(await spawner.alivePid(uid), launcher.pid);
+    await writePidFile(dir, uid, `${launcher.pid} ${startTimeOf(launcher.pid)}\n`);
+    assert.equal(await spawner.alivePid(uid), launcher.pid);
+    assert.equal(await spawner.everStarted(uid), true);
+    await spawner.stop(uid, 5_000);
+    assert.equal(launcher.exited(), true, "stop() returns once the launcher is gone");
+    assert.equal((await launcher.child.status).code, 0, "it stopped on SIGTERM (its trap)");
+    assert.equal(await spawner.alivePid(uid), undefined);
+  } finally {
+    await launcher.end();
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test('stop() SIGKILLs a launcher that ignores SIGTERM, spawned by an earlier handler whose command name holds ") "', async () => {
+  const dir = await Deno.makeTempDir();
+  const uid = `u-${crypto.randomUUID()}`;
+  // The command name (field 2 of /proc/<pid>/stat) becomes "vn) 1 2 3" after exec: the
+  // start time recorded at spawn time (name "sh") must still match.
+  const bash = `${dir}/vn) 1 2 3`;
+  await Deno.copyFile("/bin/bash", bash);
+  await Deno.chmod(bash, 0o755);
+  const exits: [string, number, string | null][] = [];
+  const first = spawnerIn(dir, {
+    command: () => ({
+      cmd: bash,
+      args: [
+        "-c",
+        "trap '' TERM; while :; do sleep 0.1; done",
+        "virtnode",
+        "launcher",
+        "--uid",
+        uid,
+      ],
+    }),
+    onExit: (u, code, signal) => exits.push([u, code, signal]),
+  });
+  const spec = {
+    namespace: "default",
+    name: "vm",
+    uid,
+    gracePeriodSeconds: 0,
+    socketDir: `${dir}/s`,
+  };
+  try {
+    await first.start(spec);
+    const pid = await first.alivePid(uid);
+    assert.ok(pid !== undefined);
+    const pidFile = (await Deno.readTextFile(`${dir}/state/launchers/${uid}.pid`)).trim();
+    assert.match(pidFile, /^\d+ \d+$/, "the PID file records the start time");
+    await untilTrapped(pid);
+    const restarted = spawnerIn(dir);
+    assert.equal(await restarted.alivePid(uid), pid, "found again after the handler's restart");
+    const t = performance.now();
+    await restarted.stop(uid, 300);
+    assert.ok(performance.now() - t >= 300, "SIGTERM was given its time");
+    assert.equal(await restarted.alivePid(uid), undefined);
+    for (let i = 0; exits.length === 0; i++) {
+      assert.ok(i < 100, "the first handler never saw its launcher exit");
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    assert.deepEqual(exits, [[uid, 137, "SIGKILL"]]);
+  } finally {
+    await first.stop(uid, 0);
     await Deno.remove(dir, { recursive: true });
   }
 });
