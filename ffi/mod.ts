@@ -10,3 +10,4 @@ export * from "./libvirt.ts";
 export * from "./libvirt_constants.ts";
 export * from "./libc.ts";
 export { mountNamespaceChild } from "./_mntns_child.ts";
+export * from "./beneath.ts";

@@ -575,5 +575,6 @@ export class VmiController {
     for (const [k, d] of this.#domains) if (domainUid(d) === uid) this.#domains.delete(k);
     if (!this.#d.informer.get(key)) this.#d.expectations.delete(key);
     this.#d.launchers.remove(uid);
+    await this.#d.launchers.forgetMark(uid);
   }
 }

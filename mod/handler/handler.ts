@@ -122,11 +122,7 @@ export class Handler implements Runnable {
       },
     });
     this.#recorder = new EventRecorder(client, { host: config.nodeName });
-    // The controller is built after the pool and the provider; their callbacks run later.
-    this.#launchers = new LauncherClients({
-      onUnresponsive: (uid) => this.controller.launcherGone(uid),
-    });
-    const launchers = this.#launchers;
+    // The controller is built after the provider and the pool; their callbacks run later.
     this.#provider = options.launcherCommand
       ? new PodlessLaunchers({
         ghosts,
@@ -142,14 +138,19 @@ export class Handler implements Runnable {
           diskRoot: join(config.stateDir, "disks"),
         },
         wake: (key) => this.controller.wake(key),
-        exited: (uid, why) => void launchers.markUnresponsive(uid, why),
+        exited: (uid, why) => void this.#launchers.markUnresponsive(uid, why),
       })
       : new PodLaunchers({
         nodeName: config.nodeName,
         ghosts,
         podsDir: options.podsDir ?? "/var/lib/kubelet/pods",
-        linkDir: join(config.runDir, "pod-sockets"),
       });
+    this.#launchers = new LauncherClients({
+      onUnresponsive: (uid) => this.controller.launcherGone(uid),
+      markerDir: join(config.stateDir, "unresponsive"),
+      dialResolver: this.#provider.dialResolver,
+    });
+    const launchers = this.#launchers;
     this.controller = new VmiController({
       nodeName: config.nodeName,
       provider: this.#provider,

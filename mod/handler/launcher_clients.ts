@@ -3,16 +3,21 @@
  * timeouts on every call and KubeVirt's unresponsive detection.
  *
  * A monitor dials every known launcher about every 11 s; a launcher that has not
- * answered for more than 30 s is marked with the `launcher-unresponsive` file
- * beside its socket, and from then on its domain is treated as gone. A missing
- * socket file, or (pod-less mode) a launcher process that exited, counts as
- * unresponsive at once.
+ * answered for more than 30 s is marked unresponsive, and from then on its domain is
+ * treated as gone. A missing socket file, or (pod-less mode) a launcher process that
+ * exited, counts as unresponsive at once. The mark is a file named after the VMI's UID
+ * in a directory of the handler's own state (KubeVirt keeps it beside the launcher's
+ * socket; a directory a launcher pod controls is no place for a privileged write), so
+ * the verdict survives a handler restart.
+ *
+ * Sockets are connected to through a {@linkcode DialTarget} the launcher provider gives:
+ * for a launcher pod, an `O_PATH` descriptor opened beneath the pod's directory without
+ * following symlinks, so the handler never dials a path a pod pointed elsewhere.
  *
  * @module
  */
-import { dirname, join } from "node:path";
+import { join } from "node:path";
 import type { VirtualMachineInstance } from "../api/mod.ts";
-import { SocketNames } from "../api/mod.ts";
 import { decodeDomainJson, type Domain, type LauncherState } from "../domain/mod.ts";
 import {
   type CmdClient,
@@ -58,31 +63,91 @@ function encodeVmi(vmi: VirtualMachineInstance): VMIRequest {
   return { vmi: { vmiJson: new TextEncoder().encode(JSON.stringify(vmi)) } };
 }
 
+/** The path to connect to for a launcher's socket, held open for as long as it is used. */
+export interface DialTarget {
+  /** What `connect(2)` is given. */
+  readonly path: string;
+  /** Lets go of what {@linkcode DialTarget.path} needs (a descriptor). */
+  release(): void;
+}
+
+/** Resolves a launcher's socket file to what is dialled; throws when it must not be. */
+export type DialResolver = (socketFile: string) => DialTarget;
+
+/** Dials the socket file's own path (sockets in directories the handler owns). */
+export function dialDirectly(socketFile: string): DialTarget {
+  return { path: socketFile, release() {} };
+}
+
 /** Promise-based cmd client of one launcher. */
 export class LauncherClient {
   /** The launcher's cmd socket. */
   readonly socketFile: string;
-  readonly #client: CmdClient;
+  readonly #resolve: DialResolver;
+  #target: DialTarget | undefined;
+  #client: CmdClient | undefined;
 
-  /** A client of the launcher at `socketFile`; it connects on the first call. */
-  constructor(socketFile: string) {
+  /**
+   * A client of the launcher at `socketFile`, reached through `resolve`; nothing is
+   * resolved or connected before the first call.
+   */
+  constructor(socketFile: string, resolve: DialResolver = dialDirectly) {
     this.socketFile = socketFile;
-    // An idle channel closes after 10 s: a handler with hundreds of VMIs holds no HTTP/2
-    // session for launchers it is not talking to.
-    this.#client = newCmdClient(socketFile, { "grpc.client_idle_timeout_ms": 10_000 });
+    this.#resolve = resolve;
+  }
+
+  /** What is dialled now, resolved on first use (and again after the launcher went away). */
+  target(): DialTarget {
+    this.#target ??= this.#resolve(this.socketFile);
+    return this.#target;
+  }
+
+  #cmd(method: string): CmdClient {
+    if (!this.#client) {
+      let target: DialTarget;
+      try {
+        target = this.target();
+      } catch (error) {
+        throw new LauncherCallError(method, (error as Error).message, {
+          cause: error,
+          unreachable: true,
+        });
+      }
+      // An idle channel closes after 10 s: a handler with hundreds of VMIs holds no HTTP/2
+      // session for launchers it is not talking to.
+      this.#client = newCmdClient(target.path, { "grpc.client_idle_timeout_ms": 10_000 });
+    }
+    return this.#client;
+  }
+
+  /** Forgets the connection and the resolved target: the next call resolves anew. */
+  #reset(): void {
+    this.#client?.close();
+    this.#client = undefined;
+    this.#target?.release();
+    this.#target = undefined;
   }
 
   #call<Req, Res>(method: string, request: Req, timeoutMs: number): Promise<Res> {
-    const fn = this.#client[method] as UnaryMethod<Req, Res>;
+    let client: CmdClient;
+    try {
+      client = this.#cmd(method);
+    } catch (error) {
+      return Promise.reject(error);
+    }
+    const fn = client[method] as UnaryMethod<Req, Res>;
     return new Promise<Res>((resolve, reject) => {
       fn.call(
-        this.#client,
+        client,
         request,
         { deadline: Date.now() + timeoutMs },
         (error: ServiceError | null, response?: Res) => {
           if (error) {
             // 14 UNAVAILABLE, 4 DEADLINE_EXCEEDED: nobody answered.
             const unreachable = error.code === 14 || error.code === 4;
+            // A socket that went (the launcher restarted it, or the pod went) is resolved
+            // again next time rather than dialled through a stale descriptor.
+            if (error.code === 14) this.#reset();
             reject(
               new LauncherCallError(method, error.details || error.message, {
                 cause: error,
@@ -137,9 +202,19 @@ export class LauncherClient {
     const res = await this.#call<Record<string, never>, Response>("Ping", {}, timeoutMs);
     if (!res.success) throw new LauncherCallError("Ping", res.message);
   }
-  /** Closes the connection. */
+  /** Connects to the socket and closes again (the monitor's liveness check). */
+  async dial(timeoutMs: number): Promise<void> {
+    try {
+      await dial(this.target().path, timeoutMs);
+    } catch (error) {
+      this.#reset();
+      throw error;
+    }
+  }
+
+  /** Closes the connection and lets go of the target. */
   close(): void {
-    this.#client.close();
+    this.#reset();
   }
 }
 
@@ -161,6 +236,10 @@ export interface LauncherClientsOptions {
   unresponsiveAfterMs?: number;
   /** A launcher whose socket never appears is given up after this long (3 min). */
   notReadyTimeoutMs?: number;
+  /** Where unresponsive marks are kept (one file per UID); kept in memory only when unset. */
+  markerDir?: string;
+  /** How sockets are dialled; {@linkcode dialDirectly} unless told. */
+  dialResolver?: DialResolver;
   /** Called when a launcher becomes unresponsive (the controller requeues its VMI). */
   onUnresponsive?: (uid: string) => void;
   /** Clock; injectable for tests. */
@@ -199,7 +278,9 @@ async function exists(path: string): Promise<boolean> {
 /** The pool of launcher clients, keyed by VMI UID. */
 export class LauncherClients {
   readonly #entries = new Map<string, Entry>();
-  readonly #opts: Required<Omit<LauncherClientsOptions, "onUnresponsive">> & LauncherClientsOptions;
+  readonly #opts:
+    & Required<Omit<LauncherClientsOptions, "onUnresponsive" | "markerDir" | "dialResolver">>
+    & LauncherClientsOptions;
   /** For logs. */
   readonly name = "launcher-monitor";
 
@@ -224,7 +305,7 @@ export class LauncherClients {
     if (!entry) {
       const now = this.#opts.now();
       entry = {
-        client: new LauncherClient(socketFile),
+        client: new LauncherClient(socketFile, this.#opts.dialResolver),
         lastAnswerMs: now,
         unresponsive: false,
         createdMs: now,
@@ -254,7 +335,8 @@ export class LauncherClients {
     if (!entry) return "notReady";
     if (entry.unresponsive) return "unresponsive";
     const socket = entry.client.socketFile;
-    if (await exists(join(dirname(socket), SocketNames.LauncherUnresponsive))) {
+    const marker = this.#marker(uid);
+    if (marker && await exists(marker)) {
       entry.unresponsive = true;
       return "unresponsive";
     }
@@ -273,16 +355,29 @@ export class LauncherClients {
     return (await this.state(uid)) === "responsive";
   }
 
+  /** The mark file of a UID (UIDs are checked before they get here), if marks persist. */
+  #marker(uid: string): string | undefined {
+    if (!this.#opts.markerDir || !/^[0-9A-Za-z][0-9A-Za-z._-]*$/.test(uid)) return undefined;
+    return join(this.#opts.markerDir, uid);
+  }
+
   /**
-   * Marks a launcher unresponsive now: writes the marker file beside its socket
-   * (so the verdict survives a handler restart) and tells the controller.
+   * Marks a launcher unresponsive now: writes its mark in the handler's state (so the
+   * verdict survives a handler restart) and tells the controller.
    */
   async markUnresponsive(uid: string, why: string): Promise<void> {
     const entry = this.#entries.get(uid);
     if (!entry || entry.unresponsive) return;
     entry.unresponsive = true;
-    const marker = join(dirname(entry.client.socketFile), SocketNames.LauncherUnresponsive);
-    await Deno.writeTextFile(marker, why, { mode: 0o600 }).catch(() => {});
+    const marker = this.#marker(uid);
+    if (marker) {
+      try {
+        await Deno.mkdir(this.#opts.markerDir!, { recursive: true, mode: 0o700 });
+        await Deno.writeTextFile(marker, why, { mode: 0o600 });
+      } catch (error) {
+        log.warn("Cannot keep the unresponsive mark: {error}", { uid, error });
+      }
+    }
     log.warn("Launcher unresponsive: {why}", { uid, why });
     this.#opts.onUnresponsive?.(uid);
   }
@@ -293,6 +388,12 @@ export class LauncherClients {
     if (!entry) return;
     entry.client.close();
     this.#entries.delete(uid);
+  }
+
+  /** Forgets a UID's unresponsive mark (its VMI is cleaned up). */
+  async forgetMark(uid: string): Promise<void> {
+    const marker = this.#marker(uid);
+    if (marker) await Deno.remove(marker).catch(() => {});
   }
 
   /** One monitor round: ping every launcher whose socket exists. */
@@ -308,7 +409,7 @@ export class LauncherClients {
         return;
       }
       try {
-        await dial(entry.client.socketFile, LAUNCHER_TIMEOUTS.ping);
+        await entry.client.dial(LAUNCHER_TIMEOUTS.ping);
         entry.lastAnswerMs = this.#opts.now();
       } catch (error) {
         const silentMs = this.#opts.now() - entry.lastAnswerMs;

@@ -17,6 +17,7 @@
 import type { VirtualMachineInstance } from "../api/mod.ts";
 import type { Runnable } from "../lifecycle/mod.ts";
 import type { GhostRecordStore } from "./ghost_records.ts";
+import type { DialResolver } from "./launcher_clients.ts";
 
 /** What {@linkcode LauncherProvider.start} found. */
 export type LauncherStart =
@@ -36,6 +37,8 @@ export interface LauncherProvider extends Runnable {
   readonly standsInForController: boolean;
   /** How soon to look at a VMI again whose launcher socket has not appeared, ms. */
   readonly notReadyRequeueMs: number;
+  /** How the handler reaches a launcher's socket file (safely, where others control it). */
+  readonly dialResolver: DialResolver;
   /** The cmd socket of the VMI's launcher if one is known; starts nothing. */
   socketOf(vmi: VirtualMachineInstance): Promise<string | undefined>;
   /** Makes sure the VMI has a launcher (pod-less: starts one) and records its ghost record. */

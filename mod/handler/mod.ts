@@ -58,6 +58,9 @@ export {
   type LauncherSpec,
 } from "./launcher_spawner.ts";
 export {
+  dialDirectly,
+  type DialResolver,
+  type DialTarget,
   LAUNCHER_TIMEOUTS,
   LauncherCallError,
   LauncherClient,

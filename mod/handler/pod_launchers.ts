@@ -4,15 +4,19 @@
  * pod's cmd socket below the kubelet's pods directory, for the pods `status.activePods`
  * names on this node, and records it in the VMI's ghost record before the first call.
  *
- * The kubelet's pod volume paths are longer than a unix socket address allows (108
- * bytes); such a socket is reached through a short link in a handler-owned directory.
+ * The pod controls what is in its volume. The socket is therefore opened beneath the
+ * pod's directory without following any symlink and dialled through that descriptor
+ * (`/proc/self/fd/<fd>`), which also keeps the address short: the kubelet's volume
+ * paths are longer than a unix socket address allows (108 bytes).
  *
  * @module
  */
 import { join } from "node:path";
 import { launcherSocketDirOnHost, SocketNames, type VirtualMachineInstance } from "../api/mod.ts";
 import { aborted } from "../lifecycle/mod.ts";
+import { openSocketBeneath } from "../../ffi/mod.ts";
 import type { GhostRecordStore } from "./ghost_records.ts";
+import type { DialResolver } from "./launcher_clients.ts";
 import {
   type LauncherProvider,
   launchersOfGhostRecords,
@@ -25,8 +29,8 @@ import {
  */
 export const POD_SOCKET_POLL_MS = 250;
 
-/** Longest unix socket path dialled directly (sun_path is 108 bytes with its NUL). */
-const MAX_SOCKET_PATH = 100;
+/** A pod UID as the kubelet names its directory. */
+const POD_UID = /^[0-9a-zA-Z-]+$/;
 
 /** Options of {@linkcode PodLaunchers}. */
 export interface PodLaunchersOptions {
@@ -36,8 +40,6 @@ export interface PodLaunchersOptions {
   ghosts: GhostRecordStore;
   /** The kubelet's pods directory (`/var/lib/kubelet/pods`). */
   podsDir: string;
-  /** A short, handler-owned directory for links to long socket directories. */
-  linkDir: string;
 }
 
 /** Launchers as the pods virt-controller creates. */
@@ -56,37 +58,37 @@ export class PodLaunchers implements LauncherProvider {
   }
 
   /** The ghost record's socket, else the socket of an active pod of the VMI on this node. */
-  async socketOf(vmi: VirtualMachineInstance): Promise<string | undefined> {
+  socketOf(vmi: VirtualMachineInstance): Promise<string | undefined> {
     const ghost = this.#o.ghosts.get(vmi.metadata.uid!);
-    if (ghost) return ghost.socketFile;
+    if (ghost) return Promise.resolve(ghost.socketFile);
     for (const [podUid, node] of Object.entries(vmi.status?.activePods ?? {})) {
-      if (node !== this.#o.nodeName || !/^[0-9a-zA-Z-]+$/.test(podUid)) continue;
-      const dir = launcherSocketDirOnHost(podUid, this.#o.podsDir);
-      const socket = join(dir, SocketNames.Launcher);
+      if (node !== this.#o.nodeName || !POD_UID.test(podUid)) continue;
+      const socket = join(launcherSocketDirOnHost(podUid, this.#o.podsDir), SocketNames.Launcher);
       try {
-        await Deno.lstat(socket);
+        // Only a real socket reached without a symlink counts as the launcher's.
+        this.dialResolver(socket).release();
       } catch {
-        continue; // not this pod's, or not ready yet
+        continue; // not there yet, or not something the handler may dial
       }
-      if (socket.length <= MAX_SOCKET_PATH) return socket;
-      return join(await this.#shortLink(podUid, dir), SocketNames.Launcher);
+      return Promise.resolve(socket);
     }
-    return undefined;
+    return Promise.resolve(undefined);
   }
 
-  async #shortLink(podUid: string, dir: string): Promise<string> {
-    const link = join(this.#o.linkDir, podUid);
-    await Deno.mkdir(this.#o.linkDir, { recursive: true, mode: 0o700 });
-    try {
-      if ((await Deno.readLink(link)) !== dir) {
-        await Deno.remove(link);
-        await Deno.symlink(dir, link);
-      }
-    } catch {
-      await Deno.symlink(dir, link);
+  /**
+   * Opens a launcher pod's socket beneath the pod's directory, following no symlink: a
+   * pod that replaced its socket or a directory on the way with a link gets no connection.
+   */
+  readonly dialResolver: DialResolver = (socketFile) => {
+    const prefix = `${this.#o.podsDir}/`;
+    const rest = socketFile.startsWith(prefix) ? socketFile.slice(prefix.length) : "";
+    const slash = rest.indexOf("/");
+    const podUid = rest.slice(0, Math.max(0, slash));
+    if (slash < 0 || !POD_UID.test(podUid)) {
+      throw new Error(`Cannot dial "${socketFile}": not a socket below the kubelet's pods`);
     }
-    return link;
-  }
+    return openSocketBeneath(`${prefix}${podUid}`, rest.slice(slash + 1));
+  };
 
   /** Finds the pod's socket and records it; starts nothing (the pod is virt-controller's). */
   async start(vmi: VirtualMachineInstance): Promise<LauncherStart> {

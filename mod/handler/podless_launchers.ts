@@ -25,6 +25,7 @@ import {
   type LauncherStart,
 } from "./launcher_provider.ts";
 import { LauncherSpawner } from "./launcher_spawner.ts";
+import { dialDirectly, type DialResolver } from "./launcher_clients.ts";
 import { SocketNames } from "../api/mod.ts";
 import { gracePeriodSeconds } from "./_vmi.ts";
 
@@ -74,6 +75,8 @@ export class PodlessLaunchers implements LauncherProvider {
   readonly standsInForController = true;
   /** See {@linkcode PODLESS_NOT_READY_REQUEUE_MS}. */
   readonly notReadyRequeueMs: number = PODLESS_NOT_READY_REQUEUE_MS;
+  /** Sockets live in directories the handler made (0700) for launchers it started. */
+  readonly dialResolver: DialResolver = dialDirectly;
   readonly #o: PodlessLaunchersOptions;
   readonly #spawner: LauncherSpawner;
   /** Keys waiting for a launcher start slot. */

@@ -25,6 +25,13 @@ function suffix(): string {
   return crypto.randomUUID().slice(0, 8);
 }
 
+async function run(cmd: string, args: string[]): Promise<void> {
+  const out = await new Deno.Command(cmd, { args, stdout: "null", stderr: "piped" }).output();
+  if (!out.success) {
+    throw new Error(`${cmd} ${args.join(" ")}: ${new TextDecoder().decode(out.stderr).trim()}`);
+  }
+}
+
 Deno.test("handler (KubeVirt mode) finds a launcher pod's socket from status.activePods and runs its VMI", async () => {
   const cluster = await useCluster();
   const client = await kubeClient(cluster.kubeconfigPath);
@@ -39,6 +46,7 @@ Deno.test("handler (KubeVirt mode) finds a launcher pod's socket from status.act
   });
   let launcher: Deno.ChildProcess | undefined;
   let socketDir: string | undefined;
+  let mounted: string | undefined;
   let ok = false;
   try {
     const name = `vm-${suffix()}`;
@@ -56,8 +64,11 @@ Deno.test("handler (KubeVirt mode) finds a launcher pod's socket from status.act
     const podUid = crypto.randomUUID();
     socketDir = await Deno.makeTempDir({ prefix: "vnpod-" });
     const volumeDir = `${podsDir}/${podUid}/volumes/kubernetes.io~empty-dir`;
-    await Deno.mkdir(volumeDir, { recursive: true });
-    await Deno.symlink(socketDir, `${volumeDir}/sockets`);
+    // As the kubelet does: the volume is a bind mount of the pod's directory, not a
+    // symlink (the handler refuses to reach a socket through one).
+    mounted = `${volumeDir}/sockets`;
+    await Deno.mkdir(mounted, { recursive: true });
+    await run("mount", ["--bind", socketDir, mounted]);
     assert.ok(`${volumeDir}/sockets/launcher-sock`.length > 108);
     launcher = new Deno.Command(Deno.execPath(), {
       args: [
@@ -112,7 +123,7 @@ Deno.test("handler (KubeVirt mode) finds a launcher pod's socket from status.act
       "Ready belongs to virt-controller in KubeVirt mode",
     );
     const ghost = JSON.parse(await Deno.readTextFile(`${h.stateDir}/ghost-records/${uid}`));
-    assert.equal(ghost.socketFile, `${h.runDir}/pod-sockets/${podUid}/launcher-sock`);
+    assert.equal(ghost.socketFile, `${mounted}/launcher-sock`);
     await deleteVmi(client, "default", name);
     await waitFor("the ghost record to be removed after the domain is gone", async () => {
       try {
@@ -132,6 +143,7 @@ Deno.test("handler (KubeVirt mode) finds a launcher pod's socket from status.act
     } catch { /* gone */ }
     await h.kill("SIGTERM");
     client.close();
+    if (mounted) await run("umount", [mounted]).catch(() => {});
     await Deno.remove(dir, { recursive: true }).catch(() => {});
     if (socketDir) await Deno.remove(socketDir, { recursive: true }).catch(() => {});
     await Deno.remove(h.dir, { recursive: true }).catch(() => {});

@@ -7,6 +7,7 @@ import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
 import { LifeCycle, newDomain, StateChangeReason } from "../../mod/domain/mod.ts";
 import {
   type ControllerDeps,
+  dialDirectly,
   type GhostRecord,
   type LauncherProvider,
   VmiController,
@@ -52,6 +53,7 @@ function stubs(): Stubs {
     name: "stub",
     standsInForController: true,
     notReadyRequeueMs: 1_000,
+    dialResolver: dialDirectly,
     socketOf: () => Promise.resolve(undefined),
     start: () => Promise.resolve({ waiting: "stub" }),
     stop: () => {
@@ -100,6 +102,7 @@ function stubs(): Stubs {
       state: () => Promise.resolve("notReady"),
       isReady: () => Promise.resolve(false),
       remove: () => calls.push("launchers.remove"),
+      forgetMark: () => Promise.resolve(),
     },
   } as unknown as ControllerDeps;
   return { controller: new VmiController(deps), expectations, queue, handlers, calls, cache };

@@ -6,7 +6,12 @@ Deno.test("LauncherClients marks a launcher unresponsive only after 30 s without
   const socket = `${dir}/launcher-sock`;
   let now = 1_000_000;
   const gone: string[] = [];
-  const pool = new LauncherClients({ now: () => now, onUnresponsive: (uid) => gone.push(uid) });
+  const markerDir = `${dir}/state/unresponsive`;
+  const pool = new LauncherClients({
+    now: () => now,
+    onUnresponsive: (uid) => gone.push(uid),
+    markerDir,
+  });
   let listener: Deno.Listener | undefined = Deno.listen({ transport: "unix", path: socket });
   try {
     pool.getOrCreate("u1", socket);
@@ -32,15 +37,38 @@ Deno.test("LauncherClients marks a launcher unresponsive only after 30 s without
     await pool.monitorOnce();
     assert.deepEqual(gone, ["u1"]);
     assert.equal(await pool.state("u1"), "unresponsive");
-    assert.match(await Deno.readTextFile(`${dir}/launcher-unresponsive`), /no answer for 33 s/);
+    assert.match(await Deno.readTextFile(`${markerDir}/u1`), /no answer for 33 s/);
 
     // The marker survives a handler restart: a fresh pool reads it.
-    const fresh = new LauncherClients();
+    const fresh = new LauncherClients({ markerDir });
     fresh.getOrCreate("u1", socket);
     assert.equal(await fresh.state("u1"), "unresponsive");
     fresh.close();
   } finally {
     listener?.close();
+    pool.close();
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("LauncherClients never writes into the launcher's directory: a planted symlink redirects nothing", async () => {
+  const dir = await Deno.makeTempDir();
+  const socketDir = `${dir}/pod-sockets`;
+  await Deno.mkdir(socketDir);
+  const victim = `${dir}/host-file`;
+  await Deno.writeTextFile(victim, "precious\n");
+  // What KubeVirt names the mark beside the socket, pointed by a hostile pod at a host file.
+  await Deno.symlink(victim, `${socketDir}/launcher-unresponsive`);
+  const pool = new LauncherClients({ markerDir: `${dir}/state/unresponsive` });
+  try {
+    pool.getOrCreate("u2", `${socketDir}/launcher-sock`);
+    await pool.markUnresponsive("u2", "launcher exited (code 1, signal null)");
+    assert.equal(await Deno.readTextFile(victim), "precious\n");
+    assert.equal(await pool.state("u2"), "unresponsive");
+    assert.match(await Deno.readTextFile(`${dir}/state/unresponsive/u2`), /launcher exited/);
+    await pool.forgetMark("u2");
+    await assert.rejects(Deno.lstat(`${dir}/state/unresponsive/u2`));
+  } finally {
     pool.close();
     await Deno.remove(dir, { recursive: true });
   }

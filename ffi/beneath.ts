@@ -1,0 +1,67 @@
+/**
+ * Reaching a unix socket that lives in a directory someone else controls (a launcher
+ * pod's volume) without ever following a symlink out of it: the socket file is opened
+ * with `O_PATH` beneath its root by `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`, checked
+ * to be a socket, and connected to through `/proc/self/fd/<fd>`, which names exactly that
+ * inode however the directory changes afterwards.
+ *
+ * @module
+ */
+import { close, O_PATH, openBeneath, openRoot } from "./libc.ts";
+
+/** A socket opened beneath its root; connect to {@linkcode BeneathSocket.path}. */
+export interface BeneathSocket {
+  /** `/proc/self/fd/<fd>`: connects to the socket that was opened, nothing else. */
+  readonly path: string;
+  /** Closes the descriptor; {@linkcode BeneathSocket.path} is useless afterwards. */
+  release(): void;
+}
+
+/** A path beneath a root that is not a socket, or not reachable without a symlink. */
+export class NotASocketError extends Error {
+  /** Creates `Cannot use "<path>" beneath "<root>" as a socket: <detail>`. */
+  constructor(root: string, path: string, detail: string, options?: ErrorOptions) {
+    super(`Cannot use "${path}" beneath "${root}" as a socket: ${detail}`, options);
+    this.name = "NotASocketError";
+  }
+}
+
+/**
+ * Opens the socket at `path` (relative) beneath the directory `root`, refusing any
+ * symlink on the way (the last component included) and any `..` out of `root`.
+ * Throws {@linkcode NotASocketError}.
+ */
+export function openSocketBeneath(root: string, path: string): BeneathSocket {
+  let rootFd: number;
+  try {
+    rootFd = openRoot(root);
+  } catch (error) {
+    throw new NotASocketError(root, path, (error as Error).message, { cause: error });
+  }
+  let fd: number;
+  try {
+    fd = openBeneath(rootFd, path, { flags: O_PATH });
+  } catch (error) {
+    throw new NotASocketError(root, path, (error as Error).message, { cause: error });
+  } finally {
+    close(rootFd);
+  }
+  const magic = `/proc/self/fd/${fd}`;
+  let isSocket = false;
+  try {
+    isSocket = Deno.statSync(magic).isSocket === true;
+  } catch { /* treated as not a socket */ }
+  if (!isSocket) {
+    close(fd);
+    throw new NotASocketError(root, path, "not a socket");
+  }
+  let open = true;
+  return {
+    path: magic,
+    release() {
+      if (!open) return;
+      open = false;
+      close(fd);
+    },
+  };
+}
