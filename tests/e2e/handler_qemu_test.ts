@@ -118,7 +118,7 @@ Deno.test("handler+QEMU: a guest whose QEMU is killed makes its VMI Failed and i
     }, 60_000);
     // As KubeVirt's functional tests assert: a VMI in a final phase is not synced again,
     // so its dead launcher is never called and no SyncFailed follows the crash.
-    await waitFor("the VMI's local state to be cleaned up", async () => {
+    await waitFor("the VMI's local state to be cleaned up", () => {
       try {
         return [...Deno.readDirSync(`${stateDir}/ghost-records`)]
           .filter((e) => e.name === vmi.metadata.uid).length === 0;
