@@ -302,9 +302,74 @@ export function launcherPids(stateDir: string): number[] {
   return pids;
 }
 
-/** SIGKILLs every live launcher of a state directory (test cleanup); returns how many. */
+/** Every running `virtnode launcher` process on this host, by the `--uid` it carries. */
+export function launchersByUid(): Map<string, number[]> {
+  const byUid = new Map<string, number[]>();
+  for (const e of Deno.readDirSync("/proc")) {
+    if (!/^\d+$/.test(e.name)) continue;
+    let args: string[];
+    try {
+      args = Deno.readTextFileSync(`/proc/${e.name}/cmdline`).split("\0");
+    } catch {
+      continue; // exited meanwhile
+    }
+    const i = args.indexOf("--uid");
+    if (i < 0 || !args.includes("launcher")) continue;
+    const uid = args[i + 1];
+    byUid.set(uid, [...(byUid.get(uid) ?? []), Number(e.name)]);
+  }
+  return byUid;
+}
+
+/**
+ * The PIDs of the running launcher processes of one VMI UID: a second launcher for the
+ * same VMI shows here even when it overwrote the first one's PID file.
+ */
+export function launcherProcesses(uid: string): number[] {
+  return launchersByUid().get(uid) ?? [];
+}
+
+/**
+ * How many times a handler log (JSON lines, every handler that used the file) says
+ * "Started launcher", per VMI UID.
+ */
+export async function launcherStarts(logFile: string): Promise<Map<string, number>> {
+  const starts = new Map<string, number>();
+  for (const line of (await Deno.readTextFile(logFile)).split("\n")) {
+    if (!line.includes("Started launcher")) continue;
+    let entry: { msg?: string; uid?: string };
+    try {
+      entry = JSON.parse(line);
+    } catch {
+      continue; // a line cut by a SIGKILL
+    }
+    if (entry.msg?.startsWith("Started launcher") && entry.uid) {
+      starts.set(entry.uid, (starts.get(entry.uid) ?? 0) + 1);
+    }
+  }
+  return starts;
+}
+
+/**
+ * SIGKILLs every live launcher of a handler's state directory (test cleanup); returns
+ * how many. Besides the PIDs of `<stateDir>/launchers/*.pid` it kills every launcher
+ * process whose command line names the handler's directory, so a launcher whose PID file
+ * was overwritten or never written does not outlive the test.
+ */
 export function killLaunchers(stateDir: string): number {
-  const pids = launcherPids(stateDir);
+  const dir = stateDir.replace(/\/state\/?$/, "");
+  const pids = new Set(launcherPids(stateDir));
+  for (const e of Deno.readDirSync("/proc")) {
+    if (!/^\d+$/.test(e.name)) continue;
+    try {
+      const args = Deno.readTextFileSync(`/proc/${e.name}/cmdline`).split("\0");
+      if (args.includes("launcher") && args.some((a) => a.startsWith(`${dir}/`))) {
+        pids.add(Number(e.name));
+      }
+    } catch {
+      // Exited meanwhile.
+    }
+  }
   for (const pid of pids) {
     try {
       // A recycled PID is not ours: a launcher carries "launcher" on its command line.
@@ -314,5 +379,5 @@ export function killLaunchers(stateDir: string): number {
       // Gone meanwhile.
     }
   }
-  return pids.length;
+  return pids.size;
 }

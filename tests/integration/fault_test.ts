@@ -13,6 +13,8 @@ import {
   getVmi,
   type HandlerProcess,
   kubeClient,
+  launchersByUid,
+  launcherStarts,
   startHandlerProcess,
   testVmi,
   waitFor,
@@ -35,25 +37,6 @@ function suffix(): string {
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
-/** PIDs of live `virtnode launcher` processes per `--uid`, read from `/proc/<pid>/cmdline`. */
-function launcherProcesses(): Map<string, number[]> {
-  const byUid = new Map<string, number[]>();
-  for (const e of Deno.readDirSync("/proc")) {
-    if (!/^\d+$/.test(e.name)) continue;
-    let args: string[];
-    try {
-      args = Deno.readTextFileSync(`/proc/${e.name}/cmdline`).split("\0");
-    } catch {
-      continue;
-    }
-    const i = args.indexOf("--uid");
-    if (i < 0 || !args.includes("launcher")) continue;
-    const uid = args[i + 1];
-    byUid.set(uid, [...(byUid.get(uid) ?? []), Number(e.name)]);
-  }
-  return byUid;
-}
-
 async function pidFile(h: HandlerProcess, uid: string): Promise<number | undefined> {
   try {
     return Number((await Deno.readTextFile(`${h.stateDir}/launchers/${uid}.pid`)).trim());
@@ -66,7 +49,7 @@ async function pidFile(h: HandlerProcess, uid: string): Promise<number | undefin
 function killLauncherProcesses(uids: Iterable<string>): number {
   const wanted = new Set(uids);
   let killed = 0;
-  for (const [uid, pids] of launcherProcesses()) {
+  for (const [uid, pids] of launchersByUid()) {
     if (!wanted.has(uid)) continue;
     for (const pid of pids) {
       try {
@@ -104,10 +87,16 @@ async function healthStatus(h: HandlerProcess, path: string): Promise<number> {
   }
 }
 
-/** Asserts exactly one launcher process per UID, the one its PID file names, and none for others. */
+/**
+ * Asserts exactly one launcher process per UID, the one its PID file names, and at most one
+ * "Started launcher" per UID in the handlers' log (a duplicate start overwrites the PID
+ * file and may have exited since; the log keeps it).
+ */
 async function assertOneLauncherPerUid(h: HandlerProcess, uids: string[]): Promise<void> {
-  const procs = launcherProcesses();
+  const procs = launchersByUid();
+  const starts = await launcherStarts(h.logFile);
   for (const uid of uids) {
+    assert.ok((starts.get(uid) ?? 0) <= 1, `${uid} started ${starts.get(uid)} times`);
     const pids = procs.get(uid) ?? [];
     assert.equal(pids.length, 1, `exactly one launcher for ${uid}, found ${pids.join(",")}`);
     assert.equal(await pidFile(h, uid), pids[0], `the PID file of ${uid} names its launcher`);
@@ -167,7 +156,7 @@ async function withEnv(
       await waitFor(
         "launchers to exit",
         () => {
-          const procs = launcherProcesses();
+          const procs = launchersByUid();
           return uids.every((u) => !procs.has(u));
         },
         60_000,
@@ -236,7 +225,7 @@ Deno.test(
         const vmisAtKill = await listVmis(client, ns);
         const uids = vmisAtKill.map((v) => v.metadata.uid!);
         assert.equal(uids.length, COUNT);
-        const launchersAtKill = [...launcherProcesses().keys()].filter((u) => uids.includes(u))
+        const launchersAtKill = [...launchersByUid().keys()].filter((u) => uids.includes(u))
           .length;
 
         const restarted = await startHandlerProcess({
@@ -257,7 +246,8 @@ Deno.test(
           250,
         );
         const allRunningAt = performance.now();
-        // Let trailing syncs settle before counting processes.
+        // Deliberate: a window for trailing syncs to start a duplicate launcher if they would
+        // (nothing announces "no more syncs"); the count below must still be one per UID.
         await sleep(2_000);
         await assertOneLauncherPerUid(restarted, uids);
         await assertDomainsRunning(restarted, uids);
@@ -309,6 +299,8 @@ Deno.test(
         const late = ["vm-late-1", "vm-late-2"];
         for (const n of late) await createVmi(client, testVmi(n, node, { namespace: ns }));
         await deleteVmi(client, ns, "vm-d");
+        // Deliberate: the apiserver stops while this work is in flight, not before the
+        // handler has seen it nor after it has finished.
         await sleep(300);
         const latePhases: string[] = [];
         for (const n of late) {
@@ -325,6 +317,8 @@ Deno.test(
         const socket = `${h.runDir}/sockets/${paused.metadata.uid}/launcher-sock`;
         const cmd = new TestCmdClient(socket, 10_000);
         try {
+          // Deliberate: the pause lands well inside the outage, so the handler can only
+          // learn of it after the apiserver is back.
           await sleep(2_000);
           const res = await cmd.vmiCall("PauseVirtualMachine", paused);
           assert.deepEqual(res, { success: true, message: "" }, "pause during the outage");
@@ -334,7 +328,7 @@ Deno.test(
         while (performance.now() - stopAt < OUTAGE_MS) {
           health.push(await healthStatus(h, "/healthz"));
           ready.push(await healthStatus(h, "/readyz"));
-          await sleep(500);
+          await sleep(500); // the sampling interval of a fixed-length outage
         }
         assert.ok(!exited, "the handler process stays up during the outage");
         assert.ok(health.every((s) => s === 200), `healthz 200 throughout: ${health.join(",")}`);
@@ -357,7 +351,7 @@ Deno.test(
         await waitFor(
           "the deleted VMI's launcher to be gone",
           () => {
-            return !launcherProcesses().has(deletedUid);
+            return !launchersByUid().has(deletedUid);
           },
           60_000,
           250,
@@ -369,6 +363,7 @@ Deno.test(
         );
         const uids = (await listVmis(client, ns)).map((v) => v.metadata.uid!);
         assert.equal(uids.length, 5);
+        // Deliberate: a window for trailing syncs to start a duplicate launcher if they would.
         await sleep(1_000);
         await assertOneLauncherPerUid(h, uids);
         for (const n of ["vm-b", "vm-c", ...late]) {

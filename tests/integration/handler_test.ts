@@ -4,6 +4,7 @@
  * status and events, deletion and cleanup, failures, and restarts.
  */
 import assert from "node:assert/strict";
+import { isDeepStrictEqual } from "node:util";
 import { useCluster } from "../../deploy/cluster/cluster.ts";
 import {
   createVmi,
@@ -13,6 +14,8 @@ import {
   type HandlerProcess,
   killLaunchers,
   kubeClient,
+  launcherProcesses,
+  launcherStarts,
   pidAlive,
   startHandlerProcess,
   testVmi,
@@ -198,17 +201,32 @@ Deno.test("handler: SIGKILLed with 20 running VMIs and restarted, it re-adopts e
     for (const n of names) {
       before.set(n, (await waitForPhase(client, "default", n, "Running", 90_000)).status);
     }
-    // Let trailing writes settle, then take the reference picture.
-    await new Promise((r) => setTimeout(r, 1_000));
-    for (const n of names) before.set(n, (await getVmi(client, "default", n))!.status);
+    // The reference picture is taken once the statuses stop changing (trailing writes after
+    // Running), not after a guessed pause.
+    await waitFor(
+      "the statuses to settle",
+      async () => {
+        let same = true;
+        for (const n of names) {
+          const status = (await getVmi(client, "default", n))!.status;
+          if (!isDeepStrictEqual(status, before.get(n))) same = false;
+          before.set(n, status);
+        }
+        return same;
+      },
+      30_000,
+      500,
+    );
     const pids = new Map<string, number>();
     for (const n of names) pids.set(n, await launcherPid(h, uids.get(n)!));
 
     await h.kill("SIGKILL");
-    // Launchers must outlive the handler, not only for an instant.
+    // Deliberate: launchers must outlive the handler for a while, not only for an instant;
+    // no event says "still alive", so the test gives them time to die if they would.
     await new Promise((r) => setTimeout(r, 2_000));
     for (const [n, pid] of pids) assert.ok(pidAlive(pid), `launcher of ${n} survives the handler`);
 
+    const logBefore = (await Deno.readTextFile(h.logFile)).length;
     const restarted = await startHandlerProcess({
       kubeconfig,
       nodeName: node,
@@ -216,16 +234,27 @@ Deno.test("handler: SIGKILLed with 20 running VMIs and restarted, it re-adopts e
       dir: h.dir,
     });
     try {
-      // Give the restarted handler time to sync every key.
-      await new Promise((r) => setTimeout(r, 3_000));
+      // The restarted handler has synced every key once its log says so for every UID.
+      await waitFor("the restarted handler to sync every VMI", async () => {
+        const since = (await Deno.readTextFile(h.logFile)).slice(logBefore);
+        return [...uids.values()].every((uid) =>
+          since.split("\n").some((l) => l.includes('"msg":"Sync: ') && l.includes(uid))
+        );
+      });
       for (const n of names) {
         const v = await getVmi(client, "default", n);
         assert.deepEqual(v!.status, before.get(n), `status of ${n} unchanged`);
         assert.ok(pidAlive(pids.get(n)!), `launcher of ${n} still the same process`);
       }
-      const launcherDirs = [...Deno.readDirSync(`${h.stateDir}/launchers`)]
-        .filter((e) => e.name.endsWith(".pid"));
-      assert.equal(launcherDirs.length, 20, "no launcher was started twice");
+      // No launcher was started twice: a second start overwrites the first one's PID file,
+      // so count what cannot be overwritten: the starts both handlers logged and the
+      // launcher processes carrying each UID.
+      const starts = await launcherStarts(h.logFile);
+      for (const [n, uid] of uids) {
+        assert.equal(starts.get(uid), 1, `the launcher of ${n} was started once`);
+        assert.deepEqual(launcherProcesses(uid), [pids.get(n)], `one launcher process for ${n}`);
+      }
+      assert.equal(starts.size, 20, "no other launcher was started");
       const log = await Deno.readTextFile(h.logFile);
       assert.match(log, /"adopted":20/);
       for (const n of names) await deleteVmi(client, "default", n);
@@ -244,6 +273,8 @@ Deno.test("handler: SIGTERM makes it not ready and exit 0, leaving VMs running",
     const pid = await launcherPid(h, vmi.metadata.uid!);
     const status = await h.kill("SIGTERM");
     assert.equal(status.code, 0);
+    // Deliberate: the launcher must keep running a while after the handler is gone; no
+    // event says "still running", so the test gives it time to die if it would.
     await new Promise((r) => setTimeout(r, 2_000));
     assert.ok(pidAlive(pid), "the VM's launcher keeps running");
     assert.equal((await getVmi(client, "default", name))!.status!.phase, "Running");
