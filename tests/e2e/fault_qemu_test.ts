@@ -89,8 +89,16 @@ Deno.test(
       Deno.kill(oldPid, "SIGTERM");
       await waitFor("libvirtd to exit", () => !pidAlive(oldPid), 30_000, 50);
       const downAt = performance.now();
-      // Stay down a moment, long enough for launchers to try (and fail) to reconnect.
-      await new Promise((r) => setTimeout(r, 2_000));
+      // Stay down until every launcher has tried (and failed) to reconnect.
+      for (const n of names) {
+        const logFile = `${h.stateDir}/launchers/${uids.get(n)}.log`;
+        await waitFor(
+          `the launcher of ${n} to fail a reconnect attempt`,
+          async () => (await Deno.readTextFile(logFile)).includes("Reconnect attempt 1 failed"),
+          30_000,
+          50,
+        );
+      }
       await ensureLibvirtd();
       const upAt = performance.now();
       const newPid = await libvirtdPid();

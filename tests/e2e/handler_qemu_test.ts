@@ -140,6 +140,8 @@ Deno.test("handler+QEMU: deleting a VMI whose guest ignores ACPI resends ACPI ev
     const domain = `${ns}_${name}`;
     const deleted = Date.now();
     await deleteVmi(client, ns, name);
+    // Deliberate: the guest must still run 8 s into its 12 s grace period; nothing
+    // announces "not killed yet", so the test waits and looks.
     await new Promise((r) => setTimeout(r, 8_000));
     assert.match(
       await virsh("domstate", domain),

@@ -406,6 +406,7 @@ Deno.test("a plugin retries with backoff until a kubelet answers", grpcTest, asy
   const env = await setup(["dev/kvm"], {}, false);
   try {
     env.start();
+    // Deliberate: with no kubelet for a while (a few backoff rounds) nothing registers.
     await new Promise((r) => setTimeout(r, 400));
     assert.equal(env.manager.allRegistered(), false);
     await env.kubelet.start();
