@@ -6,8 +6,9 @@
  * log file, so that neither the handler's death nor a signal to its terminal
  * stops a VM: a restarted handler finds them again through their ghost records.
  * Restart policy is none, as for a launcher pod: a launcher that exits is
- * reported and its VMI fails. The launcher's PID and start time are kept in a file so
- * that a restarted handler can still stop a launcher it did not start.
+ * reported and its VMI fails. The launcher's PID is kept in `<uid>.pid` (one number, as
+ * scripts and older handlers read it) and its start time in `<uid>.start`, so that a
+ * restarted handler can still stop a launcher it did not start.
  *
  * Every signal goes through a pidfd, opened before the process behind a PID is checked to
  * be the UID's launcher (`launcher --uid <uid>` on its command line, our user, and the
@@ -47,20 +48,17 @@ export async function findLauncherByUid(uid: string): Promise<number | undefined
   return undefined;
 }
 
-/** Where a launcher was started: its PID and start time, as its PID file records them. */
+/** Where a launcher was started: its PID and start time, as its files record them. */
 interface LauncherRecord {
   pid: number;
-  /** Field 22 of /proc/<pid>/stat; absent in a PID file written before it was recorded. */
+  /** Field 22 of /proc/<pid>/stat; unknown for a launcher of an older handler. */
   startTime?: string;
 }
 
-/** Parses a PID file: `<pid> <starttime>`, or a lone `<pid>` as older handlers wrote. */
-function parsePidFile(text: string): LauncherRecord | undefined {
-  const [pidText, startTime, ...rest] = text.trim().split(/\s+/);
-  const pid = Number(pidText);
-  if (!/^\d+$/.test(pidText) || pid <= 1 || rest.length > 0) return undefined;
-  if (startTime === undefined) return { pid };
-  return /^\d+$/.test(startTime) ? { pid, startTime } : undefined;
+/** A PID file's PID, or undefined when it holds anything else. */
+function parsePid(text: string): number | undefined {
+  const pid = Number(text.trim());
+  return /^\d+$/.test(text.trim()) && pid > 1 ? pid : undefined;
 }
 
 /**
@@ -239,6 +237,11 @@ export class LauncherSpawner {
     return join(this.#dir, `${uid}.pid`);
   }
 
+  /** The start time of the process the PID file names (written before the PID file). */
+  #startFile(uid: string): string {
+    return join(this.#dir, `${uid}.start`);
+  }
+
   /** The log file of a UID's launcher. */
   logFile(uid: string): string {
     return join(this.#dir, `${uid}.log`);
@@ -273,8 +276,10 @@ export class LauncherSpawner {
       const pid = await findLauncherByUid(uid);
       return pid === undefined ? undefined : PidfdProcess.openLauncher(uid, { pid });
     }
-    const record = parsePidFile(text);
-    return record && PidfdProcess.openLauncher(uid, record);
+    const pid = parsePid(text);
+    if (pid === undefined) return undefined;
+    const startTime = (await Deno.readTextFile(this.#startFile(uid)).catch(() => "")).trim();
+    return PidfdProcess.openLauncher(uid, { pid, startTime: startTime || undefined });
   }
 
   /** Drops the handle of the UID's child, if it is `only` (or any, unless told). */
@@ -340,12 +345,9 @@ export class LauncherSpawner {
     this.#children.set(spec.uid, entry);
     this.#starting.add(spec.uid);
     this.#watchReady(spec).finally(() => this.#release(spec.uid));
-    // Written whole or not at all: a torn PID file would make a live launcher look dead.
-    const pidFile = this.#pidFile(spec.uid);
-    await Deno.writeTextFile(`${pidFile}.tmp`, `${child.pid} ${startTime ?? ""}`.trim() + "\n", {
-      mode: 0o600,
-    });
-    await Deno.rename(`${pidFile}.tmp`, pidFile);
+    // The start time first: a PID file is never read without it (but an older handler's).
+    if (startTime !== undefined) await writeWhole(this.#startFile(spec.uid), `${startTime}\n`);
+    await writeWhole(this.#pidFile(spec.uid), `${child.pid}\n`);
     log.info("Started launcher {pid}", {
       namespace: spec.namespace,
       name: spec.name,
@@ -422,6 +424,7 @@ export class LauncherSpawner {
     }
     this.#forgetChild(uid);
     await Deno.remove(this.#pidFile(uid)).catch(() => {});
+    await Deno.remove(this.#startFile(uid)).catch(() => {});
   }
 
   /** Forgets children without stopping them (the handler is exiting; VMs keep running). */
@@ -441,6 +444,12 @@ async function exitedWithin(process: PidfdProcess, timeoutMs: number): Promise<b
     await sleep(50);
   }
   return true;
+}
+
+/** Writes a file whole or not at all: a torn PID file would make a live launcher look dead. */
+async function writeWhole(path: string, text: string): Promise<void> {
+  await Deno.writeTextFile(`${path}.tmp`, text, { mode: 0o600 });
+  await Deno.rename(`${path}.tmp`, path);
 }
 
 async function exists(path: string): Promise<boolean> {

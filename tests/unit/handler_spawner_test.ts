@@ -123,15 +123,23 @@ Deno.test("stop() signals nothing when the launcher died and its PID went to a l
     gracePeriodSeconds: 0,
     socketDir: `${dir}/s`,
   });
-  const pidFile = `${dir}/state/launchers/${uid}.pid`;
-  const recorded = await Deno.readTextFile(pidFile);
+  const launchers = `${dir}/state/launchers`;
+  const recorded = new Map<string, string>();
+  for (const e of Deno.readDirSync(launchers)) {
+    recorded.set(e.name, Deno.readTextFileSync(`${launchers}/${e.name}`));
+  }
   const dead = await first.alivePid(uid);
   await first.stop(uid, 0);
-  // Its PID went to a process with the same command line: the PID file, as the spawner
-  // wrote it, now names that one. Only the start time tells them apart.
+  // Its PID went to a process with the same command line: the files, as the spawner wrote
+  // them, now name that one. Only the start time tells them apart, counted in clock ticks
+  // (1/100 s): a real PID reuse takes a wrap of the whole PID space, this one a pause.
+  await new Promise((r) => setTimeout(r, 50));
   const other = await standIn(uid);
   try {
-    await writePidFile(dir, uid, recorded.replace(String(dead), String(other.pid)));
+    for (const [name, text] of recorded) {
+      const replaced = name.endsWith(".pid") ? text.replace(String(dead), String(other.pid)) : text;
+      await Deno.writeTextFile(`${launchers}/${name}`, replaced);
+    }
     const spawner = spawnerIn(dir);
     assert.equal(await spawner.alivePid(uid), undefined, "a process started later is not it");
     await spawner.stop(uid, 200);
@@ -183,7 +191,7 @@ Deno.test({
   },
 });
 
-Deno.test("A restarted handler finds a launcher by its PID file (with or without start time) and stop() ends it", async () => {
+Deno.test("A restarted handler finds a launcher by its PID file (with or without its start time) and stop() ends it", async () => {
   const dir = await Deno.makeTempDir();
   const uid = `u-${crypto.randomUUID()}`;
   const launcher = await standIn(uid);
@@ -191,11 +199,16 @@ Deno.test("A restarted handler finds a launcher by its PID file (with or without
     const spawner = spawnerIn(dir);
     await writePidFile(dir, uid, `${launcher.pid}\n`); // as handlers before start times wrote
     assert.equal(await spawner.alivePid(uid), launcher.pid);
-    await writePidFile(dir, uid, `${launcher.pid} ${startTimeOf(launcher.pid)}\n`);
+    await Deno.writeTextFile(
+      `${dir}/state/launchers/${uid}.start`,
+      `${startTimeOf(launcher.pid)}\n`,
+    );
     assert.equal(await spawner.alivePid(uid), launcher.pid);
     assert.equal(await spawner.everStarted(uid), true);
     await spawner.stop(uid, 5_000);
-    assert.equal(launcher.exited(), true, "stop() returns once the launcher is gone");
+    // Exited: reaped, or a zombie until this test's Deno reaps it.
+    const stat = await Deno.readTextFile(`/proc/${launcher.pid}/stat`).catch(() => ") Z");
+    assert.equal(stat[stat.lastIndexOf(")") + 2], "Z", "stop() returns once the launcher is gone");
     assert.equal((await launcher.child.status).code, 0, "it stopped on SIGTERM (its trap)");
     assert.equal(await spawner.alivePid(uid), undefined);
   } finally {
@@ -238,8 +251,9 @@ Deno.test('stop() SIGKILLs a launcher that ignores SIGTERM, spawned by an earlie
     await first.start(spec);
     const pid = await first.alivePid(uid);
     assert.ok(pid !== undefined);
-    const pidFile = (await Deno.readTextFile(`${dir}/state/launchers/${uid}.pid`)).trim();
-    assert.match(pidFile, /^\d+ \d+$/, "the PID file records the start time");
+    const files = `${dir}/state/launchers/${uid}`;
+    assert.equal((await Deno.readTextFile(`${files}.pid`)).trim(), String(pid), "one number");
+    assert.match(await Deno.readTextFile(`${files}.start`), /^\d+\n$/, "the start time is kept");
     await untilTrapped(pid);
     const restarted = spawnerIn(dir);
     assert.equal(await restarted.alivePid(uid), pid, "found again after the handler's restart");
@@ -247,6 +261,8 @@ Deno.test('stop() SIGKILLs a launcher that ignores SIGTERM, spawned by an earlie
     await restarted.stop(uid, 300);
     assert.ok(performance.now() - t >= 300, "SIGTERM was given its time");
     assert.equal(await restarted.alivePid(uid), undefined);
+    const left = [...Deno.readDirSync(`${dir}/state/launchers`)].map((e) => e.name).sort();
+    assert.deepEqual(left, [`${uid}.log`], "PID and start files are removed, the log stays");
     for (let i = 0; exits.length === 0; i++) {
       assert.ok(i < 100, "the first handler never saw its launcher exit");
       await new Promise((r) => setTimeout(r, 20));
