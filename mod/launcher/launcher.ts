@@ -41,6 +41,8 @@ export const EXIT_START_FAILED = 2;
 
 /** How often the ACPI request is repeated during a graceful stop (KubeVirt: 5 s). */
 const ACPI_RESEND_MS = 5_000;
+/** After a stop signal, how long queued notify events may still take to be delivered. */
+const FINAL_DELIVERY_MS = 3_000;
 const POLL_MS = 250;
 
 /** Extra knobs of {@linkcode runLauncher}, mostly for tests and embedding. */
@@ -386,7 +388,12 @@ export async function runLauncher(
         : EXIT_DOMAIN_FAILED;
     }
     await forwarder.idle();
-    if (!(await sink.flush())) log.warn("Some notify events were not delivered", vmi);
+    // Told to stop, the launcher owes its caller a prompt exit (grace period plus a few
+    // seconds): a handler that is gone gets a short last chance, not the full retry time.
+    const delivered = reason.kind === "signal"
+      ? await sink.flush(FINAL_DELIVERY_MS)
+      : await sink.flush();
+    if (!delivered) log.warn("Some notify events were not delivered", vmi);
     return exitCode;
   } finally {
     for (const s of signals) Deno.removeSignalListener(s, onSignal);
