@@ -77,6 +77,17 @@ function hostPort(value: string): string {
   return value;
 }
 
+/**
+ * A long-running role (handler, launcher) survives a promise nobody awaited: logged as
+ * an error instead of ending the process, which would leave a node or a VM unmanaged.
+ */
+async function keepAliveOnUnhandledRejections(): Promise<void> {
+  const { surviveUnhandledRejections } = await import("./mod/lifecycle/mod.ts");
+  surviveUnhandledRejections((error) =>
+    getLogger().error("Unhandled promise rejection: {error}", { error })
+  );
+}
+
 /** Loads the Kubernetes client, retrying with backoff until it works or `signal` aborts. */
 async function kubeClientWithRetry(config: Config, signal: AbortSignal) {
   const { loadKubeClient } = await import("./mod/kube/mod.ts");
@@ -167,6 +178,7 @@ function handlerCommand(program: Command): void {
     .option("--no-node-labeller", "do not label this node from libvirt's capabilities")
     .action(async (opts, command: Command) => {
       const config = loadConfig(command, "virt-handler");
+      await keepAliveOnUnhandledRejections();
       const [{ Handler }, node, { EventRecorder }, { runStages }, { formatLauncherArgs }] =
         await Promise.all([
           import("./mod/handler/mod.ts"),
@@ -337,6 +349,7 @@ function launcherCommand(program: Command): void {
     .argument("[args...]")
     .action(async (args: string[], _opts, command: Command) => {
       const config = loadConfig(command, "virt-launcher");
+      await keepAliveOnUnhandledRejections();
       const { parseLauncherArgs, runLauncher, LauncherArgsError } = await import(
         "./mod/launcher/mod.ts"
       );

@@ -134,3 +134,15 @@ export async function runStages(
 export function runnable(name: string, run: (signal: AbortSignal) => Promise<void>): Runnable {
   return { name, run };
 }
+
+/**
+ * Makes a promise rejection nobody handled a report instead of the end of the process
+ * (Deno's default): for a node agent, a dropped write must not take down every VM's
+ * management with it. `report` is told of each one.
+ */
+export function surviveUnhandledRejections(report: (reason: unknown) => void): void {
+  globalThis.addEventListener("unhandledrejection", (event) => {
+    event.preventDefault();
+    report(event.reason);
+  });
+}
