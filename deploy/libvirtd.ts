@@ -6,6 +6,7 @@
  *
  * @module
  */
+import { close, pidfdExited, pidfdOpen, pidfdSendSignal, SIGTERM } from "../ffi/mod.ts";
 import { sleep } from "../mod/lifecycle/mod.ts";
 
 /** The URI of the system libvirtd that {@linkcode ensureLibvirtd} starts. */
@@ -109,16 +110,18 @@ export async function prepareLibvirtd(): Promise<PreparedLibvirtd> {
   }
   const startedLogd = !(await processRunning("virtlogd"));
   if (startedLogd) await run("virtlogd", ["-d"]);
+  const logd = startedLogd ? await daemonOf("virtlogd") : undefined;
   const startedDaemons = !(await processRunning("libvirtd"));
   if (startedDaemons) await run("libvirtd", ["-d"]);
   await waitForSocket(SOCKET_PATH, 15_000);
+  const libvirtd = startedDaemons ? await daemonOf("libvirtd") : undefined;
   return {
     uri: QEMU_SYSTEM_URI,
     changedQemuConf,
     startedDaemons,
     async restore() {
-      if (startedDaemons) await stopDaemon("libvirtd");
-      if (startedLogd) await stopDaemon("virtlogd");
+      if (libvirtd) await stopDaemon(libvirtd);
+      if (logd) await stopDaemon(logd);
       if (!changedQemuConf) return;
       if (hadConf) await Deno.writeTextFile(QEMU_CONF, conf);
       else await Deno.remove(QEMU_CONF).catch(() => {});
@@ -126,11 +129,56 @@ export async function prepareLibvirtd(): Promise<PreparedLibvirtd> {
   };
 }
 
-/** SIGTERM to a daemon by name, then waits (up to 10 s) for it to go. */
-async function stopDaemon(name: string): Promise<void> {
-  await run("pkill", ["-TERM", "-x", name], true);
-  const deadline = Date.now() + 10_000;
-  while ((await processRunning(name)) && Date.now() < deadline) await sleep(100);
+/** A daemon started here: its PID and when it started, to know it again later. */
+interface StartedDaemon {
+  name: string;
+  pid: number;
+  startTime: string;
+}
+
+function startTimeOf(pid: number): string | undefined {
+  try {
+    const stat = Deno.readTextFileSync(`/proc/${pid}/stat`);
+    return stat.slice(stat.lastIndexOf(") ") + 2).split(" ")[19]; // field 22, starttime
+  } catch {
+    return undefined;
+  }
+}
+
+/** The daemon's PID (from its PID file) and start time, right after it was started. */
+async function daemonOf(name: string): Promise<StartedDaemon | undefined> {
+  const deadline = Date.now() + 5_000;
+  while (Date.now() < deadline) {
+    try {
+      const pid = Number((await Deno.readTextFile(`/var/run/${name}.pid`)).trim());
+      const startTime = Number.isInteger(pid) && pid > 1 ? startTimeOf(pid) : undefined;
+      if (startTime) return { name, pid, startTime };
+    } catch { /* not written yet */ }
+    await sleep(50);
+  }
+  return undefined;
+}
+
+/**
+ * SIGTERM to the daemon started here, through a pidfd opened for a process verified to
+ * be it (same start time), so another daemon that took its place is never signalled;
+ * then waits (up to 10 s) for it to go.
+ */
+async function stopDaemon(daemon: StartedDaemon): Promise<void> {
+  let pidfd: number;
+  try {
+    pidfd = pidfdOpen(daemon.pid);
+  } catch {
+    return; // gone already
+  }
+  try {
+    if (startTimeOf(daemon.pid) !== daemon.startTime || pidfdExited(pidfd)) return;
+    pidfdSendSignal(pidfd, SIGTERM);
+    const deadline = Date.now() + 10_000;
+    while (!pidfdExited(pidfd) && Date.now() < deadline) await sleep(100);
+  } finally {
+    close(pidfd);
+  }
 }
 
 /**
