@@ -5,7 +5,8 @@ const MAIN = new URL("../../main.ts", import.meta.url).pathname;
 
 Deno.test("virtnode's hidden __mntns-child subcommand enters another process's mount namespace (what a compiled binary runs)", async () => {
   const dir = await Deno.makeTempDir();
-  // A process in its own mount namespace with a tmpfs only it can see.
+  // A process in its own mount namespace with a tmpfs only it can see. `exec sleep`: the
+  // SIGKILL below must end the sleep itself, not only a shell that would orphan it.
   const child = new Deno.Command("unshare", {
     args: [
       "--mount",
@@ -13,7 +14,7 @@ Deno.test("virtnode's hidden __mntns-child subcommand enters another process's m
       "private",
       "sh",
       "-c",
-      `mount -t tmpfs none ${dir} && echo inside > ${dir}/marker && sleep 30`,
+      `mount -t tmpfs none ${dir} && echo inside > ${dir}/marker && exec sleep 30`,
     ],
     stdin: "null",
     stdout: "null",
