@@ -1,5 +1,5 @@
 /**
- * Runs the test tiers (unit, integration, e2e, fresh) with `deno test` and prints one
+ * Runs the test tiers (unit, integration, e2e, fresh, and beside them soak) with `deno test` and prints one
  * plain summary line, `tests: N passed, N failed, N skipped`, that CI reads.
  * Skipped tests are listed loudly: a skip is never a pass. A tier fails when it ran no
  * test, ran past its timeout, or left a process or a test guest behind: every process a
@@ -7,7 +7,10 @@
  * still carries it when the tier ends (also on Ctrl-C, SIGTERM or a timeout) is listed,
  * SIGKILLed and counted as a failure.
  *
- * Usage: `deno run -A tests/run.ts [unit|integration|e2e ...]`
+ * The soak tier (10-minute observations that mostly wait) starts first and runs beside
+ * the others with a control plane of its own; its output is shown when it ends.
+ *
+ * Usage: `deno run -A tests/run.ts [unit|integration|e2e|fresh|soak ...]`
  *
  * @module
  */
@@ -15,7 +18,12 @@ import { join } from "node:path";
 import { type Cluster, startCluster } from "../deploy/cluster/cluster.ts";
 
 // fresh: tests/fresh/check.sh installs the project into a debootstrapped Debian 12 root.
-const TIERS = ["unit", "integration", "e2e", "fresh"] as const;
+const TIERS = ["unit", "integration", "e2e", "fresh", "soak"] as const;
+/**
+ * Tiers that mostly wait (long observations): they run beside the others, from the start,
+ * with a control plane of their own, and their output is shown when they end.
+ */
+const BESIDE: readonly Tier[] = ["soak"];
 /** A test tier: a folder of `*_test.ts` files below `tests/`. */
 export type Tier = typeof TIERS[number];
 
@@ -79,6 +87,7 @@ export const TIER_TIMEOUT_MS: Record<Tier, number> = {
   integration: 20 * 60_000,
   e2e: 15 * 60_000,
   fresh: 20 * 60_000,
+  soak: 20 * 60_000,
 };
 
 /** A process that still carries a tier's marker after the tier ended. */
@@ -250,6 +259,8 @@ export interface RunTierOptions {
   checkDomains?: boolean;
   /** Output of `deno test`; inherited unless told. */
   output?: "inherit" | "null";
+  /** Writes the output of `deno test` to this file instead (a tier that runs beside others). */
+  logFile?: string;
 }
 
 /**
@@ -282,14 +293,22 @@ export async function runTier(
   const args = ["test", "-A", `--junit-path=${junit}`];
   if (tier === "unit") args.push("--parallel");
   const started = performance.now();
+  const log = options.logFile
+    ? await Deno.open(options.logFile, { create: true, write: true, truncate: true })
+    : undefined;
   const child = new Deno.Command(Deno.execPath(), {
     args: [...args, ...files],
     cwd: root,
     env: { ...env, [RUN_MARKER_VAR]: marker },
     stdin: "null",
-    stdout: options.output ?? "inherit",
-    stderr: options.output ?? "inherit",
+    stdout: log ? "piped" : options.output ?? "inherit",
+    stderr: log ? "piped" : options.output ?? "inherit",
   }).spawn();
+  const logged = log
+    ? Promise.all([child.stdout, child.stderr].map(async (stream) => {
+      for await (const chunk of stream) await log.write(chunk);
+    })).finally(() => log.close())
+    : Promise.resolve();
   const timeoutMs = options.timeoutMs ?? TIER_TIMEOUT_MS[tier];
   let endedBecause: string | undefined;
   let endEarly!: (why: string) => void;
@@ -310,6 +329,7 @@ export async function runTier(
   // deno test itself carries the marker: after an early end the sweep ends it too.
   const leftProcesses = await sweepMarkedProcesses(marker);
   const code = (await child.status).code;
+  await logged;
   const seconds = (performance.now() - started) / 1000;
   let xml = "";
   try {
@@ -371,8 +391,14 @@ async function main(): Promise<number> {
   // it carries no tier's marker and no tier's sweep ends it.
   let cluster: Cluster | undefined;
   const env: Record<string, string> = {};
+  const beside = (asked as Tier[]).filter((t) => BESIDE.includes(t)).map((tier) => {
+    const logFile = Deno.makeTempFileSync({ prefix: `virtnode-${tier}-`, suffix: ".log" });
+    console.log(`\n=== ${tier}: runs beside the other tiers; its output: ${logFile}`);
+    const result = runTier(tier, {}, { signal: interrupt.signal, checkDomains: false, logFile });
+    return { tier, logFile, result };
+  });
   try {
-    for (const tier of asked as Tier[]) {
+    for (const tier of (asked as Tier[]).filter((t) => !BESIDE.includes(t))) {
       if (interrupt.signal.aborted) break;
       if (tier !== "unit" && tier !== "fresh" && !cluster && testFiles(tier).length > 0) {
         console.log("\n=== starting the shared test control plane (kube-apiserver + etcd)");
@@ -381,6 +407,13 @@ async function main(): Promise<number> {
         console.log(`kubeconfig: ${cluster.kubeconfigPath}`);
       }
       results.push(await runTier(tier, env, { signal: interrupt.signal }));
+    }
+    for (const b of beside) {
+      const result = await b.result;
+      console.log(`\n=== ${b.tier} (ran beside the other tiers)`);
+      console.log(await Deno.readTextFile(b.logFile));
+      await Deno.remove(b.logFile).catch(() => {});
+      results.push(result);
     }
   } finally {
     await cluster?.stop();

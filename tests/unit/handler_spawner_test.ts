@@ -52,7 +52,8 @@ Deno.test("LauncherSpawner lets only maxStarting launchers start at once and fre
  * launcher --uid <uid>` (or `argv` after the script); on SIGTERM it exits with its sleep.
  */
 async function standIn(uid: string, options: { argv?: string[]; runAs?: number } = {}) {
-  const script = "trap 'kill $!; exit 0' TERM; sleep 30 & wait";
+  // The sleep dies with the shell (pdeathsig) when the shell is SIGKILLed: nothing is left.
+  const script = "trap 'kill $!; exit 0' TERM; setpriv --pdeathsig SIGKILL -- sleep 30 & wait";
   const argv = ["bash", "-c", script, ...options.argv ?? ["virtnode", "launcher", "--uid", uid]];
   const [cmd, ...args] = options.runAs === undefined ? argv : [
     "setpriv",
