@@ -5,6 +5,7 @@
  *
  * @module
  */
+import { useCluster } from "../../deploy/cluster/cluster.ts";
 import { loadKubeClient } from "../../mod/kube/mod.ts";
 import type { KubeClient } from "../../mod/kube/mod.ts";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
@@ -380,4 +381,49 @@ export function killLaunchers(stateDir: string): number {
     }
   }
   return pids.size;
+}
+
+/** What {@linkcode withHandler} hands its test. */
+export interface HandlerTestContext {
+  /** The running pod-less handler. */
+  h: HandlerProcess;
+  /** Its node's name (unique per call). */
+  node: string;
+  /** A client of the test cluster. */
+  client: KubeClient;
+  /** The test cluster's kubeconfig. */
+  kubeconfig: string;
+}
+
+/**
+ * Runs `fn` with a pod-less handler on libvirt's test driver for a node named
+ * `<name>-<random>`; afterwards stops the handler, kills its launchers and removes its
+ * directories (kept with KEEP_HANDLER_DIR=1). A failing test shows the handler's log.
+ */
+export async function withHandler(
+  name: string,
+  fn: (ctx: HandlerTestContext) => Promise<void>,
+): Promise<void> {
+  const cluster = await useCluster();
+  const node = `${name}-${crypto.randomUUID().slice(0, 8)}`;
+  const client = await kubeClient(cluster.kubeconfigPath);
+  const h = await startHandlerProcess({
+    kubeconfig: cluster.kubeconfigPath,
+    nodeName: node,
+    libvirtUri: "test:///default",
+  });
+  let ok = false;
+  try {
+    await fn({ h, node, client, kubeconfig: cluster.kubeconfigPath });
+    ok = true;
+  } finally {
+    if (!ok) console.error(`handler log:\n${(await Deno.readTextFile(h.logFile)).slice(-6000)}`);
+    await h.kill("SIGTERM");
+    killLaunchers(h.stateDir);
+    client.close();
+    if (!Deno.env.get("KEEP_HANDLER_DIR")) {
+      await Deno.remove(h.dir, { recursive: true }).catch(() => {});
+    }
+    await cluster.stop();
+  }
 }

@@ -3,21 +3,15 @@
  * inherit its descriptors, planted symlinks in directories a launcher controls.
  */
 import assert from "node:assert/strict";
-import { useCluster } from "../../deploy/cluster/cluster.ts";
 import {
   createVmi,
   deleteVmi,
-  type HandlerProcess,
-  killLaunchers,
-  kubeClient,
   launcherPids,
-  startHandlerProcess,
   testVmi,
   waitFor,
   waitForPhase,
+  withHandler,
 } from "../helpers/handler_process.ts";
-
-const TEST_URI = "test:///default";
 
 function suffix(): string {
   return crypto.randomUUID().slice(0, 8);
@@ -40,36 +34,6 @@ function descriptorTargets(pid: number): Map<string, string> {
     }
   }
   return out;
-}
-
-async function withHandler(
-  name: string,
-  fn: (ctx: {
-    h: HandlerProcess;
-    node: string;
-    client: Awaited<ReturnType<typeof kubeClient>>;
-  }) => Promise<void>,
-) {
-  const cluster = await useCluster();
-  const node = `${name}-${suffix()}`;
-  const client = await kubeClient(cluster.kubeconfigPath);
-  const h = await startHandlerProcess({
-    kubeconfig: cluster.kubeconfigPath,
-    nodeName: node,
-    libvirtUri: TEST_URI,
-  });
-  let ok = false;
-  try {
-    await fn({ h, node, client });
-    ok = true;
-  } finally {
-    if (!ok) console.error(`handler log:\n${(await Deno.readTextFile(h.logFile)).slice(-6000)}`);
-    await h.kill("SIGTERM");
-    killLaunchers(h.stateDir);
-    client.close();
-    await Deno.remove(h.dir, { recursive: true }).catch(() => {});
-    await cluster.stop();
-  }
 }
 
 Deno.test("handler: a launcher holds none of the handler's descriptors (notify listener, connections)", async () => {

@@ -5,15 +5,12 @@
  */
 import assert from "node:assert/strict";
 import { isDeepStrictEqual } from "node:util";
-import { useCluster } from "../../deploy/cluster/cluster.ts";
 import {
   createVmi,
   deleteVmi,
   eventsFor,
   getVmi,
   type HandlerProcess,
-  killLaunchers,
-  kubeClient,
   launcherProcesses,
   launcherStarts,
   pidAlive,
@@ -21,6 +18,7 @@ import {
   testVmi,
   waitFor,
   waitForPhase,
+  withHandler,
 } from "../helpers/handler_process.ts";
 
 const TEST_URI = "test:///default";
@@ -39,39 +37,6 @@ async function exists(path: string): Promise<boolean> {
     return true;
   } catch {
     return false;
-  }
-}
-
-async function withHandler(
-  name: string,
-  fn: (ctx: {
-    h: HandlerProcess;
-    node: string;
-    client: Awaited<ReturnType<typeof kubeClient>>;
-    kubeconfig: string;
-  }) => Promise<void>,
-) {
-  const cluster = await useCluster();
-  const node = `${name}-${suffix()}`;
-  const client = await kubeClient(cluster.kubeconfigPath);
-  const h = await startHandlerProcess({
-    kubeconfig: cluster.kubeconfigPath,
-    nodeName: node,
-    libvirtUri: TEST_URI,
-  });
-  let ok = false;
-  try {
-    await fn({ h, node, client, kubeconfig: cluster.kubeconfigPath });
-    ok = true;
-  } finally {
-    if (!ok) console.error(`handler log:\n${(await Deno.readTextFile(h.logFile)).slice(-6000)}`);
-    await h.kill("SIGTERM");
-    killLaunchers(h.stateDir);
-    client.close();
-    if (!Deno.env.get("KEEP_HANDLER_DIR")) {
-      await Deno.remove(h.dir, { recursive: true }).catch(() => {});
-    }
-    await cluster.stop();
   }
 }
 
