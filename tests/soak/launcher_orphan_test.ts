@@ -10,6 +10,7 @@ import assert from "node:assert/strict";
 import { useCluster } from "../../deploy/cluster/cluster.ts";
 import {
   createVmi,
+  killLaunchers,
   kubeClient,
   launcherPids,
   pidAlive,
@@ -118,11 +119,8 @@ Deno.test("launchers whose handler died mid-burst stay idle and small, and exit 
     console.log(`  SIGTERM -> exit: slowest ${slowest.toFixed(1)} s (grace ${GRACE_SECONDS} s)`);
     assert.ok(slowest <= GRACE_SECONDS + 5, `a launcher took ${slowest.toFixed(1)} s to exit`);
   } finally {
-    for (const pid of launcherPids(h.stateDir)) {
-      try {
-        Deno.kill(pid, "SIGKILL");
-      } catch { /* gone */ }
-    }
+    // Also the launchers spawned as the handler died, before it wrote their PID files.
+    killLaunchers(h.stateDir);
     client.close();
     await Deno.remove(h.dir, { recursive: true }).catch(() => {});
     await cluster.stop();

@@ -87,8 +87,9 @@ Deno.test("findLauncherByUid() finds a launcher process by the --uid on its comm
   const { findLauncherByUid } = await import("../../mod/handler/launcher_spawner.ts");
   const uid = `u-${crypto.randomUUID()}`;
   // A stand-in process whose command line reads like a launcher's.
-  const child = new Deno.Command("bash", {
-    args: ["-c", "sleep 30; true", "virtnode", "launcher", "--uid", uid],
+  // One process: nothing is left behind when the test SIGKILLs it.
+  const child = new Deno.Command("/usr/bin/python3", {
+    args: ["-c", "import time; time.sleep(30)", "virtnode", "launcher", "--uid", uid],
     stdin: "null",
     stdout: "null",
     stderr: "null",

@@ -48,13 +48,20 @@ Deno.test("LauncherSpawner lets only maxStarting launchers start at once and fre
 });
 
 /**
- * A process whose command line reads like the UID's launcher, `bash -c <script> virtnode
- * launcher --uid <uid>` (or `argv` after the script); on SIGTERM it exits with its sleep.
+ * A process whose command line reads like the UID's launcher, `python3 -c <script> virtnode
+ * launcher --uid <uid>` (or `argv` after the script); on SIGTERM it exits 0.
  */
 async function standIn(uid: string, options: { argv?: string[]; runAs?: number } = {}) {
-  // The sleep dies with the shell (pdeathsig) when the shell is SIGKILLed: nothing is left.
-  const script = "trap 'kill $!; exit 0' TERM; setpriv --pdeathsig SIGKILL -- sleep 30 & wait";
-  const argv = ["bash", "-c", script, ...options.argv ?? ["virtnode", "launcher", "--uid", uid]];
+  // One process (no child to orphan when it is SIGKILLed) that exits 0 on SIGTERM.
+  const script = "import signal, sys, time\n" +
+    "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n" +
+    "time.sleep(30)";
+  const argv = [
+    "/usr/bin/python3",
+    "-c",
+    script,
+    ...options.argv ?? ["virtnode", "launcher", "--uid", uid],
+  ];
   const [cmd, ...args] = options.runAs === undefined ? argv : [
     "setpriv",
     `--reuid=${options.runAs}`,
@@ -72,7 +79,7 @@ async function standIn(uid: string, options: { argv?: string[]; runAs?: number }
     child,
     exited: () => exited,
     async end() {
-      if (!exited) child.kill("SIGTERM"); // its trap ends its sleep too
+      if (!exited) child.kill("SIGTERM");
       await child.status;
     },
   };
@@ -80,7 +87,7 @@ async function standIn(uid: string, options: { argv?: string[]; runAs?: number }
 
 /**
  * Until the process catches or ignores SIGTERM (`SigCgt`/`SigIgn` of /proc/<pid>/status):
- * then bash has run its `trap`, after setpriv (if any) exec'd it.
+ * then the stand-in has set its handler, after setpriv (if any) exec'd it.
  */
 async function untilTrapped(pid: number): Promise<void> {
   const SIGTERM_BIT = 1n << 14n;
@@ -148,6 +155,12 @@ Deno.test("stop() signals nothing when the launcher died and its PID went to a l
     assert.equal(other.exited(), false, "stop() signalled a process that is not the launcher");
   } finally {
     await other.end();
+    // The first "launcher" is a plain sleep the spawner will not recognise: end it here.
+    try {
+      if (Deno.readTextFileSync(`/proc/${dead}/cmdline`).startsWith("sleep\0")) {
+        Deno.kill(dead!, "SIGKILL");
+      }
+    } catch { /* gone */ }
     await Deno.remove(dir, { recursive: true });
   }
 });
