@@ -54,6 +54,8 @@ Deno.test("handler (KubeVirt mode) finds a launcher pod's socket from status.act
     const uid = vmi.metadata.uid!;
     // KubeVirt mode: no scheduling by the handler; the VMI stays Pending until
     // virt-controller (here: the test) schedules it and its launcher pod runs.
+    // Deliberate: nothing announces "the handler decided not to schedule it"; the test
+    // gives it a second to do so and checks that it did not.
     await new Promise((r) => setTimeout(r, 1_000));
     assert.equal((await getVmi(client, "default", name))!.status?.phase, undefined);
 
