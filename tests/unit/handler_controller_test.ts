@@ -1,5 +1,5 @@
 /**
- * VmiController.reconcile() with its collaborators stubbed: what it returns to the worker
+ * VmiController.reconcile() with test doubles for its collaborators: what it returns to the worker
  * loop and what it leaves behind. The real-process behaviour is in the integration tier.
  */
 import assert from "node:assert/strict";
@@ -17,7 +17,7 @@ import { Expectations, WorkQueue } from "../../mod/kube/mod.ts";
 const UID = "0badf00d-0000-4000-8000-000000000001";
 const KEY = "default/vm1";
 
-interface Stubs {
+interface Doubles {
   controller: VmiController;
   expectations: Expectations;
   queue: WorkQueue<string>;
@@ -39,10 +39,10 @@ function vmi(phase: string): VirtualMachineInstance {
   } as VirtualMachineInstance;
 }
 
-function stubs(): Stubs {
+function doubles(): Doubles {
   const calls: string[] = [];
   const cache = new Map<string, VirtualMachineInstance>();
-  const handlers: Stubs["handlers"] = {};
+  const handlers: Doubles["handlers"] = {};
   let ghost: GhostRecord | undefined = {
     name: "vm1",
     namespace: "default",
@@ -50,12 +50,12 @@ function stubs(): Stubs {
     socketFile: "/nonexistent/launcher-sock",
   };
   const provider: LauncherProvider = {
-    name: "stub",
+    name: "test-double",
     standsInForController: true,
     notReadyRequeueMs: 1_000,
     dialResolver: dialDirectly,
     socketOf: () => Promise.resolve(undefined),
-    start: () => Promise.resolve({ waiting: "stub" }),
+    start: () => Promise.resolve({ waiting: "no slot in this test" }),
     stop: () => {
       calls.push("provider.stop");
       return Promise.resolve();
@@ -69,7 +69,7 @@ function stubs(): Stubs {
     nodeName: "node1",
     provider,
     informer: {
-      addHandlers: (h: Stubs["handlers"]) => Object.assign(handlers, h),
+      addHandlers: (h: Doubles["handlers"]) => Object.assign(handlers, h),
       hasSynced: () => true,
       get: (key: string) => cache.get(key),
     },
@@ -109,7 +109,7 @@ function stubs(): Stubs {
 }
 
 Deno.test("reconcile() of a deleted VMI cleans up and prunes its domain and expectations", async () => {
-  const s = stubs();
+  const s = doubles();
   const v = vmi("Failed");
   s.cache.set(KEY, v);
   s.handlers.onAdd!(v);
@@ -143,10 +143,10 @@ Deno.test("reconcile() of a deleted VMI cleans up and prunes its domain and expe
 });
 
 Deno.test("reconcile() asks the worker loop to look again while the launcher cannot start yet", async () => {
-  const s = stubs();
+  const s = doubles();
   const v = vmi("Scheduled");
   s.cache.set(KEY, v);
-  // The stub launcher is never ready: the status write asks for a requeue.
+  // The test double's launcher is never ready: the status write asks for a requeue.
   const result = await s.controller.reconcile(KEY);
   assert.equal(result.kind, "requeueAfter");
   assert.equal(result.kind === "requeueAfter" && result.ms, 1_000);
