@@ -6,7 +6,14 @@
  *
  * @module
  */
-import { close, pidfdExited, pidfdOpen, pidfdSendSignal, SIGTERM } from "../ffi/mod.ts";
+import {
+  close,
+  pidfdExited,
+  pidfdOpen,
+  pidfdSendSignal,
+  processStartTime,
+  SIGTERM,
+} from "../ffi/mod.ts";
 import { sleep } from "../mod/lifecycle/mod.ts";
 
 /** The URI of the system libvirtd that {@linkcode ensureLibvirtd} starts. */
@@ -136,22 +143,13 @@ interface StartedDaemon {
   startTime: string;
 }
 
-function startTimeOf(pid: number): string | undefined {
-  try {
-    const stat = Deno.readTextFileSync(`/proc/${pid}/stat`);
-    return stat.slice(stat.lastIndexOf(") ") + 2).split(" ")[19]; // field 22, starttime
-  } catch {
-    return undefined;
-  }
-}
-
 /** The daemon's PID (from its PID file) and start time, right after it was started. */
 async function daemonOf(name: string): Promise<StartedDaemon | undefined> {
   const deadline = Date.now() + 5_000;
   while (Date.now() < deadline) {
     try {
       const pid = Number((await Deno.readTextFile(`/var/run/${name}.pid`)).trim());
-      const startTime = Number.isInteger(pid) && pid > 1 ? startTimeOf(pid) : undefined;
+      const startTime = Number.isInteger(pid) && pid > 1 ? processStartTime(pid) : undefined;
       if (startTime) return { name, pid, startTime };
     } catch { /* not written yet */ }
     await sleep(50);
@@ -172,7 +170,7 @@ async function stopDaemon(daemon: StartedDaemon): Promise<void> {
     return; // gone already
   }
   try {
-    if (startTimeOf(daemon.pid) !== daemon.startTime || pidfdExited(pidfd)) return;
+    if (processStartTime(daemon.pid) !== daemon.startTime || pidfdExited(pidfd)) return;
     pidfdSendSignal(pidfd, SIGTERM);
     const deadline = Date.now() + 10_000;
     while (!pidfdExited(pidfd) && Date.now() < deadline) await sleep(100);

@@ -165,6 +165,22 @@ export function closeOnExecFrom(first = 3): void {
 
 /** Signal number of `SIGKILL`, for {@linkcode pidfdSendSignal}. */
 export const SIGKILL = 9;
+/**
+ * A process's start time in clock ticks after boot (field 22 of `/proc/<pid>/stat`): with
+ * the PID it names one process, telling it from a later one that reused the PID.
+ * Undefined when the process is gone.
+ */
+export function processStartTime(pid: number): string | undefined {
+  let stat: string;
+  try {
+    stat = Deno.readTextFileSync(`/proc/${pid}/stat`);
+  } catch {
+    return undefined;
+  }
+  // Field 2, the command name, may hold spaces and ")": count from after its last ")".
+  return stat.slice(stat.lastIndexOf(")") + 2).split(" ")[22 - 3];
+}
+
 /** Signal number of `SIGTERM`, for {@linkcode pidfdSendSignal}. */
 export const SIGTERM = 15;
 

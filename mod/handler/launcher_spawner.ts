@@ -25,6 +25,7 @@ import {
   pidfdExited,
   pidfdOpen,
   pidfdSendSignal,
+  processStartTime,
   SIGKILL,
   SIGTERM,
 } from "../../ffi/mod.ts";
@@ -59,21 +60,6 @@ interface LauncherRecord {
 function parsePid(text: string): number | undefined {
   const pid = Number(text.trim());
   return /^\d+$/.test(text.trim()) && pid > 1 ? pid : undefined;
-}
-
-/**
- * A process's start time in clock ticks after boot (field 22 of /proc/<pid>/stat), which
- * tells a process from a later one that reused its PID; undefined when it is gone.
- */
-function processStartTime(pid: number): string | undefined {
-  let stat: string;
-  try {
-    stat = Deno.readTextFileSync(`/proc/${pid}/stat`);
-  } catch {
-    return undefined;
-  }
-  // Field 2, the command name, may hold spaces and ")": count from after its last ")".
-  return stat.slice(stat.lastIndexOf(")") + 2).split(" ")[22 - 3];
 }
 
 /** The real user ID a process runs as (`Uid:` of /proc/<pid>/status). */
