@@ -13,6 +13,7 @@
  * @module
  */
 import { join } from "node:path";
+import { LIBVIRT_ERROR_CODES, LibvirtError, openLibvirt } from "../../ffi/mod.ts";
 import { type VirtualMachineInstance, vmiKey } from "../api/mod.ts";
 import { domainNameOf } from "../domain/mod.ts";
 import { aborted } from "../lifecycle/mod.ts";
@@ -201,8 +202,7 @@ export async function reapDomain(
   name: string,
   uid: string,
 ): Promise<void> {
-  // Loaded on first use: the handler maps libvirt only for this rare repair.
-  const { openLibvirt, LibvirtError, LIBVIRT_ERROR_CODES } = await import("../../ffi/mod.ts");
+  // libvirt's library is opened (dlopen) only here, for this rare repair.
   const conn = await openLibvirt(uri, { events: false, workers: 1 });
   try {
     const domain = await conn.lookupByName(domainNameOf(namespace, name));

@@ -10,7 +10,7 @@
  */
 
 import type { EventRecorder, KubeClient } from "../kube/mod.ts";
-import { closeOnExecFrom } from "../../ffi/mod.ts";
+import { closeOnExecFrom, openLibvirt } from "../../ffi/mod.ts";
 import type { Runnable } from "../lifecycle/mod.ts";
 import { DevicePluginManager, type DevicePluginManagerOptions } from "./device_plugins.ts";
 import { Heartbeat, type HeartbeatOptions } from "./heartbeat.ts";
@@ -154,8 +154,7 @@ export async function readCapabilities(
   libvirtUri: string,
   options: GatherOptions = {},
 ): Promise<GatheredCapabilities> {
-  // libvirt is opened here only: `virtnode heartbeat` and friends never map it.
-  const { openLibvirt } = await import("../../ffi/mod.ts");
+  // libvirt's library is opened (dlopen) here only: `virtnode heartbeat` never maps it.
   const conn = await openLibvirt(libvirtUri, { events: false, workers: 1 });
   try {
     return await gatherNodeLabelInfo(conn, options);
