@@ -181,8 +181,6 @@ export const SocketNames = {
   Launcher: "launcher-sock",
   /** The launcher's cmd socket during start-up. */
   LauncherInit: "launcher-init-sock",
-  /** Marker file a launcher writes when it stops answering. */
-  LauncherUnresponsive: "launcher-unresponsive",
   /** The handler's notify server socket, in `Paths.VirtShareDir`. */
   DomainNotify: "domain-notify.sock",
   /** The notify proxy socket inside a launcher pod. */

@@ -14,7 +14,7 @@
  */
 import { join } from "node:path";
 import { LIBVIRT_ERROR_CODES, LibvirtError, openLibvirt } from "../../ffi/mod.ts";
-import { type VirtualMachineInstance, vmiKey } from "../api/mod.ts";
+import { SocketNames, type VirtualMachineInstance, vmiKey } from "../api/mod.ts";
 import { domainNameOf } from "../domain/mod.ts";
 import { aborted } from "../lifecycle/mod.ts";
 import type { LauncherOptions } from "../launcher/args/mod.ts";
@@ -27,7 +27,6 @@ import {
 } from "./launcher_provider.ts";
 import { LauncherSpawner } from "./launcher_spawner.ts";
 import { dialDirectly, type DialResolver } from "./launcher_clients.ts";
-import { SocketNames } from "../api/mod.ts";
 import { gracePeriodSeconds } from "./_vmi.ts";
 
 const log = getLogger("handler", "podless");
