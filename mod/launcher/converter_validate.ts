@@ -72,8 +72,10 @@ export const SUPPORTED_NIC_MODELS = [
   "pcnet",
 ] as const;
 
-const POD_BINDING_HINT =
-  "pod network bindings are not supported yet; use user-mode networking (slirp: {})";
+// virt-api gives every VMI without interfaces a `bridge` one on the pod network unless
+// autoattachPodInterface is false; virt-api has refused `slirp` since KubeVirt v1.3.
+const POD_BINDING_HINT = "pod network bindings are not supported yet; for a VM without a " +
+  "network, set spec.domain.devices.autoattachPodInterface to false";
 
 const cloudInit = obj({
   userData: str(),
@@ -99,6 +101,7 @@ const VMI_RULE: Rule = obj({
         cores: int(1),
         sockets: int(1),
         threads: int(1),
+        maxSockets: int(1),
         model: str(),
         features: arr(obj({
           name: str(),
@@ -112,6 +115,7 @@ const VMI_RULE: Rule = obj({
       }),
       memory: obj({
         guest: quantity,
+        maxGuest: quantity,
         hugepages: obj({ pageSize: str() }),
       }),
       resources: obj({ requests: map(quantity), limits: map(quantity) }),

@@ -87,6 +87,44 @@ export function guestMemoryBytes(vmi: VirtualMachineInstance): number {
   return bytes;
 }
 
+/**
+ * The memory CPU hot-plug's limit leaves room for: `memory.maxGuest` in bytes when it is
+ * above the guest memory (virt-api sets it on every VMI of 1Gi or more under KubeVirt's
+ * LiveUpdate rollout strategy), else undefined.
+ */
+export function maxGuestMemoryBytes(vmi: VirtualMachineInstance): number | undefined {
+  const quantity = vmi.spec.domain.memory?.maxGuest;
+  if (quantity === undefined) return undefined;
+  const max = quantityToInteger(quantity);
+  const guest = guestMemoryBytes(vmi);
+  if (max < guest) {
+    throw new InvalidFieldError(
+      vmiKey(vmi),
+      "spec.domain.memory.maxGuest",
+      `${quantity} is less than the guest memory (${guest} bytes)`,
+    );
+  }
+  return max > guest ? max : undefined;
+}
+
+/**
+ * The sockets CPU hot-plug may grow to: `cpu.maxSockets` (virt-api sets it on every VMI
+ * under KubeVirt's LiveUpdate rollout strategy), at least the boot topology's sockets.
+ */
+export function maxCpuSockets(vmi: VirtualMachineInstance): number {
+  const sockets = cpuTopology(vmi).sockets;
+  const max = vmi.spec.domain.cpu?.maxSockets;
+  if (max === undefined || max === 0) return sockets;
+  if (max < sockets) {
+    throw new InvalidFieldError(
+      vmiKey(vmi),
+      "spec.domain.cpu.maxSockets",
+      `${max} is less than spec.domain.cpu.sockets (${sockets})`,
+    );
+  }
+  return max;
+}
+
 /** The vCPU topology: from `cpu`, else sockets from the CPU limit or request. */
 export function cpuTopology(
   vmi: VirtualMachineInstance,
@@ -251,7 +289,8 @@ function buildInterfaces(vmi: VirtualMachineInstance): XmlElement[] {
       throw new InvalidFieldError(
         key,
         path,
-        "needs a binding; only user-mode networking (slirp: {}) is supported",
+        "has no binding: pod network bindings are not supported yet, and slirp is the only " +
+          "one this converter has (virt-api refuses it since KubeVirt v1.3)",
       );
     }
     return el(
@@ -280,12 +319,14 @@ function buildCpu(vmi: VirtualMachineInstance): XmlElement {
     attrs = { mode: "custom", match: "exact" };
     modelElement = el("model", {}, model);
   }
+  const sockets = maxCpuSockets(vmi);
+  const vcpus = sockets * topology.cores * topology.threads;
   return el(
     "cpu",
     attrs,
     modelElement,
     el("topology", {
-      sockets: topology.sockets,
+      sockets,
       dies: undefined,
       cores: topology.cores,
       threads: topology.threads,
@@ -293,7 +334,40 @@ function buildCpu(vmi: VirtualMachineInstance): XmlElement {
     features.map((feature) =>
       el("feature", { policy: feature.policy ?? "require", name: feature.name })
     ),
+    // Memory hot-plug needs a NUMA node; libvirt 9 does not add one itself.
+    maxGuestMemoryBytes(vmi) !== undefined && el(
+      "numa",
+      {},
+      el("cell", {
+        id: 0,
+        cpus: vcpus > 1 ? `0-${vcpus - 1}` : "0",
+        memory: guestMemoryBytes(vmi),
+        unit: "b",
+      }),
+    ),
   );
+}
+
+/**
+ * `<vcpus>` for CPU hot-plug, as KubeVirt's launcher writes it: the boot topology's vCPUs
+ * enabled, the rest of `maxSockets` disabled; vCPUs of the first socket cannot be
+ * unplugged.
+ */
+function buildHotplugVcpus(vmi: VirtualMachineInstance): XmlElement | undefined {
+  const topology = cpuTopology(vmi);
+  const perSocket = topology.cores * topology.threads;
+  const total = maxCpuSockets(vmi) * perSocket;
+  const enabledCount = topology.sockets * perSocket;
+  if (total === enabledCount) return undefined;
+  const vcpus: XmlElement[] = [];
+  for (let id = 0; id < total; id++) {
+    vcpus.push(el("vcpu", {
+      id,
+      enabled: id < enabledCount ? "yes" : "no",
+      hotpluggable: id >= perSocket ? "yes" : "no",
+    }));
+  }
+  return el("vcpus", {}, vcpus);
 }
 
 function buildMemoryBacking(vmi: VirtualMachineInstance): XmlElement | undefined {
@@ -593,6 +667,8 @@ export function checkVmiSemantics(
   checkVolumes(vmi);
   buildInterfaces(vmi);
   guestMemoryBytes(vmi);
+  maxGuestMemoryBytes(vmi);
+  maxCpuSockets(vmi);
   firmwareUuid(vmi);
   if (wantsSecureBoot(vmi) && !enabled(vmi.spec.domain.features?.smm, false)) {
     throw new InvalidFieldError(
@@ -611,6 +687,8 @@ export function generateDomainXml(vmi: VirtualMachineInstance, options: DomainXm
   checkVmiSemantics(vmi, options);
   const devices = vmi.spec.domain.devices;
   const topology = cpuTopology(vmi);
+  // libvirt 9 insists on a slot count beside the maximum; virtio-mem needs none.
+  const maxGuest = maxGuestMemoryBytes(vmi);
   const sysinfo = buildSysinfo(vmi);
   const uuid = firmwareUuid(vmi);
   const domain = el(
@@ -619,13 +697,15 @@ export function generateDomainXml(vmi: VirtualMachineInstance, options: DomainXm
     el("name", {}, domainNameForVmi(vmi)),
     uuid !== undefined && el("uuid", {}, uuid),
     buildMetadata(vmi),
+    maxGuest !== undefined && el("maxMemory", { slots: 1, unit: "b" }, String(maxGuest)),
     el("memory", { unit: "b" }, String(guestMemoryBytes(vmi))),
     buildMemoryBacking(vmi),
     el(
       "vcpu",
       { placement: "static" },
-      String(topology.sockets * topology.cores * topology.threads),
+      String(maxCpuSockets(vmi) * topology.cores * topology.threads),
     ),
+    buildHotplugVcpus(vmi),
     sysinfo,
     buildOs(vmi, options, sysinfo !== undefined),
     buildFeatures(vmi),

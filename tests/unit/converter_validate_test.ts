@@ -96,8 +96,6 @@ const UNSUPPORTED: [string, (vmi: Json) => void][] = [
     (v) => v.spec.domain.cpu = { dedicatedCpuPlacement: true },
   ],
   ["spec.domain.cpu.numa", (v) => v.spec.domain.cpu = { numa: {} }],
-  ["spec.domain.cpu.maxSockets", (v) => v.spec.domain.cpu = { maxSockets: 4 }],
-  ["spec.domain.memory.maxGuest", (v) => v.spec.domain.memory.maxGuest = "1Gi"],
   ["spec.domain.features.kvm", (v) => v.spec.domain.features = { kvm: { hidden: true } }],
   ["spec.domain.features.hyperv.evmcs", (v) => v.spec.domain.features = { hyperv: { evmcs: {} } }],
   ["spec.domain.firmware.kernelBoot", (v) => v.spec.domain.firmware = { kernelBoot: {} }],
