@@ -17,6 +17,10 @@ import { LifeCycle, StateChangeReason } from "./status.ts";
 export const DOMAIN_KIND = "Domain";
 /** `apiVersion` KubeVirt's launcher puts on domain objects (not a Kubernetes group). */
 export const DOMAIN_API_VERSION = "1.2.2";
+/** Target name of the virtio channel QEMU's guest agent talks over. */
+export const GUEST_AGENT_CHANNEL = "org.qemu.guest_agent.0";
+/** libvirt's channel target state while a guest agent is listening on the channel. */
+export const CHANNEL_CONNECTED = "connected";
 
 /** Guest OS information the guest agent reports. */
 export interface DomainOsInfo {
@@ -84,6 +88,32 @@ export interface DomainDisk {
   alias?: DomainAlias;
 }
 
+/** An amount of memory as libvirt writes it: `<memory unit='KiB'>2097152</memory>`. */
+export interface DomainMemory {
+  /** The amount, in `unit`. */
+  value: number;
+  /** libvirt's unit, e.g. `KiB` or `b`. */
+  unit: string;
+}
+
+/** The target of a channel: what the guest sees. */
+export interface DomainChannelTarget {
+  /** The channel's name in the guest, e.g. `org.qemu.guest_agent.0`. */
+  name?: string;
+  /** The target type, e.g. `virtio`. */
+  type: string;
+  /** On a running domain: `connected` or `disconnected`, as libvirt reports it. */
+  state?: string;
+}
+
+/** A channel device of the domain spec, e.g. the guest agent's. */
+export interface DomainChannel {
+  /** The host side, e.g. `unix`. */
+  type: string;
+  /** What the guest sees. */
+  target?: DomainChannelTarget;
+}
+
 /** `<metadata><kubevirt>` of the domain spec. */
 export interface DomainKubevirtMetadata {
   /** The VMI's UID. */
@@ -118,8 +148,14 @@ export interface DomainSpecSummary {
   metadata: { kubevirt: DomainKubevirtMetadata };
   /** Present when the domain has `<features>`; `acpi` tells whether ACPI is on. */
   features?: { acpi: boolean };
-  /** The network interfaces and disks. */
-  devices: { interfaces: DomainInterface[]; disks: DomainDisk[] };
+  /** `<os>`: the machine type, e.g. `pc-q35-rhel9.6.0`. */
+  os?: { machine?: string };
+  /** The guest's memory at boot. */
+  memory?: DomainMemory;
+  /** The guest's memory now (lower than `memory` while the balloon is inflated). */
+  currentMemory?: DomainMemory;
+  /** The network interfaces, disks and channels. */
+  devices: { interfaces: DomainInterface[]; disks: DomainDisk[]; channels: DomainChannel[] };
 }
 
 /** A domain's status: lifecycle, reason, and what the guest agent reported. */
@@ -183,7 +219,7 @@ export function newDomain(
     spec: {
       name: domainNameOf(ref.namespace, ref.name),
       metadata: { kubevirt: { uid: ref.uid ?? "" } },
-      devices: { interfaces: [], disks: [] },
+      devices: { interfaces: [], disks: [], channels: [] },
     },
     status: { status: state.status, reason: state.reason },
   };
@@ -217,6 +253,10 @@ function compact<T extends Json>(object: T): T {
 
 function aliasToWire(alias: DomainAlias | undefined): Json | undefined {
   return alias ? { Name: alias.name, UserDefined: alias.userDefined } : undefined;
+}
+
+function memoryToWire(memory: DomainMemory | undefined): Json | undefined {
+  return memory ? { Value: memory.value, Unit: memory.unit } : undefined;
 }
 
 /** The domain as a KubeVirt wire JSON value (before stringifying). */
@@ -262,6 +302,10 @@ export function domainToWire(domain: Domain): Json {
             : undefined,
         }),
       },
+      // Go's api.Memory and api.OS are values, not pointers: always present, zero when unset.
+      Memory: memoryToWire(domain.spec.memory) ?? { Value: 0, Unit: "" },
+      CurrentMemory: memoryToWire(domain.spec.currentMemory) ?? null,
+      OS: { Type: { Machine: domain.spec.os?.machine ?? "" } },
       Features: domain.spec.features ? (domain.spec.features.acpi ? { ACPI: {} } : {}) : null,
       Devices: {
         Interfaces: domain.spec.devices.interfaces.map((nic) =>
@@ -279,6 +323,18 @@ export function domainToWire(domain: Domain): Json {
             Source: compact({ File: disk.source.file, Dev: disk.source.dev }),
             Target: compact({ Bus: disk.target.bus, Device: disk.target.dev }),
             Alias: aliasToWire(disk.alias),
+          })
+        ),
+        Channels: domain.spec.devices.channels.map((channel) =>
+          compact({
+            Type: channel.type,
+            Target: channel.target
+              ? compact({
+                Name: channel.target.name,
+                Type: channel.target.type,
+                State: channel.target.state,
+              })
+              : undefined,
           })
         ),
       },
@@ -321,6 +377,14 @@ function optString(value: unknown, path: string): string | undefined {
   return value;
 }
 
+function optCount(value: unknown, path: string): number | undefined {
+  if (value === undefined || value === null) return undefined;
+  if (typeof value !== "number" || !Number.isSafeInteger(value) || value < 0) {
+    throw new DomainJsonError(`"${path}" is not a non-negative integer`);
+  }
+  return value;
+}
+
 function array(value: unknown, path: string): unknown[] {
   if (value === undefined || value === null) return [];
   if (!Array.isArray(value)) throw new DomainJsonError(`"${path}" is not an array`);
@@ -332,6 +396,32 @@ function aliasFromWire(value: unknown, path: string): DomainAlias | undefined {
   const alias = object(value, path);
   const name = optString(alias.Name, `${path}.Name`);
   return name === undefined ? undefined : { name, userDefined: alias.UserDefined === true };
+}
+
+/** Go's zero `api.Memory` (no value, no unit) reads as absent. */
+function memoryFromWire(value: unknown, path: string): DomainMemory | undefined {
+  const memory = object(value, path);
+  const amount = optCount(memory.Value, `${path}.Value`);
+  const unit = optString(memory.Unit, `${path}.Unit`);
+  if (!amount && unit === undefined) return undefined;
+  return { value: amount ?? 0, unit: unit ?? "" };
+}
+
+function channelFromWire(value: unknown, path: string): DomainChannel {
+  const channel = object(value, path);
+  const target = channel.Target === undefined || channel.Target === null
+    ? undefined
+    : object(channel.Target, `${path}.Target`);
+  return compact({
+    type: optString(channel.Type, `${path}.Type`) ?? "",
+    target: target
+      ? compact({
+        name: optString(target.Name, `${path}.Target.Name`),
+        type: optString(target.Type, `${path}.Target.Type`) ?? "",
+        state: optString(target.State, `${path}.Target.State`),
+      })
+      : undefined,
+  });
 }
 
 const LIFE_CYCLES = new Set<string>(Object.values(LifeCycle));
@@ -370,6 +460,10 @@ export function domainFromWire(raw: unknown): Domain {
     ? undefined
     : object(spec.Features, "Spec.Features");
   const devices = object(spec.Devices, "Spec.Devices");
+  const machine = optString(
+    object(object(spec.OS, "Spec.OS").Type, "Spec.OS.Type").Machine,
+    "Spec.OS.Type.Machine",
+  );
   const osInfo = object(status.OSInfo, "Status.OSInfo");
   const freeze = optString(object(status.FSFreezeStatus, "Status.FSFreezeStatus").Status, "x");
 
@@ -418,6 +512,9 @@ export function domainFromWire(raw: unknown): Domain {
       features: features
         ? { acpi: features.ACPI !== undefined && features.ACPI !== null }
         : undefined,
+      os: machine ? { machine } : undefined,
+      memory: memoryFromWire(spec.Memory, "Spec.Memory"),
+      currentMemory: memoryFromWire(spec.CurrentMemory, "Spec.CurrentMemory"),
       devices: {
         interfaces: array(devices.Interfaces, "Spec.Devices.Interfaces").map((value, i) => {
           const path = `Spec.Devices.Interfaces[${i}]`;
@@ -448,6 +545,9 @@ export function domainFromWire(raw: unknown): Domain {
             alias: aliasFromWire(disk.Alias, `${path}.Alias`),
           });
         }),
+        channels: array(devices.Channels, "Spec.Devices.Channels").map((value, i) =>
+          channelFromWire(value, `Spec.Devices.Channels[${i}]`)
+        ),
       },
     }),
     status: compact({

@@ -9,8 +9,10 @@
 
 import {
   type Domain,
+  type DomainChannel,
   type DomainDisk,
   type DomainInterface,
+  type DomainMemory,
   type DomainState,
   newDomain,
 } from "../domain/mod.ts";
@@ -61,6 +63,27 @@ function alias(node: XmlNode): { name: string; userDefined: boolean } | undefine
     : { name, userDefined: false };
 }
 
+/** `<memory>` or `<currentMemory>`; libvirt's unit is KiB when none is written. */
+function memory(node: XmlNode | undefined): DomainMemory | undefined {
+  if (!node) return undefined;
+  const amount = text(node) ?? "";
+  if (!/^\d+$/.test(amount) || !Number.isSafeInteger(Number(amount))) {
+    throw new DomainXmlReadError(`<${node.name}> has value "${amount}"`);
+  }
+  return { value: Number(amount), unit: node.attrs.unit ?? "KiB" };
+}
+
+function channel(node: XmlNode): DomainChannel {
+  const target = child(node, "target");
+  const result: DomainChannel = { type: node.attrs.type ?? "" };
+  if (target) {
+    result.target = { type: target.attrs.type ?? "" };
+    if (target.attrs.name) result.target.name = target.attrs.name;
+    if (target.attrs.state) result.target.state = target.attrs.state;
+  }
+  return result;
+}
+
 /** The VMI a launcher serves: namespace, name and UID. */
 export interface VmiRef {
   /** The VMI's namespace. */
@@ -102,6 +125,12 @@ export function domainFromXml(ref: VmiRef, xml: string, state: DomainState): Dom
   }
   const features = child(root, "features");
   if (features) spec.features = { acpi: child(features, "acpi") !== undefined };
+  const machine = child(child(root, "os"), "type")?.attrs.machine;
+  if (machine) spec.os = { machine };
+  const bootMemory = memory(child(root, "memory"));
+  if (bootMemory) spec.memory = bootMemory;
+  const currentMemory = memory(child(root, "currentMemory"));
+  if (currentMemory) spec.currentMemory = currentMemory;
   const devices = child(root, "devices");
   spec.devices.disks = children(devices, "disk").map((disk): DomainDisk => {
     const source = child(disk, "source");
@@ -120,5 +149,6 @@ export function domainFromXml(ref: VmiRef, xml: string, state: DomainState): Dom
     model: child(nic, "model")?.attrs.type,
     alias: alias(nic),
   }));
+  spec.devices.channels = children(devices, "channel").map(channel);
   return domain;
 }
