@@ -17,7 +17,7 @@ import {
   type VirtualMachineInstance,
   vmiKey as keyOf,
 } from "../api/mod.ts";
-import { domainNameOf } from "../domain/mod.ts";
+import { domainNameOf, GUEST_AGENT_CHANNEL } from "../domain/mod.ts";
 import { ConversionError, InvalidFieldError, UnsupportedFieldError } from "./converter_errors.ts";
 import { el, renderXml } from "./_xml.ts";
 import type { XmlElement } from "./_xml.ts";
@@ -717,6 +717,8 @@ export function generateDomainXml(vmi: VirtualMachineInstance, options: DomainXm
       buildDisks(vmi, options),
       hasScsiDisk(vmi) && el("controller", { type: "scsi", index: 0, model: "virtio-scsi" }),
       buildInterfaces(vmi),
+      // No source: libvirt picks the socket path, as with KubeVirt's launcher.
+      el("channel", { type: "unix" }, el("target", { type: "virtio", name: GUEST_AGENT_CHANNEL })),
       buildConsoleAndGraphics(vmi, options),
       (devices.autoattachMemBalloon ?? true)
         ? el("memballoon", { model: "virtio" }, el("stats", { period: 10 }))
