@@ -19,7 +19,9 @@ import {
   type VolumeStatus,
 } from "../api/mod.ts";
 import {
+  CHANNEL_CONNECTED,
   type Domain,
+  GUEST_AGENT_CHANNEL,
   type LauncherState,
   LifeCycle,
   pausedConditionReason,
@@ -109,9 +111,15 @@ export function removeCondition(conditions: VmiCondition[], type: string): VmiCo
     : conditions;
 }
 
+/** LiveMigratable=False when no specific blocker applies: virtnode cannot migrate yet. */
+const LIVE_MIGRATION_UNSUPPORTED = {
+  reason: ConditionReason.NotMigratable,
+  message: "live migration is not supported by virtnode yet",
+} as const;
+
 /**
  * Why a VMI cannot be live-migrated, for the reasons that apply to what our
- * converter produces; undefined when it can.
+ * converter produces; undefined when none of them does.
  */
 export function liveMigrationBlocker(
   vmi: VirtualMachineInstance,
@@ -131,6 +139,16 @@ export function liveMigrationBlocker(
     };
   }
   return undefined;
+}
+
+/**
+ * Whether the guest agent is connected: the domain's guest agent channel is
+ * `connected`, as virt-handler decides `AgentConnected`.
+ */
+export function guestAgentConnected(domain: Domain | undefined): boolean {
+  return domain?.spec.devices.channels.some((channel) =>
+    channel.target?.name === GUEST_AGENT_CHANNEL && channel.target.state === CHANNEL_CONNECTED
+  ) ?? false;
 }
 
 function stripAlias(name: string | undefined): string | undefined {
@@ -241,19 +259,16 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
     }, input.now)
     : removeCondition(conditions, ConditionType.Paused);
 
-  conditions = domain?.status.osInfo?.name
+  conditions = guestAgentConnected(domain)
     ? setCondition(conditions, { type: ConditionType.AgentConnected, status: "True" }, input.now)
     : removeCondition(conditions, ConditionType.AgentConnected);
 
   if (status.phase === VmiPhase.Running || status.phase === VmiPhase.Scheduled) {
-    const blocker = liveMigrationBlocker(vmi);
-    conditions = setCondition(
-      conditions,
-      blocker
-        ? { type: ConditionType.LiveMigratable, status: "False", ...blocker }
-        : { type: ConditionType.LiveMigratable, status: "True" },
-      input.now,
-    );
+    conditions = setCondition(conditions, {
+      type: ConditionType.LiveMigratable,
+      status: "False",
+      ...(liveMigrationBlocker(vmi) ?? LIVE_MIGRATION_UNSUPPORTED),
+    }, input.now);
   }
 
   if (input.standsInForController) {

@@ -1,8 +1,15 @@
 import assert from "node:assert/strict";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
-import { LifeCycle, newDomain, StateChangeReason } from "../../mod/domain/mod.ts";
+import {
+  type Domain,
+  type DomainChannel,
+  LifeCycle,
+  newDomain,
+  StateChangeReason,
+} from "../../mod/domain/mod.ts";
 import {
   computeStatus,
+  guestAgentConnected,
   liveMigrationBlocker,
   phaseChangeEvent,
   type StatusInput,
@@ -131,4 +138,96 @@ Deno.test("liveMigrationBlocker() names non-shared hostDisks and host-passthroug
     vmi("Running", { domain: { cpu: { model: "host-passthrough" }, devices: {} } }),
   );
   assert.equal(cpu?.reason, "CPUModeLiveMigratable");
+});
+
+function runningDomain(channels: DomainChannel[], osName?: string): Domain {
+  const domain = newDomain({ namespace: "default", name: "vm1", uid: "u1" }, {
+    status: LifeCycle.Running,
+    reason: StateChangeReason.Unknown,
+  });
+  domain.spec.devices.channels = channels;
+  if (osName) domain.status.osInfo = { name: osName };
+  return domain;
+}
+
+function agentChannel(state?: string, name = "org.qemu.guest_agent.0"): DomainChannel {
+  return {
+    type: "unix",
+    target: state ? { type: "virtio", name, state } : { type: "virtio", name },
+  };
+}
+
+Deno.test("guestAgentConnected() is true only for a connected org.qemu.guest_agent.0 channel", () => {
+  const rows: [string, Domain | undefined, boolean][] = [
+    ["no domain", undefined, false],
+    ["no channel, though the guest OS is known", runningDomain([], "Fedora Linux"), false],
+    ["channel without a state (domain not running)", runningDomain([agentChannel()]), false],
+    ["channel disconnected", runningDomain([agentChannel("disconnected")]), false],
+    ["another channel connected", runningDomain([agentChannel("connected", "org.qemu.x")]), false],
+    ["channel without a target", runningDomain([{ type: "unix" }]), false],
+    ["channel connected", runningDomain([agentChannel("connected")]), true],
+    [
+      "channel connected beside another",
+      runningDomain([agentChannel("connected", "org.qemu.x"), agentChannel("connected")]),
+      true,
+    ],
+  ];
+  for (const [row, domain, want] of rows) assert.equal(guestAgentConnected(domain), want, row);
+});
+
+Deno.test("computeStatus() sets AgentConnected from the guest agent channel, not from the guest OS info", () => {
+  const agentOf = (status: { conditions?: { type: string; status: string }[] }) =>
+    status.conditions?.find((c) => c.type === "AgentConnected")?.status;
+  const osOnly = computeStatus(
+    vmi("Running"),
+    input(undefined, undefined, {
+      domain: runningDomain([agentChannel("disconnected")], "Fedora"),
+    }),
+  );
+  assert.equal(agentOf(osOnly.status), undefined);
+  const connected = computeStatus(
+    vmi("Running"),
+    input(undefined, undefined, { domain: runningDomain([agentChannel("connected")]) }),
+  );
+  assert.equal(agentOf(connected.status), "True");
+  const gone = computeStatus(
+    { ...vmi(), status: connected.status },
+    input(undefined, undefined, { domain: runningDomain([agentChannel("disconnected")]) }),
+  );
+  assert.equal(agentOf(gone.status), undefined);
+});
+
+Deno.test("computeStatus() never makes a VMI LiveMigratable: a specific blocker first, else NotMigratable", () => {
+  const liveMigratable = (v: VirtualMachineInstance) =>
+    computeStatus(v, input(LifeCycle.Running)).status.conditions?.find((c) =>
+      c.type === "LiveMigratable"
+    );
+  const rows: [string, VirtualMachineInstance, string | undefined][] = [
+    ["Running, nothing blocks", vmi("Running"), "NotMigratable"],
+    ["Scheduled, nothing blocks", vmi("Scheduled"), "NotMigratable"],
+    [
+      "Running, non-shared hostDisk",
+      vmi("Running", { volumes: [{ name: "d", hostDisk: { path: "/x", type: "Disk" } }] }),
+      "DisksNotLiveMigratable",
+    ],
+    [
+      "Running, host-passthrough CPU",
+      vmi("Running", { domain: { cpu: { model: "host-passthrough" }, devices: {} } }),
+      "CPUModeLiveMigratable",
+    ],
+    ["Succeeded", vmi("Succeeded"), undefined],
+  ];
+  for (const [row, v, reason] of rows) {
+    const c = liveMigratable(v);
+    if (reason === undefined) {
+      assert.equal(c, undefined, row);
+      continue;
+    }
+    assert.equal(c?.status, "False", row);
+    assert.equal(c?.reason, reason, row);
+  }
+  assert.equal(
+    liveMigratable(vmi("Running"))?.message,
+    "live migration is not supported by virtnode yet",
+  );
 });
