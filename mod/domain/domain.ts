@@ -465,7 +465,10 @@ export function domainFromWire(raw: unknown): Domain {
     "Spec.OS.Type.Machine",
   );
   const osInfo = object(status.OSInfo, "Status.OSInfo");
-  const freeze = optString(object(status.FSFreezeStatus, "Status.FSFreezeStatus").Status, "x");
+  const freeze = optString(
+    object(status.FSFreezeStatus, "Status.FSFreezeStatus").Status,
+    "Status.FSFreezeStatus.Status",
+  );
 
   const domain: Domain = {
     kind: DOMAIN_KIND,

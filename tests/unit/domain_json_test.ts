@@ -229,4 +229,14 @@ Deno.test("decodeDomainJson() rejects malformed JSON with a clear error", () => 
       ),
     /"Spec.Devices" is not an object/,
   );
+  assert.throws(
+    () =>
+      decodeDomainJson(
+        JSON.stringify({
+          ObjectMeta: { name: "a", namespace: "b" },
+          Status: { FSFreezeStatus: { Status: 1 } },
+        }),
+      ),
+    /"Status.FSFreezeStatus.Status" is not a string/,
+  );
 });
