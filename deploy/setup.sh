@@ -121,6 +121,9 @@ step "Test control plane and kubectl (built from Go modules by deploy/cluster/bu
 cluster_bin=$(bash deploy/cluster/build.sh)
 echo "$cluster_bin"
 
+step "KubeVirt's CRDs, admission and handler-side clients (built from kubevirt.io/kubevirt by deploy/kubevirt/build.sh; cached)"
+bash deploy/kubevirt/build.sh
+
 step "kubectl"
 # A link we made earlier points into the cache; a kubectl of the machine's own is kept.
 link=/usr/local/bin/kubectl

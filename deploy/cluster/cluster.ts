@@ -1,6 +1,9 @@
 /**
  * A real Kubernetes control plane for tests, envtest style: etcd and
- * kube-apiserver built from source by `build.sh`, no controllers, no kubelet.
+ * kube-apiserver built from source by `build.sh`, no controllers, no kubelet,
+ * with KubeVirt's own CRDs (`deploy/kubevirt/build.sh` runs KubeVirt's generator)
+ * and, when asked, KubeVirt's own admission: virt-api's VMI and migration webhooks,
+ * configured from a KubeVirt CR the way a KubeVirt install configures virt-api.
  *
  * Run it by hand with `deno task cluster`; tests call {@linkcode useCluster}.
  *
@@ -27,16 +30,26 @@ export interface Cluster {
   startApiserver(): Promise<void>;
   /** Stops both processes and removes {@linkcode Cluster.dir}. */
   stop(): Promise<void>;
+  /**
+   * The apiserver's audit log: one JSON event per request to a `kubevirt.io` resource
+   * (metadata level), or undefined for a borrowed cluster.
+   */
+  auditLogPath?: string;
 }
 
 /** Options of {@linkcode startCluster}. */
 export interface StartClusterOptions {
   /**
-   * A directory of CRD manifests to apply once the apiserver is ready.
-   * Defaults to `deploy/crds/` of the repository when it holds YAML files;
+   * A directory of CRD manifests to apply once the apiserver is ready. Defaults to
+   * KubeVirt's CRDs as its generator writes them ({@linkcode buildKubevirt});
    * `false` applies none.
    */
   crdDir?: string | false;
+  /**
+   * Run KubeVirt's admission for VMIs and migrations (virt-api's webhooks) and create
+   * the `kubevirt` namespace and KubeVirt CR it is configured from. Default false.
+   */
+  admission?: boolean;
   /** A directory holding `kube-apiserver` and `etcd`; skips `build.sh`. */
   binDir?: string;
   /**
@@ -59,6 +72,20 @@ export class ClusterError extends Error {
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const REPO_ROOT = path.resolve(HERE, "..", "..");
 const BUILD_SCRIPT = path.join(HERE, "build.sh");
+const KUBEVIRT_BUILD_SCRIPT = path.join(REPO_ROOT, "deploy", "kubevirt", "build.sh");
+const ADMISSION_READY_TIMEOUT_MS = 60_000;
+/** The namespace of KubeVirt's own components and of its KubeVirt CR. */
+export const KUBEVIRT_NAMESPACE = "kubevirt";
+// Only kubevirt.io requests are recorded: enough to prove what the handler sends.
+const AUDIT_POLICY = `apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+  - level: Metadata
+    resources:
+      - group: kubevirt.io
+  - level: None
+`;
 const KUBECTL = Deno.env.get("KUBECTL") ?? "kubectl";
 const ETCD_READY_TIMEOUT_MS = 30_000;
 const APISERVER_READY_TIMEOUT_MS = 90_000;
@@ -80,6 +107,9 @@ interface Managed {
  */
 export async function startCluster(options: StartClusterOptions = {}): Promise<Cluster> {
   const binDir = options.binDir ?? await buildBinaries();
+  const kubevirtDir = options.crdDir === undefined || options.admission
+    ? await buildKubevirt()
+    : undefined;
   const dir = await Deno.makeTempDir({ prefix: TEMP_PREFIX });
   await Deno.writeTextFile(path.join(dir, OWNER_FILE), `${Deno.pid}\n`);
   await removeOrphanedDirs(path.dirname(dir));
@@ -87,7 +117,13 @@ export async function startCluster(options: StartClusterOptions = {}): Promise<C
   live.add(controlPlane, options.stopOnSignals ?? true);
   try {
     await controlPlane.start();
-    await applyCrds(controlPlane.kubeconfigPath, options.crdDir);
+    if (options.crdDir !== false) {
+      await applyCrds(
+        controlPlane.kubeconfigPath,
+        options.crdDir ?? path.join(kubevirtDir!, "crds"),
+      );
+    }
+    if (options.admission) await controlPlane.startAdmission(kubevirtDir!);
   } catch (error) {
     await controlPlane.stop();
     throw error;
@@ -132,23 +168,34 @@ export async function useCluster(options: StartClusterOptions = {}): Promise<Clu
   };
 }
 
+/**
+ * Runs `deploy/kubevirt/build.sh` (a no-op when its cache holds the result) and returns
+ * its directory: KubeVirt's CRDs under `crds/`, its examples under `examples/`, and the
+ * programs built from KubeVirt's packages (`kubevirt-admission`, `cmdclient-check`).
+ */
+export async function buildKubevirt(): Promise<string> {
+  return await runBuildScript(KUBEVIRT_BUILD_SCRIPT, "KubeVirt's test peers");
+}
+
 /** Runs build.sh (a no-op when its cache holds the binaries) and returns the binary directory. */
-async function buildBinaries(): Promise<string> {
+function buildBinaries(): Promise<string> {
+  return runBuildScript(BUILD_SCRIPT, "the control plane");
+}
+
+async function runBuildScript(script: string, what: string): Promise<string> {
   let output: Deno.CommandOutput;
   try {
     output = await new Deno.Command("bash", {
-      args: [BUILD_SCRIPT],
+      args: [script],
       stdin: "null",
       stdout: "piped",
       stderr: "inherit",
     }).output();
   } catch (error) {
-    throw new ClusterError(`Cannot build the control plane: ${message(error)}`, { cause: error });
+    throw new ClusterError(`Cannot build ${what}: ${message(error)}`, { cause: error });
   }
   if (!output.success) {
-    throw new ClusterError(
-      `Cannot build the control plane: "${BUILD_SCRIPT}" exited with code ${output.code}`,
-    );
+    throw new ClusterError(`Cannot build ${what}: "${script}" exited with code ${output.code}`);
   }
   const lines = new TextDecoder().decode(output.stdout).trim().split("\n");
   return lines[lines.length - 1];
@@ -163,6 +210,7 @@ class ControlPlane implements Cluster {
   #binDir: string;
   #etcd?: Managed;
   #apiserver?: Managed;
+  #admission?: Managed;
   #apiserverArgs: string[] = [];
   #stopping?: Promise<void>;
 
@@ -170,6 +218,57 @@ class ControlPlane implements Cluster {
     this.#binDir = binDir;
     this.dir = dir;
     this.kubeconfigPath = path.join(dir, "kubeconfig");
+    this.auditLogPath = path.join(dir, "audit.log");
+  }
+
+  readonly auditLogPath: string;
+
+  /**
+   * Creates the `kubevirt` namespace and a KubeVirt CR (deployed, default configuration)
+   * and starts KubeVirt's admission, which registers its webhook configurations; returns
+   * once it said it is ready.
+   */
+  async startAdmission(kubevirtDir: string): Promise<void> {
+    const kc = ["--kubeconfig", this.kubeconfigPath];
+    await kubectl([...kc, "create", "namespace", KUBEVIRT_NAMESPACE]);
+    const kubevirtCr = JSON.stringify({
+      apiVersion: "kubevirt.io/v1",
+      kind: "KubeVirt",
+      metadata: { name: "kubevirt", namespace: KUBEVIRT_NAMESPACE },
+      spec: { configuration: { developerConfiguration: {} } },
+    });
+    const crFile = path.join(this.dir, "kubevirt-cr.json");
+    await Deno.writeTextFile(crFile, kubevirtCr);
+    await kubectl([...kc, "create", "-f", crFile]);
+    // virt-operator reports the install in the CR's status; virt-api's configuration
+    // reads a KubeVirt CR only once it has a phase.
+    await kubectl([
+      ...kc,
+      "patch",
+      "kubevirt",
+      "kubevirt",
+      "-n",
+      KUBEVIRT_NAMESPACE,
+      "--subresource=status",
+      "--type=merge",
+      "-p",
+      JSON.stringify({ status: { phase: "Deployed", defaultArchitecture: "amd64" } }),
+    ]);
+    const readyFile = path.join(this.dir, "kubevirt-admission.ready");
+    const admission = await this.#spawn(
+      "kubevirt-admission",
+      path.join(kubevirtDir, "kubevirt-admission"),
+      [
+        `--kubeconfig=${this.kubeconfigPath}`,
+        `--namespace=${KUBEVIRT_NAMESPACE}`,
+        `--ready-file=${readyFile}`,
+      ],
+    );
+    this.#admission = admission;
+    await waitUntil(admission, ADMISSION_READY_TIMEOUT_MS, async () => {
+      const ready = await Deno.readTextFile(readyFile).catch(() => "");
+      return ready.startsWith("ready https://");
+    });
   }
 
   async start(): Promise<void> {
@@ -192,6 +291,8 @@ class ControlPlane implements Cluster {
       "--disable-admission-plugins=ServiceAccount",
       "--allow-privileged=true",
       "--endpoint-reconciler-type=none",
+      `--audit-policy-file=${path.join(this.dir, "audit-policy.yaml")}`,
+      `--audit-log-path=${this.auditLogPath}`,
     ];
     await this.startApiserver();
     await this.#writeKubeconfig();
@@ -226,7 +327,7 @@ class ControlPlane implements Cluster {
 
   /** Kills the processes without waiting: the last resort on process exit. */
   killNow(): void {
-    for (const managed of [this.#apiserver, this.#etcd]) {
+    for (const managed of [this.#admission, this.#apiserver, this.#etcd]) {
       try {
         managed?.child.kill("SIGKILL");
       } catch {
@@ -242,6 +343,9 @@ class ControlPlane implements Cluster {
 
   async #stop(): Promise<void> {
     try {
+      const admission = this.#admission;
+      this.#admission = undefined;
+      if (admission) await terminate(admission);
       await this.stopApiserver();
       const etcd = this.#etcd;
       this.#etcd = undefined;
@@ -298,6 +402,7 @@ class ControlPlane implements Cluster {
       path.join(this.dir, "service-account.pub"),
       pem("PUBLIC KEY", publicKey),
     );
+    await Deno.writeTextFile(path.join(this.dir, "audit-policy.yaml"), AUDIT_POLICY);
     await Deno.writeTextFile(
       path.join(this.dir, "tokens.csv"),
       `${this.token},admin,admin,"system:masters"\n`,
@@ -502,45 +607,42 @@ async function terminate(managed: Managed): Promise<void> {
 }
 
 /** Applies every YAML file of the CRD directory and waits until each is Established. */
-async function applyCrds(kubeconfigPath: string, crdDir?: string | false): Promise<void> {
-  if (crdDir === false) return;
-  const dir = crdDir ?? path.join(REPO_ROOT, "deploy", "crds");
-  let files: string[];
+async function applyCrds(kubeconfigPath: string, dir: string): Promise<void> {
+  let count = 0;
   try {
-    files = [];
     for await (const entry of Deno.readDir(dir)) {
-      if (entry.isFile && /\.ya?ml$/.test(entry.name)) files.push(path.join(dir, entry.name));
+      if (entry.isFile && /\.(ya?ml|json)$/.test(entry.name)) count++;
     }
   } catch (error) {
-    if (crdDir === undefined && error instanceof Deno.errors.NotFound) return;
     throw new ClusterError(`Cannot read the CRD directory "${dir}": ${message(error)}`, {
       cause: error,
     });
   }
-  files.sort();
-  for (const file of files) {
-    try {
-      await kubectl(["--kubeconfig", kubeconfigPath, "apply", "-f", file]);
-    } catch (error) {
-      throw new ClusterError(`Cannot apply CRD "${file}": ${message(error)}`, { cause: error });
-    }
-  }
-  for (const file of files) {
-    try {
-      await kubectl([
-        "--kubeconfig",
-        kubeconfigPath,
-        "wait",
-        "--for=condition=established",
-        "--timeout=60s",
-        "-f",
-        file,
-      ]);
-    } catch (error) {
-      throw new ClusterError(`Cannot establish CRD "${file}": ${message(error)}`, {
-        cause: error,
-      });
-    }
+  if (count === 0) throw new ClusterError(`The CRD directory "${dir}" holds no manifests`);
+  // Server-side: KubeVirt's VMI CRD is too large for client-side apply's annotation.
+  try {
+    await kubectl([
+      "--kubeconfig",
+      kubeconfigPath,
+      "apply",
+      "--server-side",
+      "--force-conflicts",
+      "-f",
+      dir,
+    ]);
+    await kubectl([
+      "--kubeconfig",
+      kubeconfigPath,
+      "wait",
+      "--for=condition=established",
+      "--timeout=60s",
+      "-f",
+      dir,
+    ]);
+  } catch (error) {
+    throw new ClusterError(`Cannot apply the CRDs of "${dir}": ${message(error)}`, {
+      cause: error,
+    });
   }
 }
 
@@ -618,4 +720,51 @@ if (import.meta.main) {
   // The listeners of LiveClusters stop the cluster and exit on SIGINT or SIGTERM.
   await new Promise<void>((resolve) => Deno.addSignalListener("SIGINT", resolve));
   await cluster.stop();
+}
+
+/**
+ * Writes `file`, a kubeconfig for `cluster` that authenticates as the service account
+ * `namespace/name` (both created when missing) with a token from the TokenRequest API,
+ * valid for a day. How tests act as one of KubeVirt's own components, whose service
+ * accounts KubeVirt's admission trusts with what it refuses other users.
+ */
+export async function serviceAccountKubeconfig(
+  cluster: Cluster,
+  namespace: string,
+  name: string,
+  file: string,
+): Promise<string> {
+  const kc = ["--kubeconfig", cluster.kubeconfigPath];
+  const createIfMissing = async (args: string[]) => {
+    try {
+      await kubectl([...kc, "create", ...args]);
+    } catch (error) {
+      if (!/AlreadyExists|already exists/.test(message(error))) throw error;
+    }
+  };
+  try {
+    await createIfMissing(["namespace", namespace]);
+    await createIfMissing(["serviceaccount", name, "-n", namespace]);
+    const token = await kubectl([
+      ...kc,
+      "create",
+      "token",
+      name,
+      "-n",
+      namespace,
+      "--duration=24h",
+    ]);
+    const config = JSON.parse(
+      await kubectl([...kc, "config", "view", "--raw", "--minify", "-o", "json"]),
+    );
+    config.users = [{ name: `${namespace}-${name}`, user: { token: token.trim() } }];
+    config.contexts[0].context.user = `${namespace}-${name}`;
+    await Deno.writeTextFile(file, JSON.stringify(config, null, 2), { mode: 0o600 });
+  } catch (error) {
+    throw new ClusterError(
+      `Cannot write a kubeconfig for service account "${namespace}/${name}": ${message(error)}`,
+      { cause: error },
+    );
+  }
+  return file;
 }

@@ -1,12 +1,17 @@
 /**
- * The one place that writes a custom resource's status subresource.
+ * The one place that writes a custom resource's status.
+ *
+ * KubeVirt's VMI CRD has no status subresource: virt-handler writes a VMI by updating the
+ * whole object, and so does this writer — PUT of the object's own path, never `/status`
+ * (which is a 404 on KubeVirt's CRD). The body is the object as read, with only `.status`
+ * replaced, so metadata and spec go back exactly as they came.
  *
  * Why PUT with resourceVersion and not a merge patch: status lists (conditions,
  * interfaces, volumeStatus, phaseTransitionTimestamps) are atomic in a JSON merge patch
  * (and CRDs do not support strategic merge), so a patch of `conditions` would replace
  * conditions another writer just set. Instead the caller gives a `mutate` function that
  * applies only its own change to a status; the writer applies it to the cached object,
- * skips the request when nothing changed, and PUTs `/status` with the object's
+ * skips the request when nothing changed, and PUTs the object with its
  * resourceVersion. On 409 Conflict it re-reads the object and applies `mutate` to the
  * fresh copy, so fields others wrote meanwhile are kept. Retries are bounded.
  *
@@ -119,7 +124,7 @@ export class StatusWriter<S extends object, T extends KubeObject & { status?: S 
       const body = { ...current, status: desired };
       try {
         requests++;
-        current = await this.#client.request<T>("PUT", `${path}/status`, body, {
+        current = await this.#client.request<T>("PUT", path, body, {
           timeoutMs: this.#options.timeoutMs,
         });
         written = true;

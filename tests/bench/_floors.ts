@@ -3,7 +3,8 @@
  * run with nothing of virtnode in between:
  * (a) the apiserver's own create -> watch ADDED delivery,
  * (b) a raw libvirt define+start through `ffi/`,
- * (c) a status subresource write -> watch MODIFIED round trip,
+ * (c) a status write (merge patch of the VMI: KubeVirt's CRD has no status
+ *     subresource) -> watch MODIFIED round trip,
  * (d) a bare Deno process's RSS and PSS,
  * (e) a bare Deno process's start-up (spawn -> exit of `deno eval`).
  *
@@ -62,7 +63,7 @@ async function patchOnce(ctx: FloorContext, name: string, i: number): Promise<nu
   const t0 = performance.now();
   await ctx.client.request(
     "PATCH",
-    `${vmiPath(ctx.namespace, name)}/status`,
+    vmiPath(ctx.namespace, name),
     { status: { phase: "Scheduled", reason: marker, nodeName: FLOOR_NODE } },
     { contentType: "application/merge-patch+json" },
   );

@@ -29,6 +29,8 @@ check "deno --version" deno --version
 # What cluster.ts runs: build.sh must find Go and its cache without setup.sh's GO.
 check "deploy/cluster/build.sh (cached)" \
   bash -c 'env -u GO bash deploy/cluster/build.sh 2>/dev/null | tail -1 | xargs -I{} ls {}/etcd {}/kube-apiserver {}/kubectl'
+check "deploy/kubevirt/build.sh (cached)" \
+  bash -c 'env -u GO bash deploy/kubevirt/build.sh 2>/dev/null | tail -1 | xargs -I{} ls {}/kubevirt-admission {}/crds/virtualmachineinstances.kubevirt.io.json'
 check "deno check main.ts" deno check main.ts
 
 if [[ $failed -gt 0 ]]; then

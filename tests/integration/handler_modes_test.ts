@@ -113,7 +113,7 @@ Deno.test("handler (KubeVirt mode) finds a launcher pod's socket from status.act
     });
     // What virt-controller would write: Scheduled, on this node, with the active pod.
     const current = (await getVmi(client, "default", name))!;
-    await client.request("PUT", `${vmiPath("default", name)}/status`, {
+    await client.request("PUT", vmiPath("default", name), {
       ...current,
       status: { phase: "Scheduled", nodeName: node, activePods: { [podUid]: node } },
     });

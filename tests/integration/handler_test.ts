@@ -51,7 +51,9 @@ Deno.test("handler: a VMI goes Running with status and events, and deleting it r
     assert.deepEqual(st.phaseTransitionTimestamps!.map((p) => p.phase), ["Scheduled", "Running"]);
     const cond = Object.fromEntries(st.conditions!.map((c) => [c.type, c]));
     assert.equal(cond.Ready?.status, "True");
-    assert.equal(cond.LiveMigratable?.status, "True");
+    // Live migration is not implemented: never advertised, with KubeVirt's generic reason.
+    assert.equal(cond.LiveMigratable?.status, "False");
+    assert.equal(cond.LiveMigratable?.reason, "NotMigratable");
     assert.equal(cond.Synchronized, undefined, "no sync error");
     assert.equal(vmi.metadata.finalizers, undefined, "virtnode adds no finalizers");
 

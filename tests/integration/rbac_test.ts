@@ -46,7 +46,7 @@ const HANDLER_CALLS = [
   "list kubevirt.io/virtualmachineinstances", // the VMI informer
   "patch /events", // the recorder's aggregation of repeats
   "patch /nodes", // heartbeat and labeller
-  "update kubevirt.io/virtualmachineinstances/status", // the status writer's PUT
+  "update kubevirt.io/virtualmachineinstances", // the status writer's PUT of the whole VMI
   "watch kubevirt.io/virtualmachineinstances", // the VMI informer
 ];
 
@@ -408,10 +408,9 @@ interface NarrowCase {
 
 const NARROW_CASES: NarrowCase[] = [
   {
-    resource: "virtualmachineinstances/status",
+    resource: "virtualmachineinstances",
     verb: "update",
-    denial:
-      /cannot update resource \\"virtualmachineinstances\/status\\" in API group \\"kubevirt\.io\\"/,
+    denial: /cannot update resource \\"virtualmachineinstances\\" in API group \\"kubevirt\.io\\"/,
     ready: true,
     check: async (ctx, name) => {
       const vmi = await getVmi(ctx.admin, "default", name);

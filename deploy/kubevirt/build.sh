@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Builds KubeVirt's own programs used as test peers from the Go module proxy
+# (kubevirt.io/kubevirt, see go.mod) into a cache outside git, writes KubeVirt's
+# CRDs there as its generator makes them, and prints the directory (the only
+# line on stdout). The directory holds:
+#
+#   kubevirt-crds        KubeVirt's CRD generator, run once into crds/
+#   crds/*.json          every CRD KubeVirt installs
+#   kubevirt-admission   virt-api's VMI and migration webhooks (KubeVirt's packages)
+#   cmdclient-check      KubeVirt's handler-side cmd client and notify server
+#   examples/            the examples/ folder of KubeVirt's module, as published
+#
+#   deploy/kubevirt/build.sh
+#
+# Environment: VIRTNODE_CACHE (default ~/.cache/virtnode), GO (as in
+# deploy/cluster/build.sh), GOTOOLCHAIN (default auto).
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cd "$here"
+
+if [[ -z ${GO:-} ]]; then
+  GO=/usr/local/go/bin/go
+  if command -v go >/dev/null; then
+    GO=go
+  elif [[ ! -x $GO && -x /usr/lib/go-1.23/bin/go ]]; then
+    GO=/usr/lib/go-1.23/bin/go
+  fi
+fi
+export GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
+
+started=${EPOCHREALTIME/./}
+log() {
+  local elapsed=$(((${EPOCHREALTIME/./} - started) / 100000))
+  printf '[kubevirt/build.sh %4d.%ds] %s\n' $((elapsed / 10)) $((elapsed % 10)) "$*" >&2
+}
+
+programs=(kubevirt-crds kubevirt-admission cmdclient-check)
+go_version=$("$GO" env GOVERSION)
+key=$(
+  {
+    echo "$go_version $("$GO" env GOOS GOARCH) ${programs[*]}"
+    cat build.sh go.mod go.sum cmd/*/main.go
+  } | sha256sum | cut -c1-16
+)
+cache_root=${VIRTNODE_CACHE:-$HOME/.cache/virtnode}/kubevirt
+out=$cache_root/$key
+
+built() {
+  local program
+  for program in "${programs[@]}"; do [[ -x $out/$program ]] || return 1; done
+  [[ -s $out/crds/virtualmachineinstances.kubevirt.io.json && -d $out/examples ]]
+}
+
+if built; then
+  log "cached: $out"
+  echo "$out"
+  exit 0
+fi
+
+mkdir -p "$cache_root"
+exec 9>"$cache_root/.lock"
+flock 9
+if built; then
+  log "built by another process: $out"
+  echo "$out"
+  exit 0
+fi
+
+log "building with $go_version (key $key) into $out"
+staging_dir=$(mktemp -d "$cache_root/.build.XXXXXX")
+trap 'rm -rf "$staging_dir"' EXIT
+export CGO_ENABLED=0 GOFLAGS=-mod=mod
+for program in "${programs[@]}"; do
+  log "go build $program"
+  "$GO" build -trimpath -ldflags "-s -w" -o "$staging_dir/$program" "./cmd/$program"
+done
+log "generating KubeVirt's CRDs"
+"$staging_dir/kubevirt-crds" "$staging_dir/crds"
+module_dir=$("$GO" list -m -f '{{.Dir}}' kubevirt.io/kubevirt)
+cp -r "$module_dir/examples" "$staging_dir/examples"
+chmod -R u+w "$staging_dir/examples"
+rm -rf "$out"
+mv "$staging_dir" "$out"
+chmod 755 "$out"
+log "done: $out ($(ls "$out/crds" | wc -l) CRDs)"
+echo "$out"
