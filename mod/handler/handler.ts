@@ -38,6 +38,7 @@ import { LauncherClients } from "./launcher_clients.ts";
 import type { LauncherProvider } from "./launcher_provider.ts";
 import { NotifyServer } from "./notify_server.ts";
 import { PodLaunchers } from "./pod_launchers.ts";
+import { PodlessScheduler } from "./podless_scheduler.ts";
 import { PodlessLaunchers } from "./podless_launchers.ts";
 
 const log = getLogger("handler");
@@ -95,6 +96,7 @@ export class Handler implements Runnable {
   readonly #launchers: LauncherClients;
   readonly #provider: LauncherProvider;
   readonly #recorder: EventRecorder;
+  readonly #scheduler?: PodlessScheduler;
   #ready = false;
   #started = performance.now();
   #adopted = 0;
@@ -122,6 +124,7 @@ export class Handler implements Runnable {
       },
     });
     this.#recorder = new EventRecorder(client, { host: config.nodeName });
+    if (options.launcherCommand) this.#scheduler = new PodlessScheduler(client, config.nodeName);
     // The controller is built after the provider and the pool; their callbacks run later.
     this.#provider = options.launcherCommand
       ? new PodlessLaunchers({
@@ -240,6 +243,7 @@ export class Handler implements Runnable {
         }),
     );
     const parts: Runnable[] = [this.informer, notify, this.#launchers, this.#provider];
+    if (this.#scheduler) parts.push(this.#scheduler);
     if (this.#options.healthAddress) {
       parts.push(healthServer(this.#options.healthAddress, () => this.#ready));
     }
