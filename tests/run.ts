@@ -1,5 +1,5 @@
 /**
- * Runs the test tiers (unit, integration, e2e, fresh, and beside them soak) with `deno test` and prints one
+ * Runs the test tiers (unit, integration, kubevirt, e2e, fresh, and beside them soak) with `deno test` and prints one
  * plain summary line, `tests: N passed, N failed, N skipped`, that CI reads.
  * Skipped tests are listed loudly: a skip is never a pass. A tier fails when it ran no
  * test, ran past its timeout, or left a process or a test guest behind: every process a
@@ -18,7 +18,8 @@ import { join } from "node:path";
 import { type Cluster, startCluster } from "../deploy/cluster/cluster.ts";
 
 // fresh: tests/fresh/check.sh installs the project into a debootstrapped Debian 12 root.
-const TIERS = ["unit", "integration", "e2e", "fresh", "soak"] as const;
+// kubevirt: KubeVirt's own artifacts (its CRDs, admission, handler-side clients) as peers.
+const TIERS = ["unit", "integration", "kubevirt", "e2e", "fresh", "soak"] as const;
 /**
  * Tiers that mostly wait (long observations): they run beside the others, from the start,
  * with a control plane of their own, and their output is shown when they end.
@@ -85,6 +86,7 @@ export const RUN_MARKER_VAR = "VIRTNODE_TEST_RUN";
 export const TIER_TIMEOUT_MS: Record<Tier, number> = {
   unit: 10 * 60_000,
   integration: 20 * 60_000,
+  kubevirt: 15 * 60_000,
   e2e: 15 * 60_000,
   fresh: 20 * 60_000,
   soak: 20 * 60_000,
