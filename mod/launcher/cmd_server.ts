@@ -7,7 +7,8 @@
  *
  * Every RPC answers; none throws. Failures are `Response{success: false, message}` with
  * a message naming the VMI and the problem; RPCs virtnode does not implement answer gRPC
- * status UNIMPLEMENTED naming the RPC.
+ * status UNIMPLEMENTED naming the RPC. GetGuestInfo, GetUsers and GetFilesystems succeed
+ * without a guest agent too, with an empty object or list, as KubeVirt's launcher does.
  *
  * @module
  */
@@ -61,7 +62,21 @@ export type CmdBackend = Pick<
   | "getDomainStats"
   | "qemuVersion"
   | "guestInfo"
+  | "guestUsers"
+  | "guestFilesystems"
 >;
+
+/** `kubevirt.cmd.v1.GuestUserListResponse`: `guestUserListResponse` is a JSON array. */
+interface GuestUserListResponse {
+  response: Response;
+  guestUserListResponse: string;
+}
+
+/** `kubevirt.cmd.v1.GuestFilesystemsResponse`: `guestFilesystemsResponse` is a JSON array. */
+interface GuestFilesystemsResponse {
+  response: Response;
+  guestFilesystemsResponse: string;
+}
 
 /** Options of {@linkcode CmdServer.start}. */
 export interface CmdServerOptions {
@@ -154,6 +169,14 @@ function buildHandlers(backend: CmdBackend): Record<string, Handler> {
       const info = await backend.guestInfo();
       return { response: ok(), guestInfoResponse: JSON.stringify(info) };
     }, (error) => ({ response: failed(error), guestInfoResponse: "" })),
+    GetUsers: safe<unknown, GuestUserListResponse>("GetUsers", async () => {
+      const users = await backend.guestUsers();
+      return { response: ok(), guestUserListResponse: JSON.stringify(users) };
+    }, (error) => ({ response: failed(error), guestUserListResponse: "" })),
+    GetFilesystems: safe<unknown, GuestFilesystemsResponse>("GetFilesystems", async () => {
+      const filesystems = await backend.guestFilesystems();
+      return { response: ok(), guestFilesystemsResponse: JSON.stringify(filesystems) };
+    }, (error) => ({ response: failed(error), guestFilesystemsResponse: "" })),
   };
 
   const handlers: Record<string, Handler> = {};

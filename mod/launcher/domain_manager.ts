@@ -34,6 +34,12 @@ import {
 import { domainFromXml, type VmiRef } from "./_domain_reader.ts";
 import { domainStatsToKubevirt } from "./_domain_stats.ts";
 import type { ConnectionKeeper } from "./_connection_keeper.ts";
+import {
+  emptyGuestAgentInfo,
+  guestAgentInfoFromAgent,
+  guestFilesystemsFromAgent,
+  guestUsersFromAgent,
+} from "./guest_agent.ts";
 import { getLogger } from "../log/mod.ts";
 
 export type { VmiRef };
@@ -85,6 +91,13 @@ export interface DomainManagerOptions {
  * handler's 10 s timeout of short calls, above a libvirtd restart (1 to 3 s).
  */
 export const RECONNECT_WAIT_MS = 8_000;
+
+/**
+ * How long one guest agent command may take. Short: libvirt fails at once when no agent is
+ * connected, so only a connected but hung agent waits this long, and meanwhile it holds a
+ * libvirt call worker (the launcher has one) that GetDomain and the event forwarder share.
+ */
+export const GUEST_AGENT_TIMEOUT_SECONDS = 2;
 
 function detail(error: unknown): string {
   if (error instanceof ConversionError) {
@@ -455,44 +468,77 @@ export class DomainManager {
   }
 
   /**
-   * What the guest agent reports (`guest-info`), in the shape of KubeVirt's
-   * `VirtualMachineInstanceGuestAgentInfo`. Fails when no agent answers.
+   * The domain whose guest agent is asked, or `undefined` when there is none to ask: no
+   * domain, or libvirt cannot tell (the guest queries then answer empty, not fail).
    */
-  async guestInfo(): Promise<Record<string, unknown>> {
-    const domain = await this.lookup().catch(() => undefined);
-    if (!domain) {
-      throw new LauncherCommandError(
-        "get guest info of",
-        this.vmiKey,
-        `domain "${this.domainName}" not found`,
-      );
-    }
-    let reply: string;
+  async #agentDomain(): Promise<LibvirtDomain | undefined> {
     try {
-      reply = await domain.agentCommand('{"execute":"guest-info"}', 5);
+      return await this.lookup();
     } catch (error) {
-      throw new LauncherCommandError(
-        "get guest info of",
-        this.vmiKey,
-        `the guest agent is not available: ${detail(error)}`,
-        { cause: error },
-      );
-    }
-    let info: { return?: { version?: string; supported_commands?: unknown[] } };
-    try {
-      info = JSON.parse(reply);
-    } catch (error) {
-      throw new LauncherCommandError("get guest info of", this.vmiKey, "malformed agent reply", {
-        cause: error,
+      log.debug("Cannot look up the domain for the guest agent", {
+        ...this.vmi,
+        error: detail(error),
       });
+      return undefined;
     }
-    const commands = (info.return?.supported_commands ?? []) as {
-      name?: string;
-      enabled?: boolean;
-    }[];
-    return {
-      guestAgentVersion: info.return?.version ?? "",
-      supportedCommands: commands.map((c) => ({ name: c.name ?? "", enabled: c.enabled === true })),
-    };
+  }
+
+  /** The agent's reply to `command`, or `undefined` when it does not answer in time. */
+  async #askAgent(domain: LibvirtDomain, command: string): Promise<string | undefined> {
+    try {
+      return await domain.agentCommand(
+        JSON.stringify({ execute: command }),
+        GUEST_AGENT_TIMEOUT_SECONDS,
+      );
+    } catch (error) {
+      log.debug("Guest agent did not answer", { ...this.vmi, command, error: detail(error) });
+      return undefined;
+    }
+  }
+
+  /**
+   * What the guest agent reports, in the shape of KubeVirt's
+   * `VirtualMachineInstanceGuestAgentInfo` (`GuestAgentInfo` of `guest_agent.ts`); the
+   * empty object when no agent answers `guest-info`. Commands an older agent lacks leave
+   * their fields out.
+   *
+   * KubeVirt's launcher answers from what its agent poller cached; this one asks the agent
+   * on each call (no cache, no poller yet: issue 18), one command at a time.
+   */
+  async guestInfo(): Promise<object> {
+    const domain = await this.#agentDomain();
+    if (!domain) return emptyGuestAgentInfo();
+    const info = await this.#askAgent(domain, "guest-info");
+    if (info === undefined) return emptyGuestAgentInfo();
+    return guestAgentInfoFromAgent({
+      info,
+      osInfo: await this.#askAgent(domain, "guest-get-osinfo"),
+      hostName: await this.#askAgent(domain, "guest-get-host-name"),
+      timezone: await this.#askAgent(domain, "guest-get-timezone"),
+      users: await this.#askAgent(domain, "guest-get-users"),
+      filesystems: await this.#askAgent(domain, "guest-get-fsinfo"),
+    });
+  }
+
+  /**
+   * The users logged in to the guest (`guest-get-users`) as KubeVirt's
+   * `VirtualMachineInstanceGuestOSUser` list (`GuestOSUser` of `guest_agent.ts`); empty
+   * when no agent answers. Asked on each call, not cached (issue 18).
+   */
+  async guestUsers(): Promise<object[]> {
+    const domain = await this.#agentDomain();
+    return domain ? guestUsersFromAgent(await this.#askAgent(domain, "guest-get-users")) : [];
+  }
+
+  /**
+   * The guest's mounted filesystems (`guest-get-fsinfo`) as KubeVirt's
+   * `VirtualMachineInstanceFileSystem` list (`GuestFileSystem` of `guest_agent.ts`); empty
+   * when no agent answers. Asked on each call, not cached (issue 18).
+   */
+  async guestFilesystems(): Promise<object[]> {
+    const domain = await this.#agentDomain();
+    return domain
+      ? guestFilesystemsFromAgent(await this.#askAgent(domain, "guest-get-fsinfo"))
+      : [];
   }
 }
