@@ -63,15 +63,19 @@ export interface LauncherRuntime {
 }
 
 /** Where domain and Kubernetes events go. */
-interface EventSink {
+export interface EventSink {
+  /** Reports the domain to the handler. */
   sendDomainEvent(type: DomainEventType, domain: Domain): Promise<void>;
+  /** Asks the handler to record a Kubernetes event on the VMI. */
   sendK8sEvent(
     vmi: { namespace: string; name: string; uid?: string },
     type: K8sEventType,
     reason: string,
     message: string,
   ): Promise<void>;
+  /** Resolves once everything queued was delivered or given up; false after `timeoutMs`. */
   flush(timeoutMs?: number): Promise<boolean>;
+  /** Stops sending. */
   close(): void;
 }
 
@@ -115,16 +119,44 @@ function stateFromEvent(event: DomainEvent): DomainState | undefined {
   return undefined;
 }
 
+/**
+ * Whether a libvirt event changes what the handler sees of the domain, so the domain is
+ * sent again: its lifecycle, a reboot, and the guest agent (dis)connecting, which flips
+ * the agent channel's state that the handler's AgentConnected condition follows (as
+ * KubeVirt's launcher sends the domain on agent lifecycle events).
+ */
+export function updatesDomain(event: DomainEvent): boolean {
+  return event.type === "lifecycle" || event.type === "reboot" ||
+    event.type === "agentLifecycle";
+}
+
+function eventLabel(event: DomainEvent): string {
+  if (event.type === "lifecycle") return `${event.eventName}/${event.detailName}`;
+  if (event.type === "agentLifecycle") return `agent/${event.stateName}`;
+  return event.type;
+}
+
+/** What the event forwarder needs from the domain manager. */
+export type ForwardedDomain = Pick<
+  DomainManager,
+  "vmi" | "domainName" | "getDomain" | "nonExistentDomain"
+>;
+
 /** Turns libvirt events of one domain into notify events, one at a time, in order. */
-class EventForwarder {
-  readonly #manager: DomainManager;
+export class EventForwarder {
+  readonly #manager: ForwardedDomain;
   readonly #sink: EventSink;
   readonly #onDown: (state: DomainState) => void;
   #chain: Promise<void> = Promise.resolve();
   #last: { type: DomainEventType; state: DomainState } | undefined;
   readonly #waiters = new Set<() => void>();
 
-  constructor(manager: DomainManager, sink: EventSink, onDown: (state: DomainState) => void) {
+  /** Forwards `manager`'s events to `sink`; `onDown` hears of a domain that went down. */
+  constructor(
+    manager: ForwardedDomain,
+    sink: EventSink,
+    onDown: (state: DomainState) => void,
+  ) {
     this.#manager = manager;
     this.#sink = sink;
     this.#onDown = onDown;
@@ -135,9 +167,9 @@ class EventForwarder {
     return this.#last;
   }
 
+  /** Queues `event` for forwarding when it is this domain's and {@linkcode updatesDomain}. */
   handle(event: DomainEvent): void {
-    if (event.domain.name !== this.#manager.domainName) return;
-    if (event.type !== "lifecycle" && event.type !== "reboot") return;
+    if (event.domain.name !== this.#manager.domainName || !updatesDomain(event)) return;
     this.#chain = this.#chain.then(() => this.#forward(event)).catch((error) => {
       log.error("Cannot forward domain event", {
         ...this.#manager.vmi,
@@ -229,7 +261,7 @@ class EventForwarder {
     const state = { status: domain.status.status, reason: domain.status.reason };
     log.info("Domain event", {
       ...this.#manager.vmi,
-      event: event.type === "lifecycle" ? `${event.eventName}/${event.detailName}` : event.type,
+      event: eventLabel(event),
       status: state.status,
       reason: state.reason,
     });

@@ -1,0 +1,118 @@
+import assert from "node:assert/strict";
+import type { DomainEvent } from "../../ffi/mod.ts";
+import {
+  type Domain,
+  GUEST_AGENT_CHANNEL,
+  LifeCycle,
+  newDomain,
+  StateChangeReason,
+} from "../../mod/domain/mod.ts";
+import { DomainEventType } from "../../mod/proto/mod.ts";
+import {
+  EventForwarder,
+  type EventSink,
+  type ForwardedDomain,
+  updatesDomain,
+} from "../../mod/launcher/launcher.ts";
+
+const VMI = { namespace: "default", name: "vm1", uid: "uid-1" };
+const DOMAIN_REF = { name: "default_vm1", uuid: "0b5c9a4e-1111-2222-3333-444455556666" };
+
+/** A running domain whose guest agent channel is in `agentState`. */
+function runningDomain(agentState: string): Domain {
+  const domain = newDomain(VMI, { status: LifeCycle.Running, reason: StateChangeReason.Unknown });
+  domain.spec.devices.channels = [
+    { type: "unix", target: { type: "virtio", name: GUEST_AGENT_CHANNEL, state: agentState } },
+  ];
+  return domain;
+}
+
+function agentEvent(state: 1 | 2, domain = DOMAIN_REF): DomainEvent {
+  return {
+    type: "agentLifecycle",
+    domain,
+    state,
+    stateName: state === 1 ? "Connected" : "Disconnected",
+    reason: 2,
+    reasonName: "Channel",
+  };
+}
+
+function recordingSink(): EventSink & { sent: { type: DomainEventType; domain: Domain }[] } {
+  const sent: { type: DomainEventType; domain: Domain }[] = [];
+  return {
+    sent,
+    sendDomainEvent: (type, domain) => {
+      sent.push({ type, domain });
+      return Promise.resolve();
+    },
+    sendK8sEvent: () => Promise.resolve(),
+    flush: () => Promise.resolve(true),
+    close: () => {},
+  };
+}
+
+/** A manager whose domain's agent channel is whatever `current.agentState` says now. */
+function fakeManager(current: { agentState: string }): ForwardedDomain {
+  return {
+    vmi: VMI,
+    domainName: DOMAIN_REF.name,
+    getDomain: () => Promise.resolve(runningDomain(current.agentState)),
+    nonExistentDomain: () =>
+      newDomain(VMI, { status: LifeCycle.NoState, reason: StateChangeReason.NonExistent }),
+  };
+}
+
+function agentStatesSent(sink: ReturnType<typeof recordingSink>): string[] {
+  return sink.sent.map(({ type, domain }) =>
+    `${type}:${domain.spec.devices.channels[0]?.target?.state}`
+  );
+}
+
+Deno.test("EventForwarder sends the domain again when the guest agent connects and disconnects", async () => {
+  const current = { agentState: "disconnected" };
+  const sink = recordingSink();
+  const forwarder = new EventForwarder(fakeManager(current), sink, () => {
+    assert.fail("an agent event never means the domain went down");
+  });
+
+  current.agentState = "connected";
+  forwarder.handle(agentEvent(1));
+  await forwarder.idle();
+  current.agentState = "disconnected";
+  forwarder.handle(agentEvent(2));
+  await forwarder.idle();
+
+  assert.deepEqual(agentStatesSent(sink), [
+    `${DomainEventType.Modified}:connected`,
+    `${DomainEventType.Modified}:disconnected`,
+  ]);
+  assert.equal(sink.sent[0].domain.status.status, LifeCycle.Running);
+});
+
+Deno.test("EventForwarder leaves out another domain's agent events", async () => {
+  const sink = recordingSink();
+  const forwarder = new EventForwarder(fakeManager({ agentState: "connected" }), sink, () => {});
+  forwarder.handle(agentEvent(1, { name: "default_other", uuid: "other" }));
+  await forwarder.idle();
+  assert.deepEqual(sink.sent, []);
+});
+
+Deno.test("updatesDomain() is true for lifecycle, reboot and agent events, false for the rest", () => {
+  const lifecycle: DomainEvent = {
+    type: "lifecycle",
+    domain: DOMAIN_REF,
+    event: 4,
+    detail: 0,
+    eventName: "Started",
+    detailName: "Booted",
+  };
+  assert.equal(updatesDomain(lifecycle), true);
+  assert.equal(updatesDomain({ type: "reboot", domain: DOMAIN_REF }), true);
+  assert.equal(updatesDomain(agentEvent(1)), true);
+  assert.equal(updatesDomain(agentEvent(2)), true);
+  assert.equal(
+    updatesDomain({ type: "deviceRemoved", domain: DOMAIN_REF, devAlias: "ua-x" }),
+    false,
+  );
+});
