@@ -16,32 +16,14 @@
  * @module
  */
 
+import type { GuestOsInfo } from "../api/mod.ts";
+
 /** A command the guest agent supports (`GuestAgentCommandInfo`). */
 export interface GuestAgentCommandInfo {
   /** The command, e.g. `guest-ping`. */
   name: string;
   /** True for an enabled command; absent otherwise, as Go's `omitempty` leaves false out. */
   enabled?: boolean;
-}
-
-/** The guest OS (`VirtualMachineInstanceGuestOSInfo`); fields the agent left out are absent. */
-export interface GuestOSInfo {
-  /** E.g. `Fedora Linux`. */
-  name?: string;
-  /** E.g. `6.8.5-301.fc40.x86_64`. */
-  kernelRelease?: string;
-  /** E.g. `40 (Cloud Edition)`. */
-  version?: string;
-  /** E.g. `Fedora Linux 40 (Cloud Edition)`. */
-  prettyName?: string;
-  /** E.g. `40`. */
-  versionId?: string;
-  /** E.g. `#1 SMP PREEMPT_DYNAMIC Thu Apr 11 18:25:26 UTC 2024`. */
-  kernelVersion?: string;
-  /** E.g. `x86_64`. */
-  machine?: string;
-  /** E.g. `fedora`. */
-  id?: string;
 }
 
 /** A user logged in to the guest (`VirtualMachineInstanceGuestOSUser`). */
@@ -86,8 +68,11 @@ export interface GuestAgentInfo {
   supportedCommands?: GuestAgentCommandInfo[];
   /** The guest's host name. */
   hostname?: string;
-  /** Always present (a Go struct is never omitted), empty without an agent. */
-  os: GuestOSInfo;
+  /**
+   * The guest OS (`VirtualMachineInstanceGuestOSInfo`, as in `status.guestOSInfo`);
+   * always present (Go never omits a struct), empty without an agent.
+   */
+  os: GuestOsInfo;
   /** `<zone>, <offset in seconds>`. */
   timezone?: string;
   /** Logged-in users, at most {@linkcode GUEST_INFO_LIST_LIMIT}. */
