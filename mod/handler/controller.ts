@@ -13,6 +13,8 @@
  * @module
  */
 import {
+  Finalizers,
+  isFinalPhase,
   splitVmiKey,
   type VirtualMachineInstance,
   type VirtualMachineInstanceStatus,
@@ -333,6 +335,7 @@ export class VmiController {
         syncError: syncError === undefined ? undefined : describe(syncError),
       });
       result = sooner(result, requeue);
+      if (syncError === undefined && domainSeen === undefined) await this.#releaseFinalizer(vmi);
     }
     if (syncError !== undefined) {
       if (vmiExists) this.#record(vmi, "Warning", EventReason.SyncFailed, describe(syncError));
@@ -396,6 +399,26 @@ export class VmiController {
         error,
       })
     );
+  }
+
+  /**
+   * virt-controller's last step, for this node (pod-less mode): once a VMI is final and
+   * its domain is gone, the finalizer virt-api put on it comes off, so a deleted VMI
+   * goes away.
+   */
+  async #releaseFinalizer(vmi: VirtualMachineInstance): Promise<void> {
+    if (!this.#d.provider.standsInForController) return;
+    const current = this.#d.informer.get(vmiKey(vmi.metadata));
+    if (!current || current.metadata.uid !== vmi.metadata.uid) return;
+    if (!isFinalPhase(current.status?.phase)) return;
+    if (await this.#d.statusWriter.removeFinalizer(current, Finalizers.VirtualMachineInstance)) {
+      log.info("Finalizer {finalizer} removed: the VMI is {phase} and its domain is gone", {
+        key: vmiKey(vmi.metadata),
+        uid: vmi.metadata.uid,
+        finalizer: Finalizers.VirtualMachineInstance,
+        phase: current.status?.phase,
+      });
+    }
   }
 
   /** virt-controller's scheduling step, for this node (pod-less mode). */

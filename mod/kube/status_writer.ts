@@ -147,6 +147,51 @@ export class StatusWriter<S extends object, T extends KubeObject & { status?: S 
     }
   }
 
+  /**
+   * Removes `finalizer` from `object` (an Update of the whole object, conflict-retried
+   * like status writes); true when a request removed it, false when it was not there
+   * or the object is gone. virt-controller's last step for a VMI, which pod-less mode
+   * stands in for.
+   */
+  async removeFinalizer(object: T, finalizer: string): Promise<boolean> {
+    const maxRetries = this.#options.maxRetries ?? 5;
+    const namespace = object.metadata?.namespace;
+    const name = object.metadata?.name ?? "";
+    const path = this.#path(namespace, name);
+    let current = object;
+    for (let attempt = 0;; attempt++) {
+      const finalizers = current.metadata?.finalizers ?? [];
+      if (!finalizers.includes(finalizer)) return false;
+      const body = {
+        ...current,
+        metadata: { ...current.metadata, finalizers: finalizers.filter((f) => f !== finalizer) },
+      };
+      try {
+        await this.#client.request<T>("PUT", path, body, { timeoutMs: this.#options.timeoutMs });
+        return true;
+      } catch (err) {
+        if (isApiStatus(err, 404)) return false;
+        if (!isApiStatus(err, 409)) throw err;
+        if (attempt >= maxRetries) {
+          throw new StatusConflictError(
+            `Cannot remove finalizer "${finalizer}" of ${this.#options.plural} "${
+              keyOf(namespace, name)
+            }": still conflicting after ${attempt + 1} attempts: ${detailOf(err)}`,
+            { cause: err },
+          );
+        }
+      }
+      try {
+        current = await this.#client.request<T>("GET", path, undefined, {
+          timeoutMs: this.#options.timeoutMs,
+        });
+      } catch (err) {
+        if (isApiStatus(err, 404)) return false;
+        throw err;
+      }
+    }
+  }
+
   #path(namespace: string | undefined, name: string): string {
     let p = this.#options.groupVersionPath;
     if (namespace) p += `/namespaces/${encodeURIComponent(namespace)}`;

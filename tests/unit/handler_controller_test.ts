@@ -39,7 +39,7 @@ function vmi(phase: string): VirtualMachineInstance {
   } as VirtualMachineInstance;
 }
 
-function doubles(): Doubles {
+function doubles(standsInForController = true): Doubles {
   const calls: string[] = [];
   const cache = new Map<string, VirtualMachineInstance>();
   const handlers: Doubles["handlers"] = {};
@@ -51,7 +51,7 @@ function doubles(): Doubles {
   };
   const provider: LauncherProvider = {
     name: "test-double",
-    standsInForController: true,
+    standsInForController,
     notReadyRequeueMs: 1_000,
     dialResolver: dialDirectly,
     socketOf: () => Promise.resolve(undefined),
@@ -83,6 +83,10 @@ function doubles(): Doubles {
         calls.push("status.update");
         mutate(structuredClone(current.status ?? {}));
         return Promise.resolve({ written: false });
+      },
+      removeFinalizer: (current: VirtualMachineInstance, finalizer: string) => {
+        calls.push(`removeFinalizer ${finalizer}`);
+        return Promise.resolve(current.metadata.finalizers?.includes(finalizer) ?? false);
       },
     },
     recorder: { record: () => Promise.resolve() },
@@ -151,5 +155,39 @@ Deno.test("reconcile() asks the worker loop to look again while the launcher can
   assert.equal(result.kind, "requeueAfter");
   assert.equal(result.kind === "requeueAfter" && result.ms, 1_000);
   assert.deepEqual(s.calls, ["status.update"]);
+  s.queue.shutDown();
+});
+
+for (const podless of [true, false]) {
+  Deno.test(
+    `reconcile() of a final VMI whose domain is gone ${
+      podless
+        ? "removes virt-api's finalizer in pod-less mode"
+        : "leaves the finalizer to virt-controller"
+    }`,
+    async () => {
+      const s = doubles(podless);
+      const v = vmi("Succeeded");
+      v.metadata.finalizers = ["kubevirt.io/foregroundDeleteVirtualMachine"];
+      v.metadata.deletionTimestamp = "2026-11-30T00:00:00Z";
+      s.cache.set(KEY, v);
+      await s.controller.reconcile(KEY);
+      const removed = s.calls.filter((c) => c.startsWith("removeFinalizer"));
+      assert.deepEqual(
+        removed,
+        podless ? ["removeFinalizer kubevirt.io/foregroundDeleteVirtualMachine"] : [],
+      );
+      s.queue.shutDown();
+    },
+  );
+}
+
+Deno.test("reconcile() keeps the finalizer while the VMI is not final", async () => {
+  const s = doubles(true);
+  const v = vmi("Running");
+  v.metadata.finalizers = ["kubevirt.io/foregroundDeleteVirtualMachine"];
+  s.cache.set(KEY, v);
+  await s.controller.reconcile(KEY);
+  assert.deepEqual(s.calls.filter((c) => c.startsWith("removeFinalizer")), []);
   s.queue.shutDown();
 });
