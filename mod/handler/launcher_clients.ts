@@ -10,6 +10,10 @@
  * socket; a directory a launcher pod controls is no place for a privileged write), so
  * the verdict survives a handler restart.
  *
+ * Before its first cmd call on a connection, a client asks the launcher which cmd API
+ * versions it speaks (`kubevirt.cmd.info.CmdInfo/Info`), as KubeVirt's handler does, and
+ * calls only when the launcher speaks version 1, the only one this handler speaks.
+ *
  * Sockets are connected to through a {@linkcode DialTarget} the launcher provider gives:
  * for a launcher pod, an `O_PATH` descriptor opened beneath the pod's directory without
  * following symlinks, so the handler never dials a path a pod pointed elsewhere.
@@ -21,10 +25,16 @@ import type { VirtualMachineInstance } from "../api/mod.ts";
 import { decodeDomainJson, type Domain, type LauncherState } from "../domain/mod.ts";
 import {
   type CmdClient,
+  type CmdInfoClient,
+  type CmdInfoResponse,
   type DomainResponse,
+  type GrpcClient,
+  highestCommonVersion,
   newCmdClient,
+  newCmdInfoClient,
   type Response,
   type ServiceError,
+  SUPPORTED_CMD_VERSIONS,
   type UnaryMethod,
   type VMIRequest,
 } from "../proto/mod.ts";
@@ -79,13 +89,58 @@ export function dialDirectly(socketFile: string): DialTarget {
   return { path: socketFile, release() {} };
 }
 
+/** One unary call with a deadline; rejects with the gRPC error. */
+function unary<Req, Res>(
+  client: GrpcClient,
+  method: string,
+  request: Req,
+  timeoutMs: number,
+): Promise<Res> {
+  const fn = (client as unknown as Record<string, UnaryMethod<Req, Res>>)[method];
+  return new Promise<Res>((resolve, reject) => {
+    // A channel closed meanwhile throws here, which rejects too.
+    fn.call(
+      client,
+      request,
+      { deadline: Date.now() + timeoutMs },
+      (error: ServiceError | null, response?: Res) => {
+        if (error) reject(error);
+        else resolve(response as Res);
+      },
+    );
+  });
+}
+
+/** The launcher's cmd versions as KubeVirt lists them, e.g. `[2, 3]`. */
+function versions(list: readonly number[]): string {
+  return `[${list.join(", ")}]`;
+}
+
+/** The version check of a connection failed; each waiting call rewords it as its own. */
+class VersionCheckError extends Error {
+  readonly unreachable: boolean;
+  constructor(message: string, options: { cause?: unknown; unreachable: boolean }) {
+    super(message, options);
+    this.name = "VersionCheckError";
+    this.unreachable = options.unreachable;
+  }
+}
+
+/** One connection to a launcher: its cmd client and a CmdInfo client on the same channel. */
+interface Connection {
+  readonly cmd: CmdClient;
+  readonly info: CmdInfoClient;
+  /** The version check, asked once by whichever call comes first and shared by the rest. */
+  negotiated?: Promise<void>;
+}
+
 /** Promise-based cmd client of one launcher. */
 export class LauncherClient {
   /** The launcher's cmd socket. */
   readonly socketFile: string;
   readonly #resolve: DialResolver;
   #target: DialTarget | undefined;
-  #client: CmdClient | undefined;
+  #connection: Connection | undefined;
 
   /**
    * A client of the launcher at `socketFile`, reached through `resolve`; nothing is
@@ -102,8 +157,8 @@ export class LauncherClient {
     return this.#target;
   }
 
-  #cmd(method: string): CmdClient {
-    if (!this.#client) {
+  #connect(method: string): Connection {
+    if (!this.#connection) {
       let target: DialTarget;
       try {
         target = this.target();
@@ -115,49 +170,94 @@ export class LauncherClient {
       }
       // An idle channel closes after 10 s: a handler with hundreds of VMIs holds no HTTP/2
       // session for launchers it is not talking to.
-      this.#client = newCmdClient(target.path, { "grpc.client_idle_timeout_ms": 10_000 });
+      const cmd = newCmdClient(target.path, { "grpc.client_idle_timeout_ms": 10_000 });
+      this.#connection = { cmd, info: newCmdInfoClient(target.path, cmd) };
     }
-    return this.#client;
+    return this.#connection;
   }
 
-  /** Forgets the connection and the resolved target: the next call resolves anew. */
-  #reset(): void {
-    this.#client?.close();
-    this.#client = undefined;
+  /**
+   * Forgets the connection (its version check with it) and the resolved target: the next
+   * call resolves, dials and asks anew. Given `only`, does so only while that connection
+   * is the current one: a late failure on an old connection leaves a newer one alone.
+   */
+  #reset(only?: Connection): void {
+    if (only && only !== this.#connection) return;
+    // The CmdInfo client shares the cmd client's channel: this closes both.
+    this.#connection?.cmd.close();
+    this.#connection = undefined;
     this.#target?.release();
     this.#target = undefined;
   }
 
-  #call<Req, Res>(method: string, request: Req, timeoutMs: number): Promise<Res> {
-    let client: CmdClient;
-    try {
-      client = this.#cmd(method);
-    } catch (error) {
-      return Promise.reject(error);
-    }
-    const fn = client[method] as UnaryMethod<Req, Res>;
-    return new Promise<Res>((resolve, reject) => {
-      fn.call(
-        client,
-        request,
-        { deadline: Date.now() + timeoutMs },
-        (error: ServiceError | null, response?: Res) => {
-          if (error) {
-            // 14 UNAVAILABLE, 4 DEADLINE_EXCEEDED: nobody answered.
-            const unreachable = error.code === 14 || error.code === 4;
-            // A socket that went (the launcher restarted it, or the pod went) is resolved
-            // again next time rather than dialled through a stale descriptor.
-            if (error.code === 14) this.#reset();
-            reject(
-              new LauncherCallError(method, error.details || error.message, {
-                cause: error,
-                unreachable,
-              }),
-            );
-          } else resolve(response as Res);
-        },
-      );
+  /** Whether a failed call reached nobody; drops the connection when the socket went. */
+  #failed(connection: Connection, error: unknown): boolean {
+    const code = (error as Partial<ServiceError>).code;
+    // A socket that went (the launcher restarted it, or the pod went) is resolved again
+    // next time rather than dialled through a stale descriptor.
+    if (code === 14) this.#reset(connection);
+    // 14 UNAVAILABLE, 4 DEADLINE_EXCEEDED: nobody answered. No code at all: the call never
+    // left, its channel was closed while it waited for the version check.
+    return code === undefined || code === 14 || code === 4;
+  }
+
+  /**
+   * Asks the launcher's cmd versions on `connection`, once: concurrent first calls share
+   * the one question. A failed check is forgotten, so the next call asks again (KubeVirt's
+   * handler, too, builds a new client after `NewClient` failed).
+   */
+  async #negotiate(method: string, connection: Connection): Promise<void> {
+    connection.negotiated ??= this.#checkVersion(connection).catch((error) => {
+      connection.negotiated = undefined;
+      throw error;
     });
+    try {
+      await connection.negotiated;
+    } catch (error) {
+      const failed = error as VersionCheckError;
+      throw new LauncherCallError(method, failed.message, {
+        cause: failed.cause,
+        unreachable: failed.unreachable,
+      });
+    }
+  }
+
+  async #checkVersion(connection: Connection): Promise<void> {
+    let reply: CmdInfoResponse;
+    try {
+      reply = await unary(connection.info, "Info", {}, LAUNCHER_TIMEOUTS.short);
+    } catch (error) {
+      // A launcher without CmdInfo (UNIMPLEMENTED) fails here too, as KubeVirt's
+      // NewClient fails: which cmd API such a launcher speaks is unknown, and
+      // guessing version 1 would send calls to an API nobody agreed on.
+      const unreachable = this.#failed(connection, error);
+      const detail = (error as ServiceError).details || (error as Error).message;
+      throw new VersionCheckError(`could not check cmd server version: ${detail}`, {
+        cause: error,
+        unreachable,
+      });
+    }
+    const theirs = reply.supportedCmdVersions ?? [];
+    if (highestCommonVersion(theirs, SUPPORTED_CMD_VERSIONS) === undefined) {
+      // The launcher answered: it is there, it speaks another API.
+      throw new VersionCheckError(
+        `no compatible cmd version: the launcher speaks ${versions(theirs)}, ` +
+          `this handler speaks ${versions(SUPPORTED_CMD_VERSIONS)}`,
+        { unreachable: false },
+      );
+    }
+  }
+
+  async #call<Req, Res>(method: string, request: Req, timeoutMs: number): Promise<Res> {
+    const connection = this.#connect(method);
+    await this.#negotiate(method, connection);
+    try {
+      return await unary<Req, Res>(connection.cmd, method, request, timeoutMs);
+    } catch (error) {
+      const unreachable = this.#failed(connection, error);
+      const detail = (error as ServiceError).details || (error as Error).message;
+      throw new LauncherCallError(method, detail, { cause: error, unreachable });
+    }
   }
 
   async #vmiCall(method: string, vmi: VirtualMachineInstance, timeoutMs: number): Promise<void> {

@@ -310,7 +310,7 @@ function client<C>(
   definition: ServiceDefinition,
   name: string,
   socketPath: string,
-  options?: ChannelOptions,
+  options?: grpc.ClientOptions,
 ): C {
   const Ctor = grpc.makeClientConstructor(definition, name);
   return new Ctor(
@@ -325,9 +325,19 @@ export function newCmdClient(socketPath: string, options?: ChannelOptions): CmdC
   return client<CmdClient>(cmdService(), "Cmd", socketPath, options);
 }
 
-/** A CmdInfo client for a launcher socket path. */
-export function newCmdInfoClient(socketPath: string): CmdInfoClient {
-  return client<CmdInfoClient>(cmdInfoService(), "CmdInfo", socketPath);
+/**
+ * A CmdInfo client for a launcher socket path; given `sharing`, a client of the same socket,
+ * it uses that client's channel (one connection for both, as KubeVirt's handler asks Info on
+ * its cmd connection), and closing either closes both.
+ */
+export function newCmdInfoClient(socketPath: string, sharing?: GrpcClient): CmdInfoClient {
+  const channelOverride = (sharing as grpc.Client | undefined)?.getChannel();
+  return client<CmdInfoClient>(
+    cmdInfoService(),
+    "CmdInfo",
+    socketPath,
+    channelOverride ? { channelOverride } : undefined,
+  );
 }
 
 /** A Notify client for a notify socket path. */
