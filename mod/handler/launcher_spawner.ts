@@ -258,9 +258,18 @@ export class LauncherSpawner {
       text = await Deno.readTextFile(this.#pidFile(uid));
     } catch {
       // No PID file: a handler killed between spawning a launcher and writing the
-      // file must not start a second one after its restart. Look for it in /proc.
+      // file must not start a second one after its restart. Look for it in /proc, and
+      // write the files it missed, so the next reader need not look again.
       const pid = await findLauncherByUid(uid);
-      return pid === undefined ? undefined : PidfdProcess.openLauncher(uid, { pid });
+      if (pid === undefined) return undefined;
+      const found = PidfdProcess.openLauncher(uid, { pid });
+      if (found) {
+        const startTime = processStartTime(pid);
+        if (startTime !== undefined) await writeWhole(this.#startFile(uid), `${startTime}\n`);
+        await writeWhole(this.#pidFile(uid), `${pid}\n`);
+        log.info("Launcher {pid} found without its PID file; PID file written", { uid, pid });
+      }
+      return found;
     }
     const pid = parsePid(text);
     if (pid === undefined) return undefined;

@@ -287,3 +287,25 @@ Deno.test('stop() SIGKILLs a launcher that ignores SIGTERM, spawned by an earlie
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test("A restarted handler finds a launcher that has no PID file in /proc and writes its PID and start time", async () => {
+  const dir = await Deno.makeTempDir();
+  const uid = `u-${crypto.randomUUID()}`;
+  const launcher = await standIn(uid);
+  try {
+    const spawner = spawnerIn(dir);
+    await Deno.mkdir(`${dir}/state/launchers`, { recursive: true });
+    assert.equal(await spawner.alivePid(uid), launcher.pid);
+    assert.equal(
+      (await Deno.readTextFile(`${dir}/state/launchers/${uid}.pid`)).trim(),
+      String(launcher.pid),
+    );
+    assert.equal(
+      (await Deno.readTextFile(`${dir}/state/launchers/${uid}.start`)).trim(),
+      String(startTimeOf(launcher.pid)),
+    );
+  } finally {
+    await launcher.end();
+    await Deno.remove(dir, { recursive: true });
+  }
+});
