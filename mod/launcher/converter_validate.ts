@@ -77,6 +77,14 @@ export const SUPPORTED_NIC_MODELS = [
 const POD_BINDING_HINT = "pod network bindings are not supported yet; for a VM without a " +
   "network, set spec.domain.devices.autoattachPodInterface to false";
 
+// Why a field without a hint of its own is refused rather than ignored.
+const NOT_CONVERTED = "virtnode does not turn this field into the domain yet, and leaving it " +
+  "out would run a different VM than the one asked for";
+const STORAGE_HINT = "persistent volumes are not supported yet: use containerDisk, emptyDisk, " +
+  "hostDisk or cloud-init volumes";
+const HOST_DEVICE_HINT = "host devices need their device plugins and passthrough, which " +
+  "virtnode does not do yet";
+
 const cloudInit = obj({
   userData: str(),
   userDataBase64: str(),
@@ -127,6 +135,11 @@ const VMI_RULE: Rule = obj({
           bios: obj({ useSerial: bool }),
           efi: obj({ secureBoot: bool }),
         }),
+      }, {
+        hints: {
+          kernelBoot: "booting a kernel from a container image needs its image unpacked, " +
+            "which virtnode does not do yet",
+        },
       }),
       features: obj({
         acpi: featureState,
@@ -199,6 +212,13 @@ const VMI_RULE: Rule = obj({
           name: name,
           i6300esb: obj({ action: str(["poweroff", "reset", "shutdown"]) }),
         }, { required: ["name", "i6300esb"] }),
+      }, {
+        hints: {
+          gpus: HOST_DEVICE_HINT,
+          hostDevices: HOST_DEVICE_HINT,
+          tpm: "a virtual TPM needs swtpm and per-VM state, which virtnode does not keep yet",
+          filesystems: "virtiofs shares need virtiofsd beside the guest; not supported yet",
+        },
       }),
     }, { required: ["devices"] }),
     volumes: arr(obj({
@@ -212,7 +232,16 @@ const VMI_RULE: Rule = obj({
       }),
       cloudInitNoCloud: cloudInit,
       cloudInitConfigDrive: cloudInit,
-    }, { required: ["name"] })),
+    }, {
+      required: ["name"],
+      hints: {
+        persistentVolumeClaim: STORAGE_HINT,
+        dataVolume: STORAGE_HINT,
+        configMap: "ConfigMap, Secret and service account disks are not supported yet",
+        secret: "ConfigMap, Secret and service account disks are not supported yet",
+        serviceAccount: "ConfigMap, Secret and service account disks are not supported yet",
+      },
+    })),
     networks: arr(obj({ name: name, pod: empty }, {
       required: ["name"],
       hints: { multus: "Multus networks are not supported yet" },
@@ -299,7 +328,7 @@ function walk(key: string, path: string, value: unknown, rule: Rule): void {
     case "empty":
       if (!isPlainObject(value)) throw invalid(`expected an object, got ${describe(value)}`);
       for (const field of Object.keys(value)) {
-        throw new UnsupportedFieldError(key, `${path}.${field}`);
+        throw new UnsupportedFieldError(key, `${path}.${field}`, NOT_CONVERTED);
       }
       return;
     case "array":
@@ -323,7 +352,7 @@ function walk(key: string, path: string, value: unknown, rule: Rule): void {
         const fieldPath = join(path, field);
         const fieldRule = rule.fields[field];
         if (!fieldRule) {
-          throw new UnsupportedFieldError(key, fieldPath, rule.hints?.[field]);
+          throw new UnsupportedFieldError(key, fieldPath, rule.hints?.[field] ?? NOT_CONVERTED);
         }
         // JSON null means "not set" in Kubernetes objects.
         if (item === null) continue;

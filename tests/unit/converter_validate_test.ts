@@ -150,10 +150,10 @@ for (const [path, change] of UNSUPPORTED) {
     assert.throws(() => check(vmi), (error: unknown) => {
       assert.ok(error instanceof UnsupportedFieldError, `got ${error}`);
       assert.equal(error.path, path);
-      assert.ok(
-        error.message.startsWith(`Cannot convert VMI "default/vm1": unsupported field "${path}"`),
-        error.message,
-      );
+      const prefix = `Cannot convert VMI "default/vm1": unsupported field "${path}"`;
+      assert.ok(error.message.startsWith(prefix), error.message);
+      // Every refusal says why, not only what.
+      assert.match(error.message.slice(prefix.length), /^: \S.{10,}/, error.message);
       return true;
     });
   });
