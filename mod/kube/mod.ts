@@ -59,6 +59,7 @@ export {
   desiredStatus,
   jsonEqual,
   StatusConflictError,
+  StatusDroppedError,
   type StatusMutation,
   StatusWriter,
   type StatusWriteResult,

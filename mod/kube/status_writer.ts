@@ -48,6 +48,18 @@ export interface StatusWriteResult<T> {
   requests: number;
 }
 
+/**
+ * The apiserver accepted the write but kept the old status: KubeVirt's mutating webhook
+ * puts back the status of a VMI whose writer is not one of KubeVirt's own service accounts.
+ */
+export class StatusDroppedError extends Error {
+  /** Creates the error. */
+  constructor(message: string) {
+    super(message);
+    this.name = "StatusDroppedError";
+  }
+}
+
 /** Retries ran out on conflicts. */
 export class StatusConflictError extends Error {
   /** Creates the error; `cause` is the last 409. */
@@ -124,9 +136,19 @@ export class StatusWriter<S extends object, T extends KubeObject & { status?: S 
       const body = { ...current, status: desired };
       try {
         requests++;
+        const before = current.status;
         current = await this.#client.request<T>("PUT", path, body, {
           timeoutMs: this.#options.timeoutMs,
         });
+        if (jsonEqual(current.status, before) && !jsonEqual(current.status, desired)) {
+          throw new StatusDroppedError(
+            `Cannot update status of ${this.#options.plural} "${keyOf(namespace, name)}": ` +
+              "the apiserver accepted the update but kept the old status. KubeVirt's " +
+              "admission drops status changes from anyone but KubeVirt's own service " +
+              "accounts: run the handler as kubevirt-handler (DaemonSet) or " +
+              "kubevirt-controller (pod-less) of KubeVirt's namespace",
+          );
+        }
         written = true;
         return { written, object: current, requests };
       } catch (err) {

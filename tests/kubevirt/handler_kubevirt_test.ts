@@ -13,6 +13,7 @@ import {
   startCluster,
 } from "../../deploy/cluster/cluster.ts";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
+import { StatusDroppedError, StatusWriter } from "../../mod/kube/mod.ts";
 import {
   createVmi,
   deleteVmi,
@@ -97,6 +98,41 @@ Deno.test("KubeVirt's admission refuses what a user may not do, and the VMI CRD 
     );
     assert.equal(defaulted.spec.domain.cpu.maxSockets > 0, true, "virt-api set maxSockets");
     assert.equal(defaulted.spec.domain.machine.type, "q35");
+
+    // virt-api puts back the status a non-KubeVirt user writes; the writer says so.
+    const admin = await kubeClient(cluster.kubeconfigPath);
+    const controller = await kubeClient(cluster.handlerKubeconfigPath);
+    try {
+      const created = await createVmi(admin, userVmi("status-writes", "node-x"));
+      const asUser = new StatusWriter<
+        NonNullable<VirtualMachineInstance["status"]>,
+        VirtualMachineInstance
+      >(
+        admin,
+        { groupVersionPath: "/apis/kubevirt.io/v1", plural: "virtualmachineinstances" },
+      );
+      await assert.rejects(
+        asUser.update(created, (s) => void (s.reason = "written by a user")),
+        (error: unknown) =>
+          error instanceof StatusDroppedError &&
+          /KubeVirt's own service accounts/.test(error.message),
+      );
+      const asController = new StatusWriter<
+        NonNullable<VirtualMachineInstance["status"]>,
+        VirtualMachineInstance
+      >(controller, {
+        groupVersionPath: "/apis/kubevirt.io/v1",
+        plural: "virtualmachineinstances",
+      });
+      const written = await asController.update(
+        created,
+        (s) => void (s.reason = "written by virt-controller"),
+      );
+      assert.equal(written.object.status?.reason, "written by virt-controller");
+    } finally {
+      admin.close();
+      controller.close();
+    }
   } finally {
     await cluster.stop();
   }
