@@ -73,7 +73,7 @@ async function examples(): Promise<{ file: string; yaml: string; name: string }[
     out.push({
       file: e.name,
       name,
-      yaml: text.replace(/kubevirt\.io\/nodeName: \S+/, `kubevirt.io/nodeName: ${nodeName}`),
+      yaml: text.replace(/kubernetes\.io\/hostname: \S+/, `kubernetes.io/hostname: ${nodeName}`),
     });
   }
   return out;
@@ -260,7 +260,9 @@ async function main(): Promise<number> {
   say(`node name: ${nodeName}`);
   say("starting the control plane (kube-apiserver + etcd; built and cached on first use)");
   // Local mode owns Ctrl-C: it deletes its VMIs through the cluster before stopping it.
-  const cluster = await startCluster({ stopOnSignals: false });
+  // With KubeVirt's CRDs and admission: the examples go through virt-api's webhooks, and
+  // the handler, which places them as virt-controller would, holds its service account.
+  const cluster = await startCluster({ stopOnSignals: false, admission: true });
   const kubeconfig = cluster.kubeconfigPath;
   say(`kubeconfig: ${kubeconfig}`);
   say(`  try: KUBECONFIG=${kubeconfig} kubectl get vmi -w`);
@@ -272,7 +274,7 @@ async function main(): Promise<number> {
   const { uri, prepared } = await pickLibvirt();
   say(`libvirt: ${uri}`);
   const dir = await Deno.makeTempDir({ prefix: "virtnode-local-" });
-  const handler = await startHandler(dir, kubeconfig, uri);
+  const handler = await startHandler(dir, cluster.handlerKubeconfigPath, uri);
   const stopped = stopRequested();
 
   const manifests = await examples();

@@ -403,9 +403,12 @@ async function main(): Promise<number> {
     for (const tier of (asked as Tier[]).filter((t) => !BESIDE.includes(t))) {
       if (interrupt.signal.aborted) break;
       if (tier !== "unit" && tier !== "fresh" && !cluster && testFiles(tier).length > 0) {
-        console.log("\n=== starting the shared test control plane (kube-apiserver + etcd)");
-        cluster = await startCluster({ stopOnSignals: false });
+        console.log(
+          "\n=== starting the shared test control plane (kube-apiserver + etcd, KubeVirt's CRDs and admission)",
+        );
+        cluster = await startCluster({ stopOnSignals: false, admission: true });
         env.VIRTNODE_TEST_KUBECONFIG = cluster.kubeconfigPath;
+        env.VIRTNODE_TEST_HANDLER_KUBECONFIG = cluster.handlerKubeconfigPath;
         console.log(`kubeconfig: ${cluster.kubeconfigPath}`);
       }
       results.push(await runTier(tier, env, { signal: interrupt.signal }));

@@ -35,6 +35,13 @@ export interface Cluster {
    * (metadata level), or undefined for a borrowed cluster.
    */
   auditLogPath?: string;
+  /**
+   * The kubeconfig a pod-less handler runs with. With KubeVirt's admission, whoever
+   * places VMIs on nodes must be one of KubeVirt's service accounts: this one is
+   * virt-controller's (`kubevirt/kubevirt-controller`, bound to cluster-admin, as the
+   * test harness also plays virt-controller with it). Without admission, the admin's.
+   */
+  handlerKubeconfigPath: string;
 }
 
 /** Options of {@linkcode startCluster}. */
@@ -76,6 +83,8 @@ const KUBEVIRT_BUILD_SCRIPT = path.join(REPO_ROOT, "deploy", "kubevirt", "build.
 const ADMISSION_READY_TIMEOUT_MS = 60_000;
 /** The namespace of KubeVirt's own components and of its KubeVirt CR. */
 export const KUBEVIRT_NAMESPACE = "kubevirt";
+/** virt-controller's service account, which KubeVirt's admission trusts to place VMIs. */
+export const CONTROLLER_SERVICE_ACCOUNT = "kubevirt-controller";
 // Only kubevirt.io requests are recorded: enough to prove what the handler sends.
 const AUDIT_POLICY = `apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -133,11 +142,13 @@ export async function startCluster(options: StartClusterOptions = {}): Promise<C
 
 /**
  * The cluster tests should use: the one `VIRTNODE_TEST_KUBECONFIG` points to
- * when set (it is never stopped), else a fresh one from {@linkcode startCluster}.
+ * when set (it is never stopped; `VIRTNODE_TEST_HANDLER_KUBECONFIG` names its
+ * handler's kubeconfig), else a fresh one from {@linkcode startCluster} with
+ * KubeVirt's admission.
  */
 export async function useCluster(options: StartClusterOptions = {}): Promise<Cluster> {
   const kubeconfigPath = Deno.env.get("VIRTNODE_TEST_KUBECONFIG");
-  if (!kubeconfigPath) return await startCluster(options);
+  if (!kubeconfigPath) return await startCluster({ admission: true, ...options });
   const view = (field: string) =>
     kubectl(["--kubeconfig", kubeconfigPath, "config", "view", "--raw", "--minify", "-o", field]);
   let server: string;
@@ -159,6 +170,7 @@ export async function useCluster(options: StartClusterOptions = {}): Promise<Clu
     );
   return {
     kubeconfigPath,
+    handlerKubeconfigPath: Deno.env.get("VIRTNODE_TEST_HANDLER_KUBECONFIG") ?? kubeconfigPath,
     server,
     token,
     dir: path.dirname(kubeconfigPath),
@@ -218,8 +230,11 @@ class ControlPlane implements Cluster {
     this.#binDir = binDir;
     this.dir = dir;
     this.kubeconfigPath = path.join(dir, "kubeconfig");
+    this.handlerKubeconfigPath = this.kubeconfigPath;
     this.auditLogPath = path.join(dir, "audit.log");
   }
+
+  handlerKubeconfigPath: string;
 
   readonly auditLogPath: string;
 
@@ -269,6 +284,20 @@ class ControlPlane implements Cluster {
       const ready = await Deno.readTextFile(readyFile).catch(() => "");
       return ready.startsWith("ready https://");
     });
+    this.handlerKubeconfigPath = await serviceAccountKubeconfig(
+      this,
+      KUBEVIRT_NAMESPACE,
+      CONTROLLER_SERVICE_ACCOUNT,
+      path.join(this.dir, `${CONTROLLER_SERVICE_ACCOUNT}.kubeconfig`),
+    );
+    await kubectl([
+      ...kc,
+      "create",
+      "clusterrolebinding",
+      `${CONTROLLER_SERVICE_ACCOUNT}-test-harness`,
+      "--clusterrole=cluster-admin",
+      `--serviceaccount=${KUBEVIRT_NAMESPACE}:${CONTROLLER_SERVICE_ACCOUNT}`,
+    ]);
   }
 
   async start(): Promise<void> {

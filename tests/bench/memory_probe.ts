@@ -102,7 +102,7 @@ const cluster = await startCluster();
 const node = `mem-${crypto.randomUUID().slice(0, 6)}`;
 const client = await kubeClient(cluster.kubeconfigPath);
 const h = await startHandlerProcess({
-  kubeconfig: cluster.kubeconfigPath,
+  kubeconfig: cluster.handlerKubeconfigPath,
   nodeName: node,
   libvirtUri: "test:///default",
 });

@@ -58,7 +58,7 @@ Deno.test(
     await client.request("POST", "/api/v1/namespaces", { metadata: { name: ns } });
     const node = `fault-qemu-${id}`;
     const h = await startHandlerProcess({
-      kubeconfig: cluster.kubeconfigPath,
+      kubeconfig: cluster.handlerKubeconfigPath,
       nodeName: node,
       libvirtUri: uri,
     });

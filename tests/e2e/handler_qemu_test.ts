@@ -46,7 +46,7 @@ async function withQemuHandler(
   await client.request("POST", "/api/v1/namespaces", { metadata: { name: ns } });
   const node = `qemu-node-${id}`;
   const h = await startHandlerProcess({
-    kubeconfig: cluster.kubeconfigPath,
+    kubeconfig: cluster.handlerKubeconfigPath,
     nodeName: node,
     libvirtUri: uri,
   });

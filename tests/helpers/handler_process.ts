@@ -171,11 +171,21 @@ export function kubeClient(kubeconfig: string): Promise<KubeClient> {
   return loadKubeClient({ kubeconfigPath: kubeconfig });
 }
 
-/** A small VMI for this node that the converter accepts (no disks, user-mode network). */
+/**
+ * A small VMI for this node that KubeVirt's admission and the converter accept (no disks,
+ * no network). It asks for the node with `spec.nodeSelector`, as a KubeVirt user does;
+ * a pod-less handler places it. `placed` puts the `kubevirt.io/nodeName` label on it
+ * as virt-controller would (only KubeVirt's service accounts may create it so).
+ */
 export function testVmi(
   name: string,
   nodeName: string,
-  options: { namespace?: string; grace?: number; extra?: Record<string, unknown> } = {},
+  options: {
+    namespace?: string;
+    grace?: number;
+    extra?: Record<string, unknown>;
+    placed?: boolean;
+  } = {},
 ): VirtualMachineInstance {
   return {
     apiVersion: "kubevirt.io/v1",
@@ -183,14 +193,18 @@ export function testVmi(
     metadata: {
       name,
       namespace: options.namespace ?? "default",
-      labels: { "kubevirt.io/nodeName": nodeName },
+      ...(options.placed ? { labels: { "kubevirt.io/nodeName": nodeName } } : {}),
     },
     spec: {
       terminationGracePeriodSeconds: options.grace ?? 0,
+      nodeSelector: { "kubernetes.io/hostname": nodeName },
       domain: {
         cpu: { cores: 1 },
         memory: { guest: "64Mi" },
-        devices: { ...(options.extra ?? {}) },
+        devices: {
+          autoattachPodInterface: false,
+          ...(options.extra ?? {}),
+        },
       },
     },
   } as VirtualMachineInstance;
@@ -408,13 +422,13 @@ export async function withHandler(
   const node = `${name}-${crypto.randomUUID().slice(0, 8)}`;
   const client = await kubeClient(cluster.kubeconfigPath);
   const h = await startHandlerProcess({
-    kubeconfig: cluster.kubeconfigPath,
+    kubeconfig: cluster.handlerKubeconfigPath,
     nodeName: node,
     libvirtUri: "test:///default",
   });
   let ok = false;
   try {
-    await fn({ h, node, client, kubeconfig: cluster.kubeconfigPath });
+    await fn({ h, node, client, kubeconfig: cluster.handlerKubeconfigPath });
     ok = true;
   } finally {
     if (!ok) console.error(`handler log:\n${(await Deno.readTextFile(h.logFile)).slice(-6000)}`);

@@ -190,7 +190,7 @@ Deno.test(
     try {
       await withEnv("burst", cluster, async ({ client, ns, node }, track) => {
         const h = await startHandlerProcess({
-          kubeconfig: cluster.kubeconfigPath,
+          kubeconfig: cluster.handlerKubeconfigPath,
           nodeName: node,
           libvirtUri: TEST_URI,
         });
@@ -229,7 +229,7 @@ Deno.test(
           .length;
 
         const restarted = await startHandlerProcess({
-          kubeconfig: cluster.kubeconfigPath,
+          kubeconfig: cluster.handlerKubeconfigPath,
           nodeName: node,
           libvirtUri: TEST_URI,
           dir: h.dir,
@@ -285,7 +285,7 @@ Deno.test(
     try {
       await withEnv("outage", cluster, async ({ client, ns, node }, track) => {
         const h = await startHandlerProcess({
-          kubeconfig: cluster.kubeconfigPath,
+          kubeconfig: cluster.handlerKubeconfigPath,
           nodeName: node,
           libvirtUri: TEST_URI,
         });
@@ -405,7 +405,7 @@ Deno.test(
         await Deno.writeFile(`${ghostDir}/${foreign}`, new Uint8Array([0x7f, 0x45, 0x4c, 0x46, 0]));
         const t0 = performance.now();
         const h = await startHandlerProcess({
-          kubeconfig: cluster.kubeconfigPath,
+          kubeconfig: cluster.handlerKubeconfigPath,
           nodeName: node,
           libvirtUri: TEST_URI,
           dir,

@@ -35,11 +35,12 @@ async function run(cmd: string, args: string[]): Promise<void> {
 Deno.test("handler (KubeVirt mode) finds a launcher pod's socket from status.activePods and runs its VMI", async () => {
   const cluster = await useCluster();
   const client = await kubeClient(cluster.kubeconfigPath);
+  const controller = await kubeClient(cluster.handlerKubeconfigPath);
   const dir = await Deno.makeTempDir({ prefix: "virtnode-kvmode-" });
   const podsDir = `${dir}/pods`;
   const node = `kvmode-${suffix()}`;
   const h = await startHandlerProcess({
-    kubeconfig: cluster.kubeconfigPath,
+    kubeconfig: cluster.handlerKubeconfigPath,
     nodeName: node,
     libvirtUri: "test:///default",
     kubeletPodsDir: podsDir,
@@ -50,14 +51,16 @@ Deno.test("handler (KubeVirt mode) finds a launcher pod's socket from status.act
   let ok = false;
   try {
     const name = `vm-${suffix()}`;
-    const vmi = await createVmi(client, testVmi(name, node));
+    // The test plays virt-controller, which puts the VMI on the node (KubeVirt's
+    // admission lets only KubeVirt's service accounts set kubevirt.io/nodeName).
+    const vmi = await createVmi(controller, testVmi(name, node, { placed: true }));
     const uid = vmi.metadata.uid!;
     // KubeVirt mode: no scheduling by the handler; the VMI stays Pending until
     // virt-controller (here: the test) schedules it and its launcher pod runs.
     // Deliberate: nothing announces "the handler decided not to schedule it"; the test
     // gives it a second to do so and checks that it did not.
     await new Promise((r) => setTimeout(r, 1_000));
-    assert.equal((await getVmi(client, "default", name))!.status?.phase, undefined);
+    assert.equal((await getVmi(client, "default", name))!.status?.phase, "Pending");
 
     // The launcher "pod": a real launcher process with its socket where the kubelet
     // would put the pod's emptyDir volume.
@@ -113,9 +116,14 @@ Deno.test("handler (KubeVirt mode) finds a launcher pod's socket from status.act
     });
     // What virt-controller would write: Scheduled, on this node, with the active pod.
     const current = (await getVmi(client, "default", name))!;
-    await client.request("PUT", vmiPath("default", name), {
+    await controller.request("PUT", vmiPath("default", name), {
       ...current,
-      status: { phase: "Scheduled", nodeName: node, activePods: { [podUid]: node } },
+      status: {
+        ...current.status,
+        phase: "Scheduled",
+        nodeName: node,
+        activePods: { [podUid]: node },
+      },
     });
     const running = await waitForPhase(client, "default", name, "Running");
     assert.equal(running.status!.activePods![podUid], node);
@@ -136,6 +144,17 @@ Deno.test("handler (KubeVirt mode) finds a launcher pod's socket from status.act
       }
     });
     assert.ok(pidAlive(launcher.pid), "KubeVirt mode never kills a launcher pod's process");
+    const deleted = await getVmi(client, "default", name);
+    assert.deepEqual(
+      deleted?.metadata.finalizers,
+      ["kubevirt.io/foregroundDeleteVirtualMachine"],
+      "KubeVirt mode leaves virt-api's finalizer to virt-controller",
+    );
+    // virt-controller's last step, once the pod is gone.
+    await controller.request("PUT", vmiPath("default", name), {
+      ...deleted,
+      metadata: { ...deleted!.metadata, finalizers: [] },
+    });
     ok = true;
   } finally {
     if (!ok) console.error((await Deno.readTextFile(h.logFile)).slice(-5000));
@@ -145,6 +164,7 @@ Deno.test("handler (KubeVirt mode) finds a launcher pod's socket from status.act
     } catch { /* gone */ }
     await h.kill("SIGTERM");
     client.close();
+    controller.close();
     if (mounted) await run("umount", [mounted]).catch(() => {});
     await Deno.remove(dir, { recursive: true }).catch(() => {});
     if (socketDir) await Deno.remove(socketDir, { recursive: true }).catch(() => {});
@@ -158,7 +178,7 @@ Deno.test("handler: a VMI deleted and created again under the same name gets a n
   const client = await kubeClient(cluster.kubeconfigPath);
   const node = `uid-${suffix()}`;
   const h = await startHandlerProcess({
-    kubeconfig: cluster.kubeconfigPath,
+    kubeconfig: cluster.handlerKubeconfigPath,
     nodeName: node,
     libvirtUri: "test:///default",
   });
@@ -171,6 +191,11 @@ Deno.test("handler: a VMI deleted and created again under the same name gets a n
       (await Deno.readTextFile(`${h.stateDir}/launchers/${first.metadata.uid}.pid`)).trim(),
     );
     await deleteVmi(client, "default", name);
+    // virt-api's finalizer keeps the old VMI until the handler is done with it.
+    await waitFor(
+      "the old VMI to be gone",
+      async () => (await getVmi(client, "default", name)) === undefined ? true : undefined,
+    );
     const second = await createVmi(client, testVmi(name, node));
     assert.notEqual(second.metadata.uid, first.metadata.uid);
     const running = await waitForPhase(client, "default", name, "Running");
@@ -220,7 +245,7 @@ Deno.test("handler: a missing kubeconfig is reported and retried with backoff un
     await health?.body?.cancel();
     assert.notEqual(health?.status, 200, "not ready without credentials");
     await Deno.mkdir(`${dir}/later`);
-    await Deno.copyFile(cluster.kubeconfigPath, kubeconfig);
+    await Deno.copyFile(cluster.handlerKubeconfigPath, kubeconfig);
     const name = `vm-${suffix()}`;
     await createVmi(client, testVmi(name, node));
     await waitForPhase(client, "default", name, "Running", 60_000);

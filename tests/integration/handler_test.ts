@@ -11,11 +11,13 @@ import {
   eventsFor,
   getVmi,
   type HandlerProcess,
+  kubeClient,
   launcherProcesses,
   launcherStarts,
   pidAlive,
   startHandlerProcess,
   testVmi,
+  vmiPath,
   waitFor,
   waitForPhase,
   withHandler,
@@ -48,14 +50,23 @@ Deno.test("handler: a VMI goes Running with status and events, and deleting it r
     const vmi = await waitForPhase(client, "default", name, "Running");
     const st = vmi.status!;
     assert.equal(st.nodeName, node);
-    assert.deepEqual(st.phaseTransitionTimestamps!.map((p) => p.phase), ["Scheduled", "Running"]);
+    // Pending is virt-api's (its mutating webhook stamps it on create).
+    assert.deepEqual(st.phaseTransitionTimestamps!.map((p) => p.phase), [
+      "Pending",
+      "Scheduled",
+      "Running",
+    ]);
     const cond = Object.fromEntries(st.conditions!.map((c) => [c.type, c]));
     assert.equal(cond.Ready?.status, "True");
     // Live migration is not implemented: never advertised, with KubeVirt's generic reason.
     assert.equal(cond.LiveMigratable?.status, "False");
     assert.equal(cond.LiveMigratable?.reason, "NotMigratable");
     assert.equal(cond.Synchronized, undefined, "no sync error");
-    assert.equal(vmi.metadata.finalizers, undefined, "virtnode adds no finalizers");
+    assert.deepEqual(
+      vmi.metadata.finalizers,
+      ["kubevirt.io/foregroundDeleteVirtualMachine"],
+      "virt-api's finalizer, and none of virtnode's",
+    );
 
     const ghost = `${h.stateDir}/ghost-records/${uid}`;
     assert.deepEqual(JSON.parse(await Deno.readTextFile(ghost)), {
@@ -83,6 +94,10 @@ Deno.test("handler: a VMI goes Running with status and events, and deleting it r
     assert.equal(await exists(`${h.runDir}/sockets/${uid}`), false, "socket dir removed");
     const reasons = (await eventsFor(client, "default", name)).map((e) => e.reason);
     assert.ok(reasons.includes("Deleted"), `events: ${reasons}`);
+    await waitFor(
+      "the VMI to be gone (the handler released the finalizer)",
+      async () => (await getVmi(client, "default", name)) === undefined ? true : undefined,
+    );
   });
 });
 
@@ -118,7 +133,8 @@ Deno.test("handler: an invalid VMI gets Synchronized=False and a Warning event w
     const good = `vm-good-${suffix()}`;
     await createVmi(
       client,
-      testVmi(bad, node, { extra: { gpus: [{ name: "g", deviceName: "x" }] } }),
+      // KubeVirt's admission accepts a TPM; the converter has none.
+      testVmi(bad, node, { extra: { tpm: {} } }),
     );
     await createVmi(client, testVmi(good, node));
     const vmi = await waitFor("Synchronized=False on the invalid VMI", async () => {
@@ -127,11 +143,11 @@ Deno.test("handler: an invalid VMI gets Synchronized=False and a Warning event w
       return c?.status === "False" ? { v, c } : undefined;
     });
     assert.equal(vmi.c.reason, "Synchronizing with the Domain failed.");
-    assert.match(vmi.c.message!, /spec\.domain\.devices\.gpus/);
+    assert.match(vmi.c.message!, /spec\.domain\.devices\.tpm/);
     await waitForPhase(client, "default", good, "Running");
     await waitFor("a SyncFailed warning naming the field", async () => {
       const ev = (await eventsFor(client, "default", bad)).find((e) => e.reason === "SyncFailed");
-      return ev?.type === "Warning" && /gpus/.test(ev.message);
+      return ev?.type === "Warning" && /tpm/.test(ev.message);
     });
     assert.equal(vmi.v!.status!.phase, "Scheduled", "an unsyncable VMI is not marked Running");
     const r = await fetch(`${h.health}/healthz`);
@@ -143,7 +159,7 @@ Deno.test("handler: an invalid VMI gets Synchronized=False and a Warning event w
 });
 
 Deno.test("handler: a VMI labelled for another node is never touched", async () => {
-  await withHandler("othernode", async ({ node, client, h }) => {
+  await withHandler("othernode", async ({ node, client, h, kubeconfig }) => {
     const mine = `vm-mine-${suffix()}`;
     const theirs = `vm-theirs-${suffix()}`;
     const other = await createVmi(client, testVmi(theirs, `${node}-other`));
@@ -151,11 +167,23 @@ Deno.test("handler: a VMI labelled for another node is never touched", async () 
     await waitForPhase(client, "default", mine, "Running");
     const after = await getVmi(client, "default", theirs);
     assert.equal(after!.metadata.resourceVersion, other.metadata.resourceVersion);
-    assert.equal(after!.status, undefined);
+    assert.equal(after!.metadata.labels?.["kubevirt.io/nodeName"], undefined, "not placed here");
+    assert.equal(after!.status?.phase, "Pending", "only virt-api's Pending");
     assert.deepEqual(await eventsFor(client, "default", theirs), []);
     assert.equal(await exists(`${h.stateDir}/ghost-records/${other.metadata.uid}`), false);
     await deleteVmi(client, "default", theirs);
     await deleteVmi(client, "default", mine);
+    // No node serves the other VMI: take virt-api's finalizer off as virt-controller would.
+    const controller = await kubeClient(kubeconfig);
+    try {
+      const deleted = (await getVmi(client, "default", theirs))!;
+      await controller.request("PUT", vmiPath("default", theirs), {
+        ...deleted,
+        metadata: { ...deleted.metadata, finalizers: [] },
+      });
+    } finally {
+      controller.close();
+    }
   });
 });
 

@@ -421,7 +421,12 @@ Deno.test("kubectl applies deploy/examples and shows KubeVirt's printer columns 
     assert.match(table, /vmi-minimal/);
 
     const vmi = await client.request<Vmi>("GET", vmiPath("default", "vmi-minimal"));
-    assert.equal(vmi.metadata?.labels?.[NODE_LABEL], "virtnode-local");
+    assert.equal(
+      (vmi.spec as { nodeSelector?: Record<string, string> }).nodeSelector?.[
+        "kubernetes.io/hostname"
+      ],
+      "virtnode-local",
+    );
     await client.request("PUT", vmiPath("default", "vmi-minimal"), {
       ...vmi,
       status: {

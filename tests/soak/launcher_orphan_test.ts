@@ -52,7 +52,7 @@ Deno.test("launchers whose handler died mid-burst stay idle and small, and exit 
   const client = await kubeClient(cluster.kubeconfigPath);
   const node = `soak-${crypto.randomUUID().slice(0, 8)}`;
   const h = await startHandlerProcess({
-    kubeconfig: cluster.kubeconfigPath,
+    kubeconfig: cluster.handlerKubeconfigPath,
     nodeName: node,
     libvirtUri: "test:///default",
   });
