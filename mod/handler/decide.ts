@@ -16,6 +16,7 @@
  * | 6 | the domain is paused because post-copy migration failed       | `destroy`  |
  * | 7 | the VMI is live and its status already agrees with the domain | `update`   |
  * | 8 | the VMI is live but its phase is about to change              | `none` (the status is written first; the spec is acted on in the next sync) |
+ * | 9 | the VMI is live, its domain is down and says nothing of the phase (Shutoff: Failed, Unknown, Migrated) | `none` (a sync would call a launcher that is going with its domain; its exit or the next domain event decides) |
  *
  * A domain whose launcher is unresponsive counts as no domain (KubeVirt: its
  * `domainExists` is false when the launcher is unresponsive). "Alive" means the domain
@@ -149,6 +150,13 @@ export function decideSync(input: SyncInput): SyncDecision {
     return {
       action: SyncAction.None,
       reason: `${seen}; phase ${phase || "<none>"} becomes ${next} first`,
+      writesStatus: true,
+    };
+  }
+  if (domainExists && !domainAlive) {
+    return {
+      action: SyncAction.None,
+      reason: `VMI is ${phase}; ${seen}: waiting for the launcher's next report`,
       writesStatus: true,
     };
   }

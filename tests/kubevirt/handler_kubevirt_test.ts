@@ -6,12 +6,7 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import {
-  type Cluster,
-  KUBEVIRT_NAMESPACE,
-  serviceAccountKubeconfig,
-  startCluster,
-} from "../../deploy/cluster/cluster.ts";
+import { type Cluster, KUBEVIRT_NAMESPACE, startCluster } from "../../deploy/cluster/cluster.ts";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
 import { StatusDroppedError, StatusWriter } from "../../mod/kube/mod.ts";
 import {
@@ -24,8 +19,6 @@ import {
   waitFor,
   waitForPhase,
 } from "../helpers/handler_process.ts";
-
-const REPO_ROOT = new URL("../../", import.meta.url).pathname;
 
 async function kubectl(cluster: Cluster, ...args: string[]): Promise<string> {
   const output = await new Deno.Command("kubectl", {
@@ -142,24 +135,10 @@ Deno.test("pod-less handler under KubeVirt's CRD and admission: a user's VMI is 
   const cluster = await startCluster({ admission: true });
   const node = `kv-${crypto.randomUUID().slice(0, 8)}`;
   const admin = await kubeClient(cluster.kubeconfigPath);
-  // The handler runs as virt-controller's service account (pod-less mode stands in for
-  // it), with no more rights than deploy/rbac.yaml gives virtnode.
-  await kubectl(cluster, "apply", "-f", join(REPO_ROOT, "deploy", "namespace.yaml"));
-  await kubectl(cluster, "apply", "-f", join(REPO_ROOT, "deploy", "rbac.yaml"));
-  const kubeconfig = await serviceAccountKubeconfig(
-    cluster,
-    KUBEVIRT_NAMESPACE,
-    "kubevirt-controller",
-    join(cluster.dir, "kubevirt-controller.kubeconfig"),
-  );
-  await kubectl(
-    cluster,
-    "create",
-    "clusterrolebinding",
-    "virtnode-as-kubevirt-controller",
-    "--clusterrole=virtnode-handler",
-    `--serviceaccount=${KUBEVIRT_NAMESPACE}:kubevirt-controller`,
-  );
+  // The handler runs as virt-controller's service account: pod-less mode stands in for
+  // virt-controller, and KubeVirt's admission lets only KubeVirt's own service accounts
+  // place VMIs and write their status (the cluster made its kubeconfig).
+  const kubeconfig = cluster.handlerKubeconfigPath;
   const h = await startHandlerProcess({
     kubeconfig,
     nodeName: node,

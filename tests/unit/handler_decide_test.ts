@@ -201,6 +201,16 @@ const ROWS: Row[] = [
     action: SyncAction.Update,
     writesStatus: true,
   },
+  // 9: a domain down for a reason that decides no phase.
+  {
+    name: "9: a Running VMI whose QEMU died (Shutoff, Failed) is not synced: its launcher is going",
+    input: {
+      vmi: vmi(VmiPhase.Running),
+      domain: domain(LifeCycle.Shutoff, StateChangeReason.Failed),
+    },
+    action: SyncAction.None,
+    writesStatus: true,
+  },
   // 8: the status moves first.
   {
     name: "8: a Scheduled VMI whose domain runs becomes Running before anything is done",
