@@ -741,8 +741,12 @@ function message(error: unknown): string {
 }
 
 if (import.meta.main) {
-  const cluster = await startCluster();
+  // As the tests and local mode have it: KubeVirt's CRDs and admission.
+  const cluster = await startCluster({ admission: true });
   console.log(`Kubeconfig: ${cluster.kubeconfigPath}`);
+  console.log(
+    `Pod-less handler's kubeconfig (virt-controller's): ${cluster.handlerKubeconfigPath}`,
+  );
   console.log(`Server: ${cluster.server}`);
   console.log(`export KUBECONFIG=${cluster.kubeconfigPath}`);
   console.log("Press Ctrl-C to stop the cluster");
