@@ -441,3 +441,17 @@ export async function withHandler(
     await cluster.stop();
   }
 }
+
+/**
+ * Takes virt-api's finalizer off a deleted VMI, as virt-controller does once no launcher
+ * pod is left (no-op when the VMI is gone or has none); `client` must be one of KubeVirt's
+ * service accounts.
+ */
+export async function releaseVmi(client: KubeClient, namespace: string, name: string) {
+  const vmi = await getVmi(client, namespace, name);
+  if (!vmi?.metadata.finalizers?.length) return;
+  await client.request("PUT", vmiPath(namespace, name), {
+    ...vmi,
+    metadata: { ...vmi.metadata, finalizers: [] },
+  });
+}

@@ -12,6 +12,7 @@ import {
   getVmi,
   kubeClient,
   pidAlive,
+  releaseVmi,
   startHandlerProcess,
   testVmi,
   vmiPath,
@@ -151,10 +152,7 @@ Deno.test("handler (KubeVirt mode) finds a launcher pod's socket from status.act
       "KubeVirt mode leaves virt-api's finalizer to virt-controller",
     );
     // virt-controller's last step, once the pod is gone.
-    await controller.request("PUT", vmiPath("default", name), {
-      ...deleted,
-      metadata: { ...deleted!.metadata, finalizers: [] },
-    });
+    await releaseVmi(controller, "default", name);
     ok = true;
   } finally {
     if (!ok) console.error((await Deno.readTextFile(h.logFile)).slice(-5000));

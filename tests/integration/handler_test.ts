@@ -15,9 +15,9 @@ import {
   launcherProcesses,
   launcherStarts,
   pidAlive,
+  releaseVmi,
   startHandlerProcess,
   testVmi,
-  vmiPath,
   waitFor,
   waitForPhase,
   withHandler,
@@ -176,11 +176,7 @@ Deno.test("handler: a VMI labelled for another node is never touched", async () 
     // No node serves the other VMI: take virt-api's finalizer off as virt-controller would.
     const controller = await kubeClient(kubeconfig);
     try {
-      const deleted = (await getVmi(client, "default", theirs))!;
-      await controller.request("PUT", vmiPath("default", theirs), {
-        ...deleted,
-        metadata: { ...deleted.metadata, finalizers: [] },
-      });
+      await releaseVmi(controller, "default", theirs);
     } finally {
       controller.close();
     }

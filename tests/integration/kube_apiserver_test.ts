@@ -5,6 +5,7 @@
 
 import assert from "node:assert/strict";
 import { type Cluster, startCluster } from "../../deploy/cluster/cluster.ts";
+import { releaseVmi } from "../helpers/handler_process.ts";
 import {
   EventRecorder,
   Informer,
@@ -88,13 +89,7 @@ async function kubectl(cluster: Cluster, ...args: string[]): Promise<string> {
  */
 async function deleteVmi(client: KubeClient, namespace: string, name: string): Promise<void> {
   await client.request("DELETE", vmiPath(namespace, name));
-  const vmi = await client.request<Vmi>("GET", vmiPath(namespace, name)).catch(() => undefined);
-  if (vmi?.metadata?.finalizers?.length) {
-    await client.request("PUT", vmiPath(namespace, name), {
-      ...vmi,
-      metadata: { ...vmi.metadata, finalizers: [] },
-    });
-  }
+  await releaseVmi(client, namespace, name);
 }
 
 /**

@@ -10,6 +10,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { buildKubevirt, startCluster } from "../../deploy/cluster/cluster.ts";
+import { admit } from "../helpers/admission.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
 
 const REPO_ROOT = new URL("../../", import.meta.url).pathname;
@@ -36,27 +37,9 @@ async function admittedVmi(name: string): Promise<Record<string, unknown>> {
         },
       },
     };
-    const child = new Deno.Command("kubectl", {
-      args: [
-        "--kubeconfig",
-        cluster.kubeconfigPath,
-        "create",
-        "--dry-run=server",
-        "-o",
-        "json",
-        "-f",
-        "-",
-      ],
-      stdin: "piped",
-      stdout: "piped",
-      stderr: "piped",
-    }).spawn();
-    const writer = child.stdin.getWriter();
-    await writer.write(new TextEncoder().encode(JSON.stringify(vmi)));
-    await writer.close();
-    const output = await child.output();
-    assert.ok(output.success, new TextDecoder().decode(output.stderr));
-    return JSON.parse(new TextDecoder().decode(output.stdout));
+    const admitted = await admit(cluster, vmi);
+    assert.ok(admitted.ok, admitted.ok ? "" : admitted.error);
+    return admitted.object;
   } finally {
     await cluster.stop();
   }

@@ -12,6 +12,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { loadAll } from "js-yaml";
 import { buildKubevirt, startCluster } from "../../deploy/cluster/cluster.ts";
+import { admit } from "../helpers/admission.ts";
 import {
   containerDiskFileName,
   ConversionError,
@@ -24,21 +25,15 @@ interface Manifest {
   spec?: { template?: { metadata?: Record<string, unknown>; spec?: unknown } };
 }
 
-async function run(command: string, args: string[], stdin?: string) {
-  const child = new Deno.Command(command, {
-    args,
-    stdin: stdin === undefined ? "null" : "piped",
-    stdout: "piped",
+/** A 1 MiB qcow2 placeholder at `file`; throws when qemu-img fails. */
+async function placeholderDisk(file: string): Promise<void> {
+  const output = await new Deno.Command("qemu-img", {
+    args: ["create", "-q", "-f", "qcow2", file, "1M"],
+    stdin: "null",
+    stdout: "null",
     stderr: "piped",
-  }).spawn();
-  if (stdin !== undefined) {
-    const writer = child.stdin.getWriter();
-    await writer.write(new TextEncoder().encode(stdin));
-    await writer.close();
-  }
-  const output = await child.output();
-  const decode = (b: Uint8Array) => new TextDecoder().decode(b);
-  return { ok: output.success, stdout: decode(output.stdout), stderr: decode(output.stderr) };
+  }).output();
+  if (!output.success) throw new Error(new TextDecoder().decode(output.stderr));
 }
 
 /** The VMIs of the examples: VMI manifests, and each VM's template as a VMI. */
@@ -87,26 +82,15 @@ Deno.test("KubeVirt's examples, defaulted by its admission, through the converte
     const notAdmitted: string[] = [];
     for (const { source, vmi } of examples) {
       (vmi.metadata as Record<string, unknown>).namespace = "default";
-      const admitted = await run("kubectl", [
-        "--kubeconfig",
-        cluster.kubeconfigPath,
-        "create",
-        "--dry-run=server",
-        "-o",
-        "json",
-        "-f",
-        "-",
-      ], JSON.stringify(vmi));
+      const admitted = await admit(cluster, vmi);
       if (!admitted.ok) {
-        notAdmitted.push(`${source}: ${admitted.stderr.trim()}`);
+        notAdmitted.push(`${source}: ${admitted.error}`);
         continue;
       }
-      const defaulted = JSON.parse(admitted.stdout);
+      const defaulted = admitted.object as Record<string, any>;
       for (const image of containerDiskImages(defaulted)) {
         const file = join(imageDir, `${containerDiskFileName(image)}.qcow2`);
-        await Deno.stat(file).catch(() =>
-          run("qemu-img", ["create", "-q", "-f", "qcow2", file, "1M"])
-        );
+        await Deno.stat(file).catch(() => placeholderDisk(file));
       }
       const uid = defaulted.metadata.uid ?? crypto.randomUUID();
       try {
@@ -133,18 +117,9 @@ Deno.test("KubeVirt's examples, defaulted by its admission, through the converte
       spec.domain.devices = { ...spec.domain.devices, autoattachPodInterface: false };
       delete spec.domain.devices.interfaces;
       delete spec.networks;
-      const admitted = await run("kubectl", [
-        "--kubeconfig",
-        cluster.kubeconfigPath,
-        "create",
-        "--dry-run=server",
-        "-o",
-        "json",
-        "-f",
-        "-",
-      ], JSON.stringify(vmi));
+      const admitted = await admit(cluster, vmi);
       if (!admitted.ok) continue;
-      const defaulted = JSON.parse(admitted.stdout);
+      const defaulted = admitted.object as Record<string, any>;
       const uid = defaulted.metadata.uid ?? crypto.randomUUID();
       try {
         await convertVmiToDomainXml(defaulted, {
