@@ -35,6 +35,8 @@ export interface TierResult {
   failed: string[];
   skipped: string[];
   seconds: number;
+  /** Why each failed test failed (its assertion and stack, shortened), by test name. */
+  reasons?: Record<string, string>;
 }
 
 const root = new URL("..", import.meta.url).pathname;
@@ -57,22 +59,37 @@ function unescapeXml(s: string): string {
     .replaceAll("&gt;", ">").replaceAll("&amp;", "&");
 }
 
-/** Reads passed, failed and skipped test names out of Deno's JUnit XML. */
-export function parseJunit(xml: string): { passed: number; failed: string[]; skipped: string[] } {
+/** Lines of a failure's text the summary repeats (CI may show only a run's last lines). */
+export const REASON_LINES = 40;
+
+/**
+ * Reads passed, failed and skipped test names out of Deno's JUnit XML, and the text of
+ * each failure (its first {@linkcode REASON_LINES} lines, colour codes removed).
+ */
+export function parseJunit(
+  xml: string,
+): { passed: number; failed: string[]; skipped: string[]; reasons: Record<string, string> } {
   let passed = 0;
   const failed: string[] = [];
   const skipped: string[] = [];
+  const reasons: Record<string, string> = {};
   const cases = xml.matchAll(
     /<testcase name="([^"]*)" classname="([^"]*)"[^>]*?(\/>|>([\s\S]*?)<\/testcase>)/g,
   );
   for (const m of cases) {
     const name = `${unescapeXml(m[2])}: ${unescapeXml(m[1])}`;
     const body = m[4] ?? "";
-    if (/<failure|<error/.test(body)) failed.push(name);
-    else if (/<skipped/.test(body)) skipped.push(name);
+    if (/<failure|<error/.test(body)) {
+      failed.push(name);
+      const text = body.match(/<(failure|error)\b[^>]*>([\s\S]*?)<\/\1>/)?.[2] ?? "";
+      // deno-lint-ignore no-control-regex
+      const plain = unescapeXml(text).replace(/\x1b\[[0-9;]*m/g, "").trim().split("\n");
+      reasons[name] = plain.slice(0, REASON_LINES).join("\n") +
+        (plain.length > REASON_LINES ? `\n... (${plain.length - REASON_LINES} more lines)` : "");
+    } else if (/<skipped/.test(body)) skipped.push(name);
     else passed++;
   }
-  return { passed, failed, skipped };
+  return { passed, failed, skipped, reasons };
 }
 
 /** The environment variable that marks every process one tier run starts. */
@@ -354,7 +371,14 @@ export async function runTier(
     leftProcesses: left,
     leftDomains: domains,
   });
-  return { tier, passed: parsed.passed, failed, skipped: parsed.skipped, seconds };
+  return {
+    tier,
+    passed: parsed.passed,
+    failed,
+    skipped: parsed.skipped,
+    seconds,
+    reasons: parsed.reasons,
+  };
 }
 
 /**
@@ -441,6 +465,12 @@ async function main(): Promise<number> {
   if (skipped.length > 0) {
     console.log(`\n!!! ${skipped.length} TESTS WERE SKIPPED (not counted as passing):`);
     for (const s of skipped) console.log(`!!!   ${s}`);
+  }
+  // The failures' texts again, last: a CI log that keeps only its tail still says why.
+  for (const r of results) {
+    for (const [name, why] of Object.entries(r.reasons ?? {})) {
+      console.log(`\n--- why "${name}" failed:\n${why}`);
+    }
   }
   if (failed.length > 0) {
     console.log(`\nFAILED:`);

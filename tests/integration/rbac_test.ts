@@ -292,12 +292,19 @@ async function withHandler(
     libvirtUri: TEST_URI,
     noWait: options.noWait,
   });
-  let ok = false;
   try {
     await fn(h);
-    ok = true;
+  } catch (error) {
+    const log = await Deno.readTextFile(h.logFile);
+    console.error(`handler log:\n${log.slice(-6000)}`);
+    // The handler's warnings go with the failure into the run's summary.
+    const warnings = log.split("\n").filter((l) => /"level":"(warn|error)"/.test(l));
+    throw new Error(
+      `${error instanceof Error ? error.message : error}\n` +
+        `the handler's last warnings and errors:\n${warnings.slice(-12).join("\n")}`,
+      { cause: error },
+    );
   } finally {
-    if (!ok) console.error(`handler log:\n${(await Deno.readTextFile(h.logFile)).slice(-6000)}`);
     await h.kill("SIGTERM");
     killLaunchers(h.stateDir);
     // Its own temporary directory: launcher socket paths must stay within 108 bytes.

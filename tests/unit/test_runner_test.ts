@@ -73,6 +73,17 @@ Deno.test("runTier() fails a tier that leaves a setsid process behind, names it 
   assert.equal(alive(leftPid), false, "the left process was killed");
 });
 
+Deno.test("runTier() carries why a test failed, for the summary to repeat", async () => {
+  const { result } = await runFixture(["fails.ts"]);
+  assert.equal(result.failed.length, 1);
+  const name = result.failed[0];
+  assert.match(name, /fails\.ts: fixture: fails <on purpose>$/);
+  const why = result.reasons?.[name] ?? "";
+  assert.match(why, /first line "quoted"\nsecond line/);
+  assert.match(why, /Caused by: Error: the cause/);
+  assert.doesNotMatch(why, /\x1b|&quot;|&lt;/, "no colour codes or XML escapes");
+});
+
 Deno.test("runTier() passes a clean tier", async () => {
   const { result } = await runFixture(["passes.ts"]);
   assert.deepEqual(result.failed, []);
