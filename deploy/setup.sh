@@ -16,6 +16,8 @@ APT_PACKAGES=(
   libvirt0 libvirt-clients libvirt-daemon libvirt-daemon-driver-qemu
   qemu-system-x86 qemu-utils ovmf genisoimage xorriso iproute2 util-linux openssl python3 kmod systemd
   libxml2-utils procps ca-certificates debootstrap
+  # KubeVirt's virt-launcher, built as a test peer, links libvirt with cgo.
+  libvirt-dev pkgconf gcc libc6-dev
 )
 # Debian 12's own Go is 1.19; backports has one that can fetch a newer toolchain.
 GO_BACKPORTS_PACKAGE=golang-1.23-go

@@ -7,7 +7,15 @@
  *
  * @module
  */
-import { close, O_PATH, openBeneath, openRoot } from "./libc.ts";
+import {
+  close,
+  O_DIRECTORY,
+  O_PATH,
+  openBeneath,
+  openRoot,
+  RESOLVE_IN_ROOT,
+  RESOLVE_NO_MAGICLINKS,
+} from "./libc.ts";
 
 /** A socket opened beneath its root; connect to {@linkcode BeneathSocket.path}. */
 export interface BeneathSocket {
@@ -58,6 +66,43 @@ export function openSocketBeneath(root: string, path: string): BeneathSocket {
   let open = true;
   return {
     path: magic,
+    release() {
+      if (!open) return;
+      open = false;
+      close(fd);
+    },
+  };
+}
+
+/** A directory opened inside a root; create and remove entries below {@linkcode BeneathDirectory.path}. */
+export interface BeneathDirectory {
+  /** `/proc/self/fd/<fd>`: names exactly the directory that was opened. */
+  readonly path: string;
+  /** Closes the descriptor; {@linkcode BeneathDirectory.path} is useless afterwards. */
+  release(): void;
+}
+
+/**
+ * Opens the directory `path` inside `root` as if `root` were `/` (`RESOLVE_IN_ROOT`):
+ * symlinks on the way — a container's `/var/run -> ../run` — are followed, but absolute
+ * ones and `..` stay inside `root`, and no magic link (`/proc/<pid>/...`) is followed.
+ * `root` itself may be a process's `/proc/<pid>/root`. Entries created below the result's
+ * path land in that directory, wherever the root's links point later.
+ */
+export function openDirectoryInRoot(root: string, path: string): BeneathDirectory {
+  const rootFd = openRoot(root);
+  let fd: number;
+  try {
+    fd = openBeneath(rootFd, path, {
+      flags: O_PATH | O_DIRECTORY,
+      resolve: RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
+    });
+  } finally {
+    close(rootFd);
+  }
+  let open = true;
+  return {
+    path: `/proc/self/fd/${fd}`,
     release() {
       if (!open) return;
       open = false;

@@ -8,6 +8,8 @@
 #   crds/*.json          every CRD KubeVirt installs
 #   kubevirt-admission   virt-api's VMI and migration webhooks (KubeVirt's packages)
 #   cmdclient-check      KubeVirt's handler-side cmd client and notify server
+#   virt-launcher        KubeVirt's launcher (cgo against libvirt-dev's libvirt)
+#   virt-launcher-monitor  the launcher pod's entry point, which runs virt-launcher
 #   examples/            the examples/ folder of KubeVirt's module, as published
 #
 #   deploy/kubevirt/build.sh
@@ -36,10 +38,14 @@ log() {
 }
 
 programs=(kubevirt-crds kubevirt-admission cmdclient-check)
+# KubeVirt's own commands, built from its module as they are (the go.mod tool block).
+launcher_programs=(virt-launcher virt-launcher-monitor)
 go_version=$("$GO" env GOVERSION)
+# The launcher links libvirt: the headers it was built against belong in the key.
+libvirt_version=$(pkg-config --modversion libvirt 2>/dev/null || echo none)
 key=$(
   {
-    echo "$go_version $("$GO" env GOOS GOARCH) ${programs[*]}"
+    echo "$go_version $("$GO" env GOOS GOARCH) ${programs[*]} ${launcher_programs[*]} libvirt $libvirt_version"
     cat build.sh go.mod go.sum cmd/*/main.go
   } | sha256sum | cut -c1-16
 )
@@ -48,7 +54,9 @@ out=$cache_root/$key
 
 built() {
   local program
-  for program in "${programs[@]}"; do [[ -x $out/$program ]] || return 1; done
+  for program in "${programs[@]}" "${launcher_programs[@]}"; do
+    [[ -x $out/$program ]] || return 1
+  done
   [[ -s $out/crds/virtualmachineinstances.kubevirt.io.json && -d $out/examples ]]
 }
 
@@ -74,6 +82,15 @@ export CGO_ENABLED=0 GOFLAGS=-mod=mod
 for program in "${programs[@]}"; do
   log "go build $program"
   "$GO" build -trimpath -ldflags "-s -w" -o "$staging_dir/$program" "./cmd/$program"
+done
+if [[ $libvirt_version == none ]]; then
+  log "virt-launcher needs libvirt's headers (apt-get install libvirt-dev pkgconf)"
+  exit 1
+fi
+for program in "${launcher_programs[@]}"; do
+  log "go build kubevirt.io/kubevirt/cmd/$program (cgo, libvirt $libvirt_version)"
+  CGO_ENABLED=1 "$GO" build -trimpath -ldflags "-s -w" -o "$staging_dir/$program" \
+    "kubevirt.io/kubevirt/cmd/$program"
 done
 log "generating KubeVirt's CRDs"
 "$staging_dir/kubevirt-crds" "$staging_dir/crds"

@@ -33,13 +33,17 @@ import { aborted } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import { decideSync, type SyncDecision } from "./decide.ts";
 import type { GhostRecordStore } from "./ghost_records.ts";
-import { LauncherClient, type LauncherClients } from "./launcher_clients.ts";
+import { LauncherCallError, LauncherClient, type LauncherClients } from "./launcher_clients.ts";
 import type { LauncherProvider } from "./launcher_provider.ts";
 import { FailRetryManager } from "./retry_manager.ts";
 import { computeStatus, EventReason, phaseChangeEvent, type StatusInput } from "./status.ts";
 import { gracePeriodSeconds } from "./_vmi.ts";
+import { hostTopology, type NumaCell, virtualMachineOptions } from "./vm_options.ts";
 
 const log = getLogger("handler", "controller");
+
+/** How soon a VMI is looked at again when its launcher went away during its shutdown, ms. */
+const LAUNCHER_GONE_REQUEUE_MS = 1_000;
 
 /** ACPI shutdown is sent again this often while the grace period runs (as KubeVirt does). */
 export const ACPI_RESEND_MS = 5_000;
@@ -123,6 +127,8 @@ export class VmiController {
   /** Last seen copy of VMIs the informer deleted, until cleanup is done. */
   readonly #deleted = new Map<string, VirtualMachineInstance>();
   readonly #shutdowns = new Map<string, ShutdownState>();
+  /** The host's NUMA cells for the launchers' options, read once. */
+  #topology?: NumaCell[];
   /** Generation last handed to SyncVirtualMachine, per UID. */
   readonly #synced = new Map<string, number>();
   readonly #ioRetry = new FailRetryManager();
@@ -157,7 +163,9 @@ export class VmiController {
   /** Records a domain notification and wakes its key. */
   domainEvent(type: "ADDED" | "MODIFIED" | "DELETED", domain: Domain): void {
     const key = vmiKey(domain.metadata);
-    if (type === "DELETED") this.#domains.delete(key);
+    // A launcher's last word on its domain is a MODIFIED event with a deletion timestamp
+    // (KubeVirt's launcher sends it so; KubeVirt's handler counts it as no domain).
+    if (type === "DELETED" || domain.metadata.deletionTimestamp) this.#domains.delete(key);
     else this.#domains.set(key, domain);
     this.#d.queue.add(key);
   }
@@ -516,7 +524,8 @@ export class VmiController {
       return DONE;
     }
     if (alive && this.#synced.get(uid) === generation) return DONE;
-    await client.syncVirtualMachine(vmi);
+    this.#topology ??= hostTopology();
+    await client.syncVirtualMachine(vmi, virtualMachineOptions(vmi, this.#topology));
     if (!domain) {
       this.#record(vmi, "Normal", EventReason.Created, "VirtualMachineInstance defined.");
     }
@@ -544,20 +553,32 @@ export class VmiController {
       this.#record(vmi, "Normal", reason, message);
     }
     const graceMs = st.graceSeconds * 1000;
-    if (now - st.startedMs >= graceMs) {
-      log.info("Grace period expired, killing domain", { key, uid, grace: st.graceSeconds });
-      await this.#processVmDestroy(vmi);
-      return DONE;
-    }
-    if (now - st.lastAcpiMs >= ACPI_RESEND_MS) {
-      await client.shutdownVirtualMachine(vmi);
-      st.lastAcpiMs = now;
-      log.debug("Sent ACPI shutdown", {
+    try {
+      if (now - st.startedMs >= graceMs) {
+        log.info("Grace period expired, killing domain", { key, uid, grace: st.graceSeconds });
+        await this.#processVmDestroy(vmi);
+        return DONE;
+      }
+      if (now - st.lastAcpiMs >= ACPI_RESEND_MS) {
+        await client.shutdownVirtualMachine(vmi);
+        st.lastAcpiMs = now;
+        log.debug("Sent ACPI shutdown", {
+          key,
+          uid,
+          elapsedMs: now - st.startedMs,
+          grace: st.graceSeconds,
+        });
+      }
+    } catch (error) {
+      // A launcher ends once its domain is gone (KubeVirt's does, right after its final
+      // event): a refused call then is the shutdown done, which the domain's last event
+      // or the unresponsive check confirms.
+      if (!(error instanceof LauncherCallError && error.unreachable)) throw error;
+      log.info("Launcher gone while shutting its domain down; looking again shortly", {
         key,
         uid,
-        elapsedMs: now - st.startedMs,
-        grace: st.graceSeconds,
       });
+      return requeueAfter(LAUNCHER_GONE_REQUEUE_MS, "the launcher went away during shutdown");
     }
     const remaining = graceMs - (now - st.startedMs);
     return requeueAfter(

@@ -147,6 +147,7 @@ export class Handler implements Runnable {
         nodeName: config.nodeName,
         ghosts,
         podsDir: options.podsDir ?? "/var/lib/kubelet/pods",
+        notifySocket: paths.notifySocket,
       });
     this.#launchers = new LauncherClients({
       onUnresponsive: (uid) => this.controller.launcherGone(uid),

@@ -36,6 +36,7 @@ import {
   type ServiceError,
   SUPPORTED_CMD_VERSIONS,
   type UnaryMethod,
+  type VirtualMachineOptions,
   type VMIRequest,
 } from "../proto/mod.ts";
 import { every } from "../lifecycle/mod.ts";
@@ -69,8 +70,9 @@ export const LAUNCHER_TIMEOUTS = {
   ping: 5_000,
 };
 
-function encodeVmi(vmi: VirtualMachineInstance): VMIRequest {
-  return { vmi: { vmiJson: new TextEncoder().encode(JSON.stringify(vmi)) } };
+/** A VMI request; options empty unless given, as KubeVirt's cmd client sends them. */
+function encodeVmi(vmi: VirtualMachineInstance, options: VirtualMachineOptions = {}): VMIRequest {
+  return { vmi: { vmiJson: new TextEncoder().encode(JSON.stringify(vmi)) }, options };
 }
 
 /** The path to connect to for a launcher's socket, held open for as long as it is used. */
@@ -260,14 +262,19 @@ export class LauncherClient {
     }
   }
 
-  async #vmiCall(method: string, vmi: VirtualMachineInstance, timeoutMs: number): Promise<void> {
-    const res = await this.#call<VMIRequest, Response>(method, encodeVmi(vmi), timeoutMs);
+  async #vmiCall(
+    method: string,
+    vmi: VirtualMachineInstance,
+    timeoutMs: number,
+    options?: VirtualMachineOptions,
+  ): Promise<void> {
+    const res = await this.#call<VMIRequest, Response>(method, encodeVmi(vmi, options), timeoutMs);
     if (!res.success) throw new LauncherCallError(method, res.message || "no message");
   }
 
   /** Defines and starts the domain, or reconciles a running one. */
-  syncVirtualMachine(vmi: VirtualMachineInstance): Promise<void> {
-    return this.#vmiCall("SyncVirtualMachine", vmi, LAUNCHER_TIMEOUTS.sync);
+  syncVirtualMachine(vmi: VirtualMachineInstance, options?: VirtualMachineOptions): Promise<void> {
+    return this.#vmiCall("SyncVirtualMachine", vmi, LAUNCHER_TIMEOUTS.sync, options);
   }
   /** Asks the guest to shut down (ACPI). */
   shutdownVirtualMachine(vmi: VirtualMachineInstance): Promise<void> {

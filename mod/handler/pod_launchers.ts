@@ -9,12 +9,17 @@
  * (`/proc/self/fd/<fd>`), which also keeps the address short: the kubelet's volume
  * paths are longer than a unix socket address allows (108 bytes).
  *
+ * Before the handler's first call to a pod's launcher it opens the pod's notify pipe
+ * ({@linkcode NotifyPipes}), so the launcher's domain events reach the handler.
+ *
  * @module
  */
 import { join } from "node:path";
 import { launcherSocketDirOnHost, SocketNames, type VirtualMachineInstance } from "../api/mod.ts";
 import { aborted } from "../lifecycle/mod.ts";
+import { getLogger } from "../log/mod.ts";
 import { openSocketBeneath } from "../../ffi/mod.ts";
+import { NotifyPipes } from "./notify_pipes.ts";
 import type { GhostRecordStore } from "./ghost_records.ts";
 import type { DialResolver } from "./launcher_clients.ts";
 import {
@@ -22,6 +27,8 @@ import {
   launchersOfGhostRecords,
   type LauncherStart,
 } from "./launcher_provider.ts";
+
+const log = getLogger("handler", "pod-launchers");
 
 /**
  * How soon a VMI whose pod socket has not appeared is looked at again, ms (nothing
@@ -40,6 +47,8 @@ export interface PodLaunchersOptions {
   ghosts: GhostRecordStore;
   /** The kubelet's pods directory (`/var/lib/kubelet/pods`). */
   podsDir: string;
+  /** The handler's notify server socket, which launcher pods reach through their pipe. */
+  notifySocket: string;
 }
 
 /** Launchers as the pods virt-controller creates. */
@@ -51,10 +60,15 @@ export class PodLaunchers implements LauncherProvider {
   /** See {@linkcode POD_SOCKET_POLL_MS}. */
   readonly notReadyRequeueMs: number = POD_SOCKET_POLL_MS;
   readonly #o: PodLaunchersOptions;
+  readonly #pipes: NotifyPipes;
 
   /** Creates the provider; it only looks, so nothing starts. */
   constructor(options: PodLaunchersOptions) {
     this.#o = options;
+    this.#pipes = new NotifyPipes({
+      notifySocket: options.notifySocket,
+      dialResolver: this.dialResolver,
+    });
   }
 
   /** The ghost record's socket, else the socket of an active pod of the VMI on this node. */
@@ -90,7 +104,10 @@ export class PodLaunchers implements LauncherProvider {
     return openSocketBeneath(`${prefix}${podUid}`, rest.slice(slash + 1));
   };
 
-  /** Finds the pod's socket and records it; starts nothing (the pod is virt-controller's). */
+  /**
+   * Finds the pod's socket, records it and opens the pod's notify pipe; starts nothing
+   * (the pod is virt-controller's).
+   */
   async start(vmi: VirtualMachineInstance): Promise<LauncherStart> {
     const uid = vmi.metadata.uid!;
     const socket = await this.socketOf(vmi);
@@ -103,12 +120,25 @@ export class PodLaunchers implements LauncherProvider {
         uid,
       });
     }
+    if (!this.#pipes.has(uid, socket)) {
+      try {
+        await this.#pipes.open(uid, socket, vmi.status?.runtimeUser ?? 0);
+      } catch (error) {
+        // Calls still work without it; the next sync tries again.
+        log.warn("No notify pipe for the launcher pod yet: {error}", {
+          namespace: vmi.metadata.namespace,
+          name: vmi.metadata.name,
+          uid,
+          error,
+        });
+      }
+    }
     return { socket };
   }
 
-  /** Nothing to stop: the pod ends with the VMI, by virt-controller and the kubelet. */
-  stop(_vmi: VirtualMachineInstance): Promise<void> {
-    return Promise.resolve();
+  /** Closes the pod's notify pipe; the pod ends with the VMI, by virt-controller and the kubelet. */
+  async stop(vmi: VirtualMachineInstance): Promise<void> {
+    await this.#pipes.close(vmi.metadata.uid!);
   }
 
   /** Every ghost record's launcher. */
@@ -116,8 +146,9 @@ export class PodLaunchers implements LauncherProvider {
     return launchersOfGhostRecords(this.#o.ghosts);
   }
 
-  /** Nothing runs in the background here; resolves when `signal` aborts. */
-  run(signal: AbortSignal): Promise<void> {
-    return aborted(signal);
+  /** The pipes relay in the background; closes them when `signal` aborts. */
+  async run(signal: AbortSignal): Promise<void> {
+    await aborted(signal);
+    await this.#pipes.closeAll();
   }
 }

@@ -234,6 +234,8 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
     ];
   }
   if (!status.nodeName && status.phase !== VmiPhase.Pending) status.nodeName = input.nodeName;
+  // The machine type the launcher chose (virt-handler's updateMachineType).
+  if (domain?.spec.os?.machine) status.machine = { type: domain.spec.os.machine };
 
   let conditions = status.conditions ?? [];
   conditions = input.syncError

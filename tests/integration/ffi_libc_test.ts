@@ -13,6 +13,7 @@ import {
   lchown,
   mountNamespaceOf,
   openBeneath,
+  openDirectoryInRoot,
   openRoot,
   peerCredentials,
   runInMountNamespace,
@@ -241,4 +242,40 @@ Deno.test("connecting to a missing socket gives ENOENT with the path", () => {
     assert.match(e.message, /^Cannot connect to "\/nonexistent\/vn\.sock": ENOENT: /);
     return true;
   });
+});
+
+Deno.test("openDirectoryInRoot() follows a pod's links as the pod sees them and never out of its root", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "virtnode-inroot-" });
+  const outside = await Deno.makeTempDir({ prefix: "virtnode-outside-" });
+  try {
+    const root = `${dir}/root`;
+    await Deno.mkdir(`${root}/run/kubevirt`, { recursive: true });
+    await Deno.mkdir(`${root}/var`, { recursive: true });
+    // A container's /var/run -> /run: absolute, so it means the root's /run.
+    await Deno.symlink("/run", `${root}/var/run`);
+    const share = openDirectoryInRoot(root, "var/run/kubevirt");
+    try {
+      await Deno.writeTextFile(`${share.path}/made-here`, "x");
+    } finally {
+      share.release();
+    }
+    assert.equal(await Deno.readTextFile(`${root}/run/kubevirt/made-here`), "x");
+
+    // A pod that points its share directory at the host: absolute and `..` links both
+    // stay inside the root, so the host directory is never reached.
+    await Deno.remove(`${root}/run/kubevirt`, { recursive: true });
+    await Deno.symlink(outside, `${root}/run/kubevirt`);
+    assert.throws(() => openDirectoryInRoot(root, "var/run/kubevirt"), ErrnoError);
+    await Deno.remove(`${root}/run/kubevirt`);
+    await Deno.symlink(`../../../../../../..${outside}`, `${root}/run/kubevirt`);
+    assert.throws(() => openDirectoryInRoot(root, "var/run/kubevirt"), ErrnoError);
+    assert.deepEqual([...Deno.readDirSync(outside)], [], "nothing reached the outside directory");
+    // /proc/<pid>/root magic links are not followed either.
+    await Deno.remove(`${root}/run/kubevirt`);
+    await Deno.symlink("/proc/self/root/tmp", `${root}/run/kubevirt`);
+    assert.throws(() => openDirectoryInRoot(root, "var/run/kubevirt"), ErrnoError);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+    await Deno.remove(outside, { recursive: true });
+  }
 });

@@ -191,3 +191,22 @@ Deno.test("reconcile() keeps the finalizer while the VMI is not final", async ()
   assert.deepEqual(s.calls.filter((c) => c.startsWith("removeFinalizer")), []);
   s.queue.shutDown();
 });
+
+Deno.test("domainEvent() counts a domain with a deletion timestamp as gone (a launcher's final event)", () => {
+  const s = doubles();
+  const running = newDomain({ namespace: "default", name: "vm1", uid: UID }, {
+    status: LifeCycle.Running,
+    reason: StateChangeReason.Unknown,
+  });
+  s.controller.domainEvent("ADDED", running);
+  assert.equal(s.controller.domains.size, 1);
+  // KubeVirt's launcher ends with a MODIFIED event: NoState/NonExistent, deletionTimestamp set.
+  const final = newDomain({ namespace: "default", name: "vm1", uid: UID }, {
+    status: LifeCycle.NoState,
+    reason: StateChangeReason.NonExistent,
+  });
+  final.metadata.deletionTimestamp = "2026-11-30T23:47:20Z";
+  s.controller.domainEvent("MODIFIED", final);
+  assert.equal(s.controller.domains.size, 0, "no domain is left for the VMI");
+  assert.equal(s.queue.len(), 1, "its key is queued");
+});

@@ -23,7 +23,12 @@ async function setup() {
   await Deno.mkdir(`${podsDir}/${SOCKETS}`, { recursive: true });
   const ghosts = new GhostRecordStore(`${dir}/ghosts`);
   await ghosts.load();
-  const pods = new PodLaunchers({ nodeName: "node1", ghosts, podsDir });
+  const pods = new PodLaunchers({
+    nodeName: "node1",
+    ghosts,
+    podsDir,
+    notifySocket: `${dir}/domain-notify.sock`,
+  });
   return { dir, podsDir, pods, socket: `${podsDir}/${SOCKETS}/launcher-sock` };
 }
 

@@ -56,6 +56,18 @@ Deno.test("computeStatus() moves a Scheduled VMI with a running domain to Runnin
   assert.equal(ready.status, "True");
 });
 
+Deno.test("computeStatus() reports the domain's machine type in status.machine, as virt-handler does", () => {
+  const withMachine = input(LifeCycle.Running);
+  withMachine.domain!.spec.os = { machine: "pc-q35-7.2" };
+  assert.deepEqual(computeStatus(vmi("Scheduled"), withMachine).status.machine, {
+    type: "pc-q35-7.2",
+  });
+  // No machine in the domain: what the VMI had stays.
+  const before = vmi("Running");
+  before.status!.machine = { type: "q35" };
+  assert.deepEqual(computeStatus(before, input(LifeCycle.Running)).status.machine, { type: "q35" });
+});
+
 Deno.test("computeStatus() is idempotent: recomputing its own result changes nothing, even later", () => {
   const first = computeStatus(vmi("Scheduled"), input(LifeCycle.Running));
   const again = computeStatus(

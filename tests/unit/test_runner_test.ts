@@ -81,6 +81,7 @@ Deno.test("runTier() carries why a test failed, for the summary to repeat", asyn
   const why = result.reasons?.[name] ?? "";
   assert.match(why, /first line "quoted"\nsecond line/);
   assert.match(why, /Caused by: Error: the cause/);
+  // deno-lint-ignore no-control-regex
   assert.doesNotMatch(why, /\x1b|&quot;|&lt;/, "no colour codes or XML escapes");
 });
 

@@ -1,0 +1,147 @@
+/**
+ * The `VirtualMachineOptions` the handler sends with every `SyncVirtualMachine`, filled
+ * as KubeVirt's handler fills them (`pkg/virt-handler/options.go`): SMBIOS, the memory
+ * balloon's statistics period, the host's NUMA topology, the cluster settings the
+ * launcher reads, and how each interface is attached to the domain. KubeVirt's launcher
+ * needs them (its topology drives dedicated CPUs and NUMA passthrough, the cluster
+ * settings its devices); virtnode's launcher reads what it uses and ignores the rest.
+ *
+ * The cluster-wide values are KubeVirt's defaults (`pkg/virt-config`); the handler does not
+ * read the KubeVirt CR's configuration yet.
+ *
+ * @module
+ */
+import type { VirtualMachineInstance } from "../api/mod.ts";
+import type { VirtualMachineOptions } from "../proto/mod.ts";
+
+/** KubeVirt's default SMBIOS (`SmbiosConfigDefault*`). */
+export const DEFAULT_SMBIOS = {
+  manufacturer: "KubeVirt",
+  product: "None",
+  version: "",
+  sku: "",
+  family: "KubeVirt",
+};
+
+/** KubeVirt's default memory balloon statistics period, seconds. */
+export const DEFAULT_MEM_BALLOON_STATS_PERIOD = 10;
+
+/** `kubevirt.cmd.v1.Cell`: one NUMA cell of the host. */
+export interface NumaCell {
+  id: number;
+  memory: { amount: string; unit: string };
+  pages: { count: string; unit: string; size: number }[];
+  distances: { id: number; value: string }[];
+  cpus: { id: number; siblings: number[] }[];
+}
+
+/** A Linux CPU list (`0-3,8,10-11`) as numbers. */
+export function parseCpuList(list: string): number[] {
+  const out: number[] = [];
+  for (const part of list.trim().split(",")) {
+    if (!part) continue;
+    const [a, b] = part.split("-").map(Number);
+    if (!Number.isInteger(a) || (b !== undefined && !Number.isInteger(b))) {
+      throw new Error(`Cannot read the CPU list "${list}"`);
+    }
+    for (let n = a; n <= (b ?? a); n++) out.push(n);
+  }
+  return out;
+}
+
+function read(path: string): string | undefined {
+  try {
+    return Deno.readTextFileSync(path);
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * The host's NUMA cells from sysfs (what libvirt's capabilities report: each node's
+ * memory in KiB, its free-standing and huge page pools, distances and CPUs with their
+ * thread siblings). Empty when `sysRoot` has no NUMA nodes.
+ */
+export function hostTopology(sysRoot = "/sys"): NumaCell[] {
+  const nodeDir = `${sysRoot}/devices/system/node`;
+  let ids: number[];
+  try {
+    ids = [...Deno.readDirSync(nodeDir)]
+      .map((e) => /^node(\d+)$/.exec(e.name)?.[1])
+      .filter((id): id is string => id !== undefined)
+      .map(Number)
+      .sort((a, b) => a - b);
+  } catch {
+    return [];
+  }
+  const pageKiB = 4;
+  return ids.map((id) => {
+    const dir = `${nodeDir}/node${id}`;
+    const memKiB = Number(/MemTotal:\s+(\d+)\s+kB/.exec(read(`${dir}/meminfo`) ?? "")?.[1] ?? 0);
+    const pages: NumaCell["pages"] = [];
+    let hugeKiB = 0;
+    const huge: NumaCell["pages"] = [];
+    try {
+      for (const e of Deno.readDirSync(`${dir}/hugepages`)) {
+        const size = Number(/^hugepages-(\d+)kB$/.exec(e.name)?.[1]);
+        if (!size) continue;
+        const count = Number(read(`${dir}/hugepages/${e.name}/nr_hugepages`)?.trim() ?? 0);
+        hugeKiB += size * count;
+        huge.push({ count: String(count), unit: "KiB", size });
+      }
+    } catch { /* no huge pages */ }
+    // As libvirt counts them: the ordinary pages are what the huge pages leave.
+    pages.push({
+      count: String(Math.floor((memKiB - hugeKiB) / pageKiB)),
+      unit: "KiB",
+      size: pageKiB,
+    });
+    pages.push(...huge.sort((a, b) => a.size - b.size));
+    const distanceValues = (read(`${dir}/distance`) ?? "").trim().split(/\s+/).filter(Boolean);
+    const distances = distanceValues.map((value, i) => ({ id: ids[i] ?? i, value }));
+    const cpus = parseCpuList(read(`${dir}/cpulist`) ?? "").map((cpu) => ({
+      id: cpu,
+      siblings: parseCpuList(
+        read(`${sysRoot}/devices/system/cpu/cpu${cpu}/topology/thread_siblings_list`) ??
+          String(cpu),
+      ),
+    }));
+    return { id, memory: { amount: String(memKiB), unit: "KiB" }, pages, distances, cpus };
+  });
+}
+
+/** How each interface of the VMI is attached to the domain (KubeVirt: `tap` for the core bindings). */
+export function interfaceDomainAttachment(vmi: VirtualMachineInstance): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const iface of vmi.spec.domain.devices.interfaces ?? []) {
+    const i = iface as unknown as Record<string, unknown>;
+    if (i.masquerade !== undefined || i.bridge !== undefined || i.macvtap !== undefined) {
+      out[iface.name] = "tap";
+    }
+  }
+  return out;
+}
+
+/** The options of one `SyncVirtualMachine` call for `vmi` on a host of `topology`. */
+export function virtualMachineOptions(
+  vmi: VirtualMachineInstance,
+  topology: NumaCell[],
+): VirtualMachineOptions {
+  return {
+    VirtualMachineSMBios: { ...DEFAULT_SMBIOS },
+    MemBalloonStatsPeriod: DEFAULT_MEM_BALLOON_STATS_PERIOD,
+    PreallocatedVolumes: [],
+    topology: { numa_cells: topology },
+    // Kept empty by KubeVirt's handler too: launchers read disk facts themselves now.
+    DisksInfo: {},
+    ExpandDisksEnabled: false,
+    clusterConfig: {
+      ExpandDisksEnabled: false,
+      FreePageReportingDisabled: false,
+      // KubeVirt's default: Bochs for EFI guests unless VGADisplayForEFIGuests is on.
+      BochsDisplayForEFIGuests: true,
+      SerialConsoleLogDisabled: false,
+    },
+    interfaceDomainAttachment: interfaceDomainAttachment(vmi),
+  };
+}
