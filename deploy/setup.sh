@@ -18,6 +18,8 @@ APT_PACKAGES=(
   libxml2-utils procps ca-certificates debootstrap
   # KubeVirt's virt-launcher, built as a test peer, links libvirt with cgo.
   libvirt-dev pkgconf gcc libc6-dev
+  # The test node (deploy/node/node.ts): container runtime and pod network.
+  containerd runc containernetworking-plugins
 )
 # Debian 12's own Go is 1.19; backports has one that can fetch a newer toolchain.
 GO_BACKPORTS_PACKAGE=golang-1.23-go
@@ -125,6 +127,8 @@ echo "$cluster_bin"
 
 step "KubeVirt's CRDs, admission and handler-side clients (built from kubevirt.io/kubevirt by deploy/kubevirt/build.sh; cached)"
 bash deploy/kubevirt/build.sh
+step "The test node's kubelet, scheduler and controller manager (deploy/node/build.sh; cached)"
+bash deploy/node/build.sh
 
 step "kubectl"
 # A link we made earlier points into the cache; a kubectl of the machine's own is kept.

@@ -1,0 +1,381 @@
+/**
+ * One real Kubernetes node for a test control plane (deploy/cluster/cluster.ts): Debian's
+ * containerd, runc and CNI plugins (bridge, host-local, loopback), and a kubelet,
+ * kube-scheduler and kube-controller-manager built from the apiserver's own
+ * `k8s.io/kubernetes` module (deploy/node/build.sh). Every file lives in one temporary
+ * directory (containerd's root and state, the kubelet's root, the CNI configuration and
+ * address store, logs), and {@linkcode Node.stop} ends every process it started, removes
+ * the pods' containers and network, and the directory.
+ *
+ * No registry is reachable here: the pods' sandbox image (`virtnode.local/pause:1`,
+ * deploy/node/cmd/pause) and every other image are OCI archives built on this machine
+ * (deploy/node/oci.ts) and imported with {@linkcode Node.importImage}.
+ *
+ * Settings this machine needs, and why:
+ * - `failCgroupV1: false`: the hierarchy is cgroup v1 (hybrid), which kubelet refuses
+ *   from v1.35 on unless told.
+ * - `cgroupDriver: cgroupfs` (no systemd runs here) and `cgroupsPerQOS: false` with no
+ *   node allocatable enforcement: the kubelet does not build its own QoS hierarchy.
+ * - image garbage collection off: an image removed here cannot be pulled again.
+ * - `failSwapOn: false`, and eviction thresholds near zero: a shared test machine's disk
+ *   and memory levels are not this node's to judge.
+ * - containerd's `restrict_oom_score_adj`: this machine's root lacks CAP_SYS_RESOURCE, so
+ *   runc cannot give the pod sandbox the OOM score (-998) the kubelet asks for.
+ *
+ * @module
+ */
+import { join } from "node:path";
+import type { Cluster } from "../cluster/cluster.ts";
+import { buildImageArchive } from "./oci.ts";
+
+const BUILD_SCRIPT = new URL("./build.sh", import.meta.url).pathname;
+/** The pods' sandbox image. */
+export const PAUSE_IMAGE = "virtnode.local/pause:1";
+const CNI_BIN_DIR = "/usr/lib/cni";
+const READY_TIMEOUT_MS = 90_000;
+const STOP_GRACE_MS = 10_000;
+
+/** A running node. */
+export interface Node {
+  /** The Node object's name. */
+  readonly name: string;
+  /** The directory of every file the node keeps. */
+  readonly dir: string;
+  /** containerd's socket. */
+  readonly containerdSocket: string;
+  /** The kubelet's root directory (its `pods/`, `device-plugins/`). */
+  readonly kubeletDir: string;
+  /** The pods' address range. */
+  readonly podCidr: string;
+  /** Imports an OCI image archive into containerd's Kubernetes namespace. */
+  importImage(archive: string): Promise<void>;
+  /** The last lines of each process's log with warnings and errors, for a failing test. */
+  complaints(): Promise<string>;
+  /** Ends every process the node started and removes its files. */
+  stop(): Promise<void>;
+}
+
+/** Options of {@linkcode startNode}. */
+export interface StartNodeOptions {
+  /** The Node's name; `node-<random>` unless told. */
+  name?: string;
+}
+
+interface Managed {
+  name: string;
+  child: Deno.ChildProcess;
+  logPath: string;
+  drained: Promise<void>;
+  /** Set once the process exited. */
+  exited?: Deno.CommandStatus;
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}
+
+async function run(cmd: string, args: string[]): Promise<string> {
+  const out = await new Deno.Command(cmd, { args, stdout: "piped", stderr: "piped" }).output();
+  const dec = new TextDecoder();
+  if (!out.success) {
+    throw new Error(`Cannot run ${cmd} ${args.join(" ")}: ${dec.decode(out.stderr).trim()}`);
+  }
+  return dec.decode(out.stdout);
+}
+
+/** Runs deploy/node/build.sh (a no-op when cached) and returns its output directory. */
+export async function buildNodeBinaries(): Promise<string> {
+  const out = await new Deno.Command("bash", {
+    args: [BUILD_SCRIPT],
+    stdin: "null",
+    stdout: "piped",
+    stderr: "inherit",
+  }).output();
+  if (!out.success) {
+    throw new Error(`Cannot build the node's programs: build.sh exited ${out.code}`);
+  }
+  return new TextDecoder().decode(out.stdout).trim().split("\n").at(-1)!;
+}
+
+function spawn(dir: string, name: string, program: string, args: string[]): Managed {
+  const logPath = join(dir, "logs", `${name}.log`);
+  const log = Deno.openSync(logPath, { create: true, write: true, truncate: true });
+  // setpriv: the process dies with this one, whatever ends it.
+  const child = new Deno.Command("setpriv", {
+    args: ["--pdeathsig", "SIGKILL", "--", program, ...args],
+    stdin: "null",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  const drained = Promise.all([child.stdout, child.stderr].map(async (stream) => {
+    for await (const chunk of stream) log.writeSync(chunk);
+  })).catch(() => {}).then(() => log.close());
+  const managed: Managed = { name, child, logPath, drained };
+  child.status.then((status) => (managed.exited = status));
+  return managed;
+}
+
+async function terminate(p: Managed): Promise<void> {
+  try {
+    p.child.kill("SIGTERM");
+  } catch { /* gone */ }
+  const timer = setTimeout(() => {
+    try {
+      p.child.kill("SIGKILL");
+    } catch { /* gone */ }
+  }, STOP_GRACE_MS);
+  await p.child.status;
+  clearTimeout(timer);
+  await p.drained;
+}
+
+async function tail(path: string): Promise<string> {
+  return (await Deno.readTextFile(path).catch(() => "")).slice(-3000);
+}
+
+async function waitFor(p: Managed, what: string, ready: () => Promise<boolean>): Promise<void> {
+  let exited: Deno.CommandStatus | undefined;
+  p.child.status.then((s) => (exited = s));
+  const deadline = Date.now() + READY_TIMEOUT_MS;
+  while (Date.now() < deadline) {
+    if (exited) {
+      throw new Error(
+        `${p.name} exited (${exited.code}) before ${what}:\n${await tail(p.logPath)}`,
+      );
+    }
+    if (await ready().catch(() => false)) return;
+    await sleep(200);
+  }
+  throw new Error(`${p.name}: no ${what} after ${READY_TIMEOUT_MS} ms:\n${await tail(p.logPath)}`);
+}
+
+function freePort(): number {
+  const l = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const port = l.addr.port;
+  l.close();
+  return port;
+}
+
+/** Starts a node registered with `cluster`; resolves once the Node is Ready. */
+export async function startNode(cluster: Cluster, options: StartNodeOptions = {}): Promise<Node> {
+  const bin = await buildNodeBinaries();
+  const id = crypto.randomUUID().slice(0, 6);
+  const name = options.name ?? `node-${id}`;
+  const dir = await Deno.makeTempDir({ prefix: "virtnode-node-" });
+  const processes: Managed[] = [];
+  const ctrDir = join(dir, "containerd");
+  const containerdSocket = join(ctrDir, "containerd.sock");
+  const kubeletDir = join(dir, "kubelet");
+  const cniDir = join(dir, "cni");
+  // One /24 per node, picked at random from 10.244.0.0/16; the bridge is named after it.
+  const octet = 1 + Math.floor(Math.random() * 250);
+  const podCidr = `10.244.${octet}.0/24`;
+  const bridge = `vnt${id}`;
+  let stopped = false;
+
+  const ctr = (args: string[]) =>
+    run("ctr", ["--address", containerdSocket, "-n", "k8s.io", ...args]);
+
+  const stop = async () => {
+    if (stopped) return;
+    stopped = true;
+    // The kubelet first, so nothing restarts what containerd is told to end.
+    for (const p of [...processes].reverse()) {
+      if (p.name !== "containerd") await terminate(p);
+    }
+    const containerd = processes.find((p) => p.name === "containerd");
+    if (containerd) {
+      // The pods' sandboxes, so their network namespaces and addresses go with them.
+      for (const task of (await ctr(["tasks", "list", "-q"]).catch(() => "")).split("\n")) {
+        if (task) await ctr(["tasks", "kill", "-s", "SIGKILL", task]).catch(() => {});
+      }
+      await sleep(500);
+      for (const c of (await ctr(["containers", "list", "-q"]).catch(() => "")).split("\n")) {
+        if (c) await ctr(["containers", "delete", c]).catch(() => {});
+      }
+      await terminate(containerd);
+    }
+    // runc's container processes live in their own sessions: end any left.
+    await run("pkill", [
+      "-KILL",
+      "-f",
+      `containerd-shim-runc-v2 -namespace k8s.io -address ${containerdSocket}`,
+    ])
+      .catch(() => {});
+    await run("ip", ["link", "delete", bridge]).catch(() => {});
+    // Mounts the kubelet and containerd made below the directory (volumes, rootfs, shm).
+    const mounts = (await Deno.readTextFile("/proc/self/mountinfo")).split("\n")
+      .map((l) => l.split(" ")[4]).filter((m) => m?.startsWith(dir)).sort().reverse();
+    for (const m of mounts) await run("umount", ["-l", m]).catch(() => {});
+    await Deno.remove(dir, { recursive: true }).catch(() => {});
+  };
+
+  try {
+    await Deno.mkdir(join(dir, "logs"));
+    await Deno.mkdir(join(cniDir, "net.d"), { recursive: true });
+    await Deno.mkdir(ctrDir);
+    await Deno.mkdir(kubeletDir);
+
+    // Images: the sandbox image first.
+    const pauseRoot = join(dir, "pause-root");
+    await Deno.mkdir(pauseRoot);
+    await Deno.copyFile(join(bin, "pause"), join(pauseRoot, "pause"));
+    await Deno.chmod(join(pauseRoot, "pause"), 0o755);
+    const pauseArchive = join(dir, "pause.tar");
+    await buildImageArchive(
+      { name: PAUSE_IMAGE, root: pauseRoot, entrypoint: ["/pause"] },
+      pauseArchive,
+    );
+
+    await Deno.writeTextFile(
+      join(cniDir, "net.d", "10-virtnode-test.conflist"),
+      JSON.stringify({
+        cniVersion: "0.4.0",
+        name: "virtnode-test",
+        plugins: [{
+          type: "bridge",
+          bridge,
+          isGateway: true,
+          ipMasq: false,
+          hairpinMode: true,
+          ipam: {
+            type: "host-local",
+            dataDir: join(cniDir, "ipam"),
+            ranges: [[{ subnet: podCidr }]],
+            routes: [{ dst: "0.0.0.0/0" }],
+          },
+        }],
+      }),
+    );
+    await Deno.writeTextFile(
+      join(ctrDir, "config.toml"),
+      [
+        "version = 2",
+        `root = "${join(ctrDir, "root")}"`,
+        `state = "${join(ctrDir, "state")}"`,
+        "[grpc]",
+        `  address = "${containerdSocket}"`,
+        "[ttrpc]",
+        `  address = "${join(ctrDir, "ttrpc.sock")}"`,
+        '[plugins."io.containerd.grpc.v1.cri"]',
+        `  sandbox_image = "${PAUSE_IMAGE}"`,
+        // Lowering a process's OOM score needs CAP_SYS_RESOURCE, which this machine's
+        // root lacks: the pods keep at least the node's own score.
+        "  restrict_oom_score_adj = true",
+        '[plugins."io.containerd.grpc.v1.cri".cni]',
+        `  bin_dir = "${CNI_BIN_DIR}"`,
+        `  conf_dir = "${join(cniDir, "net.d")}"`,
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]',
+        '  runtime_type = "io.containerd.runc.v2"',
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]',
+        `  Root = "${join(ctrDir, "runc")}"`,
+        "",
+      ].join("\n"),
+    );
+    const containerd = spawn(dir, "containerd", "containerd", [
+      "--config",
+      join(ctrDir, "config.toml"),
+    ]);
+    processes.push(containerd);
+    await waitFor(containerd, "its socket", async () => {
+      await ctr(["version"]);
+      return true;
+    });
+    await ctr(["images", "import", pauseArchive]);
+
+    const kubeletPort = freePort();
+    await Deno.writeTextFile(
+      join(dir, "kubelet.yaml"),
+      JSON.stringify({
+        apiVersion: "kubelet.config.k8s.io/v1beta1",
+        kind: "KubeletConfiguration",
+        failCgroupV1: false,
+        cgroupDriver: "cgroupfs",
+        cgroupsPerQOS: false,
+        enforceNodeAllocatable: [],
+        containerRuntimeEndpoint: `unix://${containerdSocket}`,
+        address: "127.0.0.1",
+        port: kubeletPort,
+        readOnlyPort: 0,
+        healthzPort: 0,
+        authentication: { anonymous: { enabled: true }, webhook: { enabled: false } },
+        authorization: { mode: "AlwaysAllow" },
+        failSwapOn: false,
+        podCIDR: podCidr,
+        resolvConf: "/etc/resolv.conf",
+        imageGCHighThresholdPercent: 100,
+        imageGCLowThresholdPercent: 99,
+        evictionHard: {
+          "memory.available": "1Mi",
+          "nodefs.available": "1%",
+          "imagefs.available": "1%",
+        },
+        serializeImagePulls: false,
+        localStorageCapacityIsolation: false,
+      }),
+    );
+    const kubelet = spawn(dir, "kubelet", join(bin, "kubelet"), [
+      `--config=${join(dir, "kubelet.yaml")}`,
+      `--kubeconfig=${cluster.kubeconfigPath}`,
+      `--hostname-override=${name}`,
+      `--root-dir=${kubeletDir}`,
+      `--cert-dir=${join(kubeletDir, "pki")}`,
+    ]);
+    processes.push(kubelet);
+    const common = [`--kubeconfig=${cluster.kubeconfigPath}`, "--leader-elect=false"];
+    processes.push(spawn(dir, "kube-scheduler", join(bin, "kube-scheduler"), [
+      ...common,
+      `--secure-port=${freePort()}`,
+      "--bind-address=127.0.0.1",
+    ]));
+    processes.push(spawn(dir, "kube-controller-manager", join(bin, "kube-controller-manager"), [
+      ...common,
+      `--secure-port=${freePort()}`,
+      "--bind-address=127.0.0.1",
+      // No cloud, no node IPAM: the kubelet has its pod CIDR from its configuration.
+      "--controllers=*,-nodeipam",
+      `--service-account-private-key-file=${join(cluster.dir, "service-account.key")}`,
+      "--use-service-account-credentials=false",
+    ]));
+    await waitFor(kubelet, `node ${name} Ready`, async () => {
+      const out = await run("kubectl", [
+        "--kubeconfig",
+        cluster.kubeconfigPath,
+        "get",
+        "node",
+        name,
+        "-o",
+        'jsonpath={.status.conditions[?(@.type=="Ready")].status}',
+      ]);
+      return out.trim() === "True";
+    });
+    // Ready says nothing of the scheduler and the controller manager: each must still run.
+    await sleep(1_000);
+    for (const p of processes) {
+      if (p.exited) {
+        throw new Error(`${p.name} exited (${p.exited.code}):\n${await tail(p.logPath)}`);
+      }
+    }
+  } catch (error) {
+    await stop();
+    throw error;
+  }
+  return {
+    name,
+    dir,
+    containerdSocket,
+    kubeletDir,
+    podCidr,
+    importImage: async (archive) => void await ctr(["images", "import", archive]),
+    complaints: async () => {
+      const parts: string[] = [];
+      for (const p of processes) {
+        const lines = (await Deno.readTextFile(p.logPath).catch(() => "")).split("\n")
+          .filter((l) => /^[EW]\d{4}|level=(error|warning)|"level":"(error|warn)/.test(l));
+        parts.push(`--- ${p.name}:\n${lines.slice(-15).join("\n")}`);
+      }
+      return parts.join("\n");
+    },
+    stop,
+  };
+}

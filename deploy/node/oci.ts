@@ -1,0 +1,131 @@
+/**
+ * OCI image archives from a directory on this machine: no registry is reachable here,
+ * so the test node's images are built locally and imported into containerd
+ * (`ctr images import`). One uncompressed layer (the directory, packed by GNU tar with
+ * sorted names, zero mtimes and root ownership, so the same files give the same digest),
+ * an image config, a manifest and an OCI image layout (`oci-layout`, `index.json`,
+ * `blobs/sha256/`) packed into one tar.
+ *
+ * @module
+ */
+import { join } from "node:path";
+
+/** What goes into an image. */
+export interface ImageSpec {
+  /** The image reference containerd records, e.g. `virtnode.local/pause:1`. */
+  name: string;
+  /** The directory that becomes the image's root filesystem. */
+  root: string;
+  /** The command the container runs. */
+  entrypoint: string[];
+  /** `KEY=value` environment entries. */
+  env?: string[];
+  /** The working directory. */
+  workingDir?: string;
+}
+
+async function run(cmd: string, args: string[]): Promise<void> {
+  const out = await new Deno.Command(cmd, { args, stdout: "null", stderr: "piped" }).output();
+  if (!out.success) {
+    throw new Error(`Cannot run ${cmd} ${args.join(" ")}: ${new TextDecoder().decode(out.stderr)}`);
+  }
+}
+
+async function sha256File(path: string): Promise<string> {
+  const out = await new Deno.Command("sha256sum", { args: [path], stdout: "piped" }).output();
+  if (!out.success) throw new Error(`Cannot hash ${path}`);
+  return new TextDecoder().decode(out.stdout).split(" ")[0];
+}
+
+async function sha256Bytes(bytes: Uint8Array<ArrayBuffer>): Promise<string> {
+  const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", bytes));
+  return [...digest].map((b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+/** Packs `spec` into an OCI image archive at `archive`; returns the manifest's digest. */
+export async function buildImageArchive(spec: ImageSpec, archive: string): Promise<string> {
+  const layout = await Deno.makeTempDir({ prefix: "virtnode-oci-" });
+  try {
+    const blobs = join(layout, "blobs", "sha256");
+    await Deno.mkdir(blobs, { recursive: true });
+    const layerTar = join(layout, "layer.tar");
+    await run("tar", [
+      "--create",
+      "--file",
+      layerTar,
+      "--directory",
+      spec.root,
+      "--sort=name",
+      "--mtime=@0",
+      "--owner=0",
+      "--group=0",
+      "--numeric-owner",
+      "--xattrs",
+      ".",
+    ]);
+    const layerDigest = await sha256File(layerTar);
+    const layerSize = (await Deno.stat(layerTar)).size;
+    await Deno.rename(layerTar, join(blobs, layerDigest));
+
+    const put = async (value: unknown) => {
+      const bytes = new TextEncoder().encode(JSON.stringify(value));
+      const digest = await sha256Bytes(bytes);
+      await Deno.writeFile(join(blobs, digest), bytes);
+      return { digest: `sha256:${digest}`, size: bytes.length };
+    };
+    const config = await put({
+      architecture: "amd64",
+      os: "linux",
+      config: {
+        Entrypoint: spec.entrypoint,
+        Env: spec.env ?? ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+        ...(spec.workingDir ? { WorkingDir: spec.workingDir } : {}),
+      },
+      rootfs: { type: "layers", diff_ids: [`sha256:${layerDigest}`] },
+    });
+    const manifest = await put({
+      schemaVersion: 2,
+      mediaType: "application/vnd.oci.image.manifest.v1+json",
+      config: { mediaType: "application/vnd.oci.image.config.v1+json", ...config },
+      layers: [{
+        mediaType: "application/vnd.oci.image.layer.v1.tar",
+        digest: `sha256:${layerDigest}`,
+        size: layerSize,
+      }],
+    });
+    const tag = spec.name.slice(spec.name.lastIndexOf(":") + 1);
+    await Deno.writeTextFile(
+      join(layout, "index.json"),
+      JSON.stringify({
+        schemaVersion: 2,
+        manifests: [{
+          mediaType: "application/vnd.oci.image.manifest.v1+json",
+          ...manifest,
+          annotations: {
+            "io.containerd.image.name": spec.name,
+            "org.opencontainers.image.ref.name": tag,
+          },
+        }],
+      }),
+    );
+    await Deno.writeTextFile(join(layout, "oci-layout"), '{"imageLayoutVersion":"1.0.0"}');
+    await run("tar", [
+      "--create",
+      "--file",
+      archive,
+      "--directory",
+      layout,
+      "--sort=name",
+      "--mtime=@0",
+      "--owner=0",
+      "--group=0",
+      "--numeric-owner",
+      "oci-layout",
+      "index.json",
+      "blobs",
+    ]);
+    return manifest.digest;
+  } finally {
+    await Deno.remove(layout, { recursive: true }).catch(() => {});
+  }
+}
