@@ -11,6 +11,8 @@
 #   virt-launcher        KubeVirt's launcher (cgo against libvirt-dev's libvirt)
 #   virt-launcher-monitor  the launcher pod's entry point, which runs virt-launcher
 #   examples/            the examples/ folder of KubeVirt's module, as published
+#   launcher-files/      what KubeVirt's launcher image adds to /etc: qemu.conf and
+#                        virtqemud.conf (/etc/libvirt), the qemu hook, nsswitch.conf
 #
 #   deploy/kubevirt/build.sh
 #
@@ -57,7 +59,8 @@ built() {
   for program in "${programs[@]}" "${launcher_programs[@]}"; do
     [[ -x $out/$program ]] || return 1
   done
-  [[ -s $out/crds/virtualmachineinstances.kubevirt.io.json && -d $out/examples ]]
+  [[ -s $out/crds/virtualmachineinstances.kubevirt.io.json && -d $out/examples ]] &&
+    [[ -s $out/launcher-files/qemu.conf ]]
 }
 
 if built; then
@@ -97,6 +100,10 @@ log "generating KubeVirt's CRDs"
 module_dir=$("$GO" list -m -f '{{.Dir}}' kubevirt.io/kubevirt)
 cp -r "$module_dir/examples" "$staging_dir/examples"
 chmod -R u+w "$staging_dir/examples"
+mkdir "$staging_dir/launcher-files"
+cp "$module_dir"/cmd/virt-launcher/{qemu.conf,virtqemud.conf,nsswitch.conf,qemu} \
+  "$staging_dir/launcher-files/"
+chmod -R u+w "$staging_dir/launcher-files"
 rm -rf "$out"
 mv "$staging_dir" "$out"
 chmod 755 "$out"

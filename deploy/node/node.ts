@@ -25,13 +25,14 @@
  * @module
  */
 import { join } from "node:path";
-import type { Cluster } from "../cluster/cluster.ts";
+import { buildKubevirt, type Cluster } from "../cluster/cluster.ts";
 import { buildImageArchive } from "./oci.ts";
 
 const BUILD_SCRIPT = new URL("./build.sh", import.meta.url).pathname;
 /** The pods' sandbox image. */
 export const PAUSE_IMAGE = "virtnode.local/pause:1";
 const CNI_BIN_DIR = "/usr/lib/cni";
+const DEVICE_PLUGINS_DIR = "/var/lib/kubelet/device-plugins";
 const READY_TIMEOUT_MS = 90_000;
 const STOP_GRACE_MS = 10_000;
 
@@ -43,8 +44,14 @@ export interface Node {
   readonly dir: string;
   /** containerd's socket. */
   readonly containerdSocket: string;
-  /** The kubelet's root directory (its `pods/`, `device-plugins/`). */
+  /** The kubelet's root directory (its `pods/`). */
   readonly kubeletDir: string;
+  /**
+   * Where the kubelet listens for device plugins: always the host's
+   * `/var/lib/kubelet/device-plugins` (a constant of the device plugin API, not below the
+   * kubelet's root directory), so one test node runs at a time.
+   */
+  readonly devicePluginsDir: string;
   /** The pods' address range. */
   readonly podCidr: string;
   /** Imports an OCI image archive into containerd's Kubernetes namespace. */
@@ -81,6 +88,20 @@ async function run(cmd: string, args: string[]): Promise<string> {
     throw new Error(`Cannot run ${cmd} ${args.join(" ")}: ${dec.decode(out.stderr).trim()}`);
   }
   return dec.decode(out.stdout);
+}
+
+/** The topmost directory of `path` that does not exist yet, if any. */
+async function firstMissing(path: string): Promise<string | undefined> {
+  let missing: string | undefined;
+  for (let p = path; p !== "/"; p = p.slice(0, p.lastIndexOf("/")) || "/") {
+    try {
+      await Deno.stat(p);
+      break;
+    } catch {
+      missing = p;
+    }
+  }
+  return missing;
 }
 
 /** Runs deploy/node/build.sh (a no-op when cached) and returns its output directory. */
@@ -172,6 +193,8 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
   const podCidr = `10.244.${octet}.0/24`;
   const bridge = `vnt${id}`;
   let stopped = false;
+  // The device plugin directory is the host's; what the node creates there goes with it.
+  const created = await firstMissing(DEVICE_PLUGINS_DIR);
 
   const ctr = (args: string[]) =>
     run("ctr", ["--address", containerdSocket, "-n", "k8s.io", ...args]);
@@ -208,6 +231,8 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
       .map((l) => l.split(" ")[4]).filter((m) => m?.startsWith(dir)).sort().reverse();
     for (const m of mounts) await run("umount", ["-l", m]).catch(() => {});
     await Deno.remove(dir, { recursive: true }).catch(() => {});
+    await Deno.remove(join(DEVICE_PLUGINS_DIR, "kubelet.sock")).catch(() => {});
+    if (created) await Deno.remove(created, { recursive: true }).catch(() => {});
   };
 
   try {
@@ -302,6 +327,7 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
         authorization: { mode: "AlwaysAllow" },
         failSwapOn: false,
         podCIDR: podCidr,
+        podLogsDir: join(dir, "pod-logs"),
         resolvConf: "/etc/resolv.conf",
         imageGCHighThresholdPercent: 100,
         imageGCLowThresholdPercent: 99,
@@ -365,6 +391,7 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
     dir,
     containerdSocket,
     kubeletDir,
+    devicePluginsDir: DEVICE_PLUGINS_DIR,
     podCidr,
     importImage: async (archive) => void await ctr(["images", "import", archive]),
     complaints: async () => {
@@ -374,8 +401,55 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
           .filter((l) => /^[EW]\d{4}|level=(error|warning)|"level":"(error|warn)/.test(l));
         parts.push(`--- ${p.name}:\n${lines.slice(-15).join("\n")}`);
       }
-      return parts.join("\n");
+      const podLogs = await run("bash", [
+        "-c",
+        `for f in ${join(dir, "pod-logs")}/*/*/*.log; do [ -f "$f" ] && echo "--- $f" && ` +
+        `grep -E '"level":"error"|panic' "$f" | tail -8 | cut -c1-400; done`,
+      ]).catch(() => "");
+      return parts.join("\n") + "\n" + podLogs;
     },
     stop,
   };
+}
+
+const IMAGES_SCRIPT = new URL("./images.sh", import.meta.url).pathname;
+
+/** An image archive built here, and the name containerd knows it by once imported. */
+export interface BuiltImage {
+  name: string;
+  archive: string;
+}
+
+/**
+ * KubeVirt's virt-launcher image: Debian 12 with libvirt and QEMU, and KubeVirt's own
+ * virt-launcher and virt-launcher-monitor (deploy/node/images.sh; cached by key, as is
+ * the archive packed from it).
+ */
+export async function launcherImage(): Promise<BuiltImage> {
+  const kubevirt = await buildKubevirt();
+  const out = await new Deno.Command("bash", {
+    args: [IMAGES_SCRIPT, "launcher", kubevirt],
+    stdin: "null",
+    stdout: "piped",
+    stderr: "inherit",
+  }).output();
+  if (!out.success) {
+    throw new Error(`Cannot build the launcher image: images.sh exited ${out.code}`);
+  }
+  const dir = new TextDecoder().decode(out.stdout).trim().split("\n").at(-1)!;
+  const key = dir.slice(dir.lastIndexOf("-") + 1);
+  const name = `virtnode.local/virt-launcher:${key}`;
+  const archive = join(dir, "image.tar");
+  try {
+    await Deno.stat(archive);
+  } catch {
+    const partial = `${archive}.${Deno.pid}`;
+    await buildImageArchive({
+      name,
+      root: join(dir, "root"),
+      entrypoint: ["/usr/bin/virt-launcher-monitor"],
+    }, partial);
+    await Deno.rename(partial, archive);
+  }
+  return { name, archive };
 }

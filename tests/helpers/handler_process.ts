@@ -22,6 +22,8 @@ export interface HandlerProcessOptions {
   dir?: string;
   /** KubeVirt mode (launcher pods) with this kubelet pods directory; pod-less otherwise. */
   kubeletPodsDir?: string;
+  /** KubeVirt mode: the kubelet's device plugins directory; one of the handler's own unless told. */
+  devicePluginsDir?: string;
   /** Do not wait for /readyz (for tests of a handler that cannot get ready yet). */
   noWait?: boolean;
 }
@@ -81,6 +83,8 @@ export interface HandlerArgsOptions {
   logLevel: string;
   /** KubeVirt mode with this kubelet pods directory; pod-less otherwise. */
   kubeletPodsDir?: string;
+  /** KubeVirt mode: the kubelet's device plugins directory (`<dir>/device-plugins` unless told). */
+  devicePluginsDir?: string;
 }
 
 /**
@@ -109,7 +113,12 @@ export function handlerArgs(o: HandlerArgsOptions): string[] {
     o.logLevel,
     "handler",
     ...(o.kubeletPodsDir
-      ? ["--kubelet-pods-dir", o.kubeletPodsDir, "--device-plugins-dir", `${o.dir}/device-plugins`]
+      ? [
+        "--kubelet-pods-dir",
+        o.kubeletPodsDir,
+        "--device-plugins-dir",
+        o.devicePluginsDir ?? `${o.dir}/device-plugins`,
+      ]
       : ["--podless"]),
     "--health-address",
     `127.0.0.1:${o.port}`,

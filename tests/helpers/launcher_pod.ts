@@ -7,6 +7,8 @@
  *   `ephemeral-disks` and `container-disks` (virt-controller's volume list): plain
  *   directories under `<pods dir>/<pod uid>/volumes/kubernetes.io~empty-dir/`, where the
  *   handler finds them, bind-mounted at KubeVirt's paths inside the pod.
+ * - **a container's `/dev`** (the usual nodes, its own devpts and shm, no `/dev/kvm`: the
+ *   pod did not ask the kvm device plugin for it, so QEMU emulates).
  * - **its own mount, PID and network namespaces**: `unshare --mount --pid --net --fork`
  *   (its loopback stays down: virt-launcher-monitor's look for an Istio proxy on
  *   localhost then fails at once instead of retrying a refused connection for 8 s), a
@@ -15,8 +17,9 @@
  *   the pod's libvirtd and virtlogd see nothing of the host's and end with the pod.
  * - **the image's files**: `virt-launcher` and `virt-launcher-monitor` in `/usr/bin`, a
  *   `virtqemud` in `/usr/sbin` (Debian 12's libvirt 9.0 has no modular daemons; the
- *   monolithic libvirtd serves the same socket), a writable `/etc/libvirt` and a `qemu`
- *   user — laid over the host's with read-only overlays and bind mounts.
+ *   monolithic libvirtd serves the same socket), a writable `/etc/libvirt` with KubeVirt's
+ *   own `qemu.conf` and `virtqemud.conf`, and a `qemu` user — laid over the host's with
+ *   read-only overlays and bind mounts.
  * - **the command line** virt-controller writes (`virt-launcher-monitor --qemu-timeout …
  *   --name … --uid … --namespace … --kubevirt-share-dir /var/run/kubevirt …`), with
  *   `--allow-emulation` (KubeVirt's `useEmulation`), as machines without /dev/kvm need.
@@ -72,6 +75,17 @@ function script(volumes: string, image: string, args: string[]): string {
     "mount -t tmpfs -o mode=0755 tmpfs /run",
     "for d in /var/lib/libvirt /var/log/libvirt; do mkdir -p $d; mount -t tmpfs tmpfs $d; done",
     "mkdir -p /var/lib/libvirt/qemu /run/kubevirt-infra",
+    // A container's /dev: the usual nodes only (no /dev/kvm: a pod gets it from the kvm
+    // device plugin, which this pod did not ask for), a devpts and shm of its own.
+    "mkdir -p /run/pod-dev",
+    "mount -t tmpfs -o mode=0755,nosuid tmpfs /run/pod-dev",
+    "for n in null zero full random urandom tty; do " +
+    "touch /run/pod-dev/$n; mount --bind /dev/$n /run/pod-dev/$n; done",
+    "mkdir -p /run/pod-dev/pts /run/pod-dev/shm /run/pod-dev/net",
+    "mount -t devpts -o newinstance,ptmxmode=0666 devpts /run/pod-dev/pts",
+    "ln -s pts/ptmx /run/pod-dev/ptmx",
+    "mount -t tmpfs -o mode=1777 tmpfs /run/pod-dev/shm",
+    "mount --move /run/pod-dev /dev",
   ];
   // Parents before children: public before sockets and container-disks.
   for (const [name, path] of Object.entries(POD_VOLUMES)) {
@@ -128,8 +142,10 @@ export async function startLauncherPod(options: LauncherPodOptions): Promise<Lau
     { mode: 0o755 },
   );
   await copyDir("/etc/libvirt", join(image, "etc-libvirt"));
-  // KubeVirt's launcher writes its own settings into these; the host's must not leak in.
-  await Deno.writeTextFile(join(image, "etc-libvirt", "virtqemud.conf"), "");
+  // KubeVirt's image carries its own libvirt settings; the host's must not leak in.
+  for (const file of ["qemu.conf", "virtqemud.conf"]) {
+    await Deno.copyFile(join(kubevirt, "launcher-files", file), join(image, "etc-libvirt", file));
+  }
   await Deno.writeTextFile(join(image, "etc-libvirt", "virtlogd.conf"), "");
   await Deno.writeTextFile(
     join(image, "passwd"),

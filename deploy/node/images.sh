@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Builds the root filesystem of the test node's launcher image: a minimal Debian 12
+# (debootstrap) with libvirt's daemon and QEMU from Debian, and KubeVirt's own
+# virt-launcher and virt-launcher-monitor and the /etc files KubeVirt's image carries
+# (deploy/kubevirt/build.sh) where virt-controller's pods expect them. Debian 12 has no modular daemons:
+# /usr/sbin/virtqemud starts the monolithic libvirtd, which serves the same socket.
+# The root is cached by key (this script, the package list, the binaries) under
+# $VIRTNODE_CACHE/images/ (default ~/.cache/virtnode); prints its directory.
+#
+#   deploy/node/images.sh launcher <kubevirt build dir>
+set -euo pipefail
+
+SUITE=bookworm
+MIRROR=http://deb.debian.org/debian
+PACKAGES=(libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 qemu-utils
+  ovmf procps)
+
+[[ ${1:-} == launcher && -n ${2:-} ]] || {
+  echo "usage: images.sh launcher <kubevirt build dir>" >&2
+  exit 2
+}
+kubevirt=$2
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+started=${EPOCHREALTIME/./}
+log() {
+  local elapsed=$(((${EPOCHREALTIME/./} - started) / 100000))
+  printf '[node/images.sh %4d.%ds] %s\n' $((elapsed / 10)) $((elapsed % 10)) "$*" >&2
+}
+
+key=$(
+  {
+    echo "$SUITE $MIRROR ${PACKAGES[*]}"
+    cat "$here/images.sh"
+    sha256sum "$kubevirt/virt-launcher" "$kubevirt/virt-launcher-monitor" \
+      "$kubevirt"/launcher-files/* | cut -d' ' -f1
+  } | sha256sum | cut -c1-16
+)
+cache_root=${VIRTNODE_CACHE:-$HOME/.cache/virtnode}/images
+out=$cache_root/launcher-$key
+if [[ -f $out/.done ]]; then
+  log "cached: $out"
+  echo "$out"
+  exit 0
+fi
+mkdir -p "$cache_root"
+exec 9>"$cache_root/.lock"
+flock 9
+if [[ -f $out/.done ]]; then
+  log "built by another process: $out"
+  echo "$out"
+  exit 0
+fi
+
+rm -rf "$out"
+staging=$(mktemp -d "$cache_root/.build.XXXXXX")
+root=$staging/root
+cleanup() {
+  local status=$?
+  umount -R "$root/proc" 2>/dev/null || true
+  rm -rf "$staging"
+  exit $status
+}
+trap cleanup EXIT
+mkdir -p "$cache_root/apt-archives"
+log "debootstrap $SUITE (minbase)"
+debootstrap --variant=minbase --cache-dir="$cache_root/apt-archives" "$SUITE" "$root" "$MIRROR" \
+  >"$staging/debootstrap.log" 2>&1 || {
+  tail -20 "$staging/debootstrap.log" >&2
+  exit 1
+}
+# No service starts inside the image's build.
+printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
+chmod 755 "$root/usr/sbin/policy-rc.d"
+log "apt-get install ${PACKAGES[*]}"
+unshare --mount --fork -- bash -c "
+  mount -t proc proc '$root/proc'
+  chroot '$root' apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive chroot '$root' apt-get install -y -qq --no-install-recommends \
+    ${PACKAGES[*]}
+  chroot '$root' apt-get clean
+" >"$staging/apt.log" 2>&1 || {
+  tail -20 "$staging/apt.log" >&2
+  exit 1
+}
+rm -f "$root/usr/sbin/policy-rc.d"
+rm -rf "$root/var/lib/apt/lists"/* "$root/var/cache/apt"/*.bin
+install -m 0755 "$kubevirt/virt-launcher" "$kubevirt/virt-launcher-monitor" "$root/usr/bin/"
+printf '#!/bin/sh\nexec /usr/sbin/libvirtd "$@"\n' >"$root/usr/sbin/virtqemud"
+chmod 755 "$root/usr/sbin/virtqemud"
+# KubeVirt's launcher runs QEMU as qemu (107); it panics without the user.
+chroot "$root" groupadd -g 107 qemu
+chroot "$root" useradd -u 107 -g 107 -d /home/qemu -s /bin/bash qemu
+# Debian's libvirt resolves its built-in default user before reading qemu.conf
+# (libvirt-daemon-system creates it on a host; this image has no such package).
+chroot "$root" groupadd --system libvirt-qemu
+chroot "$root" useradd --system -g libvirt-qemu -d /var/lib/libvirt -s /usr/sbin/nologin libvirt-qemu
+# What KubeVirt's image adds: its libvirt settings, the qemu hook, nsswitch.conf.
+files=$kubevirt/launcher-files
+install -m 0644 "$files/qemu.conf" "$files/virtqemud.conf" "$root/etc/libvirt/"
+install -m 0644 "$files/nsswitch.conf" "$root/etc/nsswitch.conf"
+install -D -m 0755 "$files/qemu" "$root/etc/libvirt/hooks/qemu"
+# virtlogd will not start without its file; Debian ships it with libvirt-daemon-system.
+: >"$root/etc/libvirt/virtlogd.conf"
+mv "$staging" "$out"
+touch "$out/.done"
+trap - EXIT
+log "done: $out ($(du -sh "$out/root" | cut -f1))"
+echo "$out"
