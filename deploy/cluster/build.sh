@@ -13,6 +13,9 @@
 # Debian's /usr/lib/go-1.23/bin/go), GOTOOLCHAIN (default auto: a Go older than
 # go.mod's toolchain line fetches that toolchain from the Go module proxy).
 set -euo pipefail
+build_name=build.sh
+# shellcheck source=../build_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../build_lib.sh"
 
 K8S_VERSION=${K8S_VERSION:-v1.37.2}
 ETCD_VERSION=${ETCD_VERSION:-v3.7.3}
@@ -22,16 +25,7 @@ STAGING_VERSION=v0.${K8S_VERSION#v1.}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$here"
 
-if [[ -z ${GO:-} ]]; then
-  GO=/usr/local/go/bin/go
-  if command -v go >/dev/null; then
-    GO=go
-  elif [[ ! -x $GO && -x /usr/lib/go-1.23/bin/go ]]; then
-    GO=/usr/lib/go-1.23/bin/go
-  fi
-fi
-# Debian's go.env says GOTOOLCHAIN=local; the pinned toolchain needs auto.
-export GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
+find_go
 
 regenerate=false
 for arg in "$@"; do
@@ -41,11 +35,6 @@ for arg in "$@"; do
   esac
 done
 
-started=${EPOCHREALTIME/./}
-log() {
-  local elapsed=$(((${EPOCHREALTIME/./} - started) / 100000))
-  printf '[build.sh %4d.%ds] %s\n' $((elapsed / 10)) $((elapsed % 10)) "$*" >&2
-}
 
 # go.mod is fresh when it requires the wanted versions and replaces the staging
 # modules with the matching tag; otherwise regenerate the replaces and tidy.
@@ -123,21 +112,7 @@ out=$cache_root/$key
 
 built() { [[ -x $out/kube-apiserver && -x $out/etcd && -x $out/kubectl ]]; }
 
-if built; then
-  log "cached: $out"
-  echo "$out"
-  exit 0
-fi
-
-mkdir -p "$cache_root"
-# One build at a time: test processes that start together wait for the first.
-exec 9>"$cache_root/.lock"
-flock 9
-if built; then
-  log "built by another process: $out"
-  echo "$out"
-  exit 0
-fi
+cache_enter "$cache_root" built
 
 log "building with $go_version (key $key) into $out"
 staging_dir=$(mktemp -d "$cache_root/.build.XXXXXX")

@@ -19,25 +19,15 @@
 # Environment: VIRTNODE_CACHE (default ~/.cache/virtnode), GO (as in
 # deploy/cluster/build.sh), GOTOOLCHAIN (default auto).
 set -euo pipefail
+build_name=kubevirt/build.sh
+# shellcheck source=../build_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../build_lib.sh"
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$here"
 
-if [[ -z ${GO:-} ]]; then
-  GO=/usr/local/go/bin/go
-  if command -v go >/dev/null; then
-    GO=go
-  elif [[ ! -x $GO && -x /usr/lib/go-1.23/bin/go ]]; then
-    GO=/usr/lib/go-1.23/bin/go
-  fi
-fi
-export GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
+find_go
 
-started=${EPOCHREALTIME/./}
-log() {
-  local elapsed=$(((${EPOCHREALTIME/./} - started) / 100000))
-  printf '[kubevirt/build.sh %4d.%ds] %s\n' $((elapsed / 10)) $((elapsed % 10)) "$*" >&2
-}
 
 programs=(kubevirt-crds kubevirt-admission cmdclient-check)
 # KubeVirt's own commands, built from its module as they are (the go.mod tool block).
@@ -63,20 +53,7 @@ built() {
     [[ -s $out/launcher-files/qemu.conf ]]
 }
 
-if built; then
-  log "cached: $out"
-  echo "$out"
-  exit 0
-fi
-
-mkdir -p "$cache_root"
-exec 9>"$cache_root/.lock"
-flock 9
-if built; then
-  log "built by another process: $out"
-  echo "$out"
-  exit 0
-fi
+cache_enter "$cache_root" built
 
 log "building with $go_version (key $key) into $out"
 staging_dir=$(mktemp -d "$cache_root/.build.XXXXXX")

@@ -12,25 +12,15 @@
 # Environment: VIRTNODE_CACHE (default ~/.cache/virtnode), GO (as in
 # deploy/cluster/build.sh), GOTOOLCHAIN (default auto).
 set -euo pipefail
+build_name=node/build.sh
+# shellcheck source=../build_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../build_lib.sh"
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 module=$(cd "$here/../cluster" && pwd)
 
-if [[ -z ${GO:-} ]]; then
-  GO=/usr/local/go/bin/go
-  if command -v go >/dev/null; then
-    GO=go
-  elif [[ ! -x $GO && -x /usr/lib/go-1.23/bin/go ]]; then
-    GO=/usr/lib/go-1.23/bin/go
-  fi
-fi
-export GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
+find_go
 
-started=${EPOCHREALTIME/./}
-log() {
-  local elapsed=$(((${EPOCHREALTIME/./} - started) / 100000))
-  printf '[node/build.sh %4d.%ds] %s\n' $((elapsed / 10)) $((elapsed % 10)) "$*" >&2
-}
 
 k8s_version=$(sed -n 's/^\s*\(require\s\+\)\?k8s\.io\/kubernetes \(v[^ ]*\).*/\2/p' "$module/go.mod" | head -1)
 if [[ -z $k8s_version ]]; then
@@ -59,20 +49,7 @@ built() {
   for program in "${programs[@]}" pause; do [[ -x $out/$program ]] || return 1; done
 }
 
-if built; then
-  log "cached: $out"
-  echo "$out"
-  exit 0
-fi
-
-mkdir -p "$cache_root"
-exec 9>"$cache_root/.lock"
-flock 9
-if built; then
-  log "built by another process: $out"
-  echo "$out"
-  exit 0
-fi
+cache_enter "$cache_root" built
 
 log "building with $go_version, Kubernetes $k8s_version (key $key) into $out"
 staging_dir=$(mktemp -d "$cache_root/.build.XXXXXX")

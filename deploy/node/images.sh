@@ -9,6 +9,9 @@
 #
 #   deploy/node/images.sh launcher <kubevirt build dir>
 set -euo pipefail
+build_name=node/images.sh
+# shellcheck source=../build_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../build_lib.sh"
 
 SUITE=bookworm
 MIRROR=http://deb.debian.org/debian
@@ -21,11 +24,6 @@ PACKAGES=(libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients qemu-system-
 }
 kubevirt=$2
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-started=${EPOCHREALTIME/./}
-log() {
-  local elapsed=$(((${EPOCHREALTIME/./} - started) / 100000))
-  printf '[node/images.sh %4d.%ds] %s\n' $((elapsed / 10)) $((elapsed % 10)) "$*" >&2
-}
 
 key=$(
   {
@@ -37,19 +35,8 @@ key=$(
 )
 cache_root=${VIRTNODE_CACHE:-$HOME/.cache/virtnode}/images
 out=$cache_root/launcher-$key
-if [[ -f $out/.done ]]; then
-  log "cached: $out"
-  echo "$out"
-  exit 0
-fi
-mkdir -p "$cache_root"
-exec 9>"$cache_root/.lock"
-flock 9
-if [[ -f $out/.done ]]; then
-  log "built by another process: $out"
-  echo "$out"
-  exit 0
-fi
+built() { [[ -f $out/.done ]]; }
+cache_enter "$cache_root" built
 
 rm -rf "$out"
 staging=$(mktemp -d "$cache_root/.build.XXXXXX")

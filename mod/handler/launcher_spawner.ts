@@ -277,6 +277,16 @@ export class LauncherSpawner {
     return PidfdProcess.openLauncher(uid, { pid, startTime: startTime || undefined });
   }
 
+  /**
+   * Writes the PID and start-time files of a UID's launcher that has none (its handler was
+   * killed between spawning it and writing them), found in /proc; no-op when the PID
+   * file exists or no launcher runs.
+   */
+  async ensurePidFile(uid: string): Promise<void> {
+    if (await exists(this.#pidFile(uid))) return;
+    await this.alivePid(uid);
+  }
+
   /** Drops the handle of the UID's child, if it is `only` (or any, unless told). */
   #forgetChild(uid: string, only?: Child): void {
     const child = this.#children.get(uid);

@@ -183,8 +183,18 @@ export class PodlessLaunchers implements LauncherProvider {
     return launchersOfGhostRecords(this.#o.ghosts);
   }
 
-  /** Until `signal` aborts; then forgets its children without stopping them (VMs keep running). */
+  /**
+   * Writes the PID files a killed handler left unwritten for the launchers its ghost
+   * records name (an adopted, running VM gets no start call that would), then waits until
+   * `signal` aborts and forgets its children without stopping them (VMs keep running).
+   */
   async run(signal: AbortSignal): Promise<void> {
+    for (const { uid } of this.#o.ghosts.list()) {
+      if (signal.aborted) break;
+      await this.#spawner.ensurePidFile(uid).catch((error) =>
+        log.warn("Cannot check the PID file of a launcher: {error}", { uid, error })
+      );
+    }
     await aborted(signal);
     this.#spawner.release();
   }

@@ -39,6 +39,39 @@ export const POD_VOLUMES: Record<string, string> = {
   "container-disks": "/var/run/kubevirt/container-disks",
 };
 
+/**
+ * The arguments virt-controller gives `virt-launcher-monitor` in a launcher pod
+ * (`pkg/virt-controller/services/template.go`), with emulation allowed.
+ */
+export function launcherMonitorArgs(
+  vmi: { name: string; namespace: string; uid: string },
+  gracePeriodSeconds: number,
+): string[] {
+  return [
+    "--qemu-timeout",
+    "60s",
+    "--name",
+    vmi.name,
+    "--uid",
+    vmi.uid,
+    "--namespace",
+    vmi.namespace,
+    "--kubevirt-share-dir",
+    "/var/run/kubevirt",
+    "--ephemeral-disk-dir",
+    "/var/run/kubevirt-ephemeral-disks",
+    "--container-disk-dir",
+    "/var/run/kubevirt/container-disks",
+    "--grace-period-seconds",
+    String(gracePeriodSeconds),
+    "--hook-sidecars",
+    "0",
+    "--ovmf-path",
+    "/usr/share/OVMF",
+    "--allow-emulation",
+  ];
+}
+
 /** What {@linkcode startLauncherPod} needs. */
 export interface LauncherPodOptions {
   /** The kubelet's pods directory the handler is given (`--kubelet-pods-dir`). */
@@ -155,29 +188,7 @@ export async function startLauncherPod(options: LauncherPodOptions): Promise<Lau
     join(image, "group"),
     (await Deno.readTextFile("/etc/group")) + "qemu:x:107:\n",
   );
-  const args = [
-    "--qemu-timeout",
-    "60s",
-    "--name",
-    options.vmi.name,
-    "--uid",
-    options.vmi.uid,
-    "--namespace",
-    options.vmi.namespace,
-    "--kubevirt-share-dir",
-    "/var/run/kubevirt",
-    "--ephemeral-disk-dir",
-    "/var/run/kubevirt-ephemeral-disks",
-    "--container-disk-dir",
-    "/var/run/kubevirt/container-disks",
-    "--grace-period-seconds",
-    String(options.gracePeriodSeconds ?? 0),
-    "--hook-sidecars",
-    "0",
-    "--ovmf-path",
-    "/usr/share/OVMF",
-    "--allow-emulation",
-  ];
+  const args = launcherMonitorArgs(options.vmi, options.gracePeriodSeconds ?? 0);
   const logFile = join(dir, "launcher.log");
   const log = await Deno.open(logFile, { create: true, write: true });
   const child = new Deno.Command("unshare", {

@@ -27,6 +27,7 @@ import {
   waitForPhase,
 } from "../helpers/handler_process.ts";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
+import { launcherMonitorArgs } from "../helpers/launcher_pod.ts";
 
 const EXPECTED_DEVICES: [string, string][] = [
   ["devices.kubevirt.io/kvm", "/dev/kvm"],
@@ -93,27 +94,7 @@ function launcherPod(vmi: VirtualMachineInstance, image: string, node: string, g
         imagePullPolicy: "Never",
         command: [
           "/usr/bin/virt-launcher-monitor",
-          "--qemu-timeout",
-          "60s",
-          "--name",
-          name,
-          "--uid",
-          uid,
-          "--namespace",
-          namespace,
-          "--kubevirt-share-dir",
-          "/var/run/kubevirt",
-          "--ephemeral-disk-dir",
-          "/var/run/kubevirt-ephemeral-disks",
-          "--container-disk-dir",
-          "/var/run/kubevirt/container-disks",
-          "--grace-period-seconds",
-          String(grace),
-          "--hook-sidecars",
-          "0",
-          "--ovmf-path",
-          "/usr/share/OVMF",
-          "--allow-emulation",
+          ...launcherMonitorArgs({ name, namespace: namespace!, uid: uid! }, grace),
         ],
         securityContext: {
           runAsUser: 0,

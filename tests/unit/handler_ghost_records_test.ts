@@ -108,6 +108,48 @@ Deno.test("findLauncherByUid() finds a launcher process by the --uid on its comm
   }
 });
 
+Deno.test("LauncherSpawner.ensurePidFile() writes the PID and start-time files of a launcher found in /proc, once", async () => {
+  const { LauncherSpawner } = await import("../../mod/handler/launcher_spawner.ts");
+  const { processStartTime } = await import("../../ffi/mod.ts");
+  const dir = await Deno.makeTempDir();
+  const uid = `u-${crypto.randomUUID()}`;
+  // A launcher whose handler was killed before it wrote the files: a stand-in process
+  // whose command line reads like a launcher's.
+  const child = new Deno.Command("/usr/bin/python3", {
+    args: ["-c", "import time; time.sleep(30)", "virtnode", "launcher", "--uid", uid],
+    stdin: "null",
+    stdout: "null",
+    stderr: "null",
+  }).spawn();
+  try {
+    const spawner = new LauncherSpawner({
+      stateDir: dir,
+      command: () => ({ cmd: "false", args: [] }),
+    });
+    await Deno.mkdir(`${dir}/launchers`);
+    const pidFile = `${dir}/launchers/${uid}.pid`;
+    for (let i = 0; i < 50; i++) {
+      await spawner.ensurePidFile(uid);
+      if (await Deno.stat(pidFile).then(() => true, () => false)) break;
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    assert.equal((await Deno.readTextFile(pidFile)).trim(), String(child.pid));
+    assert.equal(
+      (await Deno.readTextFile(`${dir}/launchers/${uid}.start`)).trim(),
+      processStartTime(child.pid),
+    );
+    // A PID file that exists is left as it is.
+    await Deno.writeTextFile(pidFile, "12345\n");
+    await spawner.ensurePidFile(uid);
+    assert.equal(await Deno.readTextFile(pidFile), "12345\n");
+    spawner.release();
+  } finally {
+    child.kill("SIGKILL");
+    await child.status;
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
 Deno.test("GhostRecordStore.findByKey() follows adds and deletes of records sharing a name", async () => {
   const dir = await Deno.makeTempDir();
   try {
