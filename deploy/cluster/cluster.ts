@@ -12,7 +12,16 @@
 
 import * as path from "node:path";
 import { fileURLToPath } from "node:url";
-import { sleep } from "../../mod/lifecycle/mod.ts";
+import {
+  ClusterError,
+  freePorts,
+  type Managed,
+  spawnManaged,
+  terminate,
+  waitUntil,
+} from "./processes.ts";
+
+export { ClusterError };
 
 /** A running (or borrowed) control plane and how to reach it. */
 export interface Cluster {
@@ -67,15 +76,6 @@ export interface StartClusterOptions {
   stopOnSignals?: boolean;
 }
 
-/** Raised when the control plane cannot be built, started, reached or stopped. */
-export class ClusterError extends Error {
-  /** Creates the error; `cause` carries the underlying failure. */
-  constructor(message: string, options?: ErrorOptions) {
-    super(message, options);
-    this.name = "ClusterError";
-  }
-}
-
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const REPO_ROOT = path.resolve(HERE, "..", "..");
 const BUILD_SCRIPT = path.join(HERE, "build.sh");
@@ -98,17 +98,8 @@ rules:
 const KUBECTL = Deno.env.get("KUBECTL") ?? "kubectl";
 const ETCD_READY_TIMEOUT_MS = 30_000;
 const APISERVER_READY_TIMEOUT_MS = 90_000;
-const STOP_GRACE_MS = 10_000;
 const TEMP_PREFIX = "virtnode-cluster-";
 const OWNER_FILE = "owner.pid";
-
-/** A child process with its log file and the promise that drains its output. */
-interface Managed {
-  name: string;
-  child: Deno.ChildProcess;
-  logPath: string;
-  drained: Promise<void>;
-}
 
 /**
  * Starts etcd and kube-apiserver on free loopback ports in a fresh temporary
@@ -494,34 +485,11 @@ class ControlPlane implements Cluster {
     );
   }
 
-  async #spawn(name: string, binary: string, args: string[]): Promise<Managed> {
-    const logPath = path.join(this.dir, `${name}.log`);
-    // setpriv makes the kernel kill the child when we die, even by SIGKILL; setsid gives it
-    // a session of its own, so a terminal's Ctrl-C (SIGINT to the whole foreground process
-    // group) does not stop it before whoever started it is done with it (local mode deletes
-    // its VMIs through it first). Both exec, so the pid we signal is the server's own.
-    const [command, commandArgs] = await hasSetpriv()
-      ? ["setsid", ["setpriv", "--pdeathsig", "SIGKILL", "--", binary, ...args]]
-      : [binary, args];
-    let child: Deno.ChildProcess;
-    try {
-      child = new Deno.Command(command, {
-        args: commandArgs,
-        cwd: this.dir,
-        stdin: "null",
-        stdout: "piped",
-        stderr: "piped",
-      }).spawn();
-    } catch (error) {
-      throw new ClusterError(`Cannot start ${name}: ${message(error)}`, { cause: error });
-    }
-    const open = () => Deno.open(logPath, { append: true, create: true });
-    const [stdoutLog, stderrLog] = [await open(), await open()];
-    const drained = Promise.all([
-      child.stdout.pipeTo(stdoutLog.writable),
-      child.stderr.pipeTo(stderrLog.writable),
-    ]).then(() => {});
-    return { name, child, logPath, drained };
+  #spawn(name: string, binary: string, args: string[]): Promise<Managed> {
+    return spawnManaged(name, binary, args, {
+      logPath: path.join(this.dir, `${name}.log`),
+      cwd: this.dir,
+    });
   }
 }
 
@@ -575,65 +543,6 @@ class LiveClusters {
 }
 
 const live = new LiveClusters();
-
-/** Polls `ready` until it returns true; fails early when the process exits. */
-async function waitUntil(
-  managed: Managed,
-  timeoutMs: number,
-  ready: () => Promise<boolean>,
-): Promise<void> {
-  let exited: Deno.CommandStatus | undefined;
-  managed.child.status.then((status) => exited = status);
-  const deadline = Date.now() + timeoutMs;
-  let lastError: unknown;
-  while (Date.now() < deadline) {
-    if (exited) {
-      throw new ClusterError(
-        `Cannot start ${managed.name}: it exited with code ${exited.code}: ${await logTail(
-          managed.logPath,
-        )}`,
-      );
-    }
-    try {
-      if (await ready()) return;
-    } catch (error) {
-      lastError = error;
-    }
-    await sleep(100);
-  }
-  throw new ClusterError(
-    `Cannot start ${managed.name}: not ready after ${timeoutMs} ms: ${await logTail(
-      managed.logPath,
-    )}`,
-    { cause: lastError },
-  );
-}
-
-/** SIGTERM, then SIGKILL after a grace period; waits for exit and the log to drain. */
-async function terminate(managed: Managed): Promise<void> {
-  const { child } = managed;
-  let timer: ReturnType<typeof setTimeout> | undefined;
-  try {
-    child.kill("SIGTERM");
-    const killed = new Promise<void>((resolve) => {
-      timer = setTimeout(() => {
-        try {
-          child.kill("SIGKILL");
-        } catch {
-          // Exited just now.
-        }
-        resolve();
-      }, STOP_GRACE_MS);
-    });
-    await Promise.race([child.status, killed]);
-  } catch {
-    // Already exited: kill() throws on a reaped child.
-  } finally {
-    await child.status;
-    clearTimeout(timer);
-    await managed.drained;
-  }
-}
 
 /** Applies every YAML file of the CRD directory and waits until each is Established. */
 async function applyCrds(kubeconfigPath: string, dir: string): Promise<void> {
@@ -701,39 +610,10 @@ async function kubectl(args: string[]): Promise<string> {
   return decoder.decode(output.stdout).trim();
 }
 
-let setprivAvailable: Promise<boolean> | undefined;
-
-function hasSetpriv(): Promise<boolean> {
-  setprivAvailable ??= new Deno.Command("setpriv", {
-    args: ["--pdeathsig", "SIGKILL", "--", "true"],
-    stdin: "null",
-    stdout: "null",
-    stderr: "null",
-  }).output().then((output) => output.success, () => false);
-  return setprivAvailable;
-}
-
-/** Distinct free loopback ports: all are held open until every one is chosen. */
-function freePorts(count: number): number[] {
-  const listeners = Array.from(
-    { length: count },
-    () => Deno.listen({ hostname: "127.0.0.1", port: 0 }),
-  );
-  const ports = listeners.map((listener) => listener.addr.port);
-  for (const listener of listeners) listener.close();
-  return ports;
-}
-
 function pem(label: string, der: ArrayBuffer): string {
   const base64 = btoa(String.fromCharCode(...new Uint8Array(der)));
   const lines = base64.match(/.{1,64}/g) ?? [];
   return `-----BEGIN ${label}-----\n${lines.join("\n")}\n-----END ${label}-----\n`;
-}
-
-async function logTail(logPath: string): Promise<string> {
-  const text = await Deno.readTextFile(logPath).catch(() => "");
-  const tail = text.trimEnd().split("\n").slice(-15).join("\n");
-  return tail ? `last log lines of "${logPath}":\n${tail}` : `no log in "${logPath}"`;
 }
 
 function message(error: unknown): string {

@@ -27,6 +27,15 @@
 import { join } from "node:path";
 import { buildKubevirt, type Cluster } from "../cluster/cluster.ts";
 import { buildImageArchive } from "./oci.ts";
+import {
+  ClusterError,
+  freePorts,
+  logTail,
+  type Managed,
+  spawnManaged,
+  terminate,
+  waitUntil,
+} from "../cluster/processes.ts";
 
 const BUILD_SCRIPT = new URL("./build.sh", import.meta.url).pathname;
 /** The pods' sandbox image. */
@@ -34,7 +43,6 @@ export const PAUSE_IMAGE = "virtnode.local/pause:1";
 const CNI_BIN_DIR = "/usr/lib/cni";
 const DEVICE_PLUGINS_DIR = "/var/lib/kubelet/device-plugins";
 const READY_TIMEOUT_MS = 90_000;
-const STOP_GRACE_MS = 10_000;
 
 /** A running node. */
 export interface Node {
@@ -66,15 +74,6 @@ export interface Node {
 export interface StartNodeOptions {
   /** The Node's name; `node-<random>` unless told. */
   name?: string;
-}
-
-interface Managed {
-  name: string;
-  child: Deno.ChildProcess;
-  logPath: string;
-  drained: Promise<void>;
-  /** Set once the process exited. */
-  exited?: Deno.CommandStatus;
 }
 
 function sleep(ms: number): Promise<void> {
@@ -118,63 +117,8 @@ export async function buildNodeBinaries(): Promise<string> {
   return new TextDecoder().decode(out.stdout).trim().split("\n").at(-1)!;
 }
 
-function spawn(dir: string, name: string, program: string, args: string[]): Managed {
-  const logPath = join(dir, "logs", `${name}.log`);
-  const log = Deno.openSync(logPath, { create: true, write: true, truncate: true });
-  // setpriv: the process dies with this one, whatever ends it.
-  const child = new Deno.Command("setpriv", {
-    args: ["--pdeathsig", "SIGKILL", "--", program, ...args],
-    stdin: "null",
-    stdout: "piped",
-    stderr: "piped",
-  }).spawn();
-  const drained = Promise.all([child.stdout, child.stderr].map(async (stream) => {
-    for await (const chunk of stream) log.writeSync(chunk);
-  })).catch(() => {}).then(() => log.close());
-  const managed: Managed = { name, child, logPath, drained };
-  child.status.then((status) => (managed.exited = status));
-  return managed;
-}
-
-async function terminate(p: Managed): Promise<void> {
-  try {
-    p.child.kill("SIGTERM");
-  } catch { /* gone */ }
-  const timer = setTimeout(() => {
-    try {
-      p.child.kill("SIGKILL");
-    } catch { /* gone */ }
-  }, STOP_GRACE_MS);
-  await p.child.status;
-  clearTimeout(timer);
-  await p.drained;
-}
-
-async function tail(path: string): Promise<string> {
-  return (await Deno.readTextFile(path).catch(() => "")).slice(-3000);
-}
-
-async function waitFor(p: Managed, what: string, ready: () => Promise<boolean>): Promise<void> {
-  let exited: Deno.CommandStatus | undefined;
-  p.child.status.then((s) => (exited = s));
-  const deadline = Date.now() + READY_TIMEOUT_MS;
-  while (Date.now() < deadline) {
-    if (exited) {
-      throw new Error(
-        `${p.name} exited (${exited.code}) before ${what}:\n${await tail(p.logPath)}`,
-      );
-    }
-    if (await ready().catch(() => false)) return;
-    await sleep(200);
-  }
-  throw new Error(`${p.name}: no ${what} after ${READY_TIMEOUT_MS} ms:\n${await tail(p.logPath)}`);
-}
-
-function freePort(): number {
-  const l = Deno.listen({ hostname: "127.0.0.1", port: 0 });
-  const port = l.addr.port;
-  l.close();
-  return port;
+function spawn(dir: string, name: string, program: string, args: string[]): Promise<Managed> {
+  return spawnManaged(name, program, args, { logPath: join(dir, "logs", `${name}.log`) });
 }
 
 /** Starts a node registered with `cluster`; resolves once the Node is Ready. */
@@ -297,18 +241,18 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
         "",
       ].join("\n"),
     );
-    const containerd = spawn(dir, "containerd", "containerd", [
+    const containerd = await spawn(dir, "containerd", "containerd", [
       "--config",
       join(ctrDir, "config.toml"),
     ]);
     processes.push(containerd);
-    await waitFor(containerd, "its socket", async () => {
+    await waitUntil(containerd, READY_TIMEOUT_MS, async () => {
       await ctr(["version"]);
       return true;
     });
     await ctr(["images", "import", pauseArchive]);
 
-    const kubeletPort = freePort();
+    const [kubeletPort, schedulerPort, controllerManagerPort] = freePorts(3);
     await Deno.writeTextFile(
       join(dir, "kubelet.yaml"),
       JSON.stringify({
@@ -340,7 +284,7 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
         localStorageCapacityIsolation: false,
       }),
     );
-    const kubelet = spawn(dir, "kubelet", join(bin, "kubelet"), [
+    const kubelet = await spawn(dir, "kubelet", join(bin, "kubelet"), [
       `--config=${join(dir, "kubelet.yaml")}`,
       `--kubeconfig=${cluster.kubeconfigPath}`,
       `--hostname-override=${name}`,
@@ -349,21 +293,25 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
     ]);
     processes.push(kubelet);
     const common = [`--kubeconfig=${cluster.kubeconfigPath}`, "--leader-elect=false"];
-    processes.push(spawn(dir, "kube-scheduler", join(bin, "kube-scheduler"), [
-      ...common,
-      `--secure-port=${freePort()}`,
-      "--bind-address=127.0.0.1",
-    ]));
-    processes.push(spawn(dir, "kube-controller-manager", join(bin, "kube-controller-manager"), [
-      ...common,
-      `--secure-port=${freePort()}`,
-      "--bind-address=127.0.0.1",
-      // No cloud, no node IPAM: the kubelet has its pod CIDR from its configuration.
-      "--controllers=*,-nodeipam",
-      `--service-account-private-key-file=${join(cluster.dir, "service-account.key")}`,
-      "--use-service-account-credentials=false",
-    ]));
-    await waitFor(kubelet, `node ${name} Ready`, async () => {
+    processes.push(
+      await spawn(dir, "kube-scheduler", join(bin, "kube-scheduler"), [
+        ...common,
+        `--secure-port=${schedulerPort}`,
+        "--bind-address=127.0.0.1",
+      ]),
+    );
+    processes.push(
+      await spawn(dir, "kube-controller-manager", join(bin, "kube-controller-manager"), [
+        ...common,
+        `--secure-port=${controllerManagerPort}`,
+        "--bind-address=127.0.0.1",
+        // No cloud, no node IPAM: the kubelet has its pod CIDR from its configuration.
+        "--controllers=*,-nodeipam",
+        `--service-account-private-key-file=${join(cluster.dir, "service-account.key")}`,
+        "--use-service-account-credentials=false",
+      ]),
+    );
+    await waitUntil(kubelet, READY_TIMEOUT_MS, async () => {
       const out = await run("kubectl", [
         "--kubeconfig",
         cluster.kubeconfigPath,
@@ -378,8 +326,10 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
     // Ready says nothing of the scheduler and the controller manager: each must still run.
     await sleep(1_000);
     for (const p of processes) {
-      if (p.exited) {
-        throw new Error(`${p.name} exited (${p.exited.code}):\n${await tail(p.logPath)}`);
+      // An exited child's status is settled: it wins the race against the resolved value.
+      const exited = await Promise.race([p.child.status, Promise.resolve(undefined)]);
+      if (exited) {
+        throw new ClusterError(`${p.name} exited (${exited.code}): ${await logTail(p.logPath)}`);
       }
     }
   } catch (error) {

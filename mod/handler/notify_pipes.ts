@@ -161,9 +161,13 @@ export class NotifyPipes {
   }
 
   async #accept(uid: string, listener: Deno.Listener, conns: Set<Deno.Conn>): Promise<void> {
-    const relays: Promise<void>[] = [];
+    // Only the relays still running are kept: a long-lived pipe sees many reconnects.
+    const relays = new Set<Promise<void>>();
     try {
-      for await (const conn of listener) relays.push(this.#relay(uid, conn, conns));
+      for await (const conn of listener) {
+        const relay = this.#relay(uid, conn, conns).finally(() => relays.delete(relay));
+        relays.add(relay);
+      }
     } catch (error) {
       if (!(error instanceof Deno.errors.BadResource)) {
         log.warn("Notify pipe stopped accepting: {error}", { uid, error });

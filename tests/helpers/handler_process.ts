@@ -464,3 +464,28 @@ export async function releaseVmi(client: KubeClient, namespace: string, name: st
     metadata: { ...vmi.metadata, finalizers: [] },
   });
 }
+
+/**
+ * What virt-controller writes once a VMI's launcher pod runs: `Scheduled` on `node`, the pod
+ * in `activePods`, the runtime user of a root VMI. `client` must be one of KubeVirt's
+ * service accounts.
+ */
+export async function scheduleToPod(
+  client: KubeClient,
+  namespace: string,
+  name: string,
+  node: string,
+  podUid: string,
+): Promise<void> {
+  const current = (await getVmi(client, namespace, name))!;
+  await client.request("PUT", vmiPath(namespace, name), {
+    ...current,
+    status: {
+      ...current.status,
+      phase: "Scheduled",
+      nodeName: node,
+      activePods: { [podUid]: node },
+      runtimeUser: 0,
+    },
+  });
+}

@@ -13,9 +13,9 @@ import {
   kubeClient,
   pidAlive,
   releaseVmi,
+  scheduleToPod,
   startHandlerProcess,
   testVmi,
-  vmiPath,
   waitFor,
   waitForPhase,
 } from "../helpers/handler_process.ts";
@@ -116,16 +116,7 @@ Deno.test("handler (KubeVirt mode) finds a launcher pod's socket from status.act
       }
     });
     // What virt-controller would write: Scheduled, on this node, with the active pod.
-    const current = (await getVmi(client, "default", name))!;
-    await controller.request("PUT", vmiPath("default", name), {
-      ...current,
-      status: {
-        ...current.status,
-        phase: "Scheduled",
-        nodeName: node,
-        activePods: { [podUid]: node },
-      },
-    });
+    await scheduleToPod(controller, "default", name, node, podUid);
     const running = await waitForPhase(client, "default", name, "Running");
     assert.equal(running.status!.activePods![podUid], node);
     assert.equal(

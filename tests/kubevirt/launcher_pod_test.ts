@@ -25,9 +25,9 @@ import {
   getVmi,
   kubeClient,
   releaseVmi,
+  scheduleToPod,
   startHandlerProcess,
   testVmi,
-  vmiPath,
   waitFor,
   waitForPhase,
 } from "../helpers/handler_process.ts";
@@ -94,17 +94,7 @@ Deno.test("kubevirt: KubeVirt's virt-launcher in a launcher pod runs a VMI under
     );
 
     // virt-controller's part: the pod runs, so the VMI is Scheduled on this node.
-    const current = (await getVmi(admin, "default", name))!;
-    await controller.request("PUT", vmiPath("default", name), {
-      ...current,
-      status: {
-        ...current.status,
-        phase: "Scheduled",
-        nodeName: node,
-        activePods: { [pod.uid]: node },
-        runtimeUser: 0,
-      },
-    });
+    await scheduleToPod(controller, "default", name, node, pod.uid);
 
     step("launcher pod listening; VMI Scheduled");
     const running = await waitForPhase(admin, "default", name, "Running", 120_000);

@@ -20,9 +20,9 @@ import {
   getVmi,
   kubeClient,
   releaseVmi,
+  scheduleToPod,
   startHandlerProcess,
   testVmi,
-  vmiPath,
   waitFor,
   waitForPhase,
 } from "../helpers/handler_process.ts";
@@ -162,17 +162,7 @@ Deno.test("node: KubeVirt's virt-launcher image in a pod of the real kubelet run
     }, 120_000);
     assert.equal(running.spec.nodeName, node.name);
     step("launcher pod Running");
-    const current = (await getVmi(admin, "default", name))!;
-    await controller.request("PUT", vmiPath("default", name), {
-      ...current,
-      status: {
-        ...current.status,
-        phase: "Scheduled",
-        nodeName: node.name,
-        activePods: { [pod.metadata.uid]: node.name },
-        runtimeUser: 0,
-      },
-    });
+    await scheduleToPod(controller, "default", name, node.name, pod.metadata.uid);
     await waitForPhase(admin, "default", name, "Running", 120_000);
     step("VMI Running");
     const volumes = `${node.kubeletDir}/pods/${pod.metadata.uid}/volumes/kubernetes.io~empty-dir`;

@@ -83,17 +83,23 @@ Deno.test("GhostRecordStore.delete() removes the file and a second delete is fin
   }
 });
 
-Deno.test("findLauncherByUid() finds a launcher process by the --uid on its command line", async () => {
-  const { findLauncherByUid } = await import("../../mod/handler/launcher_spawner.ts");
-  const uid = `u-${crypto.randomUUID()}`;
-  // A stand-in process whose command line reads like a launcher's.
-  // One process: nothing is left behind when the test SIGKILLs it.
-  const child = new Deno.Command("/usr/bin/python3", {
+/**
+ * A stand-in launcher: one process whose command line reads like a launcher's (nothing
+ * is left behind when the test SIGKILLs it).
+ */
+function standInLauncher(uid: string): Deno.ChildProcess {
+  return new Deno.Command("/usr/bin/python3", {
     args: ["-c", "import time; time.sleep(30)", "virtnode", "launcher", "--uid", uid],
     stdin: "null",
     stdout: "null",
     stderr: "null",
   }).spawn();
+}
+
+Deno.test("findLauncherByUid() finds a launcher process by the --uid on its command line", async () => {
+  const { findLauncherByUid } = await import("../../mod/handler/launcher_spawner.ts");
+  const uid = `u-${crypto.randomUUID()}`;
+  const child = standInLauncher(uid);
   try {
     let found: number | undefined;
     for (let i = 0; i < 50 && found === undefined; i++) {
@@ -115,12 +121,7 @@ Deno.test("LauncherSpawner.ensurePidFile() writes the PID and start-time files o
   const uid = `u-${crypto.randomUUID()}`;
   // A launcher whose handler was killed before it wrote the files: a stand-in process
   // whose command line reads like a launcher's.
-  const child = new Deno.Command("/usr/bin/python3", {
-    args: ["-c", "import time; time.sleep(30)", "virtnode", "launcher", "--uid", uid],
-    stdin: "null",
-    stdout: "null",
-    stderr: "null",
-  }).spawn();
+  const child = standInLauncher(uid);
   try {
     const spawner = new LauncherSpawner({
       stateDir: dir,

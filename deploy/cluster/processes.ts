@@ -1,0 +1,157 @@
+/**
+ * The test control plane's and test node's server processes (deploy/cluster/cluster.ts,
+ * deploy/node/node.ts): started with their output in a log file, waited for until
+ * ready (failing early with the log's tail when one exits), and stopped with SIGTERM,
+ * then SIGKILL after a grace period.
+ *
+ * @module
+ */
+import { sleep } from "../../mod/lifecycle/mod.ts";
+
+/** How long a server gets between SIGTERM and SIGKILL. */
+export const STOP_GRACE_MS = 10_000;
+
+/** Raised when a server of the test control plane or node cannot be built, started or reached. */
+export class ClusterError extends Error {
+  /** Creates the error; `cause` carries the underlying failure. */
+  constructor(message: string, options?: ErrorOptions) {
+    super(message, options);
+    this.name = "ClusterError";
+  }
+}
+
+/** A child process with its log file and the promise that drains its output. */
+export interface Managed {
+  name: string;
+  child: Deno.ChildProcess;
+  logPath: string;
+  drained: Promise<void>;
+}
+
+let setprivAvailable: Promise<boolean> | undefined;
+
+function hasSetpriv(): Promise<boolean> {
+  setprivAvailable ??= new Deno.Command("setpriv", {
+    args: ["--pdeathsig", "SIGKILL", "--", "true"],
+    stdin: "null",
+    stdout: "null",
+    stderr: "null",
+  }).output().then((output) => output.success, () => false);
+  return setprivAvailable;
+}
+
+/** Starts `binary` with its output appended to `logPath`. */
+export async function spawnManaged(
+  name: string,
+  binary: string,
+  args: string[],
+  options: { logPath: string; cwd?: string },
+): Promise<Managed> {
+  // setpriv makes the kernel kill the child when we die, even by SIGKILL; setsid gives it
+  // a session of its own, so a terminal's Ctrl-C (SIGINT to the whole foreground process
+  // group) does not stop it before whoever started it is done with it (local mode deletes
+  // its VMIs through it first). Both exec, so the pid we signal is the server's own.
+  const [command, commandArgs] = await hasSetpriv()
+    ? ["setsid", ["setpriv", "--pdeathsig", "SIGKILL", "--", binary, ...args]]
+    : [binary, args];
+  let child: Deno.ChildProcess;
+  try {
+    child = new Deno.Command(command, {
+      args: commandArgs,
+      cwd: options.cwd,
+      stdin: "null",
+      stdout: "piped",
+      stderr: "piped",
+    }).spawn();
+  } catch (error) {
+    throw new ClusterError(`Cannot start ${name}: ${message(error)}`, { cause: error });
+  }
+  const open = () => Deno.open(options.logPath, { append: true, create: true });
+  const [stdoutLog, stderrLog] = [await open(), await open()];
+  const drained = Promise.all([
+    child.stdout.pipeTo(stdoutLog.writable),
+    child.stderr.pipeTo(stderrLog.writable),
+  ]).then(() => {});
+  return { name, child, logPath: options.logPath, drained };
+}
+
+/** Polls `ready` until it returns true; fails early when the process exits. */
+export async function waitUntil(
+  managed: Managed,
+  timeoutMs: number,
+  ready: () => Promise<boolean>,
+): Promise<void> {
+  let exited: Deno.CommandStatus | undefined;
+  managed.child.status.then((status) => exited = status);
+  const deadline = Date.now() + timeoutMs;
+  let lastError: unknown;
+  while (Date.now() < deadline) {
+    if (exited) {
+      throw new ClusterError(
+        `Cannot start ${managed.name}: it exited with code ${exited.code}: ${await logTail(
+          managed.logPath,
+        )}`,
+      );
+    }
+    try {
+      if (await ready()) return;
+    } catch (error) {
+      lastError = error;
+    }
+    await sleep(100);
+  }
+  throw new ClusterError(
+    `Cannot start ${managed.name}: not ready after ${timeoutMs} ms: ${await logTail(
+      managed.logPath,
+    )}`,
+    { cause: lastError },
+  );
+}
+
+/** SIGTERM, then SIGKILL after a grace period; waits for exit and the log to drain. */
+export async function terminate(managed: Managed): Promise<void> {
+  const { child } = managed;
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  try {
+    child.kill("SIGTERM");
+    const killed = new Promise<void>((resolve) => {
+      timer = setTimeout(() => {
+        try {
+          child.kill("SIGKILL");
+        } catch {
+          // Exited just now.
+        }
+        resolve();
+      }, STOP_GRACE_MS);
+    });
+    await Promise.race([child.status, killed]);
+  } catch {
+    // Already exited: kill() throws on a reaped child.
+  } finally {
+    await child.status;
+    clearTimeout(timer);
+    await managed.drained;
+  }
+}
+
+/** Distinct free loopback ports: all are held open until every one is chosen. */
+export function freePorts(count: number): number[] {
+  const listeners = Array.from(
+    { length: count },
+    () => Deno.listen({ hostname: "127.0.0.1", port: 0 }),
+  );
+  const ports = listeners.map((listener) => listener.addr.port);
+  for (const listener of listeners) listener.close();
+  return ports;
+}
+
+/** The last lines of a server's log, for an error message. */
+export async function logTail(logPath: string): Promise<string> {
+  const text = await Deno.readTextFile(logPath).catch(() => "");
+  const tail = text.trimEnd().split("\n").slice(-15).join("\n");
+  return tail ? `last log lines of "${logPath}":\n${tail}` : `no log in "${logPath}"`;
+}
+
+function message(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
