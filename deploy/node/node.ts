@@ -42,6 +42,7 @@ const BUILD_SCRIPT = new URL("./build.sh", import.meta.url).pathname;
 export const PAUSE_IMAGE = "virtnode.local/pause:1";
 const CNI_BIN_DIR = "/usr/lib/cni";
 const DEVICE_PLUGINS_DIR = "/var/lib/kubelet/device-plugins";
+const CONTAINERD_SHIM_SOCKETS = "/run/containerd/s";
 const READY_TIMEOUT_MS = 90_000;
 
 /** A running node. */
@@ -137,8 +138,12 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
   const podCidr = `10.244.${octet}.0/24`;
   const bridge = `vnt${id}`;
   let stopped = false;
-  // The device plugin directory is the host's; what the node creates there goes with it.
-  const created = await firstMissing(DEVICE_PLUGINS_DIR);
+  // The device plugin directory is the host's, and containerd 1.6 keeps its shims' sockets
+  // in /run/containerd/s whatever its state directory: what the node creates goes with it.
+  const created = [
+    await firstMissing(DEVICE_PLUGINS_DIR),
+    await firstMissing(CONTAINERD_SHIM_SOCKETS),
+  ];
 
   const ctr = (args: string[]) =>
     run("ctr", ["--address", containerdSocket, "-n", "k8s.io", ...args]);
@@ -176,7 +181,9 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
     for (const m of mounts) await run("umount", ["-l", m]).catch(() => {});
     await Deno.remove(dir, { recursive: true }).catch(() => {});
     await Deno.remove(join(DEVICE_PLUGINS_DIR, "kubelet.sock")).catch(() => {});
-    if (created) await Deno.remove(created, { recursive: true }).catch(() => {});
+    for (const path of created) {
+      if (path) await Deno.remove(path, { recursive: true }).catch(() => {});
+    }
   };
 
   try {
