@@ -75,6 +75,8 @@ export class EventRecorder {
   readonly #host: string;
   readonly #component: string;
   readonly #windowMs: number;
+  /** The request of each key being made, so repeats wait for it. */
+  readonly #inFlight = new Map<string, Promise<KubeEvent>>();
   readonly #cacheSize: number;
   readonly #timeoutMs: number;
   readonly #now: () => number;
@@ -97,7 +99,7 @@ export class EventRecorder {
    * objects such as Nodes) and returns it. Rejects when the apiserver does; callers that
    * treat events as best-effort add `.catch()`.
    */
-  async record(
+  record(
     object: KubeObject,
     type: EventType,
     reason: string,
@@ -114,6 +116,28 @@ export class EventRecorder {
       reason,
       message,
     ]);
+    // One request per key at a time: a repeat that comes while the first Event is still
+    // being created must patch it, not create a second one.
+    const before = this.#inFlight.get(key);
+    const recorded = (before ? before.catch(() => {}) : Promise.resolve()).then(() =>
+      this.#recordNow(key, object, namespace, type, reason, message)
+    );
+    this.#inFlight.set(key, recorded);
+    recorded.catch(() => {}).finally(() => {
+      if (this.#inFlight.get(key) === recorded) this.#inFlight.delete(key);
+    });
+    return recorded;
+  }
+
+  async #recordNow(
+    key: string,
+    object: KubeObject,
+    namespace: string,
+    type: EventType,
+    reason: string,
+    message: string,
+  ): Promise<KubeEvent> {
+    const meta = object.metadata ?? {};
     const nowMs = this.#now();
     const now = timestamp(nowMs);
     const seen = this.#seen.get(key);
