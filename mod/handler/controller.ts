@@ -129,8 +129,8 @@ export class VmiController {
   readonly #shutdowns = new Map<string, ShutdownState>();
   /** The host's NUMA cells for the launchers' options, read once. */
   #topology?: NumaCell[];
-  /** Generation last handed to SyncVirtualMachine, per UID. */
-  readonly #synced = new Map<string, number>();
+  /** The spec (as JSON) last handed to SyncVirtualMachine, per UID. */
+  readonly #synced = new Map<string, string>();
   readonly #ioRetry = new FailRetryManager();
 
   /** Creates the controller and subscribes it to the informer; nothing runs until {@linkcode run}. */
@@ -515,21 +515,24 @@ export class VmiController {
     }
     // (containerDisk, hotplug volumes, network and device ownership come before this call
     // as their issues land; today the launcher prepares what the converter supports.)
-    const generation = vmi.metadata.generation ?? 0;
+    // The spec itself, not metadata.generation: KubeVirt's VMI CRD has no status
+    // subresource, so every status write bumps the generation, and a Sync per status write
+    // would call a launcher for nothing (and fail while its libvirt restarts).
+    const spec = JSON.stringify(vmi.spec);
     const alive = domain !== undefined && domain.status.status !== LifeCycle.Shutoff &&
       domain.status.status !== LifeCycle.Crashed;
     if (alive && !this.#synced.has(uid)) {
       // Adopted after a restart: the domain runs this spec already; do not disturb it.
-      this.#synced.set(uid, generation);
+      this.#synced.set(uid, spec);
       return DONE;
     }
-    if (alive && this.#synced.get(uid) === generation) return DONE;
+    if (alive && this.#synced.get(uid) === spec) return DONE;
     this.#topology ??= hostTopology();
     await client.syncVirtualMachine(vmi, virtualMachineOptions(vmi, this.#topology));
     if (!domain) {
       this.#record(vmi, "Normal", EventReason.Created, "VirtualMachineInstance defined.");
     }
-    this.#synced.set(uid, generation);
+    this.#synced.set(uid, spec);
     return DONE;
   }
 
