@@ -74,6 +74,14 @@ export interface StartClusterOptions {
    * `false` and stops it itself; the servers still die with the process.
    */
   stopOnSignals?: boolean;
+  /**
+   * Make the apiserver reachable from pods, as a real node's pods reach it: it listens on
+   * every address, advertises this host's address in the `kubernetes` Service's
+   * endpoints (which kube-proxy on a test node turns into rules), and admits pods with
+   * their ServiceAccount's token. Default false: loopback only, and pods (which nothing
+   * runs) need no ServiceAccount.
+   */
+  podNetwork?: boolean;
 }
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
@@ -113,7 +121,7 @@ export async function startCluster(options: StartClusterOptions = {}): Promise<C
   const dir = await Deno.makeTempDir({ prefix: TEMP_PREFIX });
   await Deno.writeTextFile(path.join(dir, OWNER_FILE), `${Deno.pid}\n`);
   await removeOrphanedDirs(path.dirname(dir));
-  const controlPlane = new ControlPlane(binDir, dir);
+  const controlPlane = new ControlPlane(binDir, dir, options.podNetwork ?? false);
   live.add(controlPlane, options.stopOnSignals ?? true);
   try {
     await controlPlane.start();
@@ -216,9 +224,11 @@ class ControlPlane implements Cluster {
   #admission?: Managed;
   #apiserverArgs: string[] = [];
   #stopping?: Promise<void>;
+  #podNetwork: boolean;
 
-  constructor(binDir: string, dir: string) {
+  constructor(binDir: string, dir: string, podNetwork: boolean) {
     this.#binDir = binDir;
+    this.#podNetwork = podNetwork;
     this.dir = dir;
     this.kubeconfigPath = path.join(dir, "kubeconfig");
     this.handlerKubeconfigPath = this.kubeconfigPath;
@@ -293,14 +303,27 @@ class ControlPlane implements Cluster {
 
   async start(): Promise<void> {
     const [clientPort, peerPort, securePort] = freePorts(3);
-    this.server = `https://127.0.0.1:${securePort}`;
+    // A pod-network apiserver's certificate names the address it advertises, not loopback.
+    const address = this.#podNetwork ? await hostAddress() : "127.0.0.1";
+    this.server = `https://${address}:${securePort}`;
     await this.#startEtcd(clientPort, peerPort);
     await this.#writeApiserverFiles();
+    const podNetwork = this.#podNetwork
+      ? [
+        "--bind-address=0.0.0.0",
+        `--advertise-address=${address}`,
+        "--endpoint-reconciler-type=lease",
+      ]
+      : [
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        "--disable-admission-plugins=ServiceAccount",
+        "--endpoint-reconciler-type=none",
+      ];
     this.#apiserverArgs = [
       `--etcd-servers=http://127.0.0.1:${clientPort}`,
-      "--bind-address=127.0.0.1",
+      ...podNetwork,
       `--secure-port=${securePort}`,
-      "--advertise-address=127.0.0.1",
       `--cert-dir=${path.join(this.dir, "certs")}`,
       "--service-cluster-ip-range=10.0.0.0/24",
       "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -308,9 +331,16 @@ class ControlPlane implements Cluster {
       `--service-account-signing-key-file=${path.join(this.dir, "service-account.key")}`,
       `--token-auth-file=${path.join(this.dir, "tokens.csv")}`,
       "--authorization-mode=RBAC",
-      "--disable-admission-plugins=ServiceAccount",
       "--allow-privileged=true",
-      "--endpoint-reconciler-type=none",
+      "--kubelet-preferred-address-types=InternalIP,Hostname",
+      // The aggregation layer's request-header settings, as kubeadm gives them: the
+      // apiserver publishes them in kube-system/extension-apiserver-authentication, and
+      // KubeVirt's virt-api will not start without them.
+      `--requestheader-client-ca-file=${path.join(this.dir, "front-proxy-ca.crt")}`,
+      "--requestheader-allowed-names=front-proxy-client",
+      "--requestheader-username-headers=X-Remote-User",
+      "--requestheader-group-headers=X-Remote-Group",
+      "--requestheader-extra-headers-prefix=X-Remote-Extra-",
       `--audit-policy-file=${path.join(this.dir, "audit-policy.yaml")}`,
       `--audit-log-path=${this.auditLogPath}`,
     ];
@@ -423,6 +453,34 @@ class ControlPlane implements Cluster {
       pem("PUBLIC KEY", publicKey),
     );
     await Deno.writeTextFile(path.join(this.dir, "audit-policy.yaml"), AUDIT_POLICY);
+    // The front proxy's CA (no front proxy runs: only its certificate is published).
+    const openssl = await new Deno.Command("openssl", {
+      args: [
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-subj",
+        "/CN=front-proxy-ca",
+        "-days",
+        "7",
+        "-keyout",
+        path.join(this.dir, "front-proxy-ca.key"),
+        "-out",
+        path.join(this.dir, "front-proxy-ca.crt"),
+      ],
+      stdin: "null",
+      stdout: "null",
+      stderr: "piped",
+    }).output();
+    if (!openssl.success) {
+      throw new ClusterError(
+        `Cannot make the front proxy's CA: ${new TextDecoder().decode(openssl.stderr)}`,
+      );
+    }
     await Deno.writeTextFile(
       path.join(this.dir, "tokens.csv"),
       `${this.token},admin,admin,"system:masters"\n`,
@@ -598,6 +656,21 @@ async function removeOrphanedDirs(tempDir: string): Promise<void> {
     const ownerAlive = await Deno.stat(`/proc/${owner.trim()}`).then(() => true, () => false);
     if (!ownerAlive) await Deno.remove(dir, { recursive: true }).catch(() => {});
   }
+}
+
+/** This host's address on the interface of its default route (else its first global one). */
+async function hostAddress(): Promise<string> {
+  const ip = async (args: string[]) => {
+    const out = await new Deno.Command("ip", { args, stdout: "piped", stderr: "null" }).output();
+    return new TextDecoder().decode(out.stdout);
+  };
+  const device = /\bdev (\S+)/.exec(await ip(["-4", "route", "show", "default"]))?.[1];
+  const addresses = await ip(["-4", "-o", "addr", "show", ...(device ? ["dev", device] : [])]);
+  const route = /inet (\d+\.\d+\.\d+\.\d+)\/\d+ .*scope global/.exec(addresses);
+  if (route) return route[1];
+  const any = /inet (\d+\.\d+\.\d+\.\d+)\/\d+ .*scope global/.exec(await ip(["-4", "addr"]));
+  if (any) return any[1];
+  throw new ClusterError("Cannot find an address of this host that pods can reach");
 }
 
 /** Runs kubectl and returns its stdout; throws with its stderr. */
