@@ -77,7 +77,7 @@ export class NotifyPipes {
   async open(uid: string, launcherSocket: string, runtimeUser = 0): Promise<void> {
     if (this.has(uid, launcherSocket)) return;
     await this.close(uid);
-    const pid = this.#launcherPid(launcherSocket);
+    const pid = this.launcherPid(launcherSocket);
     if (mountNamespaceOf(pid) === mountNamespaceOf("self")) {
       // Not in a pod: it sees the handler's own share directory, and the notify socket in it.
       this.#direct.set(uid, launcherSocket);
@@ -146,7 +146,8 @@ export class NotifyPipes {
   }
 
   /** The PID of the process listening on the launcher's socket. */
-  #launcherPid(launcherSocket: string): number {
+  /** The process listening on a launcher socket (`SO_PEERCRED` of a connection to it). */
+  launcherPid(launcherSocket: string): number {
     const target = this.#o.dialResolver(launcherSocket);
     try {
       const fd = connectUnix(target.path);

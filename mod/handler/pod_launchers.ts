@@ -20,6 +20,7 @@ import { aborted } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import { openSocketBeneath } from "../../ffi/mod.ts";
 import { NotifyPipes } from "./notify_pipes.ts";
+import { claimLauncherDevices } from "./device_ownership.ts";
 import type { GhostRecordStore } from "./ghost_records.ts";
 import type { DialResolver } from "./launcher_clients.ts";
 import {
@@ -61,6 +62,8 @@ export class PodLaunchers implements LauncherProvider {
   readonly notReadyRequeueMs: number = POD_SOCKET_POLL_MS;
   readonly #o: PodLaunchersOptions;
   readonly #pipes: NotifyPipes;
+  /** The launcher socket whose devices were handed to the runtime user, per VMI. */
+  readonly #claimed = new Map<string, string>();
 
   /** Creates the provider; it only looks, so nothing starts. */
   constructor(options: PodLaunchersOptions) {
@@ -120,9 +123,18 @@ export class PodLaunchers implements LauncherProvider {
         uid,
       });
     }
+    const runtimeUser = vmi.status?.runtimeUser ?? 0;
+    if (runtimeUser !== 0 && this.#claimed.get(uid) !== socket) {
+      // Before the domain is defined: QEMU opens them as this user. A failure is the
+      // sync's (it retries), so no domain starts that could not open its devices.
+      const pid = this.#pipes.launcherPid(socket);
+      const devices = claimLauncherDevices(`/proc/${pid}/root`, runtimeUser);
+      this.#claimed.set(uid, socket);
+      log.debug("Launcher devices handed to the runtime user", { uid, pid, runtimeUser, devices });
+    }
     if (!this.#pipes.has(uid, socket)) {
       try {
-        await this.#pipes.open(uid, socket, vmi.status?.runtimeUser ?? 0);
+        await this.#pipes.open(uid, socket, runtimeUser);
       } catch (error) {
         // Calls still work without it; the next sync tries again.
         log.warn("No notify pipe for the launcher pod yet: {error}", {
@@ -138,6 +150,7 @@ export class PodLaunchers implements LauncherProvider {
 
   /** Closes the pod's notify pipe; the pod ends with the VMI, by virt-controller and the kubelet. */
   async stop(vmi: VirtualMachineInstance): Promise<void> {
+    this.#claimed.delete(vmi.metadata.uid!);
     await this.#pipes.close(vmi.metadata.uid!);
   }
 

@@ -1,0 +1,40 @@
+/**
+ * Device ownership for non-root launchers. A launcher pod whose VMI runs as a non-root
+ * user (`status.runtimeUser`, 107 by default in KubeVirt) gets its devices from the device
+ * plugins with the host's owner and mode (`/dev/kvm` is often root's alone): QEMU, running
+ * as that user, could not open them. Before the domain is defined the handler hands each
+ * device the pod has to the runtime user, inside the pod's root, as KubeVirt's handler
+ * does; the host's own device nodes are untouched.
+ *
+ * @module
+ */
+import { chownBeneath, ErrnoError } from "../../ffi/mod.ts";
+
+/** The device nodes a launcher's QEMU opens, relative to the launcher's root. */
+export const LAUNCHER_DEVICES: readonly string[] = Object.freeze([
+  "dev/kvm",
+  "dev/net/tun",
+  "dev/vhost-net",
+]);
+
+/**
+ * Gives `user` the devices of {@linkcode LAUNCHER_DEVICES} present in `root` (a launcher's
+ * `/proc/<pid>/root`), resolved beneath that root without following any symlink; returns
+ * those it changed. A device the pod lacks (no KVM: emulation) is skipped.
+ */
+export function claimLauncherDevices(root: string, user: number): string[] {
+  const claimed: string[] = [];
+  for (const device of LAUNCHER_DEVICES) {
+    try {
+      chownBeneath(root, device, user, user);
+      claimed.push(`/${device}`);
+    } catch (error) {
+      if (error instanceof ErrnoError && error.code === "ENOENT") continue;
+      throw new Error(
+        `Cannot give /${device} of the launcher to user ${user}: ${(error as Error).message}`,
+        { cause: error },
+      );
+    }
+  }
+  return claimed;
+}

@@ -1,0 +1,52 @@
+/**
+ * A non-root launcher's devices go to its runtime user inside its root, and nothing the
+ * root links to outside of it does (the pod controls its own /dev).
+ */
+import assert from "node:assert/strict";
+import { claimLauncherDevices } from "../../mod/handler/device_ownership.ts";
+
+async function owner(path: string): Promise<number | null> {
+  return (await Deno.lstat(path)).uid;
+}
+
+Deno.test("device ownership: the launcher's /dev/kvm and /dev/net/tun go to the runtime user; a missing /dev/vhost-net is skipped", async () => {
+  const root = await Deno.makeTempDir();
+  try {
+    await Deno.mkdir(`${root}/dev/net`, { recursive: true });
+    await Deno.writeTextFile(`${root}/dev/kvm`, "");
+    await Deno.writeTextFile(`${root}/dev/net/tun`, "");
+    assert.deepEqual(claimLauncherDevices(root, 107), ["/dev/kvm", "/dev/net/tun"]);
+    assert.equal(await owner(`${root}/dev/kvm`), 107);
+    assert.equal(await owner(`${root}/dev/net/tun`), 107);
+  } finally {
+    await Deno.remove(root, { recursive: true });
+  }
+});
+
+Deno.test("device ownership: a device that is a symlink out of the root is refused and its target keeps its owner", async () => {
+  const root = await Deno.makeTempDir();
+  const outside = await Deno.makeTempFile();
+  try {
+    await Deno.mkdir(`${root}/dev`);
+    await Deno.symlink(outside, `${root}/dev/kvm`);
+    assert.throws(() => claimLauncherDevices(root, 107), /Cannot give \/dev\/kvm .* ELOOP/);
+    assert.equal(await owner(outside), 0);
+  } finally {
+    await Deno.remove(root, { recursive: true });
+    await Deno.remove(outside);
+  }
+});
+
+Deno.test("device ownership: a /dev that is a symlink out of the root is refused", async () => {
+  const root = await Deno.makeTempDir();
+  const outside = await Deno.makeTempDir();
+  try {
+    await Deno.writeTextFile(`${outside}/kvm`, "");
+    await Deno.symlink(outside, `${root}/dev`);
+    assert.throws(() => claimLauncherDevices(root, 107), /Cannot give \/dev\/kvm/);
+    assert.equal(await owner(`${outside}/kvm`), 0);
+  } finally {
+    await Deno.remove(root, { recursive: true });
+    await Deno.remove(outside, { recursive: true });
+  }
+});
