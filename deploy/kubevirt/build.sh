@@ -10,9 +10,14 @@
 #   cmdclient-check      KubeVirt's handler-side cmd client and notify server
 #   virt-launcher        KubeVirt's launcher (cgo against libvirt-dev's libvirt)
 #   virt-launcher-monitor  the launcher pod's entry point, which runs virt-launcher
+#   virt-tail, virt-probe, virt-freezer, container-disk
+#                        the rest of KubeVirt's launcher image's /usr/bin
+#   virt-api, virt-controller   KubeVirt's control plane, as its images run them
+#   virt-handler, virt-chroot   KubeVirt's own node agent (the yardstick virtnode replaces)
 #   examples/            the examples/ folder of KubeVirt's module, as published
 #   launcher-files/      what KubeVirt's launcher image adds to /etc: qemu.conf and
-#                        virtqemud.conf (/etc/libvirt), the qemu hook, nsswitch.conf
+#                        virtqemud.conf (/etc/libvirt), the qemu hook, nsswitch.conf,
+#                        and node-labeller.sh (its /usr/bin)
 #
 #   deploy/kubevirt/build.sh
 #
@@ -29,15 +34,19 @@ cd "$here"
 find_go
 
 
-programs=(kubevirt-crds kubevirt-admission cmdclient-check)
-# KubeVirt's own commands, built from its module as they are (the go.mod tool block).
-launcher_programs=(virt-launcher virt-launcher-monitor)
+programs=(kubevirt-crds kubevirt-admission cmdclient-check kubevirt-install)
+# KubeVirt's own commands, built from its module as they are (the go.mod tool block):
+# its control plane (pure Go) and its node programs (cgo: the launcher links libvirt).
+control_programs=(virt-api virt-controller)
+# What KubeVirt's launcher image carries beside the launcher (pure Go; container-disk is C).
+launcher_helpers=(virt-tail virt-probe virt-freezer)
+launcher_programs=(virt-launcher virt-launcher-monitor virt-handler virt-chroot)
 go_version=$("$GO" env GOVERSION)
 # The launcher links libvirt: the headers it was built against belong in the key.
 libvirt_version=$(pkg-config --modversion libvirt 2>/dev/null || echo none)
 key=$(
   {
-    echo "$go_version $("$GO" env GOOS GOARCH) ${programs[*]} ${launcher_programs[*]} libvirt $libvirt_version"
+    echo "$go_version $("$GO" env GOOS GOARCH) ${programs[*]} ${control_programs[*]} ${launcher_helpers[*]} ${launcher_programs[*]} container-disk libvirt $libvirt_version"
     cat build.sh go.mod go.sum cmd/*/main.go
   } | sha256sum | cut -c1-16
 )
@@ -46,7 +55,8 @@ out=$cache_root/$key
 
 built() {
   local program
-  for program in "${programs[@]}" "${launcher_programs[@]}"; do
+  for program in "${programs[@]}" "${control_programs[@]}" "${launcher_helpers[@]}" \
+    "${launcher_programs[@]}" container-disk; do
     [[ -x $out/$program ]] || return 1
   done
   [[ -s $out/crds/virtualmachineinstances.kubevirt.io.json && -d $out/examples ]] &&
@@ -63,6 +73,10 @@ for program in "${programs[@]}"; do
   log "go build $program"
   "$GO" build -trimpath -ldflags "-s -w" -o "$staging_dir/$program" "./cmd/$program"
 done
+for program in "${control_programs[@]}" "${launcher_helpers[@]}"; do
+  log "go build kubevirt.io/kubevirt/cmd/$program"
+  "$GO" build -trimpath -ldflags "-s -w" -o "$staging_dir/$program" "kubevirt.io/kubevirt/cmd/$program"
+done
 if [[ $libvirt_version == none ]]; then
   log "virt-launcher needs libvirt's headers (apt-get install libvirt-dev pkgconf)"
   exit 1
@@ -72,14 +86,16 @@ for program in "${launcher_programs[@]}"; do
   CGO_ENABLED=1 "$GO" build -trimpath -ldflags "-s -w" -o "$staging_dir/$program" \
     "kubevirt.io/kubevirt/cmd/$program"
 done
+module_dir=$("$GO" list -m -f '{{.Dir}}' kubevirt.io/kubevirt)
+log "cc container-disk (static, as KubeVirt's image has it)"
+gcc -static -O2 -o "$staging_dir/container-disk" "$module_dir/cmd/container-disk-v2alpha/main.c"
 log "generating KubeVirt's CRDs"
 "$staging_dir/kubevirt-crds" "$staging_dir/crds"
-module_dir=$("$GO" list -m -f '{{.Dir}}' kubevirt.io/kubevirt)
 cp -r "$module_dir/examples" "$staging_dir/examples"
 chmod -R u+w "$staging_dir/examples"
 mkdir "$staging_dir/launcher-files"
 cp "$module_dir"/cmd/virt-launcher/{qemu.conf,virtqemud.conf,nsswitch.conf,qemu} \
-  "$staging_dir/launcher-files/"
+  "$module_dir"/cmd/virt-launcher/node-labeller/node-labeller.sh "$staging_dir/launcher-files/"
 chmod -R u+w "$staging_dir/launcher-files"
 rm -rf "$out"
 mv "$staging_dir" "$out"
