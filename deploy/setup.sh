@@ -20,6 +20,8 @@ APT_PACKAGES=(
   libvirt-dev pkgconf gcc libc6-dev
   # The test node (deploy/node/node.ts): container runtime and pod network.
   containerd runc containernetworking-plugins
+  # The launcher image: setcap gives virt-launcher-monitor its file capability.
+  libcap2-bin
 )
 # Debian 12's own Go is 1.19; backports has one that can fetch a newer toolchain.
 GO_BACKPORTS_PACKAGE=golang-1.23-go

@@ -2,7 +2,7 @@
 # Builds what one real test node needs beside the control plane, into a cache outside
 # git, and prints the directory (the only line on stdout):
 #
-#   kubelet, kube-scheduler, kube-controller-manager
+#   kubelet, kube-scheduler, kube-controller-manager, kube-proxy
 #       from the same k8s.io/kubernetes module and go.mod as the apiserver
 #       (deploy/cluster/go.mod), with the same version stamps
 #   pause   the pods' sandbox process (deploy/node/cmd/pause), static
@@ -33,7 +33,7 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
   ldflags+=" -X $pkg.gitTreeState=clean"
 done
-programs=(kubelet kube-scheduler kube-controller-manager)
+programs=(kubelet kube-scheduler kube-controller-manager kube-proxy)
 go_version=$("$GO" env GOVERSION)
 key=$(
   {

@@ -1,13 +1,24 @@
 #!/usr/bin/env bash
-# Builds the root filesystem of the test node's launcher image: a minimal Debian 12
-# (debootstrap) with libvirt's daemon and QEMU from Debian, and KubeVirt's own
-# virt-launcher and virt-launcher-monitor and the /etc files KubeVirt's image carries
-# (deploy/kubevirt/build.sh) where virt-controller's pods expect them. Debian 12 has no modular daemons:
-# /usr/sbin/virtqemud starts the monolithic libvirtd, which serves the same socket.
-# The root is cached by key (this script, the package list, the binaries) under
+# Builds the root filesystems of the test node's images from a minimal Debian 12
+# (debootstrap) and Debian's packages:
+#
+#   launcher <kubevirt build dir>
+#       KubeVirt's launcher image: libvirt's daemon and QEMU, KubeVirt's own
+#       virt-launcher, virt-launcher-monitor and helpers (virt-tail, virt-probe,
+#       virt-freezer, container-disk, node-labeller.sh) and the /etc files KubeVirt's image
+#       carries (deploy/kubevirt/build.sh) where virt-controller's pods expect them.
+#       Debian 12 has no modular daemons: /usr/sbin/virtqemud starts the monolithic
+#       libvirtd, which serves the same socket.
+#   virtnode-base
+#       the lower layer of the virtnode image: what the handler loads through FFI
+#       (libvirt's client library) and the programs it runs; Deno and the source go in
+#       a layer above it (deploy/node/node.ts, virtnodeImage).
+#
+# Each root is cached by key (this script, the package list, the binaries) under
 # $VIRTNODE_CACHE/images/ (default ~/.cache/virtnode); prints its directory.
 #
 #   deploy/node/images.sh launcher <kubevirt build dir>
+#   deploy/node/images.sh virtnode-base
 set -euo pipefail
 build_name=node/images.sh
 # shellcheck source=../build_lib.sh
@@ -15,26 +26,45 @@ source "$(dirname "${BASH_SOURCE[0]}")/../build_lib.sh"
 
 SUITE=bookworm
 MIRROR=http://deb.debian.org/debian
-PACKAGES=(libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 qemu-utils
-  ovmf procps)
-
-[[ ${1:-} == launcher && -n ${2:-} ]] || {
-  echo "usage: images.sh launcher <kubevirt build dir>" >&2
-  exit 2
-}
-kubevirt=$2
+image=${1:-}
+case $image in
+  launcher)
+    [[ -n ${2:-} ]] || {
+      echo "usage: images.sh launcher <kubevirt build dir>" >&2
+      exit 2
+    }
+    kubevirt=$2
+    # KubeVirt's launcher image's /usr/bin (its node-labeller.sh comes with launcher-files).
+    launcher_bin=(virt-launcher virt-launcher-monitor virt-tail virt-probe virt-freezer
+      container-disk)
+    PACKAGES=(libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86
+      qemu-utils ovmf procps)
+    inputs() {
+      sha256sum "${launcher_bin[@]/#/$kubevirt/}" "$kubevirt"/launcher-files/* | cut -d' ' -f1
+    }
+    ;;
+  virtnode-base)
+    # libvirt0: the FFI bindings and the node labeller's child; util-linux: nsenter
+    # and mount; procps: pgrep/kill for an operator's shell in the pod.
+    PACKAGES=(libvirt0 util-linux procps)
+    inputs() { :; }
+    ;;
+  *)
+    echo "usage: images.sh launcher <kubevirt build dir> | images.sh virtnode-base" >&2
+    exit 2
+    ;;
+esac
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 key=$(
   {
-    echo "$SUITE $MIRROR ${PACKAGES[*]}"
+    echo "$image $SUITE $MIRROR ${PACKAGES[*]}"
     cat "$here/images.sh"
-    sha256sum "$kubevirt/virt-launcher" "$kubevirt/virt-launcher-monitor" \
-      "$kubevirt"/launcher-files/* | cut -d' ' -f1
+    inputs
   } | sha256sum | cut -c1-16
 )
 cache_root=${VIRTNODE_CACHE:-$HOME/.cache/virtnode}/images
-out=$cache_root/launcher-$key
+out=$cache_root/$image-$key
 built() { [[ -f $out/.done ]]; }
 cache_enter "$cache_root" built
 
@@ -71,8 +101,33 @@ unshare --mount --fork -- bash -c "
 }
 rm -f "$root/usr/sbin/policy-rc.d"
 rm -rf "$root/var/lib/apt/lists"/* "$root/var/cache/apt"/*.bin
-install -m 0755 "$kubevirt/virt-launcher" "$kubevirt/virt-launcher-monitor" "$root/usr/bin/"
-printf '#!/bin/sh\nexec /usr/sbin/libvirtd "$@"\n' >"$root/usr/sbin/virtqemud"
+finish() {
+  mv "$staging" "$out"
+  touch "$out/.done"
+  trap - EXIT
+  log "done: $out ($(du -sh "$out/root" | cut -f1))"
+  echo "$out"
+}
+if [[ $image == virtnode-base ]]; then
+  finish
+  exit 0
+fi
+install -m 0755 "${launcher_bin[@]/#/$kubevirt/}" "$kubevirt/launcher-files/node-labeller.sh" \
+  "$root/usr/bin/"
+# As KubeVirt's image: the monitor starts a non-root launcher with NET_BIND_SERVICE as an
+# ambient capability, which it can only raise when its file grants it.
+setcap cap_net_bind_service=+ep "$root/usr/bin/virt-launcher-monitor"
+# A non-root launcher's libvirt runs in session mode, whose socket the monolithic daemon
+# names libvirt-sock where virtqemud's is virtqemud-sock (in $XDG_RUNTIME_DIR/libvirt,
+# which the pod sets): the link lets virt-launcher find it under virtqemud's name.
+cat >"$root/usr/sbin/virtqemud" <<'EOF'
+#!/bin/sh
+if [ "$(id -u)" != 0 ]; then
+  dir=${XDG_RUNTIME_DIR:-/var/run}/libvirt
+  mkdir -p "$dir" && ln -sfn libvirt-sock "$dir/virtqemud-sock"
+fi
+exec /usr/sbin/libvirtd "$@"
+EOF
 chmod 755 "$root/usr/sbin/virtqemud"
 # KubeVirt's launcher runs QEMU as qemu (107); it panics without the user.
 chroot "$root" groupadd -g 107 qemu
@@ -88,8 +143,4 @@ install -m 0644 "$files/nsswitch.conf" "$root/etc/nsswitch.conf"
 install -D -m 0755 "$files/qemu" "$root/etc/libvirt/hooks/qemu"
 # virtlogd will not start without its file; Debian ships it with libvirt-daemon-system.
 : >"$root/etc/libvirt/virtlogd.conf"
-mv "$staging" "$out"
-touch "$out/.done"
-trap - EXIT
-log "done: $out ($(du -sh "$out/root" | cut -f1))"
-echo "$out"
+finish

@@ -81,8 +81,13 @@ function sleep(ms: number): Promise<void> {
   return new Promise((r) => setTimeout(r, ms));
 }
 
-async function run(cmd: string, args: string[]): Promise<string> {
-  const out = await new Deno.Command(cmd, { args, stdout: "piped", stderr: "piped" }).output();
+async function run(
+  cmd: string,
+  args: string[],
+  options: { cwd?: string; env?: Record<string, string> } = {},
+): Promise<string> {
+  const out = await new Deno.Command(cmd, { args, stdout: "piped", stderr: "piped", ...options })
+    .output();
   const dec = new TextDecoder();
   if (!out.success) {
     throw new Error(`Cannot run ${cmd} ${args.join(" ")}: ${dec.decode(out.stderr).trim()}`);
@@ -137,6 +142,10 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
   const octet = 1 + Math.floor(Math.random() * 250);
   const podCidr = `10.244.${octet}.0/24`;
   const bridge = `vnt${id}`;
+  // The apiserver reaches the kubelet (logs, exec) at the node's address: the host's, when
+  // the apiserver listens on it (a pod-network cluster); a kubelet refuses a loopback one.
+  const serverHost = new URL(cluster.server).hostname;
+  const nodeIp = serverHost === "127.0.0.1" ? undefined : serverHost;
   let stopped = false;
   // The device plugin directory is the host's, and containerd 1.6 keeps its shims' sockets
   // in /run/containerd/s whatever its state directory: what the node creates goes with it.
@@ -175,6 +184,8 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
     ])
       .catch(() => {});
     await run("ip", ["link", "delete", bridge]).catch(() => {});
+    // kube-proxy's chains and rules in the host's tables.
+    await run(join(bin, "kube-proxy"), ["--cleanup"]).catch(() => {});
     // Mounts the kubelet and containerd made below the directory (volumes, rootfs, shm).
     const mounts = (await Deno.readTextFile("/proc/self/mountinfo")).split("\n")
       .map((l) => l.split(" ")[4]).filter((m) => m?.startsWith(dir)).sort().reverse();
@@ -259,7 +270,8 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
     });
     await ctr(["images", "import", pauseArchive]);
 
-    const [kubeletPort, schedulerPort, controllerManagerPort] = freePorts(3);
+    const [kubeletPort, schedulerPort, controllerManagerPort, proxyHealthPort, proxyMetricsPort] =
+      freePorts(5);
     await Deno.writeTextFile(
       join(dir, "kubelet.yaml"),
       JSON.stringify({
@@ -270,7 +282,7 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
         cgroupsPerQOS: false,
         enforceNodeAllocatable: [],
         containerRuntimeEndpoint: `unix://${containerdSocket}`,
-        address: "127.0.0.1",
+        address: nodeIp ?? "127.0.0.1",
         port: kubeletPort,
         readOnlyPort: 0,
         healthzPort: 0,
@@ -288,13 +300,13 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
           "imagefs.available": "1%",
         },
         serializeImagePulls: false,
-        localStorageCapacityIsolation: false,
       }),
     );
     const kubelet = await spawn(dir, "kubelet", join(bin, "kubelet"), [
       `--config=${join(dir, "kubelet.yaml")}`,
       `--kubeconfig=${cluster.kubeconfigPath}`,
       `--hostname-override=${name}`,
+      ...(nodeIp ? [`--node-ip=${nodeIp}`] : []),
       `--root-dir=${kubeletDir}`,
       `--cert-dir=${join(kubeletDir, "pki")}`,
     ]);
@@ -316,6 +328,19 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
         "--controllers=*,-nodeipam",
         `--service-account-private-key-file=${join(cluster.dir, "service-account.key")}`,
         "--use-service-account-credentials=false",
+      ]),
+    );
+    // Services, as pods use them: the apiserver's own (`kubernetes`, 10.0.0.1:443) above all.
+    processes.push(
+      await spawn(dir, "kube-proxy", join(bin, "kube-proxy"), [
+        `--kubeconfig=${cluster.kubeconfigPath}`,
+        `--hostname-override=${name}`,
+        "--proxy-mode=iptables",
+        `--cluster-cidr=${podCidr}`,
+        // Leave the host's conntrack table size alone.
+        "--conntrack-max-per-core=0",
+        `--healthz-bind-address=127.0.0.1:${proxyHealthPort}`,
+        `--metrics-bind-address=127.0.0.1:${proxyMetricsPort}`,
       ]),
     );
     await waitUntil(kubelet, READY_TIMEOUT_MS, async () => {
@@ -409,4 +434,134 @@ export async function launcherImage(): Promise<BuiltImage> {
     await Deno.rename(partial, archive);
   }
   return { name, archive };
+}
+
+const REPO_ROOT = new URL("../../", import.meta.url).pathname;
+/** What the virtnode image carries of this checkout: the program and its lock. */
+const IMAGE_SOURCES = ["main.ts", "deno.json", "deno.lock", "mod", "ffi"];
+/** Where the image keeps the program, and Deno's cache (npm packages) beside it. */
+const IMAGE_APP_DIR = "/opt/virtnode";
+
+async function imagesScript(args: string[], what: string): Promise<string> {
+  const out = await new Deno.Command("bash", {
+    args: [IMAGES_SCRIPT, ...args],
+    stdin: "null",
+    stdout: "piped",
+    stderr: "inherit",
+  }).output();
+  if (!out.success) throw new Error(`Cannot build ${what}: images.sh exited ${out.code}`);
+  return new TextDecoder().decode(out.stdout).trim().split("\n").at(-1)!;
+}
+
+async function sourceFiles(): Promise<string[]> {
+  const files: string[] = [];
+  const walk = async (rel: string) => {
+    const info = await Deno.lstat(join(REPO_ROOT, rel));
+    if (info.isFile) {
+      files.push(rel);
+    } else if (info.isDirectory) {
+      for await (const entry of Deno.readDir(join(REPO_ROOT, rel))) {
+        await walk(join(rel, entry.name));
+      }
+    }
+  };
+  for (const source of IMAGE_SOURCES) await walk(source);
+  return files.sort();
+}
+
+/**
+ * The virtnode image, as the DaemonSet in `deploy/` runs it: `deno compile` cannot run
+ * here (its runtime `denort` is downloaded from Deno's server, which is not reachable), so
+ * the image carries what the compiled binary would: Deno, the program's source and its
+ * npm packages (`deno install --frozen`, from `deno.lock`), with `/usr/local/bin/virtnode`
+ * running `main.ts` as `deno task virtnode` does. Two layers: Debian's libraries below
+ * (`images.sh virtnode-base`), Deno and the source above. Cached by the content of both.
+ */
+export async function virtnodeImage(): Promise<BuiltImage> {
+  const base = await imagesScript(["virtnode-base"], "the virtnode image's base");
+  const deno = await Deno.realPath(Deno.execPath());
+  const hash = new ContentHash();
+  hash.add(`${base}\n${Deno.version.deno}\n${await Deno.readTextFile(IMAGES_SCRIPT)}\n`);
+  hash.add(await Deno.readTextFile(new URL(import.meta.url)));
+  for (const file of await sourceFiles()) {
+    hash.add(`${file}\n`);
+    hash.add(await Deno.readFile(join(REPO_ROOT, file)));
+  }
+  const key = await hash.hex();
+  const cache = join(base, "..");
+  const dir = join(cache, `virtnode-${key}`);
+  const name = `virtnode.local/virtnode:${key}`;
+  const archive = join(dir, "image.tar");
+  try {
+    await Deno.stat(archive);
+    return { name, archive };
+  } catch {
+    // Not built yet.
+  }
+  const staging = await Deno.makeTempDir({ dir: cache, prefix: ".virtnode-" });
+  try {
+    const root = join(staging, "root");
+    const app = join(root, IMAGE_APP_DIR);
+    await Deno.mkdir(join(root, "usr/local/bin"), { recursive: true });
+    await Deno.copyFile(deno, join(root, "usr/local/bin/deno"));
+    await Deno.chmod(join(root, "usr/local/bin/deno"), 0o755);
+    for (const file of await sourceFiles()) {
+      await Deno.mkdir(join(app, file, ".."), { recursive: true });
+      await Deno.copyFile(join(REPO_ROOT, file), join(app, file));
+    }
+    // The packages land in the image's node_modules and Deno cache, as the program
+    // finds them at run time (its working directory and DENO_DIR).
+    await run(deno, [
+      "install",
+      "--frozen",
+      "--quiet",
+      "--entrypoint",
+      "main.ts",
+      "ffi/_libvirt_worker.ts",
+      "ffi/_mntns_child.ts",
+    ], { cwd: app, env: { DENO_DIR: join(app, ".deno"), DENO_NO_UPDATE_CHECK: "1" } });
+    await Deno.writeTextFile(
+      join(root, "usr/local/bin/virtnode"),
+      `#!/bin/sh\n# virtnode from source: what \`deno task virtnode\` runs.\n` +
+        `exec /usr/local/bin/deno run -A --no-prompt --cached-only ` +
+        `--v8-flags=--lite-mode ${IMAGE_APP_DIR}/main.ts "$@"\n`,
+      { mode: 0o755 },
+    );
+    await Deno.chmod(join(root, "usr/local/bin/virtnode"), 0o755);
+    await buildImageArchive({
+      name,
+      root: [join(base, "root"), root],
+      entrypoint: ["/usr/local/bin/virtnode"],
+      workingDir: IMAGE_APP_DIR,
+      env: [
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        `DENO_DIR=${IMAGE_APP_DIR}/.deno`,
+        "DENO_NO_UPDATE_CHECK=1",
+      ],
+    }, join(staging, "image.tar"));
+    await Deno.rename(staging, dir);
+  } catch (error) {
+    await Deno.remove(staging, { recursive: true }).catch(() => {});
+    if (await Deno.stat(archive).then(() => false, () => true)) throw error;
+  }
+  return { name, archive };
+}
+
+/** SHA-256 over everything added, in order. */
+class ContentHash {
+  #parts: Uint8Array[] = [];
+  add(part: string | Uint8Array): void {
+    this.#parts.push(typeof part === "string" ? new TextEncoder().encode(part) : part);
+  }
+  async hex(): Promise<string> {
+    const total = this.#parts.reduce((n, p) => n + p.length, 0);
+    const all = new Uint8Array(total);
+    let offset = 0;
+    for (const p of this.#parts) {
+      all.set(p, offset);
+      offset += p.length;
+    }
+    const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", all));
+    return [...digest.slice(0, 8)].map((b) => b.toString(16).padStart(2, "0")).join("");
+  }
 }

@@ -1,7 +1,7 @@
 /**
  * OCI image archives from a directory on this machine: no registry is reachable here,
  * so the test node's images are built locally and imported into containerd
- * (`ctr images import`). One uncompressed layer (the directory, packed by GNU tar with
+ * (`ctr images import`). One uncompressed layer per directory (packed by GNU tar with
  * sorted names, zero mtimes and root ownership, so the same files give the same digest),
  * an image config, a manifest and an OCI image layout (`oci-layout`, `index.json`,
  * `blobs/sha256/`) packed into one tar.
@@ -14,8 +14,11 @@ import { join } from "node:path";
 export interface ImageSpec {
   /** The image reference containerd records, e.g. `virtnode.local/pause:1`. */
   name: string;
-  /** The directory that becomes the image's root filesystem. */
-  root: string;
+  /**
+   * The directory that becomes the image's root filesystem, or the directories of its
+   * layers, lowest first (a layer that rarely changes below one that often does).
+   */
+  root: string | string[];
   /** The command the container runs. */
   entrypoint: string[];
   /** `KEY=value` environment entries. */
@@ -48,24 +51,27 @@ export async function buildImageArchive(spec: ImageSpec, archive: string): Promi
   try {
     const blobs = join(layout, "blobs", "sha256");
     await Deno.mkdir(blobs, { recursive: true });
-    const layerTar = join(layout, "layer.tar");
-    await run("tar", [
-      "--create",
-      "--file",
-      layerTar,
-      "--directory",
-      spec.root,
-      "--sort=name",
-      "--mtime=@0",
-      "--owner=0",
-      "--group=0",
-      "--numeric-owner",
-      "--xattrs",
-      ".",
-    ]);
-    const layerDigest = await sha256File(layerTar);
-    const layerSize = (await Deno.stat(layerTar)).size;
-    await Deno.rename(layerTar, join(blobs, layerDigest));
+    const layers: { digest: string; size: number }[] = [];
+    for (const root of typeof spec.root === "string" ? [spec.root] : spec.root) {
+      const layerTar = join(layout, "layer.tar");
+      await run("tar", [
+        "--create",
+        "--file",
+        layerTar,
+        "--directory",
+        root,
+        "--sort=name",
+        "--mtime=@0",
+        "--owner=0",
+        "--group=0",
+        "--numeric-owner",
+        "--xattrs",
+        ".",
+      ]);
+      const digest = await sha256File(layerTar);
+      layers.push({ digest, size: (await Deno.stat(layerTar)).size });
+      await Deno.rename(layerTar, join(blobs, digest));
+    }
 
     const put = async (value: unknown) => {
       const bytes = new TextEncoder().encode(JSON.stringify(value));
@@ -81,17 +87,17 @@ export async function buildImageArchive(spec: ImageSpec, archive: string): Promi
         Env: spec.env ?? ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
         ...(spec.workingDir ? { WorkingDir: spec.workingDir } : {}),
       },
-      rootfs: { type: "layers", diff_ids: [`sha256:${layerDigest}`] },
+      rootfs: { type: "layers", diff_ids: layers.map((l) => `sha256:${l.digest}`) },
     });
     const manifest = await put({
       schemaVersion: 2,
       mediaType: "application/vnd.oci.image.manifest.v1+json",
       config: { mediaType: "application/vnd.oci.image.config.v1+json", ...config },
-      layers: [{
+      layers: layers.map((l) => ({
         mediaType: "application/vnd.oci.image.layer.v1.tar",
-        digest: `sha256:${layerDigest}`,
-        size: layerSize,
-      }],
+        digest: `sha256:${l.digest}`,
+        size: l.size,
+      })),
     });
     const tag = spec.name.slice(spec.name.lastIndexOf(":") + 1);
     await Deno.writeTextFile(
