@@ -130,10 +130,12 @@ echo "$cluster_bin"
 step "KubeVirt's CRDs, admission, handler-side clients and launcher (built from kubevirt.io/kubevirt by deploy/kubevirt/build.sh; cached)"
 kubevirt_bin=$(bash deploy/kubevirt/build.sh)
 echo "$kubevirt_bin"
-step "The test node's kubelet, scheduler and controller manager (deploy/node/build.sh; cached)"
+step "The test node's kubelet, scheduler, controller manager and kube-proxy (deploy/node/build.sh; cached)"
 bash deploy/node/build.sh
 step "The test node's launcher image root: Debian 12, libvirt, QEMU, KubeVirt's virt-launcher (deploy/node/images.sh; cached)"
 bash deploy/node/images.sh launcher "$kubevirt_bin"
+step "The virtnode image's Debian layer: libvirt0 (deploy/node/images.sh; cached)"
+bash deploy/node/images.sh virtnode-base
 
 step "kubectl"
 # A link we made earlier points into the cache; a kubectl of the machine's own is kept.
