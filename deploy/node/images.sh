@@ -143,4 +143,6 @@ install -m 0644 "$files/nsswitch.conf" "$root/etc/nsswitch.conf"
 install -D -m 0755 "$files/qemu" "$root/etc/libvirt/hooks/qemu"
 # virtlogd will not start without its file; Debian ships it with libvirt-daemon-system.
 : >"$root/etc/libvirt/virtlogd.conf"
+# Nor will a daemonized libvirtd (node-labeller.sh's `virtqemud -d`) without its log directory.
+mkdir -p "$root/var/log/libvirt"
 finish

@@ -187,6 +187,7 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
     // kube-proxy's chains and rules in the host's tables.
     await run(join(bin, "kube-proxy"), ["--cleanup"]).catch(() => {});
     // Mounts the kubelet and containerd made below the directory (volumes, rootfs, shm).
+    // The directory's own bind mount last (the sort puts it after everything below it).
     const mounts = (await Deno.readTextFile("/proc/self/mountinfo")).split("\n")
       .map((l) => l.split(" ")[4]).filter((m) => m?.startsWith(dir)).sort().reverse();
     for (const m of mounts) await run("umount", ["-l", m]).catch(() => {});
@@ -202,6 +203,16 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
     await Deno.mkdir(join(cniDir, "net.d"), { recursive: true });
     await Deno.mkdir(ctrDir);
     await Deno.mkdir(kubeletDir);
+    // As on a host under systemd, mounts propagate (this directory only: the host's root
+    // stays private): virt-handler's pod mounts its kubelet and share directories
+    // Bidirectional, which the kubelet allows only on a shared mount.
+    await run("mount", ["--bind", dir, dir]);
+    await run("mount", ["--make-rshared", dir]);
+    // The device-plugin directory is a constant of the kubelet's API, not below its root:
+    // the host's, shown where a pod that mounts the kubelet's root looks for it.
+    await Deno.mkdir(DEVICE_PLUGINS_DIR, { recursive: true });
+    await Deno.mkdir(join(kubeletDir, "device-plugins"));
+    await run("mount", ["--bind", DEVICE_PLUGINS_DIR, join(kubeletDir, "device-plugins")]);
 
     // Images: the sandbox image first.
     const pauseRoot = join(dir, "pause-root");
@@ -259,7 +270,20 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
         "",
       ].join("\n"),
     );
-    const containerd = await spawn(dir, "containerd", "containerd", [
+    // containerd in a PID namespace of its own, as the first process in it: the node's
+    // "host" PID namespace for hostPID pods. virt-handler enters the mount namespace of
+    // PID 1 (virt-chroot --mount /proc/1/ns/mnt); this machine's own PID 1 is a sandbox
+    // process whose namespaces not even root may open.
+    const containerd = await spawn(dir, "containerd", "unshare", [
+      "--pid",
+      "--fork",
+      "--kill-child",
+      // Its own /proc for that namespace, in a mount namespace that still shares the
+      // node's directory (an rshared mount) with the kubelet in both directions.
+      "--mount-proc",
+      "--propagation",
+      "unchanged",
+      "containerd",
       "--config",
       join(ctrDir, "config.toml"),
     ]);
@@ -564,4 +588,44 @@ class ContentHash {
     const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", all));
     return [...digest.slice(0, 8)].map((b) => b.toString(16).padStart(2, "0")).join("");
   }
+}
+
+/**
+ * KubeVirt's virt-handler image, as its release has it for this test: the launcher image's
+ * root (Debian 12 with libvirt and QEMU, which virt-handler's tools and its node
+ * labeller's init container use) with KubeVirt's own `virt-handler` and `virt-chroot` in
+ * a layer above it. The yardstick virtnode is measured against.
+ */
+export async function virtHandlerImage(): Promise<BuiltImage> {
+  const kubevirt = await buildKubevirt();
+  const launcherRoot = await imagesScript(["launcher", kubevirt], "the launcher image");
+  const hash = new ContentHash();
+  hash.add(`${launcherRoot}\n${await Deno.readTextFile(new URL(import.meta.url))}`);
+  for (const program of ["virt-handler", "virt-chroot"]) {
+    hash.add(await Deno.readFile(join(kubevirt, program)));
+  }
+  const key = await hash.hex();
+  const dir = join(launcherRoot, "..", `virt-handler-${key}`);
+  const name = `virtnode.local/virt-handler:${key}`;
+  const archive = join(dir, "image.tar");
+  if (await Deno.stat(archive).then(() => true, () => false)) return { name, archive };
+  const staging = await Deno.makeTempDir({ dir: join(dir, ".."), prefix: ".virt-handler-" });
+  try {
+    const bin = join(staging, "root", "usr", "bin");
+    await Deno.mkdir(bin, { recursive: true });
+    for (const program of ["virt-handler", "virt-chroot"]) {
+      await Deno.copyFile(join(kubevirt, program), join(bin, program));
+      await Deno.chmod(join(bin, program), 0o755);
+    }
+    await buildImageArchive({
+      name,
+      root: [join(launcherRoot, "root"), join(staging, "root")],
+      entrypoint: ["/usr/bin/virt-handler"],
+    }, join(staging, "image.tar"));
+    await Deno.rename(staging, dir);
+  } catch (error) {
+    await Deno.remove(staging, { recursive: true }).catch(() => {});
+    if (await Deno.stat(archive).then(() => false, () => true)) throw error;
+  }
+  return { name, archive };
 }

@@ -2,12 +2,18 @@
 // installs for KubeVirt's control plane and node agent beside the CRDs, made by
 // virt-operator's own generators (kubevirt.io/kubevirt/pkg/virt-operator): the
 // ServiceAccounts and RBAC of virt-api, virt-controller and virt-handler, the CA and
-// the components' certificate Secrets, the kubevirt-ca ConfigMap, and virt-api's
-// mutating and validating webhook configurations with the CA bundle filled in. The
+// the components' certificate Secrets, the kubevirt-ca ConfigMap, virt-api's mutating
+// and validating webhook configurations with the CA bundle filled in, and the
+// kubevirt-cluster-critical PriorityClass. The
 // test harness applies the List, writes each Secret's files where the component reads
 // them, and runs the programs (deploy/node/kubevirt.ts).
 //
+// With --handler-image it prints instead virt-handler's DaemonSet as the operator makes
+// it, for that image and --launcher-image (the launcher image also runs its node
+// labeller as the DaemonSet's init container).
+//
 //	kubevirt-install [--namespace kubevirt]
+//	kubevirt-install --handler-image IMAGE --launcher-image IMAGE [--namespace kubevirt]
 package main
 
 import (
@@ -28,7 +34,22 @@ import (
 
 func main() {
 	namespace := flag.String("namespace", "kubevirt", "the namespace KubeVirt is installed in")
+	handlerImage := flag.String("handler-image", "", "print virt-handler's DaemonSet for this image")
+	launcherImage := flag.String("launcher-image", "", "the launcher image virt-handler's DaemonSet names")
 	flag.Parse()
+	if *handlerImage != "" {
+		if *launcherImage == "" {
+			fmt.Fprintln(os.Stderr, "kubevirt-install: --handler-image needs --launcher-image")
+			os.Exit(2)
+		}
+		ds := components.NewHandlerDaemonSet(*namespace, "", "", "", "", "", "", "", "", "",
+			*handlerImage, *launcherImage, "", "", k8sv1.PullIfNotPresent, nil, nil, "2", nil, false)
+		if err := json.NewEncoder(os.Stdout).Encode(ds); err != nil {
+			fmt.Fprintf(os.Stderr, "kubevirt-install: %v\n", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(*namespace); err != nil {
 		fmt.Fprintf(os.Stderr, "kubevirt-install: %v\n", err)
 		os.Exit(1)
@@ -92,6 +113,8 @@ func run(namespace string) error {
 		validating.Webhooks[i].ClientConfig.CABundle = bundle
 	}
 	add(mutating, validating)
+	// What KubeVirt's own pods (virt-handler's among them) run at.
+	add(components.NewKubeVirtPriorityClassCR())
 
 	return json.NewEncoder(os.Stdout).Encode(map[string]any{
 		"apiVersion": "v1",
