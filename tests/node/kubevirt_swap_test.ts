@@ -8,8 +8,12 @@
  * re-adopts the running VM without touching it; `kubectl delete vmi` stops the guest and
  * the pod goes; a node drain evicts a launcher pod cleanly.
  *
- * The DaemonSet is applied as shipped but for what this test node has elsewhere than a
- * production node: the image (built here), the kubelet's pod directory (below the node's
+ * The same journey runs with KubeVirt's own virt-handler (its DaemonSet as virt-operator
+ * makes it, `kubevirt-install --handler-image`), the yardstick: a failure with virtnode
+ * alone is virtnode's. Each prints its create -> Running and delete -> pod gone times.
+ *
+ * Each DaemonSet is applied as shipped but for what this test node has elsewhere than a
+ * production node: the image (built here), the kubelet's directories (below the node's
  * temporary directory) and the handler's state and run directories (likewise, so the
  * test leaves nothing on the host).
  */
@@ -17,7 +21,13 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { load } from "js-yaml";
 import { buildKubevirt, startCluster } from "../../deploy/cluster/cluster.ts";
-import { launcherImage, startNode, virtnodeImage } from "../../deploy/node/node.ts";
+import {
+  launcherImage,
+  type Node,
+  startNode,
+  virtHandlerImage,
+  virtnodeImage,
+} from "../../deploy/node/node.ts";
 import { startKubevirt } from "../../deploy/node/kubevirt.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
 import { kubeClient, waitFor } from "../helpers/handler_process.ts";
@@ -86,6 +96,40 @@ async function daemonSet(
   return JSON.stringify(ds);
 }
 
+/** virt-handler's DaemonSet as virt-operator makes it, with this node's images and directories. */
+async function virtHandlerDaemonSet(
+  kubevirtDir: string,
+  image: string,
+  launcher: string,
+  node: Node,
+) {
+  const out = await new Deno.Command(join(kubevirtDir, "kubevirt-install"), {
+    args: [`--handler-image=${image}`, `--launcher-image=${launcher}`],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  if (!out.success) throw new Error(`kubevirt-install: ${new TextDecoder().decode(out.stderr)}`);
+  const ds = JSON.parse(new TextDecoder().decode(out.stdout));
+  const pod = ds.spec.template.spec;
+  // deno-lint-ignore no-explicit-any
+  for (const c of [...pod.initContainers, ...pod.containers] as any[]) c.imagePullPolicy = "Never";
+  const hostPaths: Record<string, string> = {
+    "libvirt-runtimes": join(node.dir, "kubevirt-libvirt-runtimes"),
+    "virt-share-dir": join(node.dir, "kubevirt-run"),
+    "virt-private-dir": join(node.dir, "kubevirt-private"),
+    "kubelet-pods": join(node.kubeletDir, "pods"),
+    "kubelet": node.kubeletDir,
+    "node-labeller": join(node.dir, "kubevirt-node-labeller"),
+  };
+  for (const volume of pod.volumes) {
+    if (volume.hostPath) {
+      assert.ok(hostPaths[volume.name], `a directory for virt-handler's ${volume.name}`);
+      volume.hostPath.path = hostPaths[volume.name];
+    }
+  }
+  return JSON.stringify(ds);
+}
+
 /** A VMI as a user writes it: no node named; the CPU model this node can give. */
 function userVmi(name: string, cpuModel: string) {
   return {
@@ -120,7 +164,9 @@ function cpuModelFor(node: NodeObject): string {
   }
 }
 
-Deno.test("node: virtnode installed from deploy/ as the DaemonSet takes virt-handler's place beside KubeVirt's own virt-api, virt-controller and virt-launcher: create, handler restart, delete, drain", async () => {
+type Handler = "virtnode" | "virt-handler";
+
+async function journey(handler: Handler): Promise<void> {
   const libvirtUri = await ensureLibvirtd();
   assert.equal(libvirtUri, "qemu:///system", "the DaemonSet's labeller reads the host's libvirtd");
   const cluster = await startCluster({ podNetwork: true });
@@ -143,31 +189,39 @@ Deno.test("node: virtnode installed from deploy/ as the DaemonSet takes virt-han
       "GET",
       `/api/v1/namespaces/${namespace}/pods?labelSelector=${encodeURIComponent(selector)}`,
     )).items;
-  const handlerPods = () => pods("app.kubernetes.io/name=virtnode", "kubevirt");
+  // virtnode's pods carry virt-handler's label too.
+  const handlerPods = () => pods("kubevirt.io=virt-handler", "kubevirt");
   const ready = (p: Pod) =>
     p.status?.conditions?.some((c) => c.type === "Ready" && c.status === "True") ?? false;
   try {
-    const [launcher, virtnode] = [await launcherImage(), await virtnodeImage()];
+    const launcher = await launcherImage();
+    const handlerImage = handler === "virtnode" ? await virtnodeImage() : await virtHandlerImage();
     await node.importImage(launcher.archive);
-    await node.importImage(virtnode.archive);
+    await node.importImage(handlerImage.archive);
     step("node Ready, images imported");
-    kubevirt = await startKubevirt(cluster, {
-      kubevirtDir: await buildKubevirt(),
-      launcherImage: launcher.name,
-    });
+    const kubevirtDir = await buildKubevirt();
+    kubevirt = await startKubevirt(cluster, { kubevirtDir, launcherImage: launcher.name });
     step("virt-api and virt-controller up");
 
-    // Installed as a user installs it.
-    await kubectl(kc, ["apply", "-f", join(REPO, "deploy/rbac.yaml")]);
-    await kubectl(
-      kc,
-      ["apply", "-f", "-"],
-      await daemonSet(virtnode.name, {
-        kubeletPods: join(node.kubeletDir, "pods"),
-        state: join(node.dir, "virtnode-state"),
-        run: join(node.dir, "kubevirt-run"),
-      }),
-    );
+    if (handler === "virtnode") {
+      // Installed as a user installs it.
+      await kubectl(kc, ["apply", "-f", join(REPO, "deploy/rbac.yaml")]);
+      await kubectl(
+        kc,
+        ["apply", "-f", "-"],
+        await daemonSet(handlerImage.name, {
+          kubeletPods: join(node.kubeletDir, "pods"),
+          state: join(node.dir, "virtnode-state"),
+          run: join(node.dir, "kubevirt-run"),
+        }),
+      );
+    } else {
+      await kubectl(
+        kc,
+        ["apply", "-f", "-"],
+        await virtHandlerDaemonSet(kubevirtDir, handlerImage.name, launcher.name, node),
+      );
+    }
     const first = await waitFor("the handler's pod to be Ready", async () => {
       const [p] = await handlerPods();
       if (p?.status?.containerStatuses?.some((c) => c.restartCount > 0)) {
@@ -176,7 +230,7 @@ Deno.test("node: virtnode installed from deploy/ as the DaemonSet takes virt-han
       return p && ready(p) ? p : undefined;
     }, 180_000);
     assert.equal(first.spec.nodeName, node.name);
-    step("virtnode's DaemonSet pod Ready");
+    step(`${handler}'s DaemonSet pod Ready`);
     let seen: NodeObject | undefined;
     const labelled = await waitFor("the node labelled, beating and with devices", async () => {
       const n = await admin.request<NodeObject>("GET", `/api/v1/nodes/${node.name}`);
@@ -223,7 +277,9 @@ Deno.test("node: virtnode installed from deploy/ as the DaemonSet takes virt-han
     }, 180_000);
     step("handler pod recreated and Ready");
     const log = await kubectl(kc, ["logs", "-n", "kubevirt", second.metadata.name]);
-    assert.match(log, /Handler ready: 1 VMIs on this node, 1 launchers re-adopted/);
+    if (handler === "virtnode") {
+      assert.match(log, /Handler ready: 1 VMIs on this node, 1 launchers re-adopted/);
+    }
     const afterRestart = await getVmi("vm-a");
     assert.equal(afterRestart?.status?.phase, "Running");
     assert.deepEqual(
@@ -238,8 +294,10 @@ Deno.test("node: virtnode installed from deploy/ as the DaemonSet takes virt-han
       podAAfter.status?.containerStatuses?.every((c) => c.restartCount === 0),
       "no launcher container restarted",
     );
-    const complaints = log.split("\n").filter((l) => /"level":"(warning|error)"/.test(l));
-    assert.deepEqual(complaints, [], "no warning or error from the re-adopting handler");
+    if (handler === "virtnode") {
+      const complaints = log.split("\n").filter((l) => /"level":"(warning|error)"/.test(l));
+      assert.deepEqual(complaints, [], "no warning or error from the re-adopting handler");
+    }
 
     // kubectl delete: the guest stops and the pod goes.
     const deleting = performance.now();
@@ -277,35 +335,60 @@ Deno.test("node: virtnode installed from deploy/ as the DaemonSet takes virt-han
     step(`node drained: vm-b's pod evicted, vm-b ${drained.status?.phase}`);
     assert.equal((await handlerPods()).length, 1, "the handler stays on the drained node");
     console.log(
-      `journey with virtnode: create -> Running ${(createToRunning / 1000).toFixed(2)} s, ` +
+      `journey with ${handler}: create -> Running ${(createToRunning / 1000).toFixed(2)} s, ` +
         `delete -> pod gone ${(deleteToPodGone / 1000).toFixed(2)} s`,
     );
     ok = true;
   } finally {
     if (!ok) {
+      console.error(
+        await kubectl(kc, ["get", "events", "-n", "kubevirt", "--sort-by=.lastTimestamp"])
+          .catch((e) => String(e)),
+      );
       for (const p of await handlerPods().catch(() => [])) {
-        const log = await kubectl(kc, ["logs", "-n", "kubevirt", p.metadata.name]).catch((e) =>
-          String(e)
-        );
+        console.error(JSON.stringify(p.status).slice(0, 3000));
+        const log = await kubectl(kc, [
+          "logs",
+          "-n",
+          "kubevirt",
+          "--all-containers",
+          p.metadata.name,
+        ]).catch((e) => String(e));
         console.error(`--- ${p.metadata.name}:\n${log.split("\n").slice(-40).join("\n")}`);
       }
       if (kubevirt) console.error(await kubevirt.complaints());
       console.error(await node.complaints());
     }
     // The handler first (its pod's grace lets it stop its device plugins), then the rest.
-    await kubectl(kc, ["delete", "daemonset", "-n", "kubevirt", "virtnode-handler", "--wait=true"])
-      .catch(() => {});
+    await kubectl(kc, [
+      "delete",
+      "daemonset",
+      "-n",
+      "kubevirt",
+      handler === "virtnode" ? "virtnode-handler" : "virt-handler",
+      "--wait=true",
+    ]).catch(() => {});
     await kubevirt?.stop();
     await node.stop();
     admin.close();
     await cluster.stop();
   }
-});
+}
 
 /** Whether an allocatable quantity ("1k", "1000", "0") offers any device. */
 function offered(quantity: string | undefined): boolean {
   return quantity !== undefined && !/^0+[a-zA-Z]*$/.test(quantity);
 }
+
+Deno.test(
+  "node: virtnode installed from deploy/ as the DaemonSet takes virt-handler's place beside KubeVirt's own virt-api, virt-controller and virt-launcher: create, handler restart, delete, drain",
+  () => journey("virtnode"),
+);
+
+Deno.test(
+  "node: the same journey with KubeVirt's own virt-handler DaemonSet, the yardstick",
+  () => journey("virt-handler"),
+);
 
 function exists(path: string): boolean {
   try {
