@@ -18,8 +18,8 @@ APT_PACKAGES=(
   libxml2-utils procps ca-certificates debootstrap
   # KubeVirt's virt-launcher, built as a test peer, links libvirt with cgo.
   libvirt-dev pkgconf gcc libc6-dev
-  # The test node (deploy/node/node.ts): container runtime and pod network.
-  containerd runc containernetworking-plugins
+  # The test node (deploy/node/node.ts): container runtime, pod network, kube-proxy's rules.
+  containerd runc containernetworking-plugins iptables
   # The launcher image: setcap gives virt-launcher-monitor its file capability.
   libcap2-bin
 )
