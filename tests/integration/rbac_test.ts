@@ -298,7 +298,7 @@ async function withHandler(
     const log = await Deno.readTextFile(h.logFile);
     console.error(`handler log:\n${log.slice(-6000)}`);
     // The handler's warnings go with the failure into the run's summary.
-    const warnings = log.split("\n").filter((l) => /"level":"(warn|error)"/.test(l));
+    const warnings = log.split("\n").filter((l) => /"level":"(warning|error)"/.test(l));
     throw new Error(
       `${error instanceof Error ? error.message : error}\n` +
         `the handler's last warnings and errors:\n${warnings.slice(-12).join("\n")}`,
