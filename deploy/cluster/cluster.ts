@@ -247,29 +247,7 @@ class ControlPlane implements Cluster {
   async startAdmission(kubevirtDir: string): Promise<void> {
     const kc = ["--kubeconfig", this.kubeconfigPath];
     await kubectl([...kc, "create", "namespace", KUBEVIRT_NAMESPACE]);
-    const kubevirtCr = JSON.stringify({
-      apiVersion: "kubevirt.io/v1",
-      kind: "KubeVirt",
-      metadata: { name: "kubevirt", namespace: KUBEVIRT_NAMESPACE },
-      spec: { configuration: { developerConfiguration: {} } },
-    });
-    const crFile = path.join(this.dir, "kubevirt-cr.json");
-    await Deno.writeTextFile(crFile, kubevirtCr);
-    await kubectl([...kc, "create", "-f", crFile]);
-    // virt-operator reports the install in the CR's status; virt-api's configuration
-    // reads a KubeVirt CR only once it has a phase.
-    await kubectl([
-      ...kc,
-      "patch",
-      "kubevirt",
-      "kubevirt",
-      "-n",
-      KUBEVIRT_NAMESPACE,
-      "--subresource=status",
-      "--type=merge",
-      "-p",
-      JSON.stringify({ status: { phase: "Deployed", defaultArchitecture: "amd64" } }),
-    ]);
+    await createKubevirtCr(this.kubeconfigPath, this.dir, {});
     const readyFile = path.join(this.dir, "kubevirt-admission.ready");
     const admission = await this.#spawn(
       "kubevirt-admission",
@@ -656,6 +634,42 @@ async function removeOrphanedDirs(tempDir: string): Promise<void> {
     const ownerAlive = await Deno.stat(`/proc/${owner.trim()}`).then(() => true, () => false);
     if (!ownerAlive) await Deno.remove(dir, { recursive: true }).catch(() => {});
   }
+}
+
+/**
+ * Creates the KubeVirt CR in KubeVirt's namespace with `developerConfiguration`, and
+ * the phase virt-operator reports once installed: KubeVirt's components read a KubeVirt
+ * CR's configuration only once it has one.
+ */
+export async function createKubevirtCr(
+  kubeconfigPath: string,
+  dir: string,
+  developerConfiguration: Record<string, unknown>,
+): Promise<void> {
+  const kc = ["--kubeconfig", kubeconfigPath];
+  const crFile = path.join(dir, "kubevirt-cr.json");
+  await Deno.writeTextFile(
+    crFile,
+    JSON.stringify({
+      apiVersion: "kubevirt.io/v1",
+      kind: "KubeVirt",
+      metadata: { name: "kubevirt", namespace: KUBEVIRT_NAMESPACE },
+      spec: { configuration: { developerConfiguration } },
+    }),
+  );
+  await kubectl([...kc, "create", "-f", crFile]);
+  await kubectl([
+    ...kc,
+    "patch",
+    "kubevirt",
+    "kubevirt",
+    "-n",
+    KUBEVIRT_NAMESPACE,
+    "--subresource=status",
+    "--type=merge",
+    "-p",
+    JSON.stringify({ status: { phase: "Deployed", defaultArchitecture: "amd64" } }),
+  ]);
 }
 
 /** This host's address on the interface of its default route (else its first global one). */

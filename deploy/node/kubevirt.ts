@@ -18,6 +18,7 @@ import { join } from "node:path";
 import {
   type Cluster,
   CONTROLLER_SERVICE_ACCOUNT,
+  createKubevirtCr,
   KUBEVIRT_NAMESPACE,
   serviceAccountKubeconfig,
 } from "../cluster/cluster.ts";
@@ -136,31 +137,11 @@ export async function startKubevirt(
       if (item.kind === "Secret") secrets.set(item.metadata.name, await writeSecret(dir, item));
     }
 
-    // The KubeVirt CR, and the phase virt-operator reports once installed: KubeVirt's
-    // components read its configuration only then.
-    await kubectl(
-      cluster,
-      ["apply", "-f", "-"],
-      JSON.stringify({
-        apiVersion: "kubevirt.io/v1",
-        kind: "KubeVirt",
-        metadata: { name: "kubevirt", namespace: KUBEVIRT_NAMESPACE },
-        spec: {
-          configuration: { developerConfiguration: useEmulation ? { useEmulation: true } : {} },
-        },
-      }),
+    await createKubevirtCr(
+      cluster.kubeconfigPath,
+      dir,
+      useEmulation ? { useEmulation: true } : {},
     );
-    await kubectl(cluster, [
-      "patch",
-      "kubevirt",
-      "kubevirt",
-      "-n",
-      KUBEVIRT_NAMESPACE,
-      "--subresource=status",
-      "--type=merge",
-      "-p",
-      JSON.stringify({ status: { phase: "Deployed", defaultArchitecture: "amd64" } }),
-    ]);
 
     const [apiPort, controllerPort] = freePorts(2);
     const host = new URL(cluster.server).hostname;

@@ -432,17 +432,7 @@ export interface BuiltImage {
  * the archive packed from it).
  */
 export async function launcherImage(): Promise<BuiltImage> {
-  const kubevirt = await buildKubevirt();
-  const out = await new Deno.Command("bash", {
-    args: [IMAGES_SCRIPT, "launcher", kubevirt],
-    stdin: "null",
-    stdout: "piped",
-    stderr: "inherit",
-  }).output();
-  if (!out.success) {
-    throw new Error(`Cannot build the launcher image: images.sh exited ${out.code}`);
-  }
-  const dir = new TextDecoder().decode(out.stdout).trim().split("\n").at(-1)!;
+  const dir = await imagesScript(["launcher", await buildKubevirt()], "the launcher image");
   const key = dir.slice(dir.lastIndexOf("-") + 1);
   const name = `virtnode.local/virt-launcher:${key}`;
   const archive = join(dir, "image.tar");
