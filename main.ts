@@ -179,14 +179,12 @@ function handlerCommand(program: Command): void {
     .action(async (opts, command: Command) => {
       const config = loadConfig(command, "virt-handler");
       await keepAliveOnUnhandledRejections();
-      const [{ Handler }, node, { EventRecorder }, { runStages }, { formatLauncherArgs }] =
-        await Promise.all([
-          import("./mod/handler/mod.ts"),
-          import("./mod/node/mod.ts"),
-          import("./mod/kube/mod.ts"),
-          import("./mod/lifecycle/mod.ts"),
-          import("./mod/launcher/args/mod.ts"),
-        ]);
+      const [{ Handler }, node, { EventRecorder }, { runStages }] = await Promise.all([
+        import("./mod/handler/mod.ts"),
+        import("./mod/node/mod.ts"),
+        import("./mod/kube/mod.ts"),
+        import("./mod/lifecycle/mod.ts"),
+      ]);
       // One signal for everything the handler runs; SIGTERM and SIGINT abort it.
       const stop = new AbortController();
       Deno.addSignalListener("SIGTERM", () => stop.abort());
@@ -199,8 +197,22 @@ function handlerCommand(program: Command): void {
         podsDir: opts.kubeletPodsDir,
         imageDir: opts.imageDir,
         hostDiskRoot: opts.hostDiskRoot,
-        launcherCommand: opts.podless
-          ? (options) => selfCommand([...globals, "launcher", ...formatLauncherArgs(options)])
+        hostCommand: opts.podless
+          ? (o) =>
+            selfCommand([
+              ...globals,
+              "--libvirt-uri",
+              o.libvirtUri,
+              "launcher-host",
+              "--host-id",
+              o.hostId,
+              "--dir",
+              o.dir,
+              "--image-dir",
+              o.imageDir,
+              ...(o.notifySocket ? ["--notify-socket", o.notifySocket] : []),
+              ...(o.hostDiskRoot ? ["--host-disk-root", o.hostDiskRoot] : []),
+            ])
           : undefined,
       });
       const services = node.nodeServices(client, {
@@ -373,6 +385,52 @@ function launcherCommand(program: Command): void {
     });
 }
 
+/**
+ * Adds `virtnode launcher-host`: pod-less mode's one process serving every VMI's launcher
+ * on this host (the handler starts and supervises it).
+ */
+function launcherHostCommand(program: Command): void {
+  program.command("launcher-host")
+    .description("serve the launchers of every pod-less VMI on this host (started by the handler)")
+    .requiredOption(
+      "--dir <dir>",
+      "the host's directory (control socket, served VMIs)",
+      absoluteDir,
+    )
+    .requiredOption("--host-id <id>", "the name the handler knows this host by")
+    .option("--notify-socket <path>", "the handler's notify socket", absoluteDir)
+    .requiredOption("--image-dir <dir>", "containerDisk images", absoluteDir)
+    .option("--host-disk-root <dir>", "the only directory hostDisk volumes may use", absoluteDir)
+    .option("--domain-type <type>", "kvm or qemu (detected from /dev/kvm unless told)")
+    .option("--ovmf-dir <dir>", "OVMF firmware directory", absoluteDir)
+    .option("--max-workers <n>", "most libvirt call threads", positiveInt, 8)
+    .action(async (opts, command: Command) => {
+      const config = loadConfig(command, "virt-launcher");
+      await keepAliveOnUnhandledRejections();
+      if (
+        opts.domainType !== undefined && opts.domainType !== "kvm" && opts.domainType !== "qemu"
+      ) {
+        console.error(
+          `virtnode launcher-host: --domain-type must be kvm or qemu, not "${opts.domainType}"`,
+        );
+        Deno.exit(EXIT_USAGE);
+      }
+      const { runLauncherHost } = await import("./mod/launcher/mod.ts");
+      Deno.exit(
+        await runLauncherHost({
+          dir: opts.dir,
+          libvirtUri: config.libvirtUri,
+          notifySocket: opts.notifySocket,
+          imageDir: opts.imageDir,
+          hostDiskRoot: opts.hostDiskRoot,
+          domainType: opts.domainType,
+          ovmfDir: opts.ovmfDir,
+          maxWorkers: opts.maxWorkers,
+        }),
+      );
+    });
+}
+
 function buildProgram(): Command {
   const program = new Command("virtnode")
     .description(
@@ -394,6 +452,7 @@ function buildProgram(): Command {
   labellerCommand(program);
   mountNamespaceChildCommand(program);
   launcherCommand(program);
+  launcherHostCommand(program);
   return program;
 }
 

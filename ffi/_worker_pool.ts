@@ -1,5 +1,11 @@
 /**
- * A small pool of libvirt call workers with a typed promise API. Private to `ffi/`.
+ * The libvirt call workers of one connection, with a typed promise API. Private to `ffi/`.
+ *
+ * Calls wait in one queue and each goes to a worker with nothing to do, so a call that
+ * hangs in libvirt (a guest whose QEMU stopped answering its monitor) holds one worker and
+ * never a call queued behind it. When the oldest queued call has waited `growAfterMs`
+ * and every worker is busy, one more worker is started (up to `max`); a worker beyond
+ * `min` that stays idle for `retireAfterMs` is ended again (each costs a V8 isolate).
  *
  * @module
  */
@@ -31,11 +37,14 @@ export function failureToError(action: string, failure: WorkerFailure): Error {
   }
 }
 
-class CallWorker {
+/** One worker thread with its own V8 isolate; calls are answered in the order sent. */
+export class CallWorker {
   readonly #worker: Worker;
   readonly #pending = new Map<number, Pending>();
   #nextId = 1;
   #dead: Error | null = null;
+  /** Told when the worker has nothing pending any more. */
+  onIdle: (() => void) | undefined;
 
   constructor() {
     this.#worker = new Worker(new URL("./_libvirt_worker.ts", import.meta.url), {
@@ -48,10 +57,17 @@ class CallWorker {
     };
   }
 
+  /** Calls sent and not answered yet. */
   get load(): number {
     return this.#pending.size;
   }
 
+  /** Whether the worker failed or was terminated. */
+  get dead(): boolean {
+    return this.#dead !== null;
+  }
+
+  /** Sends one call; it is answered after every call sent before it. */
   call(op: OpName, args: unknown[], action: string): Promise<unknown> {
     if (this.#dead) return Promise.reject(new Error(`${action}: ${this.#dead.message}`));
     const id = this.#nextId++;
@@ -73,40 +89,184 @@ class CallWorker {
     this.#pending.delete(response.id);
     if (response.ok) pending.resolve(response.value);
     else pending.reject(failureToError(pending.action, response.failure));
+    if (this.#pending.size === 0) this.onIdle?.();
   }
 
   #fail(error: Error): void {
-    this.#dead = error;
+    this.#dead ??= error;
     for (const [id, pending] of this.#pending) {
       this.#pending.delete(id);
       pending.reject(new Error(`${pending.action}: ${error.message}`, { cause: error }));
     }
+    this.onIdle?.();
   }
 }
 
-/** A fixed set of call workers; each call goes to the least busy one. */
-export class WorkerPool {
-  readonly #workers: CallWorker[];
+/** Sizes and timing of a {@linkcode WorkerPool}. */
+export interface WorkerPoolOptions {
+  /** Workers always running (at least one). */
+  min: number;
+  /** Most workers at once; `min` unless told (a fixed pool). */
+  max?: number;
+  /** Readies a worker started later (loads libvirt, attaches the connection). */
+  prepare?: (worker: CallWorker) => Promise<void>;
+  /** How long the oldest queued call waits before another worker starts; 25 ms. */
+  growAfterMs?: number;
+  /** How long a worker beyond `min` may idle before it ends; 30 s. */
+  retireAfterMs?: number;
+  /** Ends a worker beyond `min` before it is terminated (drops its connection reference). */
+  retire?: (worker: CallWorker) => Promise<void>;
+}
 
-  /** Starts `size` workers (at least one). */
-  constructor(size: number) {
-    this.#workers = Array.from({ length: Math.max(1, size) }, () => new CallWorker());
+interface Queued {
+  op: OpName;
+  args: unknown[];
+  action: string;
+  since: number;
+  resolve: (value: unknown) => void;
+  reject: (error: Error) => void;
+}
+
+/** The workers of one connection; see the module doc. */
+export class WorkerPool {
+  readonly #workers: CallWorker[] = [];
+  readonly #queue: Queued[] = [];
+  readonly #min: number;
+  readonly #max: number;
+  readonly #growAfterMs: number;
+  readonly #retireAfterMs: number;
+  readonly #prepare?: (worker: CallWorker) => Promise<void>;
+  readonly #retire?: (worker: CallWorker) => Promise<void>;
+  readonly #retireTimers = new Map<CallWorker, ReturnType<typeof setTimeout>>();
+  #growTimer: ReturnType<typeof setTimeout> | undefined;
+  #growing = false;
+  #terminated = false;
+  #peak = 0;
+
+  /** Starts `min` workers (`size` for a fixed pool). */
+  constructor(options: WorkerPoolOptions | number) {
+    const o = typeof options === "number" ? { min: options } : options;
+    this.#min = Math.max(1, o.min);
+    this.#max = Math.max(this.#min, o.max ?? this.#min);
+    this.#growAfterMs = o.growAfterMs ?? 25;
+    this.#retireAfterMs = o.retireAfterMs ?? 30_000;
+    this.#prepare = o.prepare;
+    this.#retire = o.retire;
+    for (let i = 0; i < this.#min; i++) this.#add(new CallWorker());
   }
 
-  /** The number of workers. */
+  /** The number of workers now. */
   get size(): number {
     return this.#workers.length;
   }
 
-  /** Runs `op` on the least busy worker. */
+  /** The most workers there were at once. */
+  get peak(): number {
+    return this.#peak;
+  }
+
+  #add(worker: CallWorker): void {
+    worker.onIdle = () => this.#idle(worker);
+    this.#workers.push(worker);
+    this.#peak = Math.max(this.#peak, this.#workers.length);
+  }
+
+  /** Runs `op` on a worker that has nothing else to do, as soon as there is one. */
   call<K extends OpName>(
     op: K,
     args: Parameters<WorkerOps[K]>,
     action: string,
   ): Promise<ReturnType<WorkerOps[K]>> {
-    let best = this.#workers[0];
-    for (const w of this.#workers) if (w.load < best.load) best = w;
-    return best.call(op, args, action) as Promise<ReturnType<WorkerOps[K]>>;
+    if (this.#terminated) {
+      return Promise.reject(new Error(`${action}: libvirt call workers are terminated`));
+    }
+    return new Promise((resolve, reject) => {
+      this.#queue.push({
+        op,
+        args,
+        action,
+        since: performance.now(),
+        resolve: resolve as (value: unknown) => void,
+        reject,
+      });
+      this.#dispatch();
+    }) as Promise<ReturnType<WorkerOps[K]>>;
+  }
+
+  #dispatch(): void {
+    while (this.#queue.length > 0) {
+      const worker = this.#workers.find((w) => w.load === 0 && !w.dead);
+      if (!worker) break;
+      const timer = this.#retireTimers.get(worker);
+      if (timer !== undefined) {
+        clearTimeout(timer);
+        this.#retireTimers.delete(worker);
+      }
+      const q = this.#queue.shift()!;
+      worker.call(q.op, q.args, q.action).then(q.resolve, q.reject);
+    }
+    if (this.#queue.length > 0) this.#scheduleGrowth();
+  }
+
+  #scheduleGrowth(): void {
+    if (this.#growTimer !== undefined || this.#growing) return;
+    if (this.#workers.length >= this.#max) return;
+    const waited = performance.now() - this.#queue[0].since;
+    this.#growTimer = setTimeout(() => {
+      this.#growTimer = undefined;
+      if (this.#queue.length > 0) void this.#grow();
+    }, Math.max(0, this.#growAfterMs - waited));
+  }
+
+  async #grow(): Promise<void> {
+    if (this.#growing || this.#terminated || this.#workers.length >= this.#max) return;
+    if (this.#workers.some((w) => w.load === 0 && !w.dead)) return this.#dispatch();
+    this.#growing = true;
+    const worker = new CallWorker();
+    try {
+      await this.#prepare?.(worker);
+      if (this.#terminated) {
+        worker.terminate();
+        return;
+      }
+      this.#add(worker);
+    } catch {
+      // The queued calls stay queued: the busy workers will take them.
+      worker.terminate();
+    } finally {
+      this.#growing = false;
+    }
+    this.#dispatch();
+  }
+
+  #idle(worker: CallWorker): void {
+    if (this.#terminated) return;
+    if (worker.dead) {
+      this.#drop(worker);
+      return;
+    }
+    this.#dispatch();
+    if (worker.load > 0 || this.#workers.indexOf(worker) < this.#min) return;
+    if (this.#retireTimers.has(worker)) return;
+    this.#retireTimers.set(
+      worker,
+      setTimeout(() => {
+        this.#retireTimers.delete(worker);
+        if (worker.load > 0 || this.#workers.length <= this.#min) return;
+        this.#drop(worker);
+        (this.#retire?.(worker) ?? Promise.resolve()).catch(() => {}).finally(() =>
+          worker.terminate()
+        );
+      }, this.#retireAfterMs),
+    );
+  }
+
+  #drop(worker: CallWorker): void {
+    const i = this.#workers.indexOf(worker);
+    if (i >= 0) this.#workers.splice(i, 1);
+    const timer = this.#retireTimers.get(worker);
+    if (timer !== undefined) clearTimeout(timer);
+    this.#retireTimers.delete(worker);
   }
 
   /** Runs `op` on every worker (in order) and returns the results. */
@@ -138,8 +298,15 @@ export class WorkerPool {
     await Promise.all(this.#workers.slice(1).map((w) => w.call(op, args, action)));
   }
 
-  /** Terminates all workers; pending calls are rejected. */
+  /** Terminates all workers; pending and queued calls are rejected. */
   terminate(): void {
+    this.#terminated = true;
+    clearTimeout(this.#growTimer);
+    for (const timer of this.#retireTimers.values()) clearTimeout(timer);
+    this.#retireTimers.clear();
     for (const w of this.#workers) w.terminate();
+    for (const q of this.#queue.splice(0)) {
+      q.reject(new Error(`${q.action}: libvirt call worker terminated`));
+    }
   }
 }

@@ -78,6 +78,11 @@ export interface OpenOptions {
   qemuLibraryPath?: string;
   /** Number of call workers (OS threads) for this connection; 2 unless told. */
   workers?: number;
+  /**
+   * Most call workers: more start (one at a time) while every worker is busy and a call
+   * has waited 25 ms, and end again after 30 s idle; `workers` unless told.
+   */
+  maxWorkers?: number;
   /** Register domain event callbacks; true unless told. */
   events?: boolean;
   /**
@@ -394,6 +399,8 @@ export class Connection {
   #eventRegistrations: number[] = [];
   #connected = false;
   #closed = false;
+  /** The open `virConnectPtr` workers attach to (undefined while disconnected). */
+  #ptr: bigint | undefined;
 
   private constructor(uri: string, lib: LibvirtLibrary, pool: WorkerPool, options: OpenOptions) {
     this.uri = uri;
@@ -408,14 +415,27 @@ export class Connection {
     const lib = mainLibrary(libraryPath);
     // Registers the event loop implementation before the first connection exists.
     acquireEventLoop(lib);
-    const pool = new WorkerPool(options.workers ?? 2);
-    const conn = new Connection(uri, lib, pool, options);
+    // The pool readies later workers with the connection built after it.
+    const built: { conn?: Connection } = {};
+    const init = [libraryPath, options.qemuLibraryPath ?? LIBVIRT_QEMU_SONAME] as [
+      string,
+      string,
+    ];
+    const pool = new WorkerPool({
+      min: options.workers ?? 2,
+      max: options.maxWorkers,
+      prepare: async (worker) => {
+        await worker.call("init", init, "Cannot load libvirt in a call worker");
+        const ptr = built.conn === undefined ? undefined : built.conn.#ptr;
+        if (ptr !== undefined) await worker.call("attach", [ptr], "Cannot attach a call worker");
+      },
+      retire: async (worker) => {
+        await worker.call("closeConnection", [], "Cannot close connection");
+      },
+    });
+    const conn = built.conn = new Connection(uri, lib, pool, options);
     try {
-      await pool.each(
-        "init",
-        [libraryPath, options.qemuLibraryPath ?? LIBVIRT_QEMU_SONAME],
-        "Cannot load libvirt in a call worker",
-      );
+      await pool.each("init", init, "Cannot load libvirt in a call worker");
       conn.#createCallbacks();
       await conn.#connect();
       return conn;
@@ -541,6 +561,7 @@ export class Connection {
     const action = `Cannot connect to "${this.uri}"`;
     const ptr = await this.#pool.first("open", [this.uri, this.#options.readOnly ?? false], action);
     this.#connected = true;
+    this.#ptr = ptr;
     await this.#pool.rest("attach", [ptr], action);
     const keepAlive = this.#options.keepAlive ??
       (this.uri.startsWith("test:") ? false : { interval: 5, count: 5 });
@@ -586,6 +607,7 @@ export class Connection {
       ).catch(ignore);
       this.#closeCallbackRegistered = false;
     }
+    this.#ptr = undefined;
     await this.#pool.each("closeConnection", [], "Cannot close connection").catch(ignore);
     this.#connected = false;
   }

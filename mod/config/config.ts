@@ -57,7 +57,15 @@ export interface Setting {
 }
 
 /** libvirt URI schemes the agent can use. */
-export const LIBVIRT_SCHEMES = ["test", "qemu", "qemu+unix", "qemu+tcp", "qemu+tls", "qemu+ssh"];
+export const LIBVIRT_SCHEMES = [
+  "test",
+  "test+unix",
+  "qemu",
+  "qemu+unix",
+  "qemu+tcp",
+  "qemu+tls",
+  "qemu+ssh",
+];
 
 /** The settings, in the order `--help` lists them. */
 export const SETTINGS: readonly Setting[] = [

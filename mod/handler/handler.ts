@@ -29,7 +29,7 @@ import {
   StatusWriter,
   WorkQueue,
 } from "../kube/mod.ts";
-import type { LauncherOptions } from "../launcher/args/mod.ts";
+import type { LauncherHostOptions } from "../launcher/host_protocol/mod.ts";
 import { aborted, every, type Runnable, runnable, runStages } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import { VmiController } from "./controller.ts";
@@ -51,10 +51,12 @@ const ADOPT_CONCURRENCY = 32;
 /** Options of {@linkcode Handler.create} beyond the shared configuration. */
 export interface HandlerOptions {
   /**
-   * Pod-less mode: the command line that runs `virtnode launcher` with the given
+   * Pod-less mode: the command line that runs `virtnode launcher-host` with the given
    * options; KubeVirt mode (launcher pods) when absent.
    */
-  launcherCommand?: (options: LauncherOptions) => { cmd: string; args: string[] };
+  hostCommand?: (
+    options: LauncherHostOptions & { hostId: string },
+  ) => { cmd: string; args: string[] };
   /** Pod-less mode: containerDisk images; `<stateDir>/images` unless told. */
   imageDir?: string;
   /** Pod-less mode: the only directory hostDisk volumes may use. */
@@ -124,21 +126,21 @@ export class Handler implements Runnable {
       },
     });
     this.#recorder = new EventRecorder(client, { host: config.nodeName });
-    if (options.launcherCommand) this.#scheduler = new PodlessScheduler(client, config.nodeName);
+    if (options.hostCommand) this.#scheduler = new PodlessScheduler(client, config.nodeName);
     // The controller is built after the provider and the pool; their callbacks run later.
-    this.#provider = options.launcherCommand
+    this.#provider = options.hostCommand
       ? new PodlessLaunchers({
         ghosts,
         socketRoot: paths.socketRoot,
         stateDir: config.stateDir,
-        launcherCommand: options.launcherCommand,
-        launcherDefaults: {
+        hostCommand: options.hostCommand,
+        runRoot: join(config.runDir, "private"),
+        diskRoot: join(config.stateDir, "disks"),
+        host: {
           libvirtUri: config.libvirtUri,
           notifySocket: paths.notifySocket,
           imageDir: options.imageDir ?? join(config.stateDir, "images"),
           hostDiskRoot: options.hostDiskRoot,
-          runRoot: join(config.runDir, "private"),
-          diskRoot: join(config.stateDir, "disks"),
         },
         wake: (key) => this.controller.wake(key),
         exited: (uid, why) => void this.#launchers.markUnresponsive(uid, why),

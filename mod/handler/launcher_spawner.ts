@@ -40,14 +40,28 @@ const log = getLogger("handler", "launcher-spawner");
  * /proc. Only a hint: signal it through {@linkcode LauncherSpawner.stop}, which checks
  * the process again behind a pidfd.
  */
-export async function findLauncherByUid(uid: string): Promise<number | undefined> {
+export async function findLauncherByUid(
+  uid: string,
+  identity: ProcessIdentity = LAUNCHER_IDENTITY,
+): Promise<number | undefined> {
   for await (const entry of Deno.readDir("/proc")) {
     if (!/^\d+$/.test(entry.name)) continue;
     const pid = Number(entry.name);
-    if (isLauncherProcess(pid, uid)) return pid;
+    if (isLauncherProcess(pid, uid, undefined, identity)) return pid;
   }
   return undefined;
 }
+
+/** How a spawned process is recognised in /proc: its subcommand and the flag of its key. */
+export interface ProcessIdentity {
+  /** e.g. `launcher`. */
+  subcommand: string;
+  /** e.g. `--uid`, followed by the key. */
+  keyFlag: string;
+}
+
+/** `virtnode launcher ... --uid <uid>`. */
+export const LAUNCHER_IDENTITY: ProcessIdentity = { subcommand: "launcher", keyFlag: "--uid" };
 
 /** Where a launcher was started: its PID and start time, as its files record them. */
 interface LauncherRecord {
@@ -77,14 +91,22 @@ function processOwner(pid: number): number | undefined {
  * Whether `pid` is the UID's launcher: `launcher` and `--uid <uid>` on its command line,
  * run by this user, and, when known, started at `startTime`.
  */
-function isLauncherProcess(pid: number, uid: string, startTime?: string): boolean {
+function isLauncherProcess(
+  pid: number,
+  uid: string,
+  startTime?: string,
+  identity: ProcessIdentity = LAUNCHER_IDENTITY,
+): boolean {
   let cmdline: string;
   try {
     cmdline = `\0${Deno.readTextFileSync(`/proc/${pid}/cmdline`)}`;
   } catch {
     return false; // exited meanwhile
   }
-  if (!cmdline.includes("\0launcher\0") || !cmdline.includes(`\0--uid\0${uid}\0`)) return false;
+  if (
+    !cmdline.includes(`\0${identity.subcommand}\0`) ||
+    !cmdline.includes(`\0${identity.keyFlag}\0${uid}\0`)
+  ) return false;
   if (processOwner(pid) !== Deno.uid()) return false;
   return startTime === undefined || processStartTime(pid) === startTime;
 }
@@ -105,7 +127,11 @@ class PidfdProcess {
   }
 
   /** Opens a pidfd for `pid` and keeps it only if `pid` is the UID's launcher. */
-  static openLauncher(uid: string, record: LauncherRecord): PidfdProcess | undefined {
+  static openLauncher(
+    uid: string,
+    record: LauncherRecord,
+    identity: ProcessIdentity = LAUNCHER_IDENTITY,
+  ): PidfdProcess | undefined {
     let fd: number;
     try {
       fd = pidfdOpen(record.pid);
@@ -116,7 +142,9 @@ class PidfdProcess {
     const process = new PidfdProcess(record.pid, fd);
     // Checked after the pidfd is open, and alive after the check: /proc described the
     // process the pidfd holds, not a later one with its PID.
-    if (isLauncherProcess(record.pid, uid, record.startTime) && !process.exited()) return process;
+    if (isLauncherProcess(record.pid, uid, record.startTime, identity) && !process.exited()) {
+      return process;
+    }
     process.release();
     return undefined;
   }
@@ -167,6 +195,8 @@ export interface LauncherSpec {
   gracePeriodSeconds: number;
   /** The launcher's own directory (its socket lives there). */
   socketDir: string;
+  /** The file in `socketDir` whose appearance means ready; `launcher-sock` unless told. */
+  readyName?: string;
 }
 
 /** Options of {@linkcode LauncherSpawner}. */
@@ -185,6 +215,8 @@ export interface LauncherSpawnerOptions {
    * on 2 cores left the first VMI waiting 17 s for the others.
    */
   maxStarting?: number;
+  /** How the spawned processes are recognised; `virtnode launcher --uid <uid>` unless told. */
+  identity?: ProcessIdentity;
 }
 
 /** Starts, watches and stops launcher processes. */
@@ -195,11 +227,13 @@ export class LauncherSpawner {
   readonly #starting = new Set<string>();
   readonly #slotWaiters: (() => void)[] = [];
   readonly #maxStarting: number;
+  readonly #identity: ProcessIdentity;
 
   /** Creates the spawner; nothing starts until {@linkcode start}. */
   constructor(options: LauncherSpawnerOptions) {
     this.#opts = options;
     this.#dir = join(options.stateDir, "launchers");
+    this.#identity = options.identity ?? LAUNCHER_IDENTITY;
     this.#maxStarting = options.maxStarting ??
       Math.max(4, 2 * (navigator.hardwareConcurrency || 2));
   }
@@ -260,9 +294,9 @@ export class LauncherSpawner {
       // No PID file: a handler killed between spawning a launcher and writing the
       // file must not start a second one after its restart. Look for it in /proc, and
       // write the files it missed, so the next reader need not look again.
-      const pid = await findLauncherByUid(uid);
+      const pid = await findLauncherByUid(uid, this.#identity);
       if (pid === undefined) return undefined;
-      const found = PidfdProcess.openLauncher(uid, { pid });
+      const found = PidfdProcess.openLauncher(uid, { pid }, this.#identity);
       if (found) {
         const startTime = processStartTime(pid);
         if (startTime !== undefined) await writeWhole(this.#startFile(uid), `${startTime}\n`);
@@ -274,7 +308,11 @@ export class LauncherSpawner {
     const pid = parsePid(text);
     if (pid === undefined) return undefined;
     const startTime = (await Deno.readTextFile(this.#startFile(uid)).catch(() => "")).trim();
-    return PidfdProcess.openLauncher(uid, { pid, startTime: startTime || undefined });
+    return PidfdProcess.openLauncher(
+      uid,
+      { pid, startTime: startTime || undefined },
+      this.#identity,
+    );
   }
 
   /**
@@ -307,7 +345,7 @@ export class LauncherSpawner {
     for (const file of [this.#pidFile(uid), this.logFile(uid)]) {
       if (await exists(file)) return true;
     }
-    return (await findLauncherByUid(uid)) !== undefined;
+    return (await findLauncherByUid(uid, this.#identity)) !== undefined;
   }
 
   /** Starts the launcher of a spec unless one is alive already. */
@@ -378,7 +416,7 @@ export class LauncherSpawner {
    * poll. Gives up after a minute; the controller's fallback poll still applies.
    */
   async #watchReady(spec: LauncherSpec): Promise<void> {
-    const socket = join(spec.socketDir, SocketNames.Launcher);
+    const socket = join(spec.socketDir, spec.readyName ?? SocketNames.Launcher);
     let watcher: Deno.FsWatcher;
     try {
       watcher = Deno.watchFs(spec.socketDir, { recursive: false });

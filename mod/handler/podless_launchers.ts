@@ -1,14 +1,17 @@
 /**
  * Pod-less mode's {@linkcode LauncherProvider}: no kubelet, no virt-controller. The
- * handler starts one launcher process per VMI on this host through the
- * {@linkcode LauncherSpawner}, and plays virt-controller's part: it schedules Pending
- * VMIs to this node and owns their `Ready` condition.
+ * handler starts one launcher host (`virtnode launcher-host`) on this host and asks it,
+ * over its control socket, to serve each VMI's launcher; it plays virt-controller's part
+ * too: it schedules Pending VMIs to this node and owns their `Ready` condition.
  *
- * A launcher's ghost record is written before the launcher is started, so a handler
- * killed in between finds the record after its restart and starts the launcher that
- * never ran (one that ran and died is a failed VMI: restart policy none, as for a pod).
- * When a launcher died without taking its domain with it, stopping the VMI removes the
- * domain from libvirt (the kubelet would have ended the pod's QEMU with the pod).
+ * The host is started like a launcher was: in its own session, with a PID file whose
+ * process is checked behind a pidfd, so that neither the handler's death nor a signal to
+ * its terminal stops a VM, and a restarted handler finds the running host instead of
+ * starting a second one. The handler supervises it: a host that exits is started again
+ * (1 s, doubling to 30 s), and the new host takes every VMI back from its own records
+ * with no status change. A VMI's ghost record is written before the host is asked to
+ * serve it. A launcher whose domain died is reported by the host and fails its VMI
+ * (restart policy none, as for a pod).
  *
  * @module
  */
@@ -16,8 +19,8 @@ import { join } from "node:path";
 import { LIBVIRT_ERROR_CODES, LibvirtError, openLibvirt } from "../../ffi/mod.ts";
 import { SocketNames, type VirtualMachineInstance, vmiKey } from "../api/mod.ts";
 import { domainNameOf } from "../domain/mod.ts";
-import { aborted } from "../lifecycle/mod.ts";
-import type { LauncherOptions } from "../launcher/args/mod.ts";
+import { sleep } from "../lifecycle/mod.ts";
+import type { HostedVmStatus, LauncherHostOptions } from "../launcher/host_protocol/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import type { GhostRecordStore } from "./ghost_records.ts";
 import {
@@ -27,18 +30,22 @@ import {
 } from "./launcher_provider.ts";
 import { LauncherSpawner } from "./launcher_spawner.ts";
 import { dialDirectly, type DialResolver } from "./launcher_clients.ts";
+import { LauncherHostClient } from "./launcher_host_client.ts";
 import { gracePeriodSeconds } from "./_vmi.ts";
 
 const log = getLogger("handler", "podless");
 
 /**
- * How soon a VMI whose launcher is starting is looked at again, ms. The spawner wakes
- * the VMI as soon as the launcher's socket appears (inotify); this is the fallback.
+ * How soon a VMI whose launcher is not served yet is looked at again, ms; the provider
+ * wakes it as soon as the host is back.
  */
 export const PODLESS_NOT_READY_REQUEUE_MS = 1_000;
 
-/** Extra time, beyond the VMI's grace period, a launcher gets to exit before SIGKILL. */
+/** Extra time, beyond the VMI's grace period, a launcher gets to stop its guest. */
 export const LAUNCHER_STOP_EXTRA_MS = 5_000;
+
+/** The launcher host's settings that {@linkcode PodlessLaunchers} passes on. */
+export type HostSettings = Omit<LauncherHostOptions, "dir">;
 
 /** Options of {@linkcode PodlessLaunchers}. */
 export interface PodlessLaunchersOptions {
@@ -46,28 +53,40 @@ export interface PodlessLaunchersOptions {
   ghosts: GhostRecordStore;
   /** Where launcher sockets go: `<socketRoot>/<uid>/launcher-sock`. */
   socketRoot: string;
-  /** The handler's state directory (launcher logs and PID files go below it). */
+  /** The handler's state directory (the host's directory, PID file and log go below it). */
   stateDir: string;
-  /** Everything of a launcher's options that is the same for every VMI. */
-  launcherDefaults:
-    & Omit<
-      LauncherOptions,
-      "namespace" | "name" | "uid" | "socketDir" | "gracePeriodSeconds" | "runDir" | "diskDir"
-    >
-    & { runRoot: string; diskRoot: string };
-  /** The command line that runs `virtnode launcher` with these options. */
-  launcherCommand(options: LauncherOptions): { cmd: string; args: string[] };
-  /** Wakes a VMI's key (its launcher became ready, or a start slot came free). */
+  /** Per-VMI run directories go below it. */
+  runRoot: string;
+  /** Per-VMI disk directories go below it. */
+  diskRoot: string;
+  /** The launcher host's settings. */
+  host: HostSettings;
+  /** The command line that runs `virtnode launcher-host` with these options. */
+  hostCommand(options: LauncherHostOptions & { hostId: string }): { cmd: string; args: string[] };
+  /** Wakes a VMI's key (the host is back, or its launcher is served). */
   wake(key: string): void;
-  /** Tells that a VMI's launcher exited. */
+  /** Tells that a VMI's launcher ended (its domain died). */
   exited(uid: string, why: string): void;
-  /** Removes a dead launcher's leftover domain; libvirt at `launcherDefaults.libvirtUri` unless told. */
+  /** Removes a leftover domain of a launcher the host no longer knows; libvirt at `host.libvirtUri` unless told. */
   reapDomain?: (namespace: string, name: string, uid: string) => Promise<void>;
-  /** Launchers starting at once (see {@linkcode LauncherSpawner}). */
-  maxStarting?: number;
+  /** First wait before restarting a host that exited, ms (1 s; doubles to 30 s). */
+  restartBackoffMs?: number;
 }
 
-/** Launchers as processes of this host, one per VMI. */
+/** The launcher host's identifier for a state directory (in its command line and files). */
+export function launcherHostId(stateDir: string): string {
+  // FNV-1a: short, stable, and distinct for the handlers of one machine (tests run several).
+  let hash = 0x811c9dc5;
+  for (const byte of new TextEncoder().encode(stateDir)) {
+    hash = Math.imul(hash ^ byte, 0x01000193) >>> 0;
+  }
+  return `host-${hash.toString(16).padStart(8, "0")}`;
+}
+
+/** How long a start waits for the host's control connection before it asks to be woken. */
+const CONNECT_WAIT_MS = 2_000;
+
+/** Launchers served by one launcher host process. */
 export class PodlessLaunchers implements LauncherProvider {
   /** For logs. */
   readonly name = "podless";
@@ -75,75 +94,79 @@ export class PodlessLaunchers implements LauncherProvider {
   readonly standsInForController = true;
   /** See {@linkcode PODLESS_NOT_READY_REQUEUE_MS}. */
   readonly notReadyRequeueMs: number = PODLESS_NOT_READY_REQUEUE_MS;
-  /** Sockets live in directories the handler made (0700) for launchers it started. */
+  /** Sockets live in directories the handler made (0700) for the host it started. */
   readonly dialResolver: DialResolver = dialDirectly;
+  /** The host's identifier. */
+  readonly hostId: string;
+  /** The host's directory. */
+  readonly hostDir: string;
   readonly #o: PodlessLaunchersOptions;
   readonly #spawner: LauncherSpawner;
-  /** Keys waiting for a launcher start slot. */
-  readonly #waitingForSlot = new Set<string>();
+  /** What the host serves, as it last said. */
+  readonly #served = new Map<string, HostedVmStatus>();
+  /** Keys to wake once the host is connected. */
+  readonly #waiting = new Set<string>();
+  #client: LauncherHostClient | undefined;
+  #connected: Promise<void>;
+  #setConnected!: () => void;
+  /** Whether the host's list was read since the last (re)connect. */
+  #listed = false;
 
-  /** Creates the provider; no launcher starts until a VMI asks for one. */
+  /** Creates the provider; the host starts when {@linkcode run} does. */
   constructor(options: PodlessLaunchersOptions) {
     this.#o = options;
-    const d = options.launcherDefaults;
+    this.hostId = launcherHostId(options.stateDir);
+    this.hostDir = join(options.stateDir, "launcher-host");
+    this.#connected = new Promise((resolve) => this.#setConnected = resolve);
     this.#spawner = new LauncherSpawner({
       stateDir: options.stateDir,
-      maxStarting: options.maxStarting,
-      command: (spec) => {
-        const { runRoot, diskRoot, ...common } = d;
-        return options.launcherCommand({
-          ...common,
-          namespace: spec.namespace,
-          name: spec.name,
-          uid: spec.uid,
-          socketDir: spec.socketDir,
-          gracePeriodSeconds: spec.gracePeriodSeconds,
-          runDir: join(runRoot, spec.uid),
-          diskDir: join(diskRoot, spec.uid),
-        });
-      },
-      onExit: (uid, code, signal) =>
-        options.exited(uid, `launcher exited (code ${code}, signal ${signal})`),
-      onReady: (uid) => {
-        const rec = options.ghosts.get(uid);
-        if (rec) options.wake(vmiKey(rec));
-      },
+      identity: { subcommand: "launcher-host", keyFlag: "--host-id" },
+      command: () =>
+        options.hostCommand({ ...options.host, dir: this.hostDir, hostId: this.hostId }),
     });
   }
 
-  /** The spawner (for the tests' view of starting launchers). */
-  get spawner(): LauncherSpawner {
-    return this.#spawner;
+  /** The PID of the running launcher host, if one runs. */
+  hostPid(): Promise<number | undefined> {
+    return this.#spawner.alivePid(this.hostId);
+  }
+
+  /** The log file of the launcher host. */
+  get hostLog(): string {
+    return this.#spawner.logFile(this.hostId);
   }
 
   #socketDir(uid: string): string {
     return join(this.#o.socketRoot, uid);
   }
 
-  /** The ghost record's socket, unless its launcher was never started. */
-  async socketOf(vmi: VirtualMachineInstance): Promise<string | undefined> {
+  /** The ghost record's socket, once the host serves (or served) the VMI. */
+  socketOf(vmi: VirtualMachineInstance): Promise<string | undefined> {
     const uid = vmi.metadata.uid!;
     const socket = this.#o.ghosts.get(uid)?.socketFile;
-    if (!socket) return undefined;
-    // A ghost record whose launcher was never started (the handler died in between).
-    return (await this.#spawner.everStarted(uid)) ? socket : undefined;
+    return Promise.resolve(socket && this.#served.has(uid) ? socket : undefined);
   }
 
-  /** Starts the VMI's launcher unless it runs; waits for a slot when too many are starting. */
+  async #whenConnected(timeoutMs: number): Promise<LauncherHostClient | undefined> {
+    if (this.#client?.open && this.#listed) return this.#client;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    await Promise.race([
+      this.#connected,
+      new Promise((resolve) => timer = setTimeout(resolve, timeoutMs)),
+    ]);
+    clearTimeout(timer);
+    return this.#client?.open && this.#listed ? this.#client : undefined;
+  }
+
+  /** Asks the host to serve the VMI's launcher (idempotent); waits for the host if it is away. */
   async start(vmi: VirtualMachineInstance): Promise<LauncherStart> {
     const uid = vmi.metadata.uid!;
-    const known = await this.socketOf(vmi);
-    if (known) return { socket: known };
-    if (!this.#spawner.canStart()) {
-      const key = vmiKey(vmi.metadata);
-      if (!this.#waitingForSlot.has(key)) {
-        this.#waitingForSlot.add(key);
-        this.#spawner.onSlotFree(() => {
-          this.#waitingForSlot.delete(key);
-          this.#o.wake(key);
-        });
-      }
-      return { waiting: "too many launchers are starting; waiting for a slot" };
+    const known = this.#served.get(uid);
+    if (known && known.state !== "starting") return { socket: known.socket };
+    const client = await this.#whenConnected(CONNECT_WAIT_MS);
+    if (!client) {
+      this.#waiting.add(vmiKey(vmi.metadata));
+      return { waiting: "the launcher host is not running yet" };
     }
     const socketDir = this.#socketDir(uid);
     const socket = join(socketDir, SocketNames.Launcher);
@@ -153,26 +176,32 @@ export class PodlessLaunchers implements LauncherProvider {
       socketFile: socket,
       uid,
     });
-    await this.#spawner.start({
+    const status = await client.start({
       namespace: vmi.metadata.namespace!,
       name: vmi.metadata.name,
       uid,
       gracePeriodSeconds: gracePeriodSeconds(vmi),
       socketDir,
+      runDir: join(this.#o.runRoot, uid),
+      diskDir: join(this.#o.diskRoot, uid),
     });
-    return { socket };
+    this.#served.set(uid, status);
+    if (status.state === "exited") this.#o.exited(uid, status.why ?? "the launcher ended");
+    return { socket: status.socket };
   }
 
-  /** SIGTERM (the launcher shuts its guest down), SIGKILL after the grace period; reaps leftovers. */
+  /** The host stops the guest (ACPI, then destroy after the grace period) and forgets it. */
   async stop(vmi: VirtualMachineInstance): Promise<void> {
     const uid = vmi.metadata.uid!;
-    const wasAlive = (await this.#spawner.alivePid(uid)) !== undefined;
-    await this.#spawner.stop(uid, gracePeriodSeconds(vmi) * 1000 + LAUNCHER_STOP_EXTRA_MS);
-    if (!wasAlive) {
-      // The launcher died without its domain: remove what it left in libvirt.
+    const client = await this.#whenConnected(10_000);
+    if (!client) throw new Error("the launcher host is not running; cannot stop the VMI's guest");
+    const served = this.#served.get(uid);
+    await client.stop(uid, gracePeriodSeconds(vmi) * 1000 + LAUNCHER_STOP_EXTRA_MS);
+    this.#served.delete(uid);
+    if (served === undefined || served.state === "exited") {
+      // A launcher that ended (or never was) left its domain for inspection: remove it.
       const reap = this.#o.reapDomain ??
-        ((ns: string, name: string, u: string) =>
-          reapDomain(this.#o.launcherDefaults.libvirtUri, ns, name, u));
+        ((ns: string, name: string, u: string) => reapDomain(this.#o.host.libvirtUri, ns, name, u));
       await reap(vmi.metadata.namespace!, vmi.metadata.name, uid);
     }
     await Deno.remove(this.#socketDir(uid), { recursive: true }).catch(() => {});
@@ -184,19 +213,97 @@ export class PodlessLaunchers implements LauncherProvider {
   }
 
   /**
-   * Writes the PID files a killed handler left unwritten for the launchers its ghost
-   * records name (an adopted, running VM gets no start call that would), then waits until
-   * `signal` aborts and forgets its children without stopping them (VMs keep running).
+   * Finds or starts the launcher host and keeps it running until `signal` aborts; then
+   * lets go of it without stopping it (VMs keep running).
    */
   async run(signal: AbortSignal): Promise<void> {
-    for (const { uid } of this.#o.ghosts.list()) {
+    const initial = this.#o.restartBackoffMs ?? 1_000;
+    let backoff = initial;
+    while (!signal.aborted) {
+      const up = performance.now();
+      try {
+        await this.#superviseOnce(signal);
+      } catch (error) {
+        log.warn("Launcher host failed: {error}", { error, hostLog: this.hostLog });
+      }
       if (signal.aborted) break;
-      await this.#spawner.ensurePidFile(uid).catch((error) =>
-        log.warn("Cannot check the PID file of a launcher: {error}", { uid, error })
-      );
+      // A host that ran for a minute was healthy: start over with a short wait.
+      if (performance.now() - up > 60_000) backoff = initial;
+      log.warn("Launcher host is gone; starting it again in {ms} ms", {
+        ms: backoff,
+        hostLog: this.hostLog,
+      });
+      await sleep(backoff, signal).catch(() => {});
+      backoff = Math.min(backoff * 2, 30_000);
     }
-    await aborted(signal);
+    await this.#client?.close();
     this.#spawner.release();
+  }
+
+  async #superviseOnce(signal: AbortSignal): Promise<void> {
+    let pid = await this.#spawner.alivePid(this.hostId);
+    if (pid === undefined) {
+      await Deno.mkdir(this.hostDir, { recursive: true, mode: 0o700 });
+      // A stale control socket would look like a host that is up.
+      await Deno.remove(join(this.hostDir, "control.sock")).catch(() => {});
+      await this.#spawner.start({
+        namespace: "",
+        name: "launcher-host",
+        uid: this.hostId,
+        gracePeriodSeconds: 0,
+        socketDir: this.hostDir,
+        readyName: "control.sock",
+      });
+      pid = await this.#spawner.alivePid(this.hostId);
+    } else {
+      log.info("Launcher host {pid} is running; taking it over", { pid });
+    }
+    const client = await this.#connect(signal);
+    if (!client) return;
+    this.#client = client;
+    try {
+      const vms = await client.list();
+      this.#served.clear();
+      for (const vm of vms) this.#served.set(vm.uid, vm);
+      this.#listed = true;
+      this.#setConnected();
+      for (const vm of vms) {
+        if (vm.state === "exited") this.#o.exited(vm.uid, vm.why ?? "the launcher ended");
+      }
+      for (const key of [...this.#waiting]) {
+        this.#waiting.delete(key);
+        this.#o.wake(key);
+      }
+      const aborted = new Promise<void>((resolve) =>
+        signal.addEventListener("abort", () => resolve(), { once: true })
+      );
+      await Promise.race([client.closed, aborted]);
+    } finally {
+      this.#listed = false;
+      this.#connected = new Promise((resolve) => this.#setConnected = resolve);
+      if (signal.aborted) await client.close();
+    }
+  }
+
+  /** Connects to the host's control socket while the host lives (up to a minute). */
+  async #connect(signal: AbortSignal): Promise<LauncherHostClient | undefined> {
+    const socket = join(this.hostDir, "control.sock");
+    const deadline = Date.now() + 60_000;
+    while (!signal.aborted && Date.now() < deadline) {
+      try {
+        return await LauncherHostClient.connect(socket, (exit) => {
+          const served = this.#served.get(exit.uid);
+          if (served) this.#served.set(exit.uid, { ...served, state: "exited", ...exit });
+          this.#o.exited(exit.uid, exit.why);
+          const rec = this.#o.ghosts.get(exit.uid);
+          if (rec) this.#o.wake(vmiKey(rec));
+        });
+      } catch {
+        if ((await this.#spawner.alivePid(this.hostId)) === undefined) return undefined;
+        await sleep(50, signal).catch(() => {});
+      }
+    }
+    return undefined;
   }
 }
 

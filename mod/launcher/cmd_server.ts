@@ -84,6 +84,13 @@ export interface CmdServerOptions {
   socketDir: string;
   /** Carries out the commands. */
   backend: CmdBackend;
+  /**
+   * Leave a `launcher-sock` of an earlier server in place until {@linkcode CmdServer.markReady}
+   * renames the new socket over it (a launcher host re-adopting its VMs: the handler never
+   * sees the socket missing). A fresh launcher removes it at once, so that the name always
+   * means "ready".
+   */
+  replaceReady?: boolean;
 }
 
 /** The socket could not be served. */
@@ -228,7 +235,7 @@ export class CmdServer {
     try {
       await Deno.mkdir(options.socketDir, { recursive: true, mode: 0o755 });
       await removeIfExists(path);
-      await removeIfExists(launcherSocketPath(options.socketDir));
+      if (!options.replaceReady) await removeIfExists(launcherSocketPath(options.socketDir));
     } catch (error) {
       throw new CmdServerError(path, errorMessage(error), { cause: error });
     }
@@ -277,9 +284,9 @@ export class CmdServer {
 
   /**
    * Stops serving (in-flight calls get up to `graceMs`, 1 s as in KubeVirt) and removes
-   * the socket.
+   * the socket (unless `keepSocket`: a launcher host ending leaves it for its successor).
    */
-  async stop(graceMs = 1_000): Promise<void> {
+  async stop(graceMs = 1_000, options: { keepSocket?: boolean } = {}): Promise<void> {
     if (this.#stopped) return;
     this.#stopped = true;
     await new Promise<void>((resolve) => {
@@ -292,6 +299,6 @@ export class CmdServer {
         resolve();
       });
     });
-    await removeIfExists(this.#path).catch(() => {});
+    if (!options.keepSocket) await removeIfExists(this.#path).catch(() => {});
   }
 }

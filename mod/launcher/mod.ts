@@ -33,6 +33,21 @@ export {
   launcherSocketPath,
 } from "./cmd_server.ts";
 export { type PrepareOptions } from "./converter.ts";
+export {
+  EXIT_HOST_START_FAILED,
+  LauncherHost,
+  type LauncherHostRuntime,
+  runLauncherHost,
+} from "./host.ts";
+export {
+  checkHostedVmSpec,
+  type HostedVmSpec,
+  HostedVmSpecError,
+  type HostedVmStatus,
+  type LauncherHostOptions,
+  readLines,
+} from "./host_protocol/mod.ts";
+export { type InstanceEnd, LauncherInstance, type LauncherInstanceOptions } from "./instance.ts";
 export { type IsoTool } from "./_iso.ts";
 export { ConnectionKeeper } from "./_connection_keeper.ts";
 export {

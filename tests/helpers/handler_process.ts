@@ -326,6 +326,33 @@ export function launcherPids(stateDir: string): number[] {
   return pids;
 }
 
+/** The PID of a pod-less handler's launcher host (`<stateDir>/launchers/host-*.pid`), if alive. */
+export function hostPid(stateDir: string): number | undefined {
+  let entries: Deno.DirEntry[];
+  try {
+    entries = [...Deno.readDirSync(`${stateDir}/launchers`)];
+  } catch {
+    return undefined;
+  }
+  for (const e of entries) {
+    if (!e.name.startsWith("host-") || !e.name.endsWith(".pid")) continue;
+    const pid = Number(Deno.readTextFileSync(`${stateDir}/launchers/${e.name}`).trim());
+    if (Number.isInteger(pid) && pid > 1 && pidAlive(pid)) return pid;
+  }
+  return undefined;
+}
+
+/** The UIDs a pod-less handler's launcher host serves (its `vms/<uid>.json` records). */
+export function hostedUids(stateDir: string): string[] {
+  try {
+    return [...Deno.readDirSync(`${stateDir}/launcher-host/vms`)]
+      .filter((e) => e.name.endsWith(".json"))
+      .map((e) => e.name.slice(0, -5));
+  } catch {
+    return [];
+  }
+}
+
 /** Every running `virtnode launcher` process on this host, by the `--uid` it carries. */
 export function launchersByUid(): Map<string, number[]> {
   const byUid = new Map<string, number[]>();
@@ -387,7 +414,8 @@ export function killLaunchers(stateDir: string): number {
     if (!/^\d+$/.test(e.name)) continue;
     try {
       const args = Deno.readTextFileSync(`/proc/${e.name}/cmdline`).split("\0");
-      if (args.includes("launcher") && args.some((a) => a.startsWith(`${dir}/`))) {
+      const role = args.includes("launcher") || args.includes("launcher-host");
+      if (role && args.some((a) => a.startsWith(`${dir}/`))) {
         pids.add(Number(e.name));
       }
     } catch {
@@ -426,6 +454,7 @@ export interface HandlerTestContext {
 export async function withHandler(
   name: string,
   fn: (ctx: HandlerTestContext) => Promise<void>,
+  options: { libvirtUri?: string } = {},
 ): Promise<void> {
   const cluster = await useCluster();
   const node = `${name}-${crypto.randomUUID().slice(0, 8)}`;
@@ -433,7 +462,7 @@ export async function withHandler(
   const h = await startHandlerProcess({
     kubeconfig: cluster.handlerKubeconfigPath,
     nodeName: node,
-    libvirtUri: "test:///default",
+    libvirtUri: options.libvirtUri ?? "test:///default",
   });
   let ok = false;
   try {

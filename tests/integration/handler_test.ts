@@ -1,18 +1,23 @@
 /**
- * The handler against a real apiserver, real launcher processes and libvirt's
- * test driver (each launcher has its own hypervisor state): the sync loop,
- * status and events, deletion and cleanup, failures, and restarts.
+ * The handler against a real apiserver, its real launcher host process and libvirt's
+ * test driver (in the host's process, or in libvirtd through `test+unix:///default`
+ * where domains must outlive the host): the sync loop, status and events, deletion and
+ * cleanup, failures, and restarts of the handler and of the launcher host.
  */
 import assert from "node:assert/strict";
 import { isDeepStrictEqual } from "node:util";
+import { openLibvirt } from "../../ffi/mod.ts";
+import type { KubeClient } from "../../mod/kube/mod.ts";
+import { TestCmdClient } from "../helpers/cmd_client.ts";
+import { ensureLibvirtd } from "../helpers/libvirtd.ts";
 import {
   createVmi,
   deleteVmi,
   eventsFor,
   getVmi,
-  type HandlerProcess,
+  hostedUids,
+  hostPid,
   kubeClient,
-  launcherProcesses,
   launcherStarts,
   pidAlive,
   releaseVmi,
@@ -24,13 +29,47 @@ import {
 } from "../helpers/handler_process.ts";
 
 const TEST_URI = "test:///default";
+/** libvirtd's test driver: its domains outlive the launcher host, as QEMU guests do. */
+const LIBVIRTD_TEST_URI = "test+unix:///default";
 
 function suffix(): string {
   return crypto.randomUUID().slice(0, 8);
 }
 
-async function launcherPid(h: HandlerProcess, uid: string): Promise<number> {
-  return Number((await Deno.readTextFile(`${h.stateDir}/launchers/${uid}.pid`)).trim());
+/** Removes domains from libvirtd's shared test driver (test cleanup). */
+async function removeDomains(names: string[]): Promise<void> {
+  const conn = await openLibvirt(LIBVIRTD_TEST_URI, { workers: 1 });
+  try {
+    for (const name of names) {
+      const domain = await conn.lookupByName(`default_${name}`).catch(() => undefined);
+      await domain?.destroy().catch(() => {});
+      await domain?.undefine().catch(() => {});
+    }
+  } finally {
+    await conn.close();
+  }
+}
+
+/** Waits until the statuses of `names` stop changing (trailing writes after Running). */
+async function settledStatuses(
+  client: KubeClient,
+  names: string[],
+  before: Map<string, unknown>,
+): Promise<void> {
+  await waitFor(
+    "the statuses to settle",
+    async () => {
+      let same = true;
+      for (const n of names) {
+        const status = (await getVmi(client, "default", n))!.status;
+        if (!isDeepStrictEqual(status, before.get(n))) same = false;
+        before.set(n, status);
+      }
+      return same;
+    },
+    30_000,
+    500,
+  );
 }
 
 async function exists(path: string): Promise<boolean> {
@@ -80,8 +119,8 @@ Deno.test("handler: a VMI goes Running with status and events, and deleting it r
       (await Deno.stat(`${h.runDir}/sockets/${uid}/launcher-sock`)).mode! & 0o777,
       0o600,
     );
-    const pid = await launcherPid(h, uid);
-    assert.ok(pidAlive(pid));
+    const hosted = `${h.stateDir}/launcher-host/vms/${uid}.json`;
+    assert.ok(await exists(hosted), "the launcher host serves the VMI");
 
     await waitFor("Created and Started events", async () => {
       const reasons = (await eventsFor(client, "default", name)).map((e) => e.reason);
@@ -89,7 +128,7 @@ Deno.test("handler: a VMI goes Running with status and events, and deleting it r
     });
 
     await deleteVmi(client, "default", name);
-    await waitFor("the launcher to exit", () => !pidAlive(pid), 30_000);
+    await waitFor("the launcher host to forget the VMI", async () => !(await exists(hosted)));
     await waitFor("the ghost record to be removed", async () => !(await exists(ghost)));
     assert.equal(await exists(`${h.runDir}/sockets/${uid}`), false, "socket dir removed");
     const reasons = (await eventsFor(client, "default", name)).map((e) => e.reason);
@@ -101,30 +140,108 @@ Deno.test("handler: a VMI goes Running with status and events, and deleting it r
   });
 });
 
-Deno.test("handler: a killed launcher fails its VMI and leaves the others untouched", async () => {
-  await withHandler("killlauncher", async ({ h, node, client }) => {
-    const a = `vm-a-${suffix()}`;
-    const b = `vm-b-${suffix()}`;
-    const va = await createVmi(client, testVmi(a, node));
-    const vb = await createVmi(client, testVmi(b, node));
-    await waitForPhase(client, "default", a, "Running");
-    const before = await waitForPhase(client, "default", b, "Running");
-    const pidA = await launcherPid(h, va.metadata.uid!);
-    const pidB = await launcherPid(h, vb.metadata.uid!);
-    Deno.kill(pidA, "SIGKILL");
-    const failed = await waitForPhase(client, "default", a, "Failed", 40_000);
-    assert.equal(failed.status!.phaseTransitionTimestamps!.at(-1)!.phase, "Failed");
-    await waitFor(
-      "the failed VMI's ghost record to be cleaned up",
-      async () => !(await exists(`${h.stateDir}/ghost-records/${va.metadata.uid}`)),
-    );
-    const after = await getVmi(client, "default", b);
-    assert.equal(after!.status!.phase, "Running");
-    assert.deepEqual(after!.status, before.status, "the other VMI's status did not change");
-    assert.ok(pidAlive(pidB), "the other launcher still runs");
-    const warn = (await eventsFor(client, "default", a)).find((e) => e.type === "Warning");
-    assert.equal(warn?.reason, "Stopped");
-  });
+Deno.test("handler: a guest destroyed behind its launcher ends its VMI and leaves the others untouched", async () => {
+  await ensureLibvirtd();
+  const a = `vm-a-${suffix()}`;
+  const b = `vm-b-${suffix()}`;
+  try {
+    await withHandler("guestdies", async ({ h, node, client }) => {
+      const va = await createVmi(client, testVmi(a, node));
+      await createVmi(client, testVmi(b, node));
+      await waitForPhase(client, "default", a, "Running");
+      await waitForPhase(client, "default", b, "Running");
+      const before = new Map<string, unknown>();
+      await settledStatuses(client, [b], before);
+      const host = hostPid(h.stateDir);
+      const conn = await openLibvirt(LIBVIRTD_TEST_URI, { workers: 1 });
+      try {
+        await (await conn.lookupByName(`default_${a}`)).destroy();
+      } finally {
+        await conn.close();
+      }
+      // Shutoff/Destroyed with no grace period applied: Succeeded, as in KubeVirt's table.
+      const ended = await waitForPhase(client, "default", a, "Succeeded", 40_000);
+      assert.equal(ended.status!.phaseTransitionTimestamps!.at(-1)!.phase, "Succeeded");
+      await waitFor(
+        "the ended VMI's ghost record to be cleaned up",
+        async () => !(await exists(`${h.stateDir}/ghost-records/${va.metadata.uid}`)),
+      );
+      const after = await getVmi(client, "default", b);
+      assert.equal(after!.status!.phase, "Running");
+      assert.deepEqual(after!.status, before.get(b), "the other VMI's status did not change");
+      assert.equal(hostPid(h.stateDir), host, "the launcher host still runs");
+      const warn = (await eventsFor(client, "default", a)).find((e) => e.type === "Warning");
+      assert.equal(warn?.reason, "Stopped");
+    }, { libvirtUri: LIBVIRTD_TEST_URI });
+  } finally {
+    await removeDomains([a, b]);
+  }
+});
+
+Deno.test("handler: the launcher host SIGKILLed with 50 running VMIs is started again and takes them all back: no guest stops, no VMI status changes", async () => {
+  await ensureLibvirtd();
+  const names = Array.from({ length: 50 }, (_, i) => `vm-${i}-${suffix()}`);
+  try {
+    await withHandler("hostkill", async ({ h, node, client }) => {
+      for (const n of names) await createVmi(client, testVmi(n, node));
+      const before = new Map<string, unknown>();
+      for (const n of names) {
+        before.set(n, (await waitForPhase(client, "default", n, "Running", 90_000)).status);
+      }
+      await settledStatuses(client, names, before);
+      const conn = await openLibvirt(LIBVIRTD_TEST_URI, { workers: 1 });
+      try {
+        const idsOf = async () =>
+          new Map((await conn.listAllDomains()).map((d) => [d.name, d.id] as [string, number]));
+        const ids = await idsOf();
+        const pid = hostPid(h.stateDir)!;
+        assert.ok(pid, "a launcher host runs");
+        const logBefore = (await Deno.readTextFile(h.logFile)).length;
+        Deno.kill(pid, "SIGKILL");
+        await waitFor("a new launcher host", () => {
+          const now = hostPid(h.stateDir);
+          return now !== undefined && now !== pid;
+        }, 30_000);
+        const hostLog = `${h.stateDir}/launchers/${
+          [...Deno.readDirSync(`${h.stateDir}/launchers`)].find((e) =>
+            e.name.startsWith("host-") && e.name.endsWith(".log")
+          )!.name
+        }`;
+        await waitFor("the new host to take back all 50", async () => {
+          const since = (await Deno.readTextFile(h.logFile)).slice(logBefore);
+          return since.includes("Started launcher") &&
+            (await Deno.readTextFile(hostLog)).includes('"adopted":50');
+        }, 30_000);
+        // Every VMI answers on its socket again.
+        for (const uid of hostedUids(h.stateDir)) {
+          const client = new TestCmdClient(`${h.runDir}/sockets/${uid}/launcher-sock`);
+          try {
+            const res = await client.getDomain();
+            assert.ok(res.domain, `the launcher of ${uid} answers with its domain`);
+          } finally {
+            client.close();
+          }
+        }
+        const idsAfter = await idsOf();
+        for (const n of names) {
+          assert.ok(ids.get(`default_${n}`)! > 0);
+          assert.equal(idsAfter.get(`default_${n}`), ids.get(`default_${n}`), `${n} kept running`);
+        }
+        // Deliberate: a status change would follow the host's reports within a sync; no
+        // event says "nothing changed", so the test gives the handler time to make one.
+        await new Promise((r) => setTimeout(r, 2_000));
+        for (const n of names) {
+          const v = await getVmi(client, "default", n);
+          assert.deepEqual(v!.status, before.get(n), `status of ${n} unchanged`);
+        }
+        assert.equal(hostedUids(h.stateDir).length, 50);
+      } finally {
+        await conn.close();
+      }
+    }, { libvirtUri: LIBVIRTD_TEST_URI });
+  } finally {
+    await removeDomains(names);
+  }
 });
 
 Deno.test("handler: an invalid VMI gets Synchronized=False and a Warning event while others keep syncing", async () => {
@@ -194,28 +311,15 @@ Deno.test("handler: SIGKILLed with 20 running VMIs and restarted, it re-adopts e
     }
     // The reference picture is taken once the statuses stop changing (trailing writes after
     // Running), not after a guessed pause.
-    await waitFor(
-      "the statuses to settle",
-      async () => {
-        let same = true;
-        for (const n of names) {
-          const status = (await getVmi(client, "default", n))!.status;
-          if (!isDeepStrictEqual(status, before.get(n))) same = false;
-          before.set(n, status);
-        }
-        return same;
-      },
-      30_000,
-      500,
-    );
-    const pids = new Map<string, number>();
-    for (const n of names) pids.set(n, await launcherPid(h, uids.get(n)!));
+    await settledStatuses(client, names, before);
+    const host = hostPid(h.stateDir)!;
+    assert.ok(host, "a launcher host runs");
 
     await h.kill("SIGKILL");
-    // Deliberate: launchers must outlive the handler for a while, not only for an instant;
-    // no event says "still alive", so the test gives them time to die if they would.
+    // Deliberate: the launcher host must outlive the handler for a while, not only for an
+    // instant; no event says "still alive", so the test gives it time to die if it would.
     await new Promise((r) => setTimeout(r, 2_000));
-    for (const [n, pid] of pids) assert.ok(pidAlive(pid), `launcher of ${n} survives the handler`);
+    assert.ok(pidAlive(host), "the launcher host survives the handler");
 
     const logBefore = (await Deno.readTextFile(h.logFile)).length;
     const restarted = await startHandlerProcess({
@@ -235,21 +339,20 @@ Deno.test("handler: SIGKILLed with 20 running VMIs and restarted, it re-adopts e
       for (const n of names) {
         const v = await getVmi(client, "default", n);
         assert.deepEqual(v!.status, before.get(n), `status of ${n} unchanged`);
-        assert.ok(pidAlive(pids.get(n)!), `launcher of ${n} still the same process`);
       }
-      // No launcher was started twice: a second start overwrites the first one's PID file,
-      // so count what cannot be overwritten: the starts both handlers logged and the
-      // launcher processes carrying each UID.
+      assert.equal(hostPid(h.stateDir), host, "the same launcher host serves them");
+      // No second host was started: both handlers' logs name one start.
       const starts = await launcherStarts(h.logFile);
-      for (const [n, uid] of uids) {
-        assert.equal(starts.get(uid), 1, `the launcher of ${n} was started once`);
-        assert.deepEqual(launcherProcesses(uid), [pids.get(n)], `one launcher process for ${n}`);
-      }
-      assert.equal(starts.size, 20, "no other launcher was started");
+      assert.equal(starts.size, 1, "one launcher host was ever started");
+      assert.deepEqual(hostedUids(h.stateDir).sort(), [...uids.values()].sort());
       const log = await Deno.readTextFile(h.logFile);
       assert.match(log, /"adopted":20/);
       for (const n of names) await deleteVmi(client, "default", n);
-      for (const [, pid] of pids) await waitFor("launchers to exit", () => !pidAlive(pid), 60_000);
+      await waitFor(
+        "the launcher host to forget them",
+        () => hostedUids(h.stateDir).length === 0,
+        60_000,
+      );
     } finally {
       await restarted.kill("SIGTERM");
     }
@@ -259,15 +362,15 @@ Deno.test("handler: SIGKILLed with 20 running VMIs and restarted, it re-adopts e
 Deno.test("handler: SIGTERM makes it not ready and exit 0, leaving VMs running", async () => {
   await withHandler("sigterm", async ({ h, node, client }) => {
     const name = `vm-${suffix()}`;
-    const vmi = await createVmi(client, testVmi(name, node));
+    await createVmi(client, testVmi(name, node));
     await waitForPhase(client, "default", name, "Running");
-    const pid = await launcherPid(h, vmi.metadata.uid!);
+    const pid = hostPid(h.stateDir)!;
     const status = await h.kill("SIGTERM");
     assert.equal(status.code, 0);
-    // Deliberate: the launcher must keep running a while after the handler is gone; no
+    // Deliberate: the launcher host must keep running a while after the handler is gone; no
     // event says "still running", so the test gives it time to die if it would.
     await new Promise((r) => setTimeout(r, 2_000));
-    assert.ok(pidAlive(pid), "the VM's launcher keeps running");
+    assert.ok(pidAlive(pid), "the launcher host keeps running");
     assert.equal((await getVmi(client, "default", name))!.status!.phase, "Running");
     Deno.kill(pid, "SIGTERM");
     await deleteVmi(client, "default", name);

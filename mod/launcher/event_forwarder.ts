@@ -1,0 +1,243 @@
+/**
+ * Turns libvirt's events of one domain into the handler's notify events, in order, and
+ * the sink they go to.
+ *
+ * @module
+ */
+
+import type { DomainEvent } from "../../ffi/mod.ts";
+import {
+  type Domain,
+  type DomainState,
+  isDomainDown,
+  LifeCycle,
+  StateChangeReason,
+} from "../domain/mod.ts";
+import { DomainEventType } from "../proto/mod.ts";
+import { getLogger } from "../log/mod.ts";
+import type { DomainManager } from "./domain_manager.ts";
+import type { K8sEventType } from "./notify_client.ts";
+
+const log = getLogger("launcher");
+
+/** Where domain and Kubernetes events go. */
+export interface EventSink {
+  /** Reports the domain to the handler. */
+  sendDomainEvent(type: DomainEventType, domain: Domain): Promise<void>;
+  /** Asks the handler to record a Kubernetes event on the VMI. */
+  sendK8sEvent(
+    vmi: { namespace: string; name: string; uid?: string },
+    type: K8sEventType,
+    reason: string,
+    message: string,
+  ): Promise<void>;
+  /** Resolves once everything queued was delivered or given up; false after `timeoutMs`. */
+  flush(timeoutMs?: number): Promise<boolean>;
+  /** Stops sending. */
+  close(): void;
+}
+
+/** A sink that sends nothing (a launcher without a notify socket). */
+export const NO_SINK: EventSink = {
+  sendDomainEvent: () => Promise.resolve(),
+  sendK8sEvent: () => Promise.resolve(),
+  flush: () => Promise.resolve(true),
+  close: () => {},
+};
+
+// libvirt's virDomainEventType and the STOPPED / CRASHED details.
+const EVENT_DEFINED = 0;
+const EVENT_UNDEFINED = 1;
+const EVENT_STOPPED = 5;
+const EVENT_CRASHED = 8;
+const STOPPED_REASONS: readonly StateChangeReason[] = [
+  StateChangeReason.Shutdown,
+  StateChangeReason.Destroyed,
+  StateChangeReason.Crashed,
+  StateChangeReason.Migrated,
+  StateChangeReason.Saved,
+  StateChangeReason.Failed,
+  StateChangeReason.FromSnapshot,
+];
+
+/** The state an event itself proves, when later queries might already see a newer one. */
+function stateFromEvent(event: DomainEvent): DomainState | undefined {
+  if (event.type !== "lifecycle") return undefined;
+  if (event.event === EVENT_STOPPED) {
+    return {
+      status: LifeCycle.Shutoff,
+      reason: STOPPED_REASONS[event.detail] ?? StateChangeReason.Unknown,
+    };
+  }
+  if (event.event === EVENT_CRASHED) {
+    return {
+      status: LifeCycle.Crashed,
+      reason: event.detail === 0 ? StateChangeReason.Panicked : StateChangeReason.Unknown,
+    };
+  }
+  return undefined;
+}
+
+/**
+ * Whether a libvirt event changes what the handler sees of the domain, so the domain is
+ * sent again: its lifecycle, a reboot, and the guest agent (dis)connecting, which flips
+ * the agent channel's state that the handler's AgentConnected condition follows (as
+ * KubeVirt's launcher sends the domain on agent lifecycle events).
+ */
+export function updatesDomain(event: DomainEvent): boolean {
+  return event.type === "lifecycle" || event.type === "reboot" ||
+    event.type === "agentLifecycle";
+}
+
+function eventLabel(event: DomainEvent): string {
+  if (event.type === "lifecycle") return `${event.eventName}/${event.detailName}`;
+  if (event.type === "agentLifecycle") return `agent/${event.stateName}`;
+  return event.type;
+}
+
+/** What the event forwarder needs from the domain manager. */
+export type ForwardedDomain = Pick<
+  DomainManager,
+  "vmi" | "domainName" | "getDomain" | "nonExistentDomain"
+>;
+
+/** Turns libvirt events of one domain into notify events, one at a time, in order. */
+export class EventForwarder {
+  readonly #manager: ForwardedDomain;
+  readonly #sink: EventSink;
+  readonly #onDown: (state: DomainState) => void;
+  #chain: Promise<void> = Promise.resolve();
+  #last: { type: DomainEventType; state: DomainState } | undefined;
+  readonly #waiters = new Set<() => void>();
+
+  /** Forwards `manager`'s events to `sink`; `onDown` hears of a domain that went down. */
+  constructor(
+    manager: ForwardedDomain,
+    sink: EventSink,
+    onDown: (state: DomainState) => void,
+  ) {
+    this.#manager = manager;
+    this.#sink = sink;
+    this.#onDown = onDown;
+  }
+
+  /** The last event forwarded. */
+  get last(): { type: DomainEventType; state: DomainState } | undefined {
+    return this.#last;
+  }
+
+  /** Queues `event` for forwarding when it is this domain's and {@linkcode updatesDomain}. */
+  handle(event: DomainEvent): void {
+    if (event.domain.name !== this.#manager.domainName || !updatesDomain(event)) return;
+    this.#chain = this.#chain.then(() => this.#forward(event)).catch((error) => {
+      log.error("Cannot forward domain event", {
+        ...this.#manager.vmi,
+        error: error instanceof Error ? error.message : String(error),
+      });
+    });
+  }
+
+  /**
+   * Re-reads the domain after the libvirt connection came back (events of the outage
+   * are lost), or when a restarted launcher host takes the VMI back (`adopt`), and
+   * reports it as MODIFIED when its state differs from the last event (always, when no
+   * event was forwarded yet). A domain found down with a definite reason did stop while
+   * nobody watched; the connection loss alone never counts as that.
+   */
+  resync(why: "reconnect" | "adopt" = "reconnect"): Promise<void> {
+    const run = this.#chain.then(async () => {
+      const domain = await this.#manager.getDomain();
+      if (!domain) {
+        if (why === "reconnect") {
+          log.warn("No domain after reconnecting to libvirt", { ...this.#manager.vmi });
+        }
+        return;
+      }
+      const state = { status: domain.status.status, reason: domain.status.reason };
+      const last = this.#last?.state;
+      if (last && last.status === state.status && last.reason === state.reason) {
+        log.info("Domain unchanged after reconnecting to libvirt", {
+          ...this.#manager.vmi,
+          status: state.status,
+          reason: state.reason,
+        });
+        return;
+      }
+      log.info(
+        why === "adopt" ? "Domain taken back" : "Domain changed while libvirt was away",
+        {
+          ...this.#manager.vmi,
+          status: state.status,
+          reason: state.reason,
+          was: last ? `${last.status}/${last.reason}` : "unknown",
+        },
+      );
+      this.#sink.sendDomainEvent(DomainEventType.Modified, domain).catch(() => {});
+      this.#last = { type: DomainEventType.Modified, state };
+      for (const waiter of [...this.#waiters]) waiter();
+      if (isDomainDown(state.status) && state.reason !== StateChangeReason.Unknown) {
+        this.#onDown(state);
+      }
+    });
+    this.#chain = run.catch(() => {});
+    return run;
+  }
+
+  /** Resolves once every event received so far has been handed to the sink. */
+  idle(): Promise<void> {
+    return this.#chain;
+  }
+
+  /** Resolves when a forwarded event satisfies `predicate`, or after `timeoutMs` (false). */
+  waitFor(
+    predicate: (last: { type: DomainEventType; state: DomainState }) => boolean,
+    timeoutMs: number,
+  ): Promise<boolean> {
+    if (this.#last && predicate(this.#last)) return Promise.resolve(true);
+    return new Promise((resolve) => {
+      const check = () => {
+        if (this.#last && predicate(this.#last)) {
+          this.#waiters.delete(check);
+          clearTimeout(timer);
+          resolve(true);
+        }
+      };
+      const timer = setTimeout(() => {
+        this.#waiters.delete(check);
+        resolve(false);
+      }, timeoutMs);
+      this.#waiters.add(check);
+    });
+  }
+
+  async #forward(event: DomainEvent): Promise<void> {
+    let domain = await this.#manager.getDomain();
+    let type: DomainEventType = DomainEventType.Modified;
+    if (!domain) {
+      domain = this.#manager.nonExistentDomain();
+      if (event.type === "lifecycle" && event.event === EVENT_UNDEFINED) {
+        type = DomainEventType.Deleted;
+      }
+    } else if (event.type === "lifecycle" && event.event === EVENT_DEFINED && event.detail === 0) {
+      type = DomainEventType.Added;
+    }
+    const proven = stateFromEvent(event);
+    if (proven) domain.status = { ...domain.status, ...proven };
+    const state = { status: domain.status.status, reason: domain.status.reason };
+    log.info("Domain event", {
+      ...this.#manager.vmi,
+      event: eventLabel(event),
+      status: state.status,
+      reason: state.reason,
+    });
+    this.#sink.sendDomainEvent(type, domain).catch(() => {
+      // NotifyClient logs what it gives up on; the event loop carries on.
+    });
+    this.#last = { type, state };
+    for (const waiter of [...this.#waiters]) waiter();
+    // Only a Stopped or Crashed event proves QEMU went away (a defined domain is Shutoff too).
+    if (proven && type !== DomainEventType.Deleted && isDomainDown(state.status)) {
+      this.#onDown(state);
+    }
+  }
+}

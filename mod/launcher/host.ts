@@ -1,0 +1,441 @@
+/**
+ * The launcher host (`virtnode launcher-host`): pod-less mode's one long-lived process
+ * that serves every VMI's launcher on this host. In pod-less mode the guest is QEMU under
+ * the host's libvirtd, not a child of the launcher, so a process per VMI buys no
+ * isolation and costs a Deno start (about 1 CPU-second) and 34 MB each; the host runs one
+ * {@linkcode LauncherInstance} per VMI instead: the same cmd socket, paths and notify
+ * events as a `virtnode launcher` process, on one libvirt connection whose call workers
+ * grow while calls wait (a hung libvirt call holds one worker, never another VMI's call).
+ *
+ * The handler drives it over a control socket (`<dir>/control.sock`, mode 0600): one JSON
+ * object per line each way.
+ * - `{"id":1,"op":"start","spec":{namespace,name,uid,gracePeriodSeconds,socketDir,runDir,diskDir}}`
+ *   -> `{"id":1,"ok":true,"vm":{uid,state:"ready",socket}}` once the VMI's cmd socket is
+ *   `launcher-sock`; for a VMI whose domain died, `state` is `exited` (restart policy none).
+ * - `{"id":2,"op":"stop","uid":...}`: the graceful stop a SIGTERM gives a launcher (ACPI
+ *   within the grace period, then destroy, then undefine); answered when done.
+ * - `{"id":3,"op":"list"}` -> `{"id":3,"ok":true,"vms":[...]}`.
+ * - pushed to every connection: `{"event":"exited","uid":...,"code":1,"why":"..."}`.
+ *
+ * What it serves is kept in `<dir>/vms/<uid>.json` (written before the instance starts)
+ * and `<uid>.exit` (written when the domain died), so a host that crashed or was
+ * restarted takes every VMI back: it serves the same sockets again (renaming the new
+ * socket over the old one, so the handler never sees it missing), re-reads each domain
+ * and reports it. Neither a crash nor a SIGTERM of the host stops a guest; only a `stop`
+ * does.
+ *
+ * @module
+ */
+
+import { join } from "node:path";
+import { type Connection, openLibvirt } from "../../ffi/mod.ts";
+import { getLogger } from "../log/mod.ts";
+import { ConnectionKeeper } from "./_connection_keeper.ts";
+import { type EventSink, NO_SINK } from "./event_forwarder.ts";
+import { LauncherInstance } from "./instance.ts";
+import { NotifyClient, type NotifyTimeouts } from "./notify_client.ts";
+import {
+  checkHostedVmSpec,
+  type HostedVmSpec,
+  HostedVmSpecError,
+  type HostedVmStatus,
+  type LauncherHostOptions,
+  readLines,
+  UID,
+} from "./host_protocol/mod.ts";
+
+const log = getLogger("launcher", "host");
+
+/** Extra knobs of {@linkcode runLauncherHost} for tests and embedding. */
+export interface LauncherHostRuntime {
+  /** Aborting it ends the host (guests keep running). */
+  signal?: AbortSignal;
+  /** Listen for SIGTERM and SIGINT; true unless told. */
+  handleSignals?: boolean;
+  /** Called once the control socket listens and every VMI is taken back. */
+  onReady?: (controlSocket: string) => void;
+  /** Notify retry timing; KubeVirt's unless told. */
+  notifyTimeouts?: NotifyTimeouts;
+}
+
+/** Exit code when the host could not start (libvirt, control socket). */
+export const EXIT_HOST_START_FAILED = 2;
+
+/** VMIs taken back at once after a restart. */
+const ADOPT_CONCURRENCY = 16;
+
+interface Hosted {
+  spec: HostedVmSpec;
+  status: HostedVmStatus;
+  instance?: LauncherInstance;
+  /** Settles once the instance serves (or failed to). */
+  started: Promise<void>;
+  /** Settles once a `stop` finished. */
+  stopping?: Promise<void>;
+}
+
+/** Writes a file whole or not at all. */
+async function writeWhole(path: string, text: string): Promise<void> {
+  await Deno.writeTextFile(`${path}.tmp`, text, { mode: 0o600 });
+  await Deno.rename(`${path}.tmp`, path);
+}
+
+/** The launchers of one host; see the module doc. */
+export class LauncherHost {
+  readonly #o: LauncherHostOptions;
+  readonly #conn: Connection;
+  readonly #keeper: ConnectionKeeper;
+  readonly #sink: EventSink;
+  readonly #vms = new Map<string, Hosted>();
+  readonly #byDomain = new Map<string, LauncherInstance>();
+  readonly #clients = new Set<(line: string) => void>();
+  readonly #vmDir: string;
+
+  private constructor(options: LauncherHostOptions, conn: Connection, sink: EventSink) {
+    this.#o = options;
+    this.#conn = conn;
+    this.#sink = sink;
+    this.#vmDir = join(options.dir, "vms");
+    this.#keeper = new ConnectionKeeper(conn, {
+      vmi: { namespace: "", name: "launcher-host", uid: "" },
+      onRestored: async () => {
+        await Promise.all(
+          [...this.#vms.values()].map((h) => h.instance?.resync().catch(() => {})),
+        );
+      },
+    });
+    conn.onEvent((event) => this.#byDomain.get(event.domain.name)?.handle(event));
+  }
+
+  /** Opens libvirt and the notify client; serves nothing yet. */
+  static async open(
+    options: LauncherHostOptions,
+    notifyTimeouts?: NotifyTimeouts,
+  ): Promise<LauncherHost> {
+    const conn = await openLibvirt(options.libvirtUri, {
+      workers: 2,
+      maxWorkers: options.maxWorkers ?? 8,
+    });
+    const sink = options.notifySocket
+      ? new NotifyClient(options.notifySocket, notifyTimeouts)
+      : NO_SINK;
+    return new LauncherHost(options, conn, sink);
+  }
+
+  /** The control socket's path. */
+  get controlSocket(): string {
+    return join(this.#o.dir, "control.sock");
+  }
+
+  /** Every hosted VMI. */
+  list(): HostedVmStatus[] {
+    return [...this.#vms.values()].map((h) => ({ ...h.status }));
+  }
+
+  /** Takes back every VMI of `<dir>/vms` (after a crash or restart); returns how many. */
+  async adoptAll(): Promise<number> {
+    await Deno.mkdir(this.#vmDir, { recursive: true, mode: 0o700 });
+    const specs: HostedVmSpec[] = [];
+    for await (const entry of Deno.readDir(this.#vmDir)) {
+      if (!entry.isFile || !entry.name.endsWith(".json")) continue;
+      const file = join(this.#vmDir, entry.name);
+      try {
+        specs.push(checkHostedVmSpec(JSON.parse(await Deno.readTextFile(file))));
+      } catch (error) {
+        log.error("Launcher spec set aside: {error}", { file, error: String(error) });
+        await Deno.rename(file, `${file}.bad`).catch(() => {});
+      }
+    }
+    for (let i = 0; i < specs.length; i += ADOPT_CONCURRENCY) {
+      await Promise.all(specs.slice(i, i + ADOPT_CONCURRENCY).map((s) => this.#adopt(s)));
+    }
+    return specs.length;
+  }
+
+  async #adopt(spec: HostedVmSpec): Promise<void> {
+    const exit = await Deno.readTextFile(this.#exitFile(spec.uid)).catch(() => undefined);
+    if (exit !== undefined) {
+      let code = 1;
+      let why = "the domain stopped";
+      try {
+        ({ code, why } = JSON.parse(exit));
+      } catch { /* keep the defaults */ }
+      this.#vms.set(spec.uid, {
+        spec,
+        started: Promise.resolve(),
+        status: { uid: spec.uid, state: "exited", socket: this.#socketOf(spec), code, why },
+      });
+      return;
+    }
+    const hosted = this.#launch(spec, true);
+    await hosted.started;
+  }
+
+  #specFile(uid: string): string {
+    return join(this.#vmDir, `${uid}.json`);
+  }
+
+  #exitFile(uid: string): string {
+    return join(this.#vmDir, `${uid}.exit`);
+  }
+
+  #socketOf(spec: HostedVmSpec): string {
+    return join(spec.socketDir, "launcher-sock");
+  }
+
+  /** Serves a VMI (idempotent: a known UID gets its current status). */
+  async start(raw: unknown): Promise<HostedVmStatus> {
+    const spec = checkHostedVmSpec(raw);
+    let hosted = this.#vms.get(spec.uid);
+    if (!hosted) {
+      await Deno.mkdir(this.#vmDir, { recursive: true, mode: 0o700 });
+      await writeWhole(this.#specFile(spec.uid), JSON.stringify(spec));
+      hosted = this.#vms.get(spec.uid) ?? this.#launch(spec, false);
+    }
+    await hosted.started;
+    return { ...hosted.status };
+  }
+
+  #launch(spec: HostedVmSpec, adopting: boolean): Hosted {
+    const vmi = { namespace: spec.namespace, name: spec.name, uid: spec.uid };
+    const instance = new LauncherInstance({
+      vmi,
+      connection: this.#conn,
+      keeper: this.#keeper,
+      sink: this.#sink,
+      socketDir: spec.socketDir,
+      gracePeriodSeconds: spec.gracePeriodSeconds,
+      converter: {
+        runDir: spec.runDir,
+        diskDir: spec.diskDir,
+        imageDir: this.#o.imageDir,
+        hostDiskRoot: this.#o.hostDiskRoot,
+        domainType: this.#o.domainType,
+        ovmfDir: this.#o.ovmfDir,
+      },
+    });
+    const hosted: Hosted = {
+      spec,
+      instance,
+      status: { uid: spec.uid, state: "starting", socket: this.#socketOf(spec) },
+      started: Promise.resolve(),
+    };
+    this.#vms.set(spec.uid, hosted);
+    this.#byDomain.set(instance.domainName, instance);
+    hosted.started = (async () => {
+      try {
+        await Deno.mkdir(spec.socketDir, { recursive: true, mode: 0o700 });
+        await instance.serve({ replaceReady: adopting });
+        if (hosted.status.state === "starting") hosted.status.state = "ready";
+        if (adopting) await instance.resync("adopt");
+        log.info(adopting ? "Launcher taken back" : "Launcher ready", {
+          ...vmi,
+          socket: instance.socketPath,
+        });
+      } catch (error) {
+        log.error("Cannot serve the launcher", { ...vmi, error: String(error) });
+        await this.#exited(hosted, 2, `cannot serve the cmd socket: ${String(error)}`);
+      }
+    })();
+    instance.ended.then(async (end) => {
+      if (end.kind !== "died" || hosted.stopping) return;
+      const code = instance.reportDied(end.state);
+      await instance.forwarder.idle();
+      await this.#exited(
+        hosted,
+        code,
+        `the domain stopped unrequested: ${end.state.status} (${end.state.reason})`,
+      );
+    });
+    return hosted;
+  }
+
+  /** A VMI's launcher ended without being told (its domain died): as a launcher exiting. */
+  async #exited(hosted: Hosted, code: number, why: string): Promise<void> {
+    const instance = hosted.instance;
+    hosted.instance = undefined;
+    if (instance) {
+      if (this.#byDomain.get(instance.domainName) === instance) {
+        this.#byDomain.delete(instance.domainName);
+      }
+      await instance.close().catch(() => {});
+    }
+    hosted.status = { ...hosted.status, state: "exited", code, why };
+    await writeWhole(this.#exitFile(hosted.spec.uid), JSON.stringify({ code, why })).catch(
+      (error) => log.warn("Cannot record the launcher's end: {error}", { error }),
+    );
+    log.info("Launcher ended with code {code}", { uid: hosted.spec.uid, code, why });
+    this.#push({ event: "exited", uid: hosted.spec.uid, code, why });
+  }
+
+  /** Stops a VMI's guest gracefully and forgets it (idempotent). */
+  async stop(uid: unknown): Promise<void> {
+    if (typeof uid !== "string" || !UID.test(uid)) {
+      throw new HostedVmSpecError(`uid ${JSON.stringify(uid)} is not valid`);
+    }
+    const hosted = this.#vms.get(uid);
+    if (!hosted) {
+      await Deno.remove(this.#specFile(uid)).catch(() => {});
+      await Deno.remove(this.#exitFile(uid)).catch(() => {});
+      return;
+    }
+    hosted.stopping ??= (async () => {
+      await hosted.started.catch(() => {});
+      const instance = hosted.instance;
+      if (instance) {
+        hosted.status.state = "stopping";
+        instance.requestStop();
+        await instance.shutdownGuest();
+        await this.#sink.flush(3_000).catch(() => false);
+        if (this.#byDomain.get(instance.domainName) === instance) {
+          this.#byDomain.delete(instance.domainName);
+        }
+        await instance.close().catch(() => {});
+      }
+      await Deno.remove(this.#specFile(uid)).catch(() => {});
+      await Deno.remove(this.#exitFile(uid)).catch(() => {});
+      this.#vms.delete(uid);
+      log.info("Launcher stopped", { uid });
+    })();
+    await hosted.stopping;
+  }
+
+  #push(message: Record<string, unknown>): void {
+    const line = `${JSON.stringify(message)}\n`;
+    for (const send of this.#clients) send(line);
+  }
+
+  /** Serves the control socket until `signal` aborts. */
+  async serveControl(signal: AbortSignal, onListening?: () => void): Promise<void> {
+    const path = this.controlSocket;
+    await Deno.remove(path).catch(() => {});
+    const listener = Deno.listen({ transport: "unix", path });
+    await Deno.chmod(path, 0o600);
+    onListening?.();
+    const close = () => listener.close();
+    signal.addEventListener("abort", close, { once: true });
+    const connections = new Set<Deno.UnixConn>();
+    try {
+      for await (const conn of listener) {
+        connections.add(conn);
+        this.#serveClient(conn).finally(() => connections.delete(conn));
+      }
+    } catch (error) {
+      if (!signal.aborted) throw error;
+    } finally {
+      signal.removeEventListener("abort", close);
+      for (const conn of connections) {
+        try {
+          conn.close();
+        } catch { /* closed already */ }
+      }
+    }
+  }
+
+  async #serveClient(conn: Deno.UnixConn): Promise<void> {
+    const encoder = new TextEncoder();
+    let writing = Promise.resolve();
+    let open = true;
+    const send = (line: string) => {
+      writing = writing.then(async () => {
+        if (!open) return;
+        const bytes = encoder.encode(line);
+        for (let done = 0; done < bytes.length;) done += await conn.write(bytes.subarray(done));
+      }).catch(() => {
+        open = false;
+      });
+    };
+    this.#clients.add(send);
+    try {
+      for await (const line of readLines(conn.readable)) {
+        if (line.trim() === "") continue;
+        void this.#answer(line).then((reply) => send(`${JSON.stringify(reply)}\n`));
+      }
+    } catch {
+      // The handler went away; it reconnects.
+    } finally {
+      this.#clients.delete(send);
+      open = false;
+      await writing;
+      try {
+        conn.close();
+      } catch { /* closed already */ }
+    }
+  }
+
+  async #answer(line: string): Promise<Record<string, unknown>> {
+    let id: unknown = null;
+    try {
+      const request = JSON.parse(line) as Record<string, unknown>;
+      id = request.id ?? null;
+      switch (request.op) {
+        case "start":
+          return { id, ok: true, vm: await this.start(request.spec) };
+        case "stop":
+          await this.stop(request.uid);
+          return { id, ok: true };
+        case "list":
+          return { id, ok: true, vms: this.list() };
+        default:
+          return { id, ok: false, error: `unknown op ${JSON.stringify(request.op)}` };
+      }
+    } catch (error) {
+      return { id, ok: false, error: error instanceof Error ? error.message : String(error) };
+    }
+  }
+
+  /** Lets go of libvirt and the notify client; guests and socket files stay. */
+  async close(): Promise<void> {
+    await Promise.all(
+      [...this.#vms.values()].map((h) => h.instance?.close({ keepSocket: true }).catch(() => {})),
+    );
+    this.#sink.close();
+    await this.#keeper.stop();
+    await this.#conn.close().catch(() => {});
+  }
+}
+
+/**
+ * Runs the launcher host until SIGTERM/SIGINT (or `signal`); resolves with the exit code.
+ * Ending the host never stops a guest: a restarted host takes every VMI back.
+ */
+export async function runLauncherHost(
+  options: LauncherHostOptions,
+  runtime: LauncherHostRuntime = {},
+): Promise<number> {
+  const stop = new AbortController();
+  const onSignal = () => stop.abort();
+  const signals: Deno.Signal[] = runtime.handleSignals === false ? [] : ["SIGTERM", "SIGINT"];
+  for (const s of signals) Deno.addSignalListener(s, onSignal);
+  runtime.signal?.addEventListener("abort", onSignal, { once: true });
+  if (runtime.signal?.aborted) onSignal();
+  let host: LauncherHost;
+  try {
+    await Deno.mkdir(options.dir, { recursive: true, mode: 0o700 });
+    host = await LauncherHost.open(options, runtime.notifyTimeouts);
+  } catch (error) {
+    log.error("Cannot start the launcher host", { error: String(error) });
+    return EXIT_HOST_START_FAILED;
+  }
+  try {
+    const started = performance.now();
+    const adopted = await host.adoptAll();
+    await host.serveControl(stop.signal, () => {
+      log.info("Launcher host ready: {adopted} launchers taken back", {
+        adopted,
+        startupMs: Math.round(performance.now() - started),
+        control: host.controlSocket,
+      });
+      runtime.onReady?.(host.controlSocket);
+    });
+    log.info("Launcher host stopping; guests keep running");
+    return 0;
+  } catch (error) {
+    log.error("Launcher host failed", { error: String(error) });
+    return EXIT_HOST_START_FAILED;
+  } finally {
+    for (const s of signals) Deno.removeSignalListener(s, onSignal);
+    runtime.signal?.removeEventListener("abort", onSignal);
+    await host.close();
+  }
+}
