@@ -342,6 +342,16 @@ export function hostPid(stateDir: string): number | undefined {
   return undefined;
 }
 
+/** The log file of a pod-less handler's launcher host (`<stateDir>/launchers/host-*.log`). */
+export function hostLogOf(stateDir: string): string {
+  for (const e of Deno.readDirSync(`${stateDir}/launchers`)) {
+    if (e.name.startsWith("host-") && e.name.endsWith(".log")) {
+      return `${stateDir}/launchers/${e.name}`;
+    }
+  }
+  throw new Error(`no launcher host log in ${stateDir}/launchers`);
+}
+
 /** The UIDs a pod-less handler's launcher host serves (its `vms/<uid>.json` records). */
 export function hostedUids(stateDir: string): string[] {
   try {

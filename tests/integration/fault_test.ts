@@ -12,8 +12,10 @@ import {
   deleteVmi,
   getVmi,
   type HandlerProcess,
+  hostedUids,
+  hostPid,
+  killLaunchers,
   kubeClient,
-  launchersByUid,
   launcherStarts,
   startHandlerProcess,
   testVmi,
@@ -37,28 +39,36 @@ function suffix(): string {
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
-async function pidFile(h: HandlerProcess, uid: string): Promise<number | undefined> {
-  try {
-    return Number((await Deno.readTextFile(`${h.stateDir}/launchers/${uid}.pid`)).trim());
-  } catch {
-    return undefined;
+/** The launcher host processes of a handler's directory (by their `--dir` below it). */
+function hostProcesses(h: HandlerProcess): number[] {
+  const pids: number[] = [];
+  for (const e of Deno.readDirSync("/proc")) {
+    if (!/^\d+$/.test(e.name)) continue;
+    try {
+      const args = Deno.readTextFileSync(`/proc/${e.name}/cmdline`).split("\0");
+      if (args.includes("launcher-host") && args.some((a) => a.startsWith(`${h.dir}/`))) {
+        pids.push(Number(e.name));
+      }
+    } catch { /* exited meanwhile */ }
   }
+  return pids;
 }
 
-/** Kills (SIGKILL) every launcher process serving one of `uids` (cleanup after a failure). */
-function killLauncherProcesses(uids: Iterable<string>): number {
-  const wanted = new Set(uids);
-  let killed = 0;
-  for (const [uid, pids] of launchersByUid()) {
-    if (!wanted.has(uid)) continue;
-    for (const pid of pids) {
-      try {
-        Deno.kill(pid, "SIGKILL");
-        killed++;
-      } catch { /* gone */ }
+/** How many times the launcher host's log says a UID's launcher became ready. */
+async function hostStarts(h: HandlerProcess): Promise<Map<string, number>> {
+  const starts = new Map<string, number>();
+  let text = "";
+  for (const e of Deno.readDirSync(`${h.stateDir}/launchers`)) {
+    if (e.name.startsWith("host-") && e.name.endsWith(".log")) {
+      text += await Deno.readTextFile(`${h.stateDir}/launchers/${e.name}`);
     }
   }
-  return killed;
+  for (const line of text.split("\n")) {
+    if (!line.includes('"msg":"Launcher ready"')) continue;
+    const uid = /"uid":"([^"]+)"/.exec(line)?.[1];
+    if (uid) starts.set(uid, (starts.get(uid) ?? 0) + 1);
+  }
+  return starts;
 }
 
 /** Lines of the handler's log that tell of a launcher crash (SIGSEGV 139 / SIGABRT 134). */
@@ -88,18 +98,18 @@ async function healthStatus(h: HandlerProcess, path: string): Promise<number> {
 }
 
 /**
- * Asserts exactly one launcher process per UID, the one its PID file names, and at most one
- * "Started launcher" per UID in the handlers' log (a duplicate start overwrites the PID
- * file and may have exited since; the log keeps it).
+ * Asserts one launcher host process (the one its PID file names, started once), every UID
+ * served by it, and at most one start of each UID's launcher in the host's log.
  */
 async function assertOneLauncherPerUid(h: HandlerProcess, uids: string[]): Promise<void> {
-  const procs = launchersByUid();
-  const starts = await launcherStarts(h.logFile);
+  const hosts = hostProcesses(h);
+  assert.deepEqual(hosts, [hostPid(h.stateDir)], "one launcher host, the one its PID file names");
+  assert.equal((await launcherStarts(h.logFile)).size, 1, "the host was started once");
+  const served = new Set(hostedUids(h.stateDir));
+  const starts = await hostStarts(h);
   for (const uid of uids) {
-    assert.ok((starts.get(uid) ?? 0) <= 1, `${uid} started ${starts.get(uid)} times`);
-    const pids = procs.get(uid) ?? [];
-    assert.equal(pids.length, 1, `exactly one launcher for ${uid}, found ${pids.join(",")}`);
-    assert.equal(await pidFile(h, uid), pids[0], `the PID file of ${uid} names its launcher`);
+    assert.ok(served.has(uid), `the host serves ${uid}`);
+    assert.equal(starts.get(uid), 1, `${uid}'s launcher started ${starts.get(uid)} times`);
   }
 }
 
@@ -151,28 +161,20 @@ async function withEnv(
       uids.push(v.metadata.uid!);
       await deleteVmi(client, ns, v.metadata.name!).catch(() => {});
     }
-    // Let a live handler stop the launchers; then kill what is left.
+    // Let a live handler stop the launchers; then kill the host.
     if (last && last.child && vmis.length > 0) {
       await waitFor(
-        "launchers to exit",
+        "launchers to end",
         () => {
-          const procs = launchersByUid();
-          return uids.every((u) => !procs.has(u));
+          const served = new Set(hostedUids(last.stateDir));
+          return uids.every((u) => !served.has(u));
         },
         60_000,
         250,
       ).catch(() => {});
     }
     for (const h of handlers) await h.kill("SIGTERM");
-    if (last) {
-      try {
-        for (const e of Deno.readDirSync(`${last.stateDir}/launchers`)) {
-          if (e.name.endsWith(".pid")) uids.push(e.name.slice(0, -4));
-        }
-      } catch { /* none */ }
-    }
-    const killed = killLauncherProcesses(uids);
-    if (killed > 0) console.error(`killed ${killed} leftover launcher(s)`);
+    if (last) killLaunchers(last.stateDir);
     await client.request("DELETE", `/api/v1/namespaces/${ns}`).catch(() => {});
     client.close();
     if (last && !Deno.env.get("KEEP_HANDLER_DIR")) {
@@ -182,7 +184,7 @@ async function withEnv(
 }
 
 Deno.test(
-  "fault: handler SIGKILLed in the middle of a 50-VMI burst and restarted: every VMI Running, one launcher each",
+  "fault: handler SIGKILLed in the middle of a 50-VMI burst and restarted: every VMI Running, one launcher each in one host",
   grpcTest,
   async () => {
     const COUNT = 50;
@@ -225,8 +227,7 @@ Deno.test(
         const vmisAtKill = await listVmis(client, ns);
         const uids = vmisAtKill.map((v) => v.metadata.uid!);
         assert.equal(uids.length, COUNT);
-        const launchersAtKill = [...launchersByUid().keys()].filter((u) => uids.includes(u))
-          .length;
+        const launchersAtKill = hostedUids(h.stateDir).filter((u) => uids.includes(u)).length;
 
         const restarted = await startHandlerProcess({
           kubeconfig: cluster.handlerKubeconfigPath,
@@ -267,7 +268,7 @@ Deno.test(
             `after ${Math.round(readyAt - killedAt)} ms; all ${COUNT} Running ${
               Math.round(allRunningAt - readyAt)
             } ms after ready (${Math.round(allRunningAt - t0)} ms after the first create); ` +
-            `${COUNT} launchers, one per UID`,
+            `${COUNT} launchers in one host, one per UID`,
         );
       });
     } finally {
@@ -351,7 +352,7 @@ Deno.test(
         await waitFor(
           "the deleted VMI's launcher to be gone",
           () => {
-            return !launchersByUid().has(deletedUid);
+            return !hostedUids(h.stateDir).includes(deletedUid);
           },
           60_000,
           250,

@@ -176,9 +176,8 @@ Deno.test("handler: a VMI deleted and created again under the same name gets a n
     const name = `vm-${suffix()}`;
     const first = await createVmi(client, testVmi(name, node));
     await waitForPhase(client, "default", name, "Running");
-    const oldPid = Number(
-      (await Deno.readTextFile(`${h.stateDir}/launchers/${first.metadata.uid}.pid`)).trim(),
-    );
+    const hostedFile = (uid: string) => `${h.stateDir}/launcher-host/vms/${uid}.json`;
+    assert.ok(await Deno.lstat(hostedFile(first.metadata.uid!)), "the host serves the first");
     await deleteVmi(client, "default", name);
     // virt-api's finalizer keeps the old VMI until the handler is done with it.
     await waitFor(
@@ -189,7 +188,12 @@ Deno.test("handler: a VMI deleted and created again under the same name gets a n
     assert.notEqual(second.metadata.uid, first.metadata.uid);
     const running = await waitForPhase(client, "default", name, "Running");
     assert.equal(running.metadata.uid, second.metadata.uid);
-    await waitFor("the old launcher to exit", () => !pidAlive(oldPid), 30_000);
+    await waitFor(
+      "the old launcher to end",
+      () => Deno.lstat(hostedFile(first.metadata.uid!)).then(() => false, () => true),
+      30_000,
+    );
+    assert.ok(await Deno.lstat(hostedFile(second.metadata.uid!)), "the host serves the second");
     await waitFor("only the new VMI's ghost record to remain", () => {
       const files = [...Deno.readDirSync(`${h.stateDir}/ghost-records`)]
         .filter((e) => e.isFile).map((e) => e.name);

@@ -24,7 +24,6 @@ import {
   type HandlerProcess,
   killLaunchers,
   kubeClient,
-  pidAlive,
   startHandlerProcess,
   testVmi,
   waitFor,
@@ -358,7 +357,8 @@ Deno.test("rbac: a handler with only deploy/rbac.yaml's token runs a VMI to Runn
       const uid = created.metadata.uid!;
       const running = await waitForPhase(admin, "default", name, "Running");
       assert.equal(running.status!.nodeName, node);
-      const pid = Number((await Deno.readTextFile(`${h.stateDir}/launchers/${uid}.pid`)).trim());
+      const hosted = `${h.stateDir}/launcher-host/vms/${uid}.json`;
+      assert.ok(await exists(hosted), "the launcher host serves the VMI");
       await waitFor("Created and Started events", async () => {
         const reasons = (await eventsFor(admin, "default", name)).map((e) => e.reason);
         return reasons.includes("Created") && reasons.includes("Started");
@@ -388,7 +388,7 @@ Deno.test("rbac: a handler with only deploy/rbac.yaml's token runs a VMI to Runn
       });
 
       await deleteVmi(admin, "default", name);
-      await waitFor("the launcher to exit", () => !pidAlive(pid), 30_000);
+      await waitFor("the launcher to end", async () => !(await exists(hosted)), 30_000);
       await waitFor(
         "the ghost record to be removed",
         async () => !(await exists(`${h.stateDir}/ghost-records/${uid}`)),
