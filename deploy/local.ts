@@ -243,9 +243,44 @@ async function deleteExamples(dir: string, kubeconfig: string, names: string[]):
   }
 }
 
+/**
+ * Ends the launcher host the handler started (it outlives the handler by design, so that
+ * a handler restart never stops a VM); it serves nothing once the examples are deleted.
+ */
+async function stopLauncherHost(stateDir: string): Promise<void> {
+  let entries: Deno.DirEntry[];
+  try {
+    entries = [...Deno.readDirSync(`${stateDir}/launchers`)];
+  } catch {
+    return;
+  }
+  for (const e of entries) {
+    if (!e.name.startsWith("host-") || !e.name.endsWith(".pid")) continue;
+    const pid = Number(Deno.readTextFileSync(`${stateDir}/launchers/${e.name}`).trim());
+    let cmdline = "";
+    try {
+      cmdline = Deno.readTextFileSync(`/proc/${pid}/cmdline`);
+    } catch {
+      continue; // gone already
+    }
+    if (!cmdline.includes("\0launcher-host\0")) continue;
+    say(`stopping the launcher host (pid ${pid})`);
+    Deno.kill(pid, "SIGTERM");
+    for (let i = 0; i < 100; i++) {
+      try {
+        Deno.statSync(`/proc/${pid}`);
+      } catch {
+        return;
+      }
+      await sleep(100);
+    }
+    Deno.kill(pid, "SIGKILL");
+  }
+}
+
 /** The example VMIs' domains (`default_<name>`) that libvirt still has. */
 async function leftoverDomains(uri: string, names: string[]): Promise<string[]> {
-  if (uri.startsWith("test:")) return []; // each launcher had its own test driver state
+  if (uri.startsWith("test:")) return []; // the launcher host held the test driver's state
   const out = await new Deno.Command("virsh", {
     args: ["-c", uri, "list", "--all", "--name"],
     stdin: "null",
@@ -296,6 +331,7 @@ async function main(): Promise<number> {
   handler.logFile.close();
   client.close();
   say(`handler exited with code ${status.code}`);
+  await stopLauncherHost(`${dir}/state`);
   say("stopping the control plane");
   await cluster.stop();
   const left = await leftoverDomains(uri, manifests.map((m) => m.name));

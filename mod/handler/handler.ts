@@ -155,6 +155,7 @@ export class Handler implements Runnable {
       onUnresponsive: (uid) => this.controller.launcherGone(uid),
       markerDir: join(config.stateDir, "unresponsive"),
       dialResolver: this.#provider.dialResolver,
+      dial: !this.#provider.watchesLaunchers,
     });
     const launchers = this.#launchers;
     this.controller = new VmiController({

@@ -349,6 +349,13 @@ export interface LauncherClientsOptions {
   dialResolver?: DialResolver;
   /** Called when a launcher becomes unresponsive (the controller requeues its VMI). */
   onUnresponsive?: (uid: string) => void;
+  /**
+   * Dial every launcher's socket each round (KubeVirt's monitor); true unless told. A
+   * provider that watches its launchers itself (the pod-less launcher host reports ends and
+   * is pinged as a whole) turns it off: 200 dials every 11 s cost the handler and the host
+   * CPU for nothing.
+   */
+  dial?: boolean;
   /** Clock; injectable for tests. */
   now?: () => number;
 }
@@ -386,7 +393,9 @@ async function exists(path: string): Promise<boolean> {
 export class LauncherClients {
   readonly #entries = new Map<string, Entry>();
   readonly #opts:
-    & Required<Omit<LauncherClientsOptions, "onUnresponsive" | "markerDir" | "dialResolver">>
+    & Required<
+      Omit<LauncherClientsOptions, "onUnresponsive" | "markerDir" | "dialResolver" | "dial">
+    >
     & LauncherClientsOptions;
   /** For logs. */
   readonly name = "launcher-monitor";
@@ -515,6 +524,7 @@ export class LauncherClients {
         }
         return;
       }
+      if (this.#opts.dial === false) return;
       try {
         await entry.client.dial(LAUNCHER_TIMEOUTS.ping);
         entry.lastAnswerMs = this.#opts.now();

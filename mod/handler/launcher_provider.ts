@@ -37,6 +37,11 @@ export interface LauncherProvider extends Runnable {
   readonly standsInForController: boolean;
   /** How soon to look at a VMI again whose launcher socket has not appeared, ms. */
   readonly notReadyRequeueMs: number;
+  /**
+   * The provider learns itself when a launcher ends or hangs, so the handler need not dial
+   * each launcher's socket (pod-less mode: the launcher host reports ends and is pinged).
+   */
+  readonly watchesLaunchers: boolean;
   /** How the handler reaches a launcher's socket file (safely, where others control it). */
   readonly dialResolver: DialResolver;
   /** The cmd socket of the VMI's launcher if one is known; starts nothing. */

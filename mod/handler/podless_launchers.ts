@@ -83,6 +83,13 @@ export function launcherHostId(stateDir: string): string {
   return `host-${hash.toString(16).padStart(8, "0")}`;
 }
 
+/** How often the handler asks the launcher host whether it is alive (KubeVirt's monitor: 11 s). */
+const HOST_PING_MS = 11_000;
+/** How long one ping may take. */
+const HOST_PING_TIMEOUT_MS = 5_000;
+/** A host silent this long is hung (KubeVirt: a launcher silent for 30 s is unresponsive). */
+const HOST_HUNG_MS = 30_000;
+
 /** How long a start waits for the host's control connection before it asks to be woken. */
 const CONNECT_WAIT_MS = 2_000;
 
@@ -92,6 +99,8 @@ export class PodlessLaunchers implements LauncherProvider {
   readonly name = "podless";
   /** The handler schedules Pending VMIs and owns `Ready` here. */
   readonly standsInForController = true;
+  /** The host reports every launcher that ends, and is pinged itself. */
+  readonly watchesLaunchers = true;
   /** See {@linkcode PODLESS_NOT_READY_REQUEUE_MS}. */
   readonly notReadyRequeueMs: number = PODLESS_NOT_READY_REQUEUE_MS;
   /** Sockets live in directories the handler made (0700) for the host it started. */
@@ -277,11 +286,47 @@ export class PodlessLaunchers implements LauncherProvider {
       const aborted = new Promise<void>((resolve) =>
         signal.addEventListener("abort", () => resolve(), { once: true })
       );
-      await Promise.race([client.closed, aborted]);
+      await Promise.race([client.closed, aborted, this.#pingUntilHung(client, signal)]);
     } finally {
       this.#listed = false;
       this.#connected = new Promise((resolve) => this.#setConnected = resolve);
       if (signal.aborted) await client.close();
+    }
+  }
+
+  /**
+   * Asks the host for its list every {@linkcode HOST_PING_MS} (a missed "exited" report is
+   * caught here too); a host that has not answered for {@linkcode HOST_HUNG_MS} is hung:
+   * it is killed (its guests keep running) and the supervisor starts another, which takes
+   * every VMI back. Resolves once the host is gone or killed, or on abort.
+   */
+  async #pingUntilHung(client: LauncherHostClient, signal: AbortSignal): Promise<void> {
+    let lastAnswer = performance.now();
+    while (!signal.aborted && client.open) {
+      await sleep(HOST_PING_MS, signal);
+      if (signal.aborted || !client.open) return;
+      try {
+        const vms = await client.list(HOST_PING_TIMEOUT_MS);
+        lastAnswer = performance.now();
+        for (const vm of vms) {
+          const known = this.#served.get(vm.uid);
+          this.#served.set(vm.uid, vm);
+          if (vm.state === "exited" && known?.state !== "exited") {
+            this.#o.exited(vm.uid, vm.why ?? "the launcher ended");
+          }
+        }
+      } catch (error) {
+        if (!client.open) return;
+        if (performance.now() - lastAnswer < HOST_HUNG_MS) continue;
+        log.error("The launcher host has not answered for {seconds} s; killing it: {error}", {
+          seconds: Math.round((performance.now() - lastAnswer) / 1000),
+          error,
+          hostLog: this.hostLog,
+        });
+        await this.#spawner.stop(this.hostId, 2_000);
+        await client.close();
+        return;
+      }
     }
   }
 

@@ -10,6 +10,7 @@ import {
   deleteVmi,
   eventsFor,
   getVmi,
+  killLaunchers,
   kubeClient,
   pidAlive,
   startHandlerProcess,
@@ -71,6 +72,7 @@ async function withQemuHandler(
       }
     }, 60_000).catch((e) => console.error(e.message));
     await h.kill("SIGTERM");
+    killLaunchers(h.stateDir); // the launcher host outlives its handler by design
     await client.request("DELETE", `/api/v1/namespaces/${ns}`).catch(() => {});
     client.close();
     await Deno.remove(h.dir, { recursive: true }).catch(() => {});

@@ -18,8 +18,23 @@ async function domainsLeft(): Promise<string[]> {
   return names.filter((n) => EXAMPLES.some((e) => n === `default_${e}`));
 }
 
+/** Launcher host processes of a local mode's directory. */
+function localHosts(): number[] {
+  const pids: number[] = [];
+  for (const e of Deno.readDirSync("/proc")) {
+    if (!/^\d+$/.test(e.name)) continue;
+    try {
+      const cmdline = Deno.readTextFileSync(`/proc/${e.name}/cmdline`).split("\0");
+      if (
+        cmdline.includes("launcher-host") && cmdline.some((a) => a.includes("/virtnode-local-"))
+      ) pids.push(Number(e.name));
+    } catch { /* gone */ }
+  }
+  return pids;
+}
+
 /**
- * After a failed run: ends the example VMIs' launchers and removes their domains, so
+ * After a failed run: ends local mode's launcher host and removes the examples' domains, so
  * that what this test started does not outlive it or break the next run.
  */
 async function removeExamples(): Promise<void> {
@@ -28,7 +43,9 @@ async function removeExamples(): Promise<void> {
     try {
       const cmdline = Deno.readTextFileSync(`/proc/${e.name}/cmdline`).split("\0");
       const at = cmdline.indexOf("--name");
-      if (cmdline.includes("launcher") && EXAMPLES.includes(cmdline[at + 1])) {
+      const localHost = cmdline.includes("launcher-host") &&
+        cmdline.some((a) => a.includes("/virtnode-local-"));
+      if (localHost || (cmdline.includes("launcher") && EXAMPLES.includes(cmdline[at + 1]))) {
         Deno.kill(Number(e.name), "SIGKILL");
       }
     } catch { /* gone */ }
@@ -65,6 +82,8 @@ Deno.test("local mode (deno task start) brings every example VMI to Running unde
   assert.match(text, /every example VMI is Running/);
   assert.match(text, /kubevirt\.io\/schedulable=true, [1-9]\d* labels from libvirt's capabilities/);
   assert.match(text, /handler exited with code 0/);
+  assert.match(text, /stopping the launcher host/);
+  assert.deepEqual(localHosts(), [], "no launcher host left running");
   assert.match(text, /\[local\] done/);
   assert.deepEqual(await domainsLeft(), [], "no guest left behind");
 });
@@ -108,6 +127,7 @@ Deno.test("local mode: Ctrl-C deletes the VMIs through the running control plane
     assert.doesNotMatch(afterCtrlC, /refused/i, "the control plane outlived the deletion");
     assert.match(text, /handler exited with code 0/);
     assert.doesNotMatch(text, /domains left behind/);
+    assert.deepEqual(localHosts(), [], "no launcher host left running");
     assert.match(text, /the host's configuration is as it was/);
     assert.deepEqual(await domainsLeft(), [], "no domain definition left behind");
     assert.equal(await Deno.readTextFile(QEMU_CONF), pristine, "qemu.conf restored");

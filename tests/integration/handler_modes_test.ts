@@ -10,6 +10,7 @@ import {
   deleteVmi,
   eventsFor,
   getVmi,
+  killLaunchers,
   kubeClient,
   pidAlive,
   releaseVmi,
@@ -208,6 +209,7 @@ Deno.test("handler: a VMI deleted and created again under the same name gets a n
   } finally {
     if (!ok) console.error((await Deno.readTextFile(h.logFile)).slice(-5000));
     await h.kill("SIGTERM");
+    killLaunchers(h.stateDir); // the launcher host outlives its handler by design
     client.close();
     await Deno.remove(h.dir, { recursive: true }).catch(() => {});
     await cluster.stop();
@@ -247,6 +249,7 @@ Deno.test("handler: a missing kubeconfig is reported and retried with backoff un
   } finally {
     if (!ok) console.error((await Deno.readTextFile(h.logFile)).slice(-5000));
     await h.kill("SIGTERM");
+    killLaunchers(h.stateDir);
     client.close();
     await Deno.remove(dir, { recursive: true }).catch(() => {});
     await Deno.remove(h.dir, { recursive: true }).catch(() => {});

@@ -50,6 +50,7 @@ function doubles(standsInForController = true): Doubles {
     socketFile: "/nonexistent/launcher-sock",
   };
   const provider: LauncherProvider = {
+    watchesLaunchers: false,
     name: "test-double",
     standsInForController,
     notReadyRequeueMs: 1_000,
