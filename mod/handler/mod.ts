@@ -46,17 +46,22 @@ export {
 } from "./launcher_provider.ts";
 export { POD_SOCKET_POLL_MS, PodLaunchers, type PodLaunchersOptions } from "./pod_launchers.ts";
 export {
+  type HostSettings,
   LAUNCHER_STOP_EXTRA_MS,
+  launcherHostId,
   PODLESS_NOT_READY_REQUEUE_MS,
   PodlessLaunchers,
   type PodlessLaunchersOptions,
   reapDomain,
 } from "./podless_launchers.ts";
 export {
+  LAUNCHER_IDENTITY,
   LauncherSpawner,
   type LauncherSpawnerOptions,
   type LauncherSpec,
+  type ProcessIdentity,
 } from "./launcher_spawner.ts";
+export { type HostExit, LauncherHostClient, LauncherHostError } from "./launcher_host_client.ts";
 export {
   dialDirectly,
   type DialResolver,

@@ -48,6 +48,13 @@ export {
   readLines,
 } from "./host_protocol/mod.ts";
 export { type InstanceEnd, LauncherInstance, type LauncherInstanceOptions } from "./instance.ts";
+export {
+  EventForwarder,
+  type EventSink,
+  type ForwardedDomain,
+  NO_SINK,
+  updatesDomain,
+} from "./event_forwarder.ts";
 export { type IsoTool } from "./_iso.ts";
 export { ConnectionKeeper } from "./_connection_keeper.ts";
 export {

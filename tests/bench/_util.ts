@@ -143,6 +143,29 @@ export function procCpuTicks(pid: number): number | undefined {
   return Number(rest[11]) + Number(rest[12]);
 }
 
+/** PIDs of processes whose command line has `name` as its program and `within` in an argument. */
+export function pidsOf(name: string, within: string): number[] {
+  const pids: number[] = [];
+  for (const e of Deno.readDirSync("/proc")) {
+    if (!/^\d+$/.test(e.name)) continue;
+    try {
+      const args = Deno.readTextFileSync(`/proc/${e.name}/cmdline`).split("\0");
+      if (args[0]?.endsWith(`/${name}`) && args.some((a) => a.includes(within))) {
+        pids.push(Number(e.name));
+      }
+    } catch { /* exited meanwhile */ }
+  }
+  return pids;
+}
+
+/** Busy clock ticks of the whole machine (all CPUs: user, nice, system, irq, softirq). */
+export function machineBusyTicks(): number {
+  const cpu = Deno.readTextFileSync("/proc/stat").split("\n")[0].split(/\s+/).slice(1).map(
+    Number,
+  );
+  return cpu[0] + cpu[1] + cpu[2] + cpu[5] + cpu[6];
+}
+
 let clockTicks: number | undefined;
 
 /** The kernel's clock ticks per second (`getconf CLK_TCK`, 100 on Linux almost always). */
