@@ -8,13 +8,12 @@
  */
 
 import * as grpc from "@grpc/grpc-js";
-import * as protoLoader from "@grpc/proto-loader";
 import {
   type CallOptions,
   type ClientCall,
   type ClientReadableStream,
   type GrpcClient,
-  PROTO_LOADER_OPTIONS,
+  loadDefinition,
   ProtoLoadError,
   protoPath,
   type ServiceDefinition,
@@ -144,18 +143,9 @@ export interface PreStartContainerRequest {
   devices_ids: string[];
 }
 
-let definition: protoLoader.PackageDefinition | undefined;
-
 function service(name: string): ServiceDefinition {
   const path = protoPath(DEVICE_PLUGIN_PROTO);
-  if (!definition) {
-    try {
-      definition = protoLoader.loadSync(path, { ...PROTO_LOADER_OPTIONS });
-    } catch (error) {
-      throw new ProtoLoadError(path, { cause: error });
-    }
-  }
-  const found = definition[name];
+  const found = loadDefinition(DEVICE_PLUGIN_PROTO)[name];
   if (!found || "format" in found) {
     throw new ProtoLoadError(path, { cause: new Error(`service "${name}" is not defined`) });
   }

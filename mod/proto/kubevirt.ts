@@ -7,13 +7,12 @@
  */
 
 import * as grpc from "@grpc/grpc-js";
-import * as protoLoader from "@grpc/proto-loader";
 import {
   type CallOptions,
   type ChannelOptions,
   type ClientCall,
   type GrpcClient,
-  PROTO_LOADER_OPTIONS,
+  loadDefinition,
   ProtoLoadError,
   protoPath,
   type ServiceDefinition,
@@ -195,24 +194,8 @@ export const PROTO_FILES: Readonly<Record<"cmd" | "cmdInfo" | "notify" | "notify
     notifyInfo: "notify_info.proto",
   });
 
-const cache = new Map<string, protoLoader.PackageDefinition>();
-
-function load(file: string): protoLoader.PackageDefinition {
-  let definition = cache.get(file);
-  if (!definition) {
-    const path = protoPath(file);
-    try {
-      definition = protoLoader.loadSync(path, { ...PROTO_LOADER_OPTIONS });
-    } catch (error) {
-      throw new ProtoLoadError(path, { cause: error });
-    }
-    cache.set(file, definition);
-  }
-  return definition;
-}
-
 function service(file: string, name: string): ServiceDefinition {
-  const definition = load(file)[name];
+  const definition = loadDefinition(file)[name];
   if (!definition || "format" in definition) {
     throw new ProtoLoadError(protoPath(file), {
       cause: new Error(`service "${name}" is not defined`),

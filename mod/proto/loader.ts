@@ -7,6 +7,10 @@
  */
 
 import { fileURLToPath } from "node:url";
+import * as protoLoader from "@grpc/proto-loader";
+// The `.proto` files of this folder, compiled by `deno task proto` (tests/proto_compile.ts):
+// loading them costs no parsing at start.
+import descriptors from "./descriptors.json" with { type: "json" };
 
 // The grpc-js shapes below are our own, narrowed to what virtnode uses: the public API names
 // no npm type, so `deno doc` documents it whole. A ServiceDefinition is assignable to what
@@ -52,6 +56,29 @@ export class ProtoLoadError extends Error {
 /** Absolute path of one of this module's `.proto` files. */
 export function protoPath(file: string): string {
   return fileURLToPath(new URL(`./${file}`, import.meta.url));
+}
+
+const definitions = new Map<string, protoLoader.PackageDefinition>();
+
+/**
+ * The package definition of one of this folder's `.proto` files, from its precompiled
+ * descriptor (`descriptors.json`), built once per process. Throws {@linkcode ProtoLoadError}.
+ */
+export function loadDefinition(file: string): protoLoader.PackageDefinition {
+  let definition = definitions.get(file);
+  if (!definition) {
+    const json = (descriptors as Record<string, unknown>)[file];
+    try {
+      if (json === undefined) throw new Error("not among the precompiled descriptors");
+      definition = protoLoader.fromJSON(json as Parameters<typeof protoLoader.fromJSON>[0], {
+        ...PROTO_LOADER_OPTIONS,
+      });
+    } catch (error) {
+      throw new ProtoLoadError(protoPath(file), { cause: error });
+    }
+    definitions.set(file, definition);
+  }
+  return definition;
 }
 
 /** The grpc-js target of a unix socket path: `unix:///abs/path`. */
