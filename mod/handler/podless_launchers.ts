@@ -185,6 +185,11 @@ export class PodlessLaunchers implements LauncherProvider {
       socketFile: socket,
       uid,
     });
+    log.info("Asking the launcher host to serve the VMI", {
+      namespace: vmi.metadata.namespace,
+      name: vmi.metadata.name,
+      uid,
+    });
     const status = await client.start({
       namespace: vmi.metadata.namespace!,
       name: vmi.metadata.name,

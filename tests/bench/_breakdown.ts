@@ -20,9 +20,9 @@ export interface RunMarks {
 
 /** Medians (and p99) of the segments of many runs, ms. */
 export interface Breakdown {
-  /** create request -> handler's "Started launcher" line. */
+  /** create request -> handler's "Started launcher" (or "Asking the launcher host") line. */
   toLauncherSpawn: Summary;
-  /** "Started launcher" -> the launcher's "Launcher ready" line. */
+  /** That line -> the launcher's "Launcher ready" line. */
   launcherStart: Summary;
   /** "Launcher ready" -> handler's "VMI phase changed ... to Running" line. */
   toRunningWritten: Summary;
@@ -48,14 +48,35 @@ export function firstLogTime(
   return undefined;
 }
 
-/** The launcher's "Launcher ready" time from its log file, if written yet. */
-export function launcherReadyAt(stateDir: string, uid: string): number | undefined {
+/**
+ * The log a UID's launcher writes to: its own file (a launcher process), or the launcher
+ * host's (`host-*.log`, every pod-less VMI's), whose lines carry the UID.
+ */
+function launcherLog(stateDir: string, uid: string): string {
+  const dir = `${stateDir}/launchers`;
   try {
-    const text = Deno.readTextFileSync(`${stateDir}/launchers/${uid}.log`);
-    return firstLogTime(text, (r) => r.msg === "Launcher ready");
+    return Deno.readTextFileSync(`${dir}/${uid}.log`);
   } catch {
-    return undefined;
+    // A launcher host's log, then.
   }
+  try {
+    for (const e of Deno.readDirSync(dir)) {
+      if (e.name.startsWith("host-") && e.name.endsWith(".log")) {
+        return Deno.readTextFileSync(`${dir}/${e.name}`);
+      }
+    }
+  } catch {
+    // No log yet.
+  }
+  return "";
+}
+
+/** The launcher's "Launcher ready" time from its log, if written yet. */
+export function launcherReadyAt(stateDir: string, uid: string): number | undefined {
+  return firstLogTime(
+    launcherLog(stateDir, uid),
+    (r) => r.msg === "Launcher ready" && (r.uid === undefined || r.uid === uid),
+  );
 }
 
 /** Splits runs into segments with the handler's log; runs missing a line are left out. */
@@ -69,7 +90,9 @@ export function breakdown(handlerLog: string, runs: RunMarks[]): Breakdown {
   const running = new Map<string, number>();
   for (const line of handlerLog.split("\n")) {
     if (!line.startsWith("{")) continue;
-    const isStart = line.includes('"Started launcher');
+    // A launcher process is started, or the launcher host is asked to serve the VMI.
+    const isStart = line.includes('"Started launcher') ||
+      line.includes('"Asking the launcher host to serve');
     const isRunning = line.includes('"to":"Running"');
     if (!isStart && !isRunning) continue;
     let rec: Record<string, unknown>;
@@ -123,15 +146,10 @@ export interface EventBreakdown {
 export function eventBreakdown(stateDir: string, samples: EventMarks[]): EventBreakdown {
   const lines = new Map<string, { at: number; status: string }[]>();
   for (const uid of new Set(samples.map((s) => s.uid))) {
-    let text = "";
-    try {
-      text = Deno.readTextFileSync(`${stateDir}/launchers/${uid}.log`);
-    } catch {
-      // No log: these samples are left out.
-    }
+    const text = launcherLog(stateDir, uid);
     const list: { at: number; status: string }[] = [];
     for (const line of text.split("\n")) {
-      if (!line.includes('"Domain event"')) continue;
+      if (!line.includes('"Domain event"') || !line.includes(uid)) continue;
       try {
         const rec = JSON.parse(line) as Record<string, unknown>;
         list.push({ at: Date.parse(String(rec.timestamp)), status: String(rec.status) });

@@ -7,7 +7,7 @@
  * Scenarios: 1 create -> Running latency; 2 a burst of VMIs on one node; 3 domain
  * event -> VMI status latency; 4 handler RSS/CPU with idle VMIs and launcher memory;
  * 5 handler restart and re-adoption; 6 handler start-up with no VMIs; 7 create ->
- * Running with QEMU guests.
+ * Running with QEMU guests; 8 a burst of QEMU guests and their idle cost.
  *
  * Output: a markdown table on stdout and in `tests/bench/out/latest.md`, JSON in
  * `tests/bench/out/latest.json`. Run `deno task bench --help` for the flags.
@@ -78,6 +78,7 @@ const USAGE = `Usage: deno task bench [flags]
   --idle-seconds N        scenario 4: seconds of each idle measurement (60)
   --startup-runs N        scenario 6: handler start-ups with no VMIs (3)
   --qemu-runs N           scenario 7: QEMU create -> Running runs (10)
+  --qemu-burst N          scenario 8: QEMU VMIs created at once, then idle (20)
   --floor-samples N       samples of each floor (50)
   --only LIST             run only these scenarios, e.g. --only 1,3,6
   --handler-log-level L   --log-level of the handler and its launchers (info)
@@ -95,6 +96,7 @@ interface Options {
   idleSeconds: number;
   startupRuns: number;
   qemuRuns: number;
+  qemuBurst: number;
   floorSamples: number;
   only: Set<number>;
   logLevel: string;
@@ -115,6 +117,7 @@ function parseOptions(args: string[]): Options {
       "idle-seconds": { type: "string" },
       "startup-runs": { type: "string" },
       "qemu-runs": { type: "string" },
+      "qemu-burst": { type: "string" },
       "floor-samples": { type: "string" },
       only: { type: "string" },
       "handler-log-level": { type: "string", default: "info" },
@@ -139,7 +142,7 @@ function parseOptions(args: string[]): Options {
     return n;
   };
   const only = new Set(
-    (values.only ?? "1,2,3,4,5,6,7").split(",").map((s) => int("only", s.trim(), 0)),
+    (values.only ?? "1,2,3,4,5,6,7,8").split(",").map((s) => int("only", s.trim(), 0)),
   );
   return {
     runs: int("runs", values.runs, q ? 5 : 50),
@@ -149,6 +152,7 @@ function parseOptions(args: string[]): Options {
     idleSeconds: int("idle-seconds", values["idle-seconds"], q ? 5 : 60),
     startupRuns: int("startup-runs", values["startup-runs"], q ? 2 : 3),
     qemuRuns: int("qemu-runs", values["qemu-runs"], q ? 2 : 10),
+    qemuBurst: int("qemu-burst", values["qemu-burst"], q ? 3 : 20),
     floorSamples: int("floor-samples", values["floor-samples"], q ? 10 : 50),
     only,
     logLevel: values["handler-log-level"]!,
@@ -310,10 +314,10 @@ async function breakdownNote(what: string, h: BenchHandler, marks: RunMarks[]): 
   // Log lines carry whole milliseconds: a segment under 1 ms may come out slightly negative.
   const ms = (v: number) => Math.max(0, v).toFixed(0);
   const part = (label: string, s: Summary) => `${label} p50 ${ms(s.p50)} ms (p99 ${ms(s.p99)})`;
-  return `${what} create → Running, where the time goes (from the handler's and launchers' logs, n=${b.toWatch.n}): ` +
+  return `${what} create → Running, where the time goes (from the handler's and the launcher host's logs, n=${b.toWatch.n}): ` +
     [
-      part("create → handler spawns the launcher", b.toLauncherSpawn),
-      part('launcher process start → "Launcher ready"', b.launcherStart),
+      part("create → handler asks the launcher host", b.toLauncherSpawn),
+      part('→ the host\'s "Launcher ready" (cmd socket served)', b.launcherStart),
       part("→ handler writes Running", b.toRunningWritten),
       part("→ watch sees it", b.toWatch),
     ].join("; ");
@@ -1034,6 +1038,7 @@ async function run(opts: Options, started: number): Promise<void> {
           });
         }
         ctx.notes.push(`QEMU floor (b): define+start ${fmtSummary(bq)}, type ${domainType}`);
+        if (opts.only.has(8)) await qemuBurst(ctx, hq, qnode, uri, domainType);
       } finally {
         await stopHandler(hq);
         killLaunchers(hq.stateDir);
@@ -1050,6 +1055,107 @@ async function run(opts: Options, started: number): Promise<void> {
     await watch.stop();
     client.close();
   }
+}
+
+/**
+ * Scenario 8: the burst and idle rows on QEMU: `qemuBurst` VMIs created at once on the QEMU
+ * node, all Running (beside libvirt starting as many guests itself plus the apiserver's
+ * share), then the handler's and launcher host's memory and CPU with them idle.
+ */
+async function qemuBurst(
+  ctx: Ctx,
+  hq: BenchHandler,
+  qnode: string,
+  uri: string,
+  domainType: string,
+): Promise<void> {
+  const n = ctx.opts.qemuBurst;
+  const names = Array.from({ length: n }, (_, i) => `${ctx.prefix}-qb-${i}`);
+  const hostPid = hq.launcherPids()[0];
+  const mem0 = procMemory(hq.pid);
+  const host0 = hostPid === undefined ? undefined : procMemory(hostPid);
+  const lv = await libvirtFloor(uri, `${ctx.prefix}-qbf`, {
+    n: 1,
+    burst: n,
+    concurrency: ctx.opts.concurrency,
+    domainType,
+  });
+  const api = await apiserverBurstFloor(ctx.floorCtx, n, ctx.opts.concurrency);
+  const floorMs = api.createAllMs + api.statusAllMs + lv.burstMs;
+  const waits = names.map((name) =>
+    ctx.watch.waitFor(`VMI ${name} Running`, hasPhase(name, "Running"), 300_000)
+  );
+  const t0 = performance.now();
+  const created = await mapLimit(names, ctx.opts.concurrency, async (name) => {
+    const t = performance.now();
+    await createVmi(ctx.client, testVmi(name, qnode, { namespace: NAMESPACE }));
+    return t;
+  });
+  const ats = await Promise.all(waits);
+  const allMs = Math.max(...ats) - t0;
+  const each = summarize(ats.map((at, i) => at - created[i]));
+  ctx.rows.push({
+    scenario: 8,
+    metric: `QEMU burst of ${n}: VMIs per second`,
+    value: n / (allMs / 1000),
+    unit: "/s",
+    floor: n / (floorMs / 1000),
+    floorNote: `same burst through apiserver + libvirt (QEMU ${domainType})`,
+    higherIsBetter: true,
+  });
+  ctx.rows.push({
+    scenario: 8,
+    metric: `QEMU burst of ${n}: create → Running p50`,
+    value: each.p50,
+    unit: "ms",
+  });
+  await sleep(Math.min(35_000, 5_000 + n * 150));
+  const [s, hs] = await Promise.all([
+    sampleProcess(hq.pid, ctx.opts.idleSeconds),
+    hostPid === undefined ? undefined : sampleProcess(hostPid, ctx.opts.idleSeconds),
+  ]);
+  ctx.rows.push({
+    scenario: 8,
+    metric: `handler RSS, ${n} idle QEMU VMIs`,
+    value: s.rssMean / MB,
+    unit: "MB",
+    target: "≤ 100 MB",
+    met: s.rssMean <= 100 * MB,
+  });
+  if (hs) {
+    const cpu = s.cpuPercent + hs.cpuPercent;
+    ctx.rows.push({
+      scenario: 8,
+      metric: `handler + launcher host CPU, ${n} idle QEMU VMIs`,
+      value: cpu,
+      unit: "% core",
+    });
+    if (
+      mem0?.pss !== undefined && host0?.pss !== undefined && s.pssMean !== undefined &&
+      hs.pssMean !== undefined
+    ) {
+      const perVm = (s.pssMean + hs.pssMean - mem0.pss - host0.pss) / n;
+      ctx.rows.push({
+        scenario: 8,
+        metric: `additional PSS (handler + launcher host) per idle QEMU VM, 0 → ${n}`,
+        value: perVm / MB,
+        unit: "MB",
+        target: "≤ 2 MB",
+        met: perVm <= 2 * MB,
+      });
+    }
+  }
+  ctx.notes.push(
+    `QEMU burst of ${n}: all Running after ${(allMs / 1000).toFixed(1)} s (floor ${
+      (floorMs / 1000).toFixed(2)
+    } s: libvirt starting ${n} guests ${(lv.burstMs / 1000).toFixed(2)} s); each ${
+      fmtSummary(each)
+    }`,
+  );
+  await mapLimit(names, ctx.opts.concurrency, async (name) => {
+    const uid = ctx.watch.all().find((v) => v.metadata.name === name)?.metadata.uid;
+    if (uid) await deleteAndReap(ctx, hq, name, uid, 120_000).catch(() => {});
+  });
 }
 
 async function domainTypeOf(uri: string, name: string): Promise<string | undefined> {
@@ -1074,6 +1180,7 @@ async function writeReport(env: Environment, ctx: Ctx, durationS: number): Promi
     `idle ${o.idleSeconds} s`,
     `start-ups ${o.startupRuns}`,
     `QEMU runs ${o.qemuRuns}`,
+    `QEMU burst ${o.qemuBurst}`,
     `floor samples ${o.floorSamples}`,
     `scenarios ${[...o.only].sort().join(",")}`,
     `handler log level ${o.logLevel}`,
