@@ -187,7 +187,7 @@ function cleanupNow(): void {
   if (live.qemuUsed && live.qemuFragment) removeQemuDomainsSync(live.qemuFragment);
   for (const dir of live.dirs) {
     try {
-      Deno.removeSync(dir, { recursive: true });
+      if (!Deno.env.get("KEEP_BENCH_DIRS")) Deno.removeSync(dir, { recursive: true });
     } catch { /* gone */ }
   }
   live.dirs.clear();
@@ -226,6 +226,7 @@ async function removeQemuDomains(fragment: string): Promise<number> {
         if (d.stateName !== "Shutoff") await dom.destroy();
         await dom.undefine({ nvram: true }).catch(() => dom.undefine());
         removed++;
+        log(`cleanup: removed leftover QEMU domain ${d.name} (${d.stateName})`);
       } catch { /* gone meanwhile */ }
     }
   } finally {
@@ -341,6 +342,17 @@ async function deleteAndReap(
       timeoutMs,
       intervalMs: 10,
     });
+  } else {
+    // Served by the launcher host: done once the host has forgotten the VMI.
+    const record = `${h.stateDir}/launcher-host/vms/${uid}.json`;
+    await pollUntil(`the launcher host to let ${name} go`, () => {
+      try {
+        Deno.lstatSync(record);
+        return false;
+      } catch {
+        return true;
+      }
+    }, { timeoutMs, intervalMs: 10 });
   }
   return performance.now() - t0;
 }
@@ -665,7 +677,7 @@ async function run(opts: Options, started: number): Promise<void> {
           });
         }
         ctx.notes.push(
-          `delete → launcher exited (test driver): ${fmtSummary(summarize(reap))}`,
+          `delete → launcher gone (test driver): ${fmtSummary(summarize(reap))}`,
         );
       });
     }
@@ -1154,7 +1166,8 @@ async function qemuBurst(
   );
   await mapLimit(names, ctx.opts.concurrency, async (name) => {
     const uid = ctx.watch.all().find((v) => v.metadata.name === name)?.metadata.uid;
-    if (uid) await deleteAndReap(ctx, hq, name, uid, 120_000).catch(() => {});
+    if (!uid) return log(`cleanup: no UID seen for ${name}`);
+    await deleteAndReap(ctx, hq, name, uid, 120_000).catch((e) => log(`cleanup: ${name}: ${e}`));
   });
 }
 
@@ -1223,7 +1236,9 @@ async function cleanup(): Promise<void> {
   const leftovers = [...live.stateDirs].flatMap((d) => launcherPids(d));
   if (leftovers.length) log(`warning: launchers still alive after SIGKILL: ${leftovers.join(" ")}`);
   live.stateDirs.clear();
-  for (const dir of live.dirs) await Deno.remove(dir, { recursive: true }).catch(() => {});
+  if (!Deno.env.get("KEEP_BENCH_DIRS")) {
+    for (const dir of live.dirs) await Deno.remove(dir, { recursive: true }).catch(() => {});
+  }
   live.dirs.clear();
   await live.cluster?.stop().catch((error) => log(`cleanup: ${error}`));
   live.cluster = undefined;
