@@ -4,15 +4,22 @@
  * launcher pod is on a node, and KubeVirt's admission lets no other user set that
  * label. Without pods, users place a VMI with `spec.nodeSelector`
  * (`kubernetes.io/hostname: <node>`), and this scheduler — running as one of
- * KubeVirt's service accounts — labels the Pending VMIs that name its node; the
- * handler's informer, which selects on that label, then takes them over.
+ * KubeVirt's service accounts — labels the Pending VMIs that name its node and moves them
+ * to Scheduled on it (one update, as virt-controller ends its scheduling); the handler's
+ * informer, which selects on that label, then takes them over.
  *
  * A VMI that names no node stays Pending: pod-less mode has no scheduler to pick one.
  *
  * @module
  */
 
-import { Labels, type VirtualMachineInstance, VMI_RESOURCE, VmiPhase } from "../api/mod.ts";
+import {
+  Labels,
+  type VirtualMachineInstance,
+  type VirtualMachineInstanceStatus,
+  VMI_RESOURCE,
+  VmiPhase,
+} from "../api/mod.ts";
 import { detailOf, Informer, isApiStatus, type KubeClient } from "../kube/mod.ts";
 import type { Runnable } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
@@ -32,6 +39,23 @@ export function wantsNode(vmi: VirtualMachineInstance, node: string): boolean {
     vmi.metadata.labels?.[Labels.NodeName] === undefined &&
     !vmi.status?.nodeName &&
     vmi.spec.nodeSelector?.[HOSTNAME_LABEL] === node;
+}
+
+/** The status of a Pending VMI once it is placed on `node`: Scheduled there, at `now`. */
+export function scheduledStatus(
+  vmi: VirtualMachineInstance,
+  node: string,
+  now: string,
+): VirtualMachineInstanceStatus {
+  const status: VirtualMachineInstanceStatus = { ...vmi.status };
+  if (status.phase && status.phase !== VmiPhase.Pending) return status;
+  status.phase = VmiPhase.Scheduled;
+  status.nodeName = node;
+  status.phaseTransitionTimestamps = [
+    ...(status.phaseTransitionTimestamps ?? []),
+    { phase: VmiPhase.Scheduled, phaseTransitionTimestamp: now },
+  ];
+  return status;
 }
 
 /** Labels the unplaced VMIs that ask for this node; see the module doc. */
@@ -77,9 +101,13 @@ export class PodlessScheduler implements Runnable {
         if (!wantsNode(vmi, this.#node) || vmi.metadata.uid !== seen.metadata.uid) return;
         const labels = { ...vmi.metadata.labels, [Labels.NodeName]: this.#node };
         try {
+          // The label and the Scheduled phase in one update, as virt-controller's own
+          // scheduling step ends: the handler then starts the VMI at its first sync, with
+          // no write of its own (and no watch round trip for it) in between.
           await this.#client.request("PUT", path, {
             ...vmi,
             metadata: { ...vmi.metadata, labels },
+            status: scheduledStatus(vmi, this.#node, new Date().toISOString()),
           });
           log.info("Placed VMI on this node (its nodeSelector names it)", {
             namespace,

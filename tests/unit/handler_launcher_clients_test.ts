@@ -73,3 +73,47 @@ Deno.test("LauncherClients never writes into the launcher's directory: a planted
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test(
+  "LauncherClient.closeIfIdle() closes a client nobody calls, never one in use, and the next call connects again",
+  {
+    sanitizeOps: false,
+    sanitizeResources: false,
+  },
+  async () => {
+    const { CmdServer } = await import("../../mod/launcher/mod.ts");
+    const { LauncherClient } = await import("../../mod/handler/launcher_clients.ts");
+    const dir = await Deno.makeTempDir();
+    let release!: () => void;
+    const held = new Promise<void>((resolve) => release = resolve);
+    let calls = 0;
+    // The cmd server's backend: GetDomain only; the second call waits until released.
+    const backend = {
+      vmiKey: "default/vm",
+      getDomain: async () => {
+        if (++calls === 2) await held;
+        return undefined;
+      },
+    } as unknown as ConstructorParameters<typeof Object>[0];
+    const server = await CmdServer.start({ socketDir: dir, backend: backend as never });
+    await server.markReady();
+    const client = new LauncherClient(server.socketPath);
+    try {
+      assert.equal(client.closeIfIdle(0), false, "nothing to close before the first call");
+      assert.equal(await client.getDomain(), undefined);
+      assert.equal(client.closeIfIdle(60_000), false, "used a moment ago");
+      const inUse = client.getDomain();
+      await new Promise((r) => setTimeout(r, 50));
+      assert.equal(client.closeIfIdle(0), false, "a call is in flight");
+      release();
+      await inUse;
+      assert.equal(client.closeIfIdle(0), true, "idle: closed");
+      assert.equal(await client.getDomain(), undefined, "the next call connects again");
+      assert.equal(calls, 3);
+    } finally {
+      client.close();
+      await server.stop(100);
+      await Deno.remove(dir, { recursive: true });
+    }
+  },
+);
