@@ -1260,8 +1260,14 @@ async function cleanup(): Promise<void> {
       removeQemuDomainsSync(live.qemuFragment)
     );
   }
-  await sleep(200);
-  const leftovers = [...live.stateDirs].flatMap((d) => launcherPids(d));
+  // A SIGKILLed launcher host stays in /proc until its reaper (init) collects it: give it
+  // a moment before calling it a leftover.
+  let leftovers: number[] = [];
+  for (let i = 0; i < 20; i++) {
+    await sleep(100);
+    leftovers = [...live.stateDirs].flatMap((d) => launcherPids(d));
+    if (leftovers.length === 0) break;
+  }
   if (leftovers.length) log(`warning: launchers still alive after SIGKILL: ${leftovers.join(" ")}`);
   live.stateDirs.clear();
   if (!Deno.env.get("KEEP_BENCH_DIRS")) {
