@@ -10,6 +10,7 @@ import {
   type HostedVmSpec,
   type HostedVmStatus,
   readLines,
+  writeAll,
 } from "../launcher/host_protocol/mod.ts";
 
 /** A control request failed: the host refused it, did not answer in time, or went away. */
@@ -123,11 +124,7 @@ export class LauncherHostClient {
         reject(new LauncherHostError(op, `no answer within ${timeoutMs} ms`));
       }, timeoutMs);
       this.#waiting.set(id, { op, resolve, reject, timer });
-      this.#writing = this.#writing.then(async () => {
-        for (let done = 0; done < line.length;) {
-          done += await this.#conn.write(line.subarray(done));
-        }
-      }).catch((error) => {
+      this.#writing = this.#writing.then(() => writeAll(this.#conn, line)).catch((error) => {
         const waiting = this.#waiting.get(id);
         if (!waiting) return;
         this.#waiting.delete(id);
@@ -143,9 +140,16 @@ export class LauncherHostClient {
     return reply.vm as HostedVmStatus;
   }
 
-  /** Stops a VMI's guest gracefully and ends its launcher. */
-  async stop(uid: string, timeoutMs: number): Promise<void> {
-    await this.#request("stop", { uid }, timeoutMs);
+  /**
+   * Stops a VMI's guest gracefully and ends its launcher; removes the domain a launcher
+   * that ended left (`vmi` names it, should the host not know the UID).
+   */
+  async stop(
+    uid: string,
+    timeoutMs: number,
+    vmi: { namespace?: string; name?: string } = {},
+  ): Promise<void> {
+    await this.#request("stop", { uid, ...vmi }, timeoutMs);
   }
 
   /** Every launcher the host serves or saw end. */

@@ -52,7 +52,6 @@ export {
   PODLESS_NOT_READY_REQUEUE_MS,
   PodlessLaunchers,
   type PodlessLaunchersOptions,
-  reapDomain,
 } from "./podless_launchers.ts";
 export {
   LAUNCHER_IDENTITY,

@@ -16,9 +16,7 @@
  * @module
  */
 import { join } from "node:path";
-import { LIBVIRT_ERROR_CODES, LibvirtError, openLibvirt } from "../../ffi/mod.ts";
 import { SocketNames, type VirtualMachineInstance, vmiKey } from "../api/mod.ts";
-import { domainNameOf } from "../domain/mod.ts";
 import { sleep } from "../lifecycle/mod.ts";
 import type { HostedVmStatus, LauncherHostOptions } from "../launcher/host_protocol/mod.ts";
 import { getLogger } from "../log/mod.ts";
@@ -67,8 +65,6 @@ export interface PodlessLaunchersOptions {
   wake(key: string): void;
   /** Tells that a VMI's launcher ended (its domain died). */
   exited(uid: string, why: string): void;
-  /** Removes a leftover domain of a launcher the host no longer knows; libvirt at `host.libvirtUri` unless told. */
-  reapDomain?: (namespace: string, name: string, uid: string) => Promise<void>;
   /** First wait before restarting a host that exited, ms (1 s; doubles to 30 s). */
   restartBackoffMs?: number;
 }
@@ -209,15 +205,12 @@ export class PodlessLaunchers implements LauncherProvider {
     const uid = vmi.metadata.uid!;
     const client = await this.#whenConnected(10_000);
     if (!client) throw new Error("the launcher host is not running; cannot stop the VMI's guest");
-    const served = this.#served.get(uid);
-    await client.stop(uid, gracePeriodSeconds(vmi) * 1000 + LAUNCHER_STOP_EXTRA_MS);
+    // The host also removes the domain a launcher that ended left for inspection.
+    await client.stop(uid, gracePeriodSeconds(vmi) * 1000 + LAUNCHER_STOP_EXTRA_MS, {
+      namespace: vmi.metadata.namespace,
+      name: vmi.metadata.name,
+    });
     this.#served.delete(uid);
-    if (served === undefined || served.state === "exited") {
-      // A launcher that ended (or never was) left its domain for inspection: remove it.
-      const reap = this.#o.reapDomain ??
-        ((ns: string, name: string, u: string) => reapDomain(this.#o.host.libvirtUri, ns, name, u));
-      await reap(vmi.metadata.namespace!, vmi.metadata.name, uid);
-    }
     await Deno.remove(this.#socketDir(uid), { recursive: true }).catch(() => {});
   }
 
@@ -354,35 +347,5 @@ export class PodlessLaunchers implements LauncherProvider {
       }
     }
     return undefined;
-  }
-}
-
-/**
- * Removes the domain a dead launcher left behind in libvirt, if it is still this VMI's
- * (its XML carries the UID). Opens its own short connection: the handler keeps no
- * libvirt connection of its own.
- */
-export async function reapDomain(
-  uri: string,
-  namespace: string,
-  name: string,
-  uid: string,
-): Promise<void> {
-  // libvirt's library is opened (dlopen) only here, for this rare repair.
-  const conn = await openLibvirt(uri, { events: false, workers: 1 });
-  try {
-    const domain = await conn.lookupByName(domainNameOf(namespace, name));
-    const xml = await domain.getXMLDesc();
-    if (!xml.includes(uid)) return; // another VMI's domain by now
-    const state = await domain.getState();
-    if (state.stateName !== "Shutoff") await domain.destroy();
-    await domain.undefine({ nvram: true }).catch(() => domain.undefine());
-    log.warn("Removed domain left by a dead launcher", { namespace, name, uid });
-  } catch (error) {
-    if (!(error instanceof LibvirtError && error.code === LIBVIRT_ERROR_CODES.VIR_ERR_NO_DOMAIN)) {
-      throw error;
-    }
-  } finally {
-    await conn.close();
   }
 }

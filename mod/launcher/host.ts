@@ -12,8 +12,9 @@
  * - `{"id":1,"op":"start","spec":{namespace,name,uid,gracePeriodSeconds,socketDir,runDir,diskDir}}`
  *   -> `{"id":1,"ok":true,"vm":{uid,state:"ready",socket}}` once the VMI's cmd socket is
  *   `launcher-sock`; for a VMI whose domain died, `state` is `exited` (restart policy none).
- * - `{"id":2,"op":"stop","uid":...}`: the graceful stop a SIGTERM gives a launcher (ACPI
- *   within the grace period, then destroy, then undefine); answered when done.
+ * - `{"id":2,"op":"stop","uid":...,"namespace":...,"name":...}`: the graceful stop a SIGTERM
+ *   gives a launcher (ACPI within the grace period, then destroy, then undefine), or the
+ *   removal of the domain a launcher that ended left; answered when done.
  * - `{"id":3,"op":"list"}` -> `{"id":3,"ok":true,"vms":[...]}`.
  * - pushed to every connection: `{"event":"exited","uid":...,"code":1,"why":"..."}`.
  *
@@ -28,9 +29,11 @@
  */
 
 import { join } from "node:path";
-import { type Connection, openLibvirt } from "../../ffi/mod.ts";
+import { type Connection, LIBVIRT_ERROR_CODES, LibvirtError, openLibvirt } from "../../ffi/mod.ts";
+import { domainNameOf } from "../domain/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import { ConnectionKeeper } from "./_connection_keeper.ts";
+import { launcherSocketPath } from "./cmd_server.ts";
 import { type EventSink, NO_SINK } from "./event_forwarder.ts";
 import { LauncherInstance } from "./instance.ts";
 import { NotifyClient, type NotifyTimeouts } from "./notify_client.ts";
@@ -42,6 +45,7 @@ import {
   type LauncherHostOptions,
   readLines,
   UID,
+  writeAll,
 } from "./host_protocol/mod.ts";
 
 const log = getLogger("launcher", "host");
@@ -180,7 +184,7 @@ export class LauncherHost {
   }
 
   #socketOf(spec: HostedVmSpec): string {
-    return join(spec.socketDir, "launcher-sock");
+    return launcherSocketPath(spec.socketDir);
   }
 
   /** Serves a VMI (idempotent: a known UID gets its current status). */
@@ -254,12 +258,7 @@ export class LauncherHost {
   async #exited(hosted: Hosted, code: number, why: string): Promise<void> {
     const instance = hosted.instance;
     hosted.instance = undefined;
-    if (instance) {
-      if (this.#byDomain.get(instance.domainName) === instance) {
-        this.#byDomain.delete(instance.domainName);
-      }
-      await instance.close().catch(() => {});
-    }
+    if (instance) await this.#release(instance);
     hosted.status = { ...hosted.status, state: "exited", code, why };
     await writeWhole(this.#exitFile(hosted.spec.uid), JSON.stringify({ code, why })).catch(
       (error) => log.warn("Cannot record the launcher's end: {error}", { error }),
@@ -268,13 +267,28 @@ export class LauncherHost {
     this.#push({ event: "exited", uid: hosted.spec.uid, code, why });
   }
 
-  /** Stops a VMI's guest gracefully and forgets it (idempotent). */
-  async stop(uid: unknown): Promise<void> {
+  /** Stops serving an instance's socket and stops routing its domain's events to it. */
+  async #release(instance: LauncherInstance): Promise<void> {
+    if (this.#byDomain.get(instance.domainName) === instance) {
+      this.#byDomain.delete(instance.domainName);
+    }
+    await instance.close().catch(() => {});
+  }
+
+  /**
+   * Stops a VMI's guest gracefully and forgets it (idempotent). A launcher that ended on
+   * its own left its domain defined for inspection; it is removed here, as is a domain of
+   * a VMI the host does not know (`vmi` names it; its records were lost).
+   */
+  async stop(uid: unknown, vmi?: { namespace?: unknown; name?: unknown }): Promise<void> {
     if (typeof uid !== "string" || !UID.test(uid)) {
       throw new HostedVmSpecError(`uid ${JSON.stringify(uid)} is not valid`);
     }
     const hosted = this.#vms.get(uid);
     if (!hosted) {
+      if (typeof vmi?.namespace === "string" && typeof vmi.name === "string") {
+        await this.#reap({ namespace: vmi.namespace, name: vmi.name, uid });
+      }
       await Deno.remove(this.#specFile(uid)).catch(() => {});
       await Deno.remove(this.#exitFile(uid)).catch(() => {});
       return;
@@ -285,12 +299,11 @@ export class LauncherHost {
       if (instance) {
         hosted.status.state = "stopping";
         instance.requestStop();
+        // Its last events are handed to the notify client, which outlives the VMI here.
         await instance.shutdownGuest();
-        await this.#sink.flush(3_000).catch(() => false);
-        if (this.#byDomain.get(instance.domainName) === instance) {
-          this.#byDomain.delete(instance.domainName);
-        }
-        await instance.close().catch(() => {});
+        await this.#release(instance);
+      } else {
+        await this.#reap(hosted.spec);
       }
       await Deno.remove(this.#specFile(uid)).catch(() => {});
       await Deno.remove(this.#exitFile(uid)).catch(() => {});
@@ -298,6 +311,23 @@ export class LauncherHost {
       log.info("Launcher stopped", { uid });
     })();
     await hosted.stopping;
+  }
+
+  /** Removes the domain a VMI's ended launcher left, if it is still that VMI's (its XML has the UID). */
+  async #reap(vmi: { namespace: string; name: string; uid: string }): Promise<void> {
+    try {
+      const domain = await this.#conn.lookupByName(domainNameOf(vmi.namespace, vmi.name));
+      if (!(await domain.getXMLDesc()).includes(vmi.uid)) return; // another VMI's by now
+      if ((await domain.getState()).stateName !== "Shutoff") await domain.destroy();
+      await domain.undefine({ nvram: true }).catch(() => domain.undefine());
+      log.warn("Removed the domain an ended launcher left", vmi);
+    } catch (error) {
+      if (
+        !(error instanceof LibvirtError && error.code === LIBVIRT_ERROR_CODES.VIR_ERR_NO_DOMAIN)
+      ) {
+        throw error;
+      }
+    }
   }
 
   #push(message: Record<string, unknown>): void {
@@ -338,9 +368,7 @@ export class LauncherHost {
     let open = true;
     const send = (line: string) => {
       writing = writing.then(async () => {
-        if (!open) return;
-        const bytes = encoder.encode(line);
-        for (let done = 0; done < bytes.length;) done += await conn.write(bytes.subarray(done));
+        if (open) await writeAll(conn, encoder.encode(line));
       }).catch(() => {
         open = false;
       });
@@ -372,7 +400,7 @@ export class LauncherHost {
         case "start":
           return { id, ok: true, vm: await this.start(request.spec) };
         case "stop":
-          await this.stop(request.uid);
+          await this.stop(request.uid, request as { namespace?: unknown; name?: unknown });
           return { id, ok: true };
         case "list":
           return { id, ok: true, vms: this.list() };

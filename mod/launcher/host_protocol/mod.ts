@@ -12,4 +12,5 @@ export {
   type LauncherHostOptions,
   readLines,
   UID,
+  writeAll,
 } from "./protocol.ts";

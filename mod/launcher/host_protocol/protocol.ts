@@ -121,3 +121,11 @@ export async function* readLines(stream: ReadableStream<Uint8Array>): AsyncGener
   buffered += decoder.decode();
   if (buffered !== "") yield buffered;
 }
+
+/** Writes all of `bytes` (a socket's `write` may take fewer at a time). */
+export async function writeAll(
+  writer: { write(p: Uint8Array): Promise<number> },
+  bytes: Uint8Array,
+): Promise<void> {
+  for (let done = 0; done < bytes.length;) done += await writer.write(bytes.subarray(done));
+}
