@@ -5,6 +5,7 @@
  *
  * @module
  */
+import { hostLogOf } from "../helpers/handler_process.ts";
 import { summarize, type Summary } from "./_util.ts";
 
 /** One timed create -> Running, wall-clock milliseconds since the epoch. */
@@ -60,15 +61,10 @@ function launcherLog(stateDir: string, uid: string): string {
     // A launcher host's log, then.
   }
   try {
-    for (const e of Deno.readDirSync(dir)) {
-      if (e.name.startsWith("host-") && e.name.endsWith(".log")) {
-        return Deno.readTextFileSync(`${dir}/${e.name}`);
-      }
-    }
+    return Deno.readTextFileSync(hostLogOf(stateDir));
   } catch {
-    // No log yet.
+    return ""; // no log yet
   }
-  return "";
 }
 
 /** The launcher's "Launcher ready" time from its log, if written yet. */

@@ -12,23 +12,20 @@ import type { LauncherHostClient } from "../../mod/handler/launcher_host_client.
 import type { HostedVmSpec } from "../../mod/launcher/mod.ts";
 import { TestCmdClient } from "../helpers/cmd_client.ts";
 import { ensureLibvirtd, QEMU_SYSTEM_URI } from "../helpers/libvirtd.ts";
-import { hostedSpec, type HostProcess, startHostProcess } from "../helpers/launcher_host.ts";
+import {
+  hostedSpec,
+  hostedVmi,
+  type HostProcess,
+  startHostProcess,
+} from "../helpers/launcher_host.ts";
 import { pidAlive, waitFor } from "../helpers/handler_process.ts";
 import { startNotifyServer, type TestNotifyServer } from "../helpers/notify_server.ts";
 
 const grpcTest = { sanitizeOps: false, sanitizeResources: false };
 
-function vmiOf(spec: HostedVmSpec) {
-  return {
-    apiVersion: "kubevirt.io/v1",
-    kind: "VirtualMachineInstance",
-    metadata: { name: spec.name, namespace: spec.namespace, uid: spec.uid },
-    spec: {
-      terminationGracePeriodSeconds: 0,
-      domain: { memory: { guest: "64Mi" }, devices: { autoattachPodInterface: false } },
-    },
-  };
-}
+/** No pod network here: a guest without an interface. */
+const vmiOf = (spec: HostedVmSpec) =>
+  hostedVmi(spec, { devices: { autoattachPodInterface: false } });
 
 async function qemuPid(spec: HostedVmSpec): Promise<number> {
   const file = `/var/run/libvirt/qemu/${spec.namespace}_${spec.name}.pid`;

@@ -113,3 +113,23 @@ export function hostedSpec(dir: string, name: string, uid = crypto.randomUUID())
     diskDir: `${dir}/disks/${uid}`,
   };
 }
+
+/**
+ * A VMI for a spec of {@linkcode hostedSpec}: 64 MiB, no grace period, `devices` as given
+ * (`spec` extras replace whole fields, e.g. a `domain` the converter refuses).
+ */
+export function hostedVmi(
+  spec: HostedVmSpec,
+  options: { devices?: Record<string, unknown>; spec?: Record<string, unknown> } = {},
+) {
+  return {
+    apiVersion: "kubevirt.io/v1",
+    kind: "VirtualMachineInstance",
+    metadata: { name: spec.name, namespace: spec.namespace, uid: spec.uid },
+    spec: {
+      terminationGracePeriodSeconds: 0,
+      domain: { memory: { guest: "64Mi" }, devices: options.devices ?? {} },
+      ...options.spec,
+    },
+  };
+}

@@ -13,6 +13,7 @@ import {
   getVmi,
   type HandlerProcess,
   hostedUids,
+  hostLogOf,
   hostPid,
   killLaunchers,
   kubeClient,
@@ -57,12 +58,8 @@ function hostProcesses(h: HandlerProcess): number[] {
 /** How many times the launcher host's log says a UID's launcher became ready. */
 async function hostStarts(h: HandlerProcess): Promise<Map<string, number>> {
   const starts = new Map<string, number>();
-  let text = "";
-  for (const e of Deno.readDirSync(`${h.stateDir}/launchers`)) {
-    if (e.name.startsWith("host-") && e.name.endsWith(".log")) {
-      text += await Deno.readTextFile(`${h.stateDir}/launchers/${e.name}`);
-    }
-  }
+  // Every host of the directory writes to the one log (its name comes from the directory).
+  const text = await Deno.readTextFile(hostLogOf(h.stateDir));
   for (const line of text.split("\n")) {
     if (!line.includes('"msg":"Launcher ready"')) continue;
     const uid = /"uid":"([^"]+)"/.exec(line)?.[1];

@@ -16,25 +16,12 @@ import { openLibvirt } from "../../ffi/mod.ts";
 import { TestCmdClient } from "../helpers/cmd_client.ts";
 import { startNotifyServer } from "../helpers/notify_server.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
-import { hostedSpec, startHostProcess } from "../helpers/launcher_host.ts";
+import { hostedSpec, hostedVmi, startHostProcess } from "../helpers/launcher_host.ts";
 import { waitFor } from "../helpers/handler_process.ts";
 import type { HostedVmSpec } from "../../mod/launcher/mod.ts";
 
 const grpcTest = { sanitizeOps: false, sanitizeResources: false };
 const URI = "test+unix:///default";
-
-function vmiOf(spec: HostedVmSpec, extra: Record<string, unknown> = {}) {
-  return {
-    apiVersion: "kubevirt.io/v1",
-    kind: "VirtualMachineInstance",
-    metadata: { name: spec.name, namespace: spec.namespace, uid: spec.uid },
-    spec: {
-      terminationGracePeriodSeconds: 0,
-      domain: { memory: { guest: "64Mi" }, devices: {} },
-      ...extra,
-    },
-  };
-}
 
 async function domainStatus(client: TestCmdClient): Promise<string> {
   const res = await client.getDomain();
@@ -104,13 +91,11 @@ Deno.test(
       // One VMI's bad spec is its own failure.
       const bad = await clients[1].vmiCall(
         "SyncVirtualMachine",
-        vmiOf(specs[1], {
-          domain: { memory: { guest: "64Mi" }, devices: { disks: [{ name: "nope" }] } },
-        }),
+        hostedVmi(specs[1], { devices: { disks: [{ name: "nope" }] } }),
       );
       assert.equal(bad.success, false);
       for (const i of [0, 2]) {
-        const ok = await clients[i].vmiCall("SyncVirtualMachine", vmiOf(specs[i]));
+        const ok = await clients[i].vmiCall("SyncVirtualMachine", hostedVmi(specs[i]));
         assert.equal(ok.success, true, ok.message);
         assert.equal(await domainStatus(clients[i]), "Running/Unknown");
       }
@@ -187,7 +172,7 @@ Deno.test(
         const status = await control!.start(spec);
         const client = new TestCmdClient(status.socket);
         try {
-          const res = await client.vmiCall("SyncVirtualMachine", vmiOf(spec));
+          const res = await client.vmiCall("SyncVirtualMachine", hostedVmi(spec));
           assert.equal(res.success, true, res.message);
         } finally {
           client.close();
