@@ -502,18 +502,8 @@ export async function virtnodeImage(): Promise<BuiltImage> {
     hash.add(await Deno.readFile(join(REPO_ROOT, file)));
   }
   const key = await hash.hex();
-  const cache = join(base, "..");
-  const dir = join(cache, `virtnode-${key}`);
   const name = `virtnode.local/virtnode:${key}`;
-  const archive = join(dir, "image.tar");
-  try {
-    await Deno.stat(archive);
-    return { name, archive };
-  } catch {
-    // Not built yet.
-  }
-  const staging = await Deno.makeTempDir({ dir: cache, prefix: ".virtnode-" });
-  try {
+  const archive = await cachedImage(join(base, ".."), "virtnode", key, async (staging) => {
     const root = join(staging, "root");
     const app = join(root, IMAGE_APP_DIR);
     await Deno.mkdir(join(root, "usr/local/bin"), { recursive: true });
@@ -553,12 +543,34 @@ export async function virtnodeImage(): Promise<BuiltImage> {
         "DENO_NO_UPDATE_CHECK=1",
       ],
     }, join(staging, "image.tar"));
+  });
+  return { name, archive };
+}
+
+/**
+ * `<cache>/<prefix>-<key>/image.tar`, built once: `build` writes `image.tar` into a staging
+ * directory, which is then renamed into place. A failed build leaves nothing behind, unless
+ * a concurrent builder's archive is there by then (which then wins).
+ */
+async function cachedImage(
+  cache: string,
+  prefix: string,
+  key: string,
+  build: (staging: string) => Promise<void>,
+): Promise<string> {
+  const dir = join(cache, `${prefix}-${key}`);
+  const archive = join(dir, "image.tar");
+  const built = () => Deno.stat(archive).then(() => true, () => false);
+  if (await built()) return archive;
+  const staging = await Deno.makeTempDir({ dir: cache, prefix: `.${prefix}-` });
+  try {
+    await build(staging);
     await Deno.rename(staging, dir);
   } catch (error) {
     await Deno.remove(staging, { recursive: true }).catch(() => {});
-    if (await Deno.stat(archive).then(() => false, () => true)) throw error;
+    if (!await built()) throw error;
   }
-  return { name, archive };
+  return archive;
 }
 
 /** SHA-256 over everything added, in order. */
@@ -595,27 +607,24 @@ export async function virtHandlerImage(): Promise<BuiltImage> {
     hash.add(await Deno.readFile(join(kubevirt, program)));
   }
   const key = await hash.hex();
-  const dir = join(launcherRoot, "..", `virt-handler-${key}`);
   const name = `virtnode.local/virt-handler:${key}`;
-  const archive = join(dir, "image.tar");
-  if (await Deno.stat(archive).then(() => true, () => false)) return { name, archive };
-  const staging = await Deno.makeTempDir({ dir: join(dir, ".."), prefix: ".virt-handler-" });
-  try {
-    const bin = join(staging, "root", "usr", "bin");
-    await Deno.mkdir(bin, { recursive: true });
-    for (const program of ["virt-handler", "virt-chroot"]) {
-      await Deno.copyFile(join(kubevirt, program), join(bin, program));
-      await Deno.chmod(join(bin, program), 0o755);
-    }
-    await buildImageArchive({
-      name,
-      root: [join(launcherRoot, "root"), join(staging, "root")],
-      entrypoint: ["/usr/bin/virt-handler"],
-    }, join(staging, "image.tar"));
-    await Deno.rename(staging, dir);
-  } catch (error) {
-    await Deno.remove(staging, { recursive: true }).catch(() => {});
-    if (await Deno.stat(archive).then(() => false, () => true)) throw error;
-  }
+  const archive = await cachedImage(
+    join(launcherRoot, ".."),
+    "virt-handler",
+    key,
+    async (staging) => {
+      const bin = join(staging, "root", "usr", "bin");
+      await Deno.mkdir(bin, { recursive: true });
+      for (const program of ["virt-handler", "virt-chroot"]) {
+        await Deno.copyFile(join(kubevirt, program), join(bin, program));
+        await Deno.chmod(join(bin, program), 0o755);
+      }
+      await buildImageArchive({
+        name,
+        root: [join(launcherRoot, "root"), join(staging, "root")],
+        entrypoint: ["/usr/bin/virt-handler"],
+      }, join(staging, "image.tar"));
+    },
+  );
   return { name, archive };
 }
