@@ -69,22 +69,27 @@ async function withHost(name: string, fn: (h: Harness) => Promise<void>): Promis
     notifySocket: notify.socketPath,
     logFile: `${dir}/host.log`,
   };
-  const host = await startHostProcess(options);
-  const h: Harness = { dir, notify, host, control: await host.connect(), specs: [] };
+  let h: Harness | undefined;
+  let host: HostProcess | undefined;
   let ok = false;
   try {
+    host = await startHostProcess(options);
+    h = { dir, notify, host, control: await host.connect(), specs: [] };
     await fn(h);
     ok = true;
   } finally {
-    if (!ok || Deno.env.get("SHOW_HOST_LOG")) {
-      console.error(`launcher host log:\n${(await h.host.log()).slice(-20000)}`);
+    if (h) {
+      if (!ok || Deno.env.get("SHOW_HOST_LOG")) {
+        console.error(`launcher host log:\n${(await h.host.log()).slice(-20000)}`);
+      }
+      // Graceful stops (grace period 0: destroy) remove every guest this test started.
+      for (const spec of h.specs) {
+        await h.control.stop(spec.uid, 30_000).catch((e) => console.error(e.message));
+      }
+      await h.control.close();
+      host = h.host; // the test may have started another
     }
-    // Graceful stops (grace period 0: destroy) remove every guest this test started.
-    for (const spec of h.specs) {
-      await h.control.stop(spec.uid, 30_000).catch((e) => console.error(e.message));
-    }
-    await h.control.close();
-    await h.host.kill("SIGTERM");
+    await host?.kill("SIGTERM");
     await notify.close();
     await Deno.remove(dir, { recursive: true }).catch(() => {});
   }

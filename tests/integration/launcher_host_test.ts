@@ -16,7 +16,12 @@ import { openLibvirt } from "../../ffi/mod.ts";
 import { TestCmdClient } from "../helpers/cmd_client.ts";
 import { startNotifyServer } from "../helpers/notify_server.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
-import { hostedSpec, hostedVmi, startHostProcess } from "../helpers/launcher_host.ts";
+import {
+  hostedSpec,
+  hostedVmi,
+  type HostProcess,
+  startHostProcess,
+} from "../helpers/launcher_host.ts";
 import { waitFor } from "../helpers/handler_process.ts";
 import type { HostedVmSpec } from "../../mod/launcher/mod.ts";
 
@@ -62,17 +67,18 @@ Deno.test(
     await ensureLibvirtd();
     const dir = await Deno.makeTempDir({ prefix: "vn-host" });
     const notify = await startNotifyServer();
-    const host = await startHostProcess({
-      dir: `${dir}/host`,
-      libvirtUri: URI,
-      notifySocket: notify.socketPath,
-      logFile: `${dir}/host.log`,
-    });
     const exits: HostExit[] = [];
+    let host: HostProcess | undefined;
     let control: LauncherHostClient | undefined;
     const clients: TestCmdClient[] = [];
     const specs = [1, 2, 3].map((i) => hostedSpec(dir, `hosted-${i}-${Deno.pid}`));
     try {
+      host = await startHostProcess({
+        dir: `${dir}/host`,
+        libvirtUri: URI,
+        notifySocket: notify.socketPath,
+        logFile: `${dir}/host.log`,
+      });
       control = await host.connect(exits);
       for (const spec of specs) {
         const status = await control.start(spec);
@@ -142,7 +148,7 @@ Deno.test(
     } finally {
       for (const c of clients) c.close();
       await control?.close();
-      await host.kill("SIGTERM");
+      await host?.kill("SIGTERM");
       await notify.close();
       await removeDomains(specs.map((s) => `default_${s.name}`));
       await Deno.remove(dir, { recursive: true }).catch(() => {});
@@ -163,10 +169,11 @@ Deno.test(
       notifySocket: notify.socketPath,
       logFile: `${dir}/host.log`,
     };
-    let host = await startHostProcess(hostOptions);
+    let host: HostProcess | undefined;
     const specs = Array.from({ length: 50 }, (_, i) => hostedSpec(dir, `k${i}-${Deno.pid}`));
     let control: LauncherHostClient | undefined;
     try {
+      host = await startHostProcess(hostOptions);
       control = await host.connect();
       await Promise.all(specs.map(async (spec) => {
         const status = await control!.start(spec);
@@ -225,7 +232,7 @@ Deno.test(
       }
     } finally {
       await control?.close();
-      await host.kill("SIGTERM");
+      await host?.kill("SIGTERM");
       await notify.close();
       await removeDomains(specs.map((s) => `default_${s.name}`));
       await Deno.remove(dir, { recursive: true }).catch(() => {});
