@@ -23,7 +23,6 @@ import {
   startHostProcess,
 } from "../helpers/launcher_host.ts";
 import { waitFor } from "../helpers/handler_process.ts";
-import type { HostedVmSpec } from "../../mod/launcher/mod.ts";
 
 const grpcTest = { sanitizeOps: false, sanitizeResources: false };
 const URI = "test+unix:///default";
