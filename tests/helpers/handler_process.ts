@@ -10,6 +10,7 @@ import { loadKubeClient } from "../../mod/kube/mod.ts";
 import type { KubeClient } from "../../mod/kube/mod.ts";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
 import { V8_FLAGS } from "../../mod/config/mod.ts";
+import { GUEST_CPU_FEATURES } from "../../deploy/guest_cpu.ts";
 
 const MAIN = new URL("../../main.ts", import.meta.url).pathname;
 
@@ -208,7 +209,7 @@ export function testVmi(
       terminationGracePeriodSeconds: options.grace ?? 0,
       nodeSelector: { "kubernetes.io/hostname": nodeName },
       domain: {
-        cpu: { cores: 1 },
+        cpu: { cores: 1, features: GUEST_CPU_FEATURES },
         memory: { guest: "64Mi" },
         devices: {
           autoattachPodInterface: false,

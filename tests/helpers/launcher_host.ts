@@ -9,6 +9,7 @@ import { LauncherHostClient } from "../../mod/handler/launcher_host_client.ts";
 import type { HostExit } from "../../mod/handler/launcher_host_client.ts";
 import type { HostedVmSpec } from "../../mod/launcher/mod.ts";
 import { waitFor } from "./handler_process.ts";
+import { GUEST_CPU_FEATURES } from "../../deploy/guest_cpu.ts";
 
 const MAIN = new URL("../../main.ts", import.meta.url).pathname;
 
@@ -128,7 +129,11 @@ export function hostedVmi(
     metadata: { name: spec.name, namespace: spec.namespace, uid: spec.uid },
     spec: {
       terminationGracePeriodSeconds: 0,
-      domain: { memory: { guest: "64Mi" }, devices: options.devices ?? {} },
+      domain: {
+        cpu: { features: GUEST_CPU_FEATURES },
+        memory: { guest: "64Mi" },
+        devices: options.devices ?? {},
+      },
       ...options.spec,
     },
   };
