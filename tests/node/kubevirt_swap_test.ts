@@ -19,16 +19,22 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { load } from "js-yaml";
 import { buildKubevirt, startCluster } from "../../deploy/cluster/cluster.ts";
 import {
   launcherImage,
-  type Node,
   startNode,
   virtHandlerImage,
   virtnodeImage,
 } from "../../deploy/node/node.ts";
 import { startKubevirt } from "../../deploy/node/kubevirt.ts";
+import {
+  cpuModelFor,
+  DAEMONSET_NAMES,
+  userVmi,
+  virtHandlerDaemonSet,
+  virtnodeDaemonSet,
+  virtnodeDirs,
+} from "../../deploy/node/daemonsets.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
 import { kubeClient, waitFor } from "../helpers/handler_process.ts";
 
@@ -73,95 +79,6 @@ async function kubectl(kubeconfig: string, args: string[], input?: string): Prom
   const dec = new TextDecoder();
   if (!out.success) throw new Error(`kubectl ${args.join(" ")}: ${dec.decode(out.stderr)}`);
   return dec.decode(out.stdout);
-}
-
-/** deploy/daemonset.yaml with this node's image and directories. */
-async function daemonSet(
-  image: string,
-  dirs: { kubeletPods: string; state: string; run: string },
-): Promise<string> {
-  // deno-lint-ignore no-explicit-any
-  const ds = load(await Deno.readTextFile(join(REPO, "deploy/daemonset.yaml"))) as any;
-  const container = ds.spec.template.spec.containers[0];
-  container.image = image;
-  container.imagePullPolicy = "Never";
-  const hostPaths: Record<string, string> = {
-    "kubelet-pods": dirs.kubeletPods,
-    "state-dir": dirs.state,
-    "virt-share-dir": dirs.run,
-  };
-  for (const volume of ds.spec.template.spec.volumes) {
-    if (hostPaths[volume.name]) volume.hostPath.path = hostPaths[volume.name];
-  }
-  return JSON.stringify(ds);
-}
-
-/** virt-handler's DaemonSet as virt-operator makes it, with this node's images and directories. */
-async function virtHandlerDaemonSet(
-  kubevirtDir: string,
-  image: string,
-  launcher: string,
-  node: Node,
-) {
-  const out = await new Deno.Command(join(kubevirtDir, "kubevirt-install"), {
-    args: [`--handler-image=${image}`, `--launcher-image=${launcher}`],
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  if (!out.success) throw new Error(`kubevirt-install: ${new TextDecoder().decode(out.stderr)}`);
-  const ds = JSON.parse(new TextDecoder().decode(out.stdout));
-  const pod = ds.spec.template.spec;
-  // deno-lint-ignore no-explicit-any
-  for (const c of [...pod.initContainers, ...pod.containers] as any[]) c.imagePullPolicy = "Never";
-  const hostPaths: Record<string, string> = {
-    "libvirt-runtimes": join(node.dir, "kubevirt-libvirt-runtimes"),
-    "virt-share-dir": join(node.dir, "kubevirt-run"),
-    "virt-private-dir": join(node.dir, "kubevirt-private"),
-    "kubelet-pods": join(node.kubeletDir, "pods"),
-    "kubelet": node.kubeletDir,
-    "node-labeller": join(node.dir, "kubevirt-node-labeller"),
-  };
-  for (const volume of pod.volumes) {
-    if (volume.hostPath) {
-      assert.ok(hostPaths[volume.name], `a directory for virt-handler's ${volume.name}`);
-      volume.hostPath.path = hostPaths[volume.name];
-    }
-  }
-  return JSON.stringify(ds);
-}
-
-/** A VMI as a user writes it: no node named; the CPU model this node can give. */
-function userVmi(name: string, cpuModel: string) {
-  return {
-    apiVersion: "kubevirt.io/v1",
-    kind: "VirtualMachineInstance",
-    metadata: { name, namespace: "default" },
-    spec: {
-      terminationGracePeriodSeconds: 1,
-      domain: {
-        cpu: { cores: 1, model: cpuModel },
-        memory: { guest: "64Mi" },
-        devices: { autoattachPodInterface: false },
-      },
-    },
-  };
-}
-
-/**
- * `host-passthrough` with KVM. Without it, a model the node's labels offer: this kind of
- * machine's host model (kvm64) is in KubeVirt's obsolete list, and virt-controller keeps
- * host-model VMIs off such nodes.
- */
-function cpuModelFor(node: NodeObject): string {
-  try {
-    Deno.statSync("/dev/kvm");
-    return "host-passthrough";
-  } catch {
-    const prefix = "cpu-model.node.kubevirt.io/";
-    const models = Object.keys(node.metadata.labels).filter((l) => l.startsWith(prefix)).sort();
-    assert.ok(models.length > 0, "the node offers a CPU model");
-    return models[0].slice(prefix.length);
-  }
 }
 
 type Handler = "virtnode" | "virt-handler";
@@ -209,11 +126,7 @@ async function journey(handler: Handler): Promise<void> {
       await kubectl(
         kc,
         ["apply", "-f", "-"],
-        await daemonSet(handlerImage.name, {
-          kubeletPods: join(node.kubeletDir, "pods"),
-          state: join(node.dir, "virtnode-state"),
-          run: join(node.dir, "kubevirt-run"),
-        }),
+        await virtnodeDaemonSet(handlerImage.name, virtnodeDirs(node)),
       );
     } else {
       await kubectl(
@@ -365,7 +278,7 @@ async function journey(handler: Handler): Promise<void> {
       "daemonset",
       "-n",
       "kubevirt",
-      handler === "virtnode" ? "virtnode-handler" : "virt-handler",
+      DAEMONSET_NAMES[handler],
       "--wait=true",
     ]).catch(() => {});
     await kubevirt?.stop();

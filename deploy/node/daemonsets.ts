@@ -1,0 +1,134 @@
+/**
+ * The two node agents as a test node installs them, for the node tier's swap test and the
+ * bench's side-by-side scenario: virtnode's DaemonSet from `deploy/daemonset.yaml`, and
+ * KubeVirt's virt-handler DaemonSet as virt-operator makes it (`kubevirt-install
+ * --handler-image`). Each is applied as shipped but for what a test node has elsewhere
+ * than a production node: the image (built here, never pulled) and the host directories
+ * (below the node's temporary directory, so nothing is left on the host).
+ *
+ * @module
+ */
+import { join } from "node:path";
+import { load } from "js-yaml";
+import type { Node } from "./node.ts";
+import { GUEST_CPU_FEATURES } from "../guest_cpu.ts";
+
+const REPO = new URL("../../", import.meta.url).pathname;
+
+/** The host directories virtnode's DaemonSet mounts. */
+export interface VirtnodeDirs {
+  kubeletPods: string;
+  state: string;
+  run: string;
+}
+
+/** The directories of `node` virtnode's DaemonSet uses (beside virt-handler's `kubevirt-run`). */
+export function virtnodeDirs(node: Node): VirtnodeDirs {
+  return {
+    kubeletPods: join(node.kubeletDir, "pods"),
+    state: join(node.dir, "virtnode-state"),
+    run: join(node.dir, "kubevirt-run"),
+  };
+}
+
+/** deploy/daemonset.yaml with `image` and `dirs`, as JSON for `kubectl apply -f -`. */
+export async function virtnodeDaemonSet(image: string, dirs: VirtnodeDirs): Promise<string> {
+  // deno-lint-ignore no-explicit-any
+  const ds = load(await Deno.readTextFile(join(REPO, "deploy/daemonset.yaml"))) as any;
+  const container = ds.spec.template.spec.containers[0];
+  container.image = image;
+  container.imagePullPolicy = "Never";
+  const hostPaths: Record<string, string> = {
+    "kubelet-pods": dirs.kubeletPods,
+    "state-dir": dirs.state,
+    "virt-share-dir": dirs.run,
+  };
+  for (const volume of ds.spec.template.spec.volumes) {
+    if (hostPaths[volume.name]) volume.hostPath.path = hostPaths[volume.name];
+  }
+  return JSON.stringify(ds);
+}
+
+/** virt-handler's DaemonSet as virt-operator makes it, with `node`'s images and directories. */
+export async function virtHandlerDaemonSet(
+  kubevirtDir: string,
+  image: string,
+  launcherImage: string,
+  node: Node,
+): Promise<string> {
+  const out = await new Deno.Command(join(kubevirtDir, "kubevirt-install"), {
+    args: [`--handler-image=${image}`, `--launcher-image=${launcherImage}`],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  if (!out.success) throw new Error(`kubevirt-install: ${new TextDecoder().decode(out.stderr)}`);
+  const ds = JSON.parse(new TextDecoder().decode(out.stdout));
+  const pod = ds.spec.template.spec;
+  // deno-lint-ignore no-explicit-any
+  for (const c of [...pod.initContainers, ...pod.containers] as any[]) c.imagePullPolicy = "Never";
+  const hostPaths: Record<string, string> = {
+    "libvirt-runtimes": join(node.dir, "kubevirt-libvirt-runtimes"),
+    "virt-share-dir": join(node.dir, "kubevirt-run"),
+    "virt-private-dir": join(node.dir, "kubevirt-private"),
+    "kubelet-pods": join(node.kubeletDir, "pods"),
+    "kubelet": node.kubeletDir,
+    "node-labeller": join(node.dir, "kubevirt-node-labeller"),
+  };
+  for (const volume of pod.volumes) {
+    if (!volume.hostPath) continue;
+    const path = hostPaths[volume.name];
+    if (!path) throw new Error(`No test-node directory for virt-handler's ${volume.name}`);
+    volume.hostPath.path = path;
+  }
+  return JSON.stringify(ds);
+}
+
+/** The name of each agent's DaemonSet in the `kubevirt` namespace. */
+export const DAEMONSET_NAMES = {
+  "virtnode": "virtnode-handler",
+  "virt-handler": "virt-handler",
+} as const;
+
+/** The Node fields {@linkcode cpuModelFor} reads. */
+export interface LabelledNode {
+  metadata: { labels: Record<string, string> };
+}
+
+/**
+ * The CPU model a VMI on `node` asks for: `host-passthrough` with KVM. Without it, a model
+ * the node's labels offer: this kind of machine's host model (kvm64) is in KubeVirt's
+ * obsolete list, and virt-controller keeps host-model VMIs off such nodes.
+ */
+export function cpuModelFor(node: LabelledNode): string {
+  try {
+    Deno.statSync("/dev/kvm");
+    return "host-passthrough";
+  } catch {
+    const prefix = "cpu-model.node.kubevirt.io/";
+    const models = Object.keys(node.metadata.labels).filter((l) => l.startsWith(prefix)).sort();
+    if (models.length === 0) throw new Error("The node offers no CPU model");
+    return models[0].slice(prefix.length);
+  }
+}
+
+/**
+ * A VMI as a user writes it: no node named, the CPU model this node can give, 64Mi of guest
+ * memory, no NIC, the CPU features of `deploy/guest_cpu.ts`. `cpuRequest` replaces KubeVirt's default request (a tenth of a core per
+ * vCPU), so that more VMIs than a tenth of the node's cores fit.
+ */
+export function userVmi(name: string, cpuModel: string, cpuRequest?: string) {
+  return {
+    apiVersion: "kubevirt.io/v1",
+    kind: "VirtualMachineInstance",
+    metadata: { name, namespace: "default" },
+    spec: {
+      terminationGracePeriodSeconds: 1,
+      domain: {
+        cpu: { cores: 1, model: cpuModel, features: GUEST_CPU_FEATURES },
+        memory: { guest: "64Mi" },
+        devices: { autoattachPodInterface: false },
+        ...(cpuRequest ? { resources: { requests: { cpu: cpuRequest } } } : {}),
+      },
+    },
+  };
+}
