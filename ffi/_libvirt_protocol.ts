@@ -54,6 +54,13 @@ export interface WorkerOps {
   open(uri: string, readOnly: boolean): bigint;
   attach(conn: bigint): void;
   closeConnection(): number;
+  openEvents(
+    uri: string,
+    readOnly: boolean,
+    keepAliveInterval: number,
+    keepAliveCount: number,
+  ): void;
+  closeEvents(): number;
   setKeepAlive(interval: number, count: number): number;
   isAlive(): boolean;
   registerCloseCallback(cb: bigint): void;

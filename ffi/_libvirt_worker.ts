@@ -46,6 +46,12 @@ let qemu: LibvirtQemuLibrary | null = null;
 let qemuLoadError: LibvirtLoadError | null = null;
 let qemuPath = "";
 let conn: Deno.PointerValue = null;
+/**
+ * A second connection that only carries domain events (first worker only, when asked): a
+ * call that hangs on `conn` holds libvirt's client I/O for that socket, and events queued
+ * behind it would wait for the next keepalive (5 s) to be read.
+ */
+let eventConn: Deno.PointerValue = null;
 /** Buffers that native code points into during a call; see `baselineHypervisorCPU`. */
 const retained = new Set<unknown>();
 
@@ -182,6 +188,26 @@ const ops: WorkerOps = {
     checkInt(vir().virConnectRef(p));
     conn = p;
   },
+  openEvents(uri, readOnly, keepAliveInterval, keepAliveCount) {
+    const s = vir();
+    const p = checkPtr(
+      readOnly ? s.virConnectOpenReadOnly(cstr(uri)) : s.virConnectOpen(cstr(uri)),
+    );
+    if (
+      keepAliveInterval > 0 && s.virConnectSetKeepAlive(p, keepAliveInterval, keepAliveCount) < 0
+    ) {
+      const failure = lastError();
+      s.virConnectClose(p);
+      throw failure;
+    }
+    eventConn = p;
+  },
+  closeEvents() {
+    if (eventConn === null) return 0;
+    const p = eventConn;
+    eventConn = null;
+    return checkInt(vir().virConnectClose(p));
+  },
   closeConnection() {
     if (conn === null) return 0;
     const p = conn;
@@ -195,26 +221,33 @@ const ops: WorkerOps = {
     return checkInt(vir().virConnectIsAlive(connection())) === 1;
   },
   registerCloseCallback(cb) {
-    checkInt(
-      vir().virConnectRegisterCloseCallback(
-        connection(),
-        Deno.UnsafePointer.create(cb),
+    // On the event connection too: either closing is the daemon gone.
+    for (const p of [connection(), eventConn]) {
+      if (p === null) continue;
+      checkInt(vir().virConnectRegisterCloseCallback(p, Deno.UnsafePointer.create(cb), null, null));
+    }
+  },
+  unregisterCloseCallback(cb) {
+    for (const p of [connection(), eventConn]) {
+      if (p === null) continue;
+      checkInt(vir().virConnectUnregisterCloseCallback(p, Deno.UnsafePointer.create(cb)));
+    }
+  },
+  eventRegister(eventId, cb) {
+    const fn = Deno.UnsafePointer.create(cb);
+    return checkInt(
+      vir().virConnectDomainEventRegisterAny(
+        eventConn ?? connection(),
+        null,
+        eventId,
+        fn,
         null,
         null,
       ),
     );
   },
-  unregisterCloseCallback(cb) {
-    checkInt(vir().virConnectUnregisterCloseCallback(connection(), Deno.UnsafePointer.create(cb)));
-  },
-  eventRegister(eventId, cb) {
-    const fn = Deno.UnsafePointer.create(cb);
-    return checkInt(
-      vir().virConnectDomainEventRegisterAny(connection(), null, eventId, fn, null, null),
-    );
-  },
   eventDeregister(callbackId) {
-    checkInt(vir().virConnectDomainEventDeregisterAny(connection(), callbackId));
+    checkInt(vir().virConnectDomainEventDeregisterAny(eventConn ?? connection(), callbackId));
   },
   libVersion() {
     const out = new BigUint64Array(1);

@@ -86,6 +86,21 @@ export interface OpenOptions {
   /** Register domain event callbacks; true unless told. */
   events?: boolean;
   /**
+   * Take domain events on a connection of their own (`events` only), so that a call that
+   * hangs in libvirt (a stopped QEMU) cannot hold up other domains' events: libvirt's
+   * client reads a connection's socket in the thread waiting for a reply, and events read
+   * there wait for the next keepalive (5 s) to be dispatched. False unless told.
+   */
+  eventConnection?: boolean;
+  /**
+   * Give every call worker a libvirt connection of its own instead of sharing one. On a
+   * shared connection, the thread whose call hangs holds libvirt's client I/O for the socket,
+   * and another thread's call queued behind it is sometimes sent only when that thread's
+   * poll times out (the 5 s keepalive): seen with a stopped QEMU's pause holding up another
+   * domain's calls. False unless told.
+   */
+  connectionPerWorker?: boolean;
+  /**
    * Keepalive (`virConnectSetKeepAlive`): interval in seconds and missed-reply count.
    * Unless told: 5 s x 5 for remote URIs (`qemu:`...), none for `test:` URIs; `false` turns
    * it off.
@@ -426,8 +441,21 @@ export class Connection {
       max: options.maxWorkers,
       prepare: async (worker) => {
         await worker.call("init", init, "Cannot load libvirt in a call worker");
-        const ptr = built.conn === undefined ? undefined : built.conn.#ptr;
-        if (ptr !== undefined) await worker.call("attach", [ptr], "Cannot attach a call worker");
+        const conn = built.conn;
+        if (conn === undefined || conn.#ptr === undefined) return;
+        if (options.connectionPerWorker) {
+          await worker.call("open", conn.#openArgs, "Cannot connect a call worker");
+          const keepAlive = conn.#keepAlive;
+          if (keepAlive) {
+            await worker.call(
+              "setKeepAlive",
+              [keepAlive.interval, keepAlive.count],
+              "Cannot set keepalive",
+            );
+          }
+        } else {
+          await worker.call("attach", [conn.#ptr], "Cannot attach a call worker");
+        }
       },
       retire: async (worker) => {
         await worker.call("closeConnection", [], "Cannot close connection");
@@ -557,19 +585,40 @@ export class Connection {
     }));
   }
 
+  get #openArgs(): [string, boolean] {
+    return [this.uri, this.#options.readOnly ?? false];
+  }
+
+  get #keepAlive(): { interval: number; count: number } | false {
+    return this.#options.keepAlive ??
+      (this.uri.startsWith("test:") ? false : { interval: 5, count: 5 });
+  }
+
   async #connect(): Promise<void> {
     const action = `Cannot connect to "${this.uri}"`;
-    const ptr = await this.#pool.first("open", [this.uri, this.#options.readOnly ?? false], action);
+    const ptr = await this.#pool.first("open", this.#openArgs, action);
     this.#connected = true;
     this.#ptr = ptr;
-    await this.#pool.rest("attach", [ptr], action);
-    const keepAlive = this.#options.keepAlive ??
-      (this.uri.startsWith("test:") ? false : { interval: 5, count: 5 });
+    const perWorker = this.#options.connectionPerWorker ?? false;
+    if (perWorker) await this.#pool.rest("open", this.#openArgs, action);
+    else await this.#pool.rest("attach", [ptr], action);
+    const keepAlive = this.#keepAlive;
     if (keepAlive) {
+      const args: [number, number] = [keepAlive.interval, keepAlive.count];
+      const what = `Cannot set keepalive on "${this.uri}"`;
+      await this.#pool.first("setKeepAlive", args, what);
+      if (perWorker) await this.#pool.rest("setKeepAlive", args, what);
+    }
+    if ((this.#options.events ?? true) && this.#options.eventConnection) {
       await this.#pool.first(
-        "setKeepAlive",
-        [keepAlive.interval, keepAlive.count],
-        `Cannot set keepalive on "${this.uri}"`,
+        "openEvents",
+        [
+          this.uri,
+          this.#options.readOnly ?? false,
+          keepAlive ? keepAlive.interval : 0,
+          keepAlive ? keepAlive.count : 0,
+        ],
+        `Cannot open the event connection to "${this.uri}"`,
       );
     }
     if (this.#closeCallback !== null) {
@@ -608,6 +657,7 @@ export class Connection {
       this.#closeCallbackRegistered = false;
     }
     this.#ptr = undefined;
+    await this.#pool.first("closeEvents", [], "Cannot close the event connection").catch(ignore);
     await this.#pool.each("closeConnection", [], "Cannot close connection").catch(ignore);
     this.#connected = false;
   }

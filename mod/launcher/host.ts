@@ -4,8 +4,9 @@
  * the host's libvirtd, not a child of the launcher, so a process per VMI buys no
  * isolation and costs a Deno start (about 1 CPU-second) and 34 MB each; the host runs one
  * {@linkcode LauncherInstance} per VMI instead: the same cmd socket, paths and notify
- * events as a `virtnode launcher` process, on one libvirt connection whose call workers
- * grow while calls wait (a hung libvirt call holds one worker, never another VMI's call).
+ * events as a `virtnode launcher` process, with libvirt call workers that grow while calls
+ * wait, each on a libvirt connection of its own, and the domain events on one more: a hung
+ * libvirt call holds its worker and its connection, never another VMI's call or event.
  *
  * The handler drives it over a control socket (`<dir>/control.sock`, mode 0600): one JSON
  * object per line each way.
@@ -119,6 +120,8 @@ export class LauncherHost {
     const conn = await openLibvirt(options.libvirtUri, {
       workers: 2,
       maxWorkers: options.maxWorkers ?? 8,
+      eventConnection: true,
+      connectionPerWorker: true,
     });
     const sink = options.notifySocket
       ? new NotifyClient(options.notifySocket, notifyTimeouts)
