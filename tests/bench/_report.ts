@@ -1,6 +1,6 @@
 /**
  * The benchmark's report: the machine it ran on, and one table of rows
- * `metric | virtnode | floor (same run) | ratio | target | virt-handler public figure`,
+ * `metric | virtnode | floor (same run) | ratio | target | KubeVirt's own (same run)`,
  * as markdown and as JSON.
  *
  * @module
@@ -23,7 +23,11 @@ export interface Row {
   target?: string;
   /** Whether the target is met; undefined when there is none. */
   met?: boolean;
-  /** KubeVirt's virt-handler figure (the RSS row only). */
+  /** KubeVirt's own binary's figure measured in the same run (same unit as `value`). */
+  kubevirt?: number;
+  /** Which of KubeVirt's binaries `kubevirt` is (e.g. "virt-handler"). */
+  kubevirtLabel?: string;
+  /** A published KubeVirt figure, shown where none was measured in the run. */
   publicFigure?: string;
   /** A short remark printed after the table. */
   note?: string;
@@ -101,6 +105,22 @@ export function ratio(row: Row): number | undefined {
   return row.higherIsBetter ? row.floor / row.value : row.value / row.floor;
 }
 
+/** virtnode ÷ KubeVirt's measured figure (KubeVirt ÷ virtnode for rates), if both exist. */
+export function kubevirtRatio(row: Row): number | undefined {
+  if (row.value === undefined || !row.kubevirt || !row.value) return undefined;
+  return row.higherIsBetter ? row.kubevirt / row.value : row.value / row.kubevirt;
+}
+
+function kubevirtCell(row: Row): string {
+  if (row.kubevirt === undefined) {
+    return row.publicFigure ? `not measured; published: ${row.publicFigure}` : "—";
+  }
+  const r = kubevirtRatio(row);
+  return `${fmt(row.kubevirt, row.unit)} (${row.kubevirtLabel ?? "KubeVirt"})${
+    r === undefined ? "" : `, ${r.toFixed(2)}×`
+  }`;
+}
+
 /** The results table and the environment as markdown. */
 export function markdown(
   env: Environment,
@@ -121,7 +141,7 @@ export function markdown(
     `- load average: ${env.loadAtStart} at start, ${env.loadAtEnd ?? "?"} at end`,
     `- options: ${extras.options}; run took ${extras.durationS.toFixed(0)} s`,
     "",
-    "| metric | virtnode | floor (same run) | ratio | target | virt-handler public figure |",
+    "| metric | virtnode | floor (same run) | ratio | target | KubeVirt's own (same run), virtnode ÷ KubeVirt |",
     "|---|---|---|---|---|---|",
   ];
   for (const row of rows) {
@@ -132,7 +152,7 @@ export function markdown(
     lines.push(
       `| ${row.metric} | ${fmt(row.value, row.unit)} | ${fmt(row.floor, row.unit)}${
         row.floorNote ? ` (${row.floorNote})` : ""
-      } | ${r === undefined ? "—" : `${r.toFixed(2)}×`} | ${target} | ${row.publicFigure ?? "—"} |`,
+      } | ${r === undefined ? "—" : `${r.toFixed(2)}×`} | ${target} | ${kubevirtCell(row)} |`,
     );
   }
   const notes = [

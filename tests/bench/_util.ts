@@ -200,3 +200,31 @@ export function mib(bytes: number): number {
 export function suffix(): string {
   return crypto.randomUUID().slice(0, 8);
 }
+
+/** RSS (mean, max), PSS and CPU of a process over `seconds` of sampling every second. */
+export async function sampleProcess(pid: number, seconds: number) {
+  const hz = clockTicksPerSecond();
+  const ticks0 = procCpuTicks(pid);
+  const t0 = performance.now();
+  const rss: number[] = [];
+  const pss: number[] = [];
+  for (let i = 0; i < seconds; i++) {
+    await sleep(1_000);
+    const m = procMemory(pid);
+    if (!m) throw new Error(`Cannot sample process ${pid}: it is gone`);
+    rss.push(m.rss);
+    if (m.pss !== undefined) pss.push(m.pss);
+  }
+  const ticks1 = procCpuTicks(pid);
+  const wallS = (performance.now() - t0) / 1000;
+  const cpuPercent = ticks0 === undefined || ticks1 === undefined
+    ? NaN
+    : (ticks1 - ticks0) / hz / wallS * 100;
+  return {
+    rssMean: rss.reduce((a, b) => a + b, 0) / rss.length,
+    rssMax: Math.max(...rss),
+    pssMean: pss.length ? pss.reduce((a, b) => a + b, 0) / pss.length : undefined,
+    cpuPercent,
+    seconds: wallS,
+  };
+}

@@ -7,7 +7,8 @@
  * Scenarios: 1 create -> Running latency; 2 a burst of VMIs on one node; 3 domain
  * event -> VMI status latency; 4 handler RSS/CPU with idle VMIs and launcher memory;
  * 5 handler restart and re-adoption; 6 handler start-up with no VMIs; 7 create ->
- * Running with QEMU guests; 8 a burst of QEMU guests and their idle cost.
+ * Running with QEMU guests; 8 a burst of QEMU guests and their idle cost; 9 beside
+ * KubeVirt's own virt-handler and virt-launcher on a real node (tests/bench/_kubevirt_node.ts).
  *
  * Output: a markdown table on stdout and in `tests/bench/out/latest.md`, JSON in
  * `tests/bench/out/latest.json`. Run `deno task bench --help` for the flags.
@@ -42,6 +43,7 @@ import { pidAlive } from "../helpers/handler_process.ts";
 import {
   type Environment,
   environment,
+  kubevirtRatio,
   loadAverage,
   markdown,
   ratio,
@@ -56,12 +58,19 @@ import {
   pollUntil,
   procCpuTicks,
   procMemory,
+  sampleProcess,
   sleep,
   suffix,
   summarize,
   type Summary,
 } from "./_util.ts";
 import { hasPhase, isDeleted, pausedIs, vmiCollection, VmiWatch } from "./_watch.ts";
+import {
+  hostLibvirtdPid,
+  type PodlessPerVm,
+  sideBySide,
+  sideBySideRows,
+} from "./_kubevirt_node.ts";
 
 const TEST_URI = "test:///default";
 const NAMESPACE = "default";
@@ -79,10 +88,12 @@ const USAGE = `Usage: deno task bench [flags]
   --startup-runs N        scenario 6: handler start-ups with no VMIs (3)
   --qemu-runs N           scenario 7: QEMU create -> Running runs (10)
   --qemu-burst N          scenario 8: QEMU VMIs created at once, then idle (20)
+  --node-vmis N           scenario 9: VMIs created at once on the real node, per agent (50)
+  --node-launchers N      scenario 9: virtnode launchers started at once for per-VM figures (10)
   --floor-samples N       samples of each floor (50)
   --only LIST             run only these scenarios, e.g. --only 1,3,6
   --handler-log-level L   --log-level of the handler and its launchers (info)
-  --timeout-minutes N     stop and clean up after this long, whatever happens (30)
+  --timeout-minutes N     stop and clean up after this long, whatever happens (50)
   --min-free-mib N        stop creating VMIs when MemAvailable falls below this (2048)
   --help                  this text
 `;
@@ -97,6 +108,8 @@ interface Options {
   startupRuns: number;
   qemuRuns: number;
   qemuBurst: number;
+  nodeVmis: number;
+  nodeLaunchers: number;
   floorSamples: number;
   only: Set<number>;
   logLevel: string;
@@ -118,6 +131,8 @@ function parseOptions(args: string[]): Options {
       "startup-runs": { type: "string" },
       "qemu-runs": { type: "string" },
       "qemu-burst": { type: "string" },
+      "node-vmis": { type: "string" },
+      "node-launchers": { type: "string" },
       "floor-samples": { type: "string" },
       only: { type: "string" },
       "handler-log-level": { type: "string", default: "info" },
@@ -153,10 +168,12 @@ function parseOptions(args: string[]): Options {
     startupRuns: int("startup-runs", values["startup-runs"], q ? 2 : 3),
     qemuRuns: int("qemu-runs", values["qemu-runs"], q ? 2 : 10),
     qemuBurst: int("qemu-burst", values["qemu-burst"], q ? 3 : 20),
+    nodeVmis: int("node-vmis", values["node-vmis"], q ? 3 : 50),
+    nodeLaunchers: int("node-launchers", values["node-launchers"], q ? 2 : 10),
     floorSamples: int("floor-samples", values["floor-samples"], q ? 10 : 50),
     only,
     logLevel: values["handler-log-level"]!,
-    timeoutMinutes: int("timeout-minutes", values["timeout-minutes"], 30),
+    timeoutMinutes: int("timeout-minutes", values["timeout-minutes"], 50),
     minFreeMiB: int("min-free-mib", values["min-free-mib"], 2048, 0),
     quick: q!,
   };
@@ -173,6 +190,8 @@ const live = {
   qemuFragment: "",
   qemuUsed: false,
   cluster: undefined as Cluster | undefined,
+  /** Stops what scenario 9 has running (its own control plane and node, or launchers). */
+  sideBySide: undefined as (() => Promise<void>) | undefined,
 };
 
 /** Synchronous last-resort cleanup (signals, the global timeout, unload). */
@@ -366,34 +385,6 @@ function pidOf(h: BenchHandler, uid: string): number | undefined {
   }
 }
 
-/** RSS (mean, max), PSS and CPU of a process over `seconds` of sampling every second. */
-async function sampleProcess(pid: number, seconds: number) {
-  const hz = clockTicksPerSecond();
-  const ticks0 = procCpuTicks(pid);
-  const t0 = performance.now();
-  const rss: number[] = [];
-  const pss: number[] = [];
-  for (let i = 0; i < seconds; i++) {
-    await sleep(1_000);
-    const m = procMemory(pid);
-    if (!m) throw new Error(`Cannot sample process ${pid}: it is gone`);
-    rss.push(m.rss);
-    if (m.pss !== undefined) pss.push(m.pss);
-  }
-  const ticks1 = procCpuTicks(pid);
-  const wallS = (performance.now() - t0) / 1000;
-  const cpuPercent = ticks0 === undefined || ticks1 === undefined
-    ? NaN
-    : (ticks1 - ticks0) / hz / wallS * 100;
-  return {
-    rssMean: rss.reduce((a, b) => a + b, 0) / rss.length,
-    rssMax: Math.max(...rss),
-    pssMean: pss.length ? pss.reduce((a, b) => a + b, 0) / pss.length : undefined,
-    cpuPercent,
-    seconds: wallS,
-  };
-}
-
 /** Times a LIST of a node's VMIs (what a starting handler's informer does first). */
 async function listMs(ctx: Ctx, node: string): Promise<number> {
   const samples: number[] = [];
@@ -458,7 +449,8 @@ async function run(opts: Options, started: number): Promise<void> {
   const prefix = `vnb-${suffix()}`;
   live.qemuFragment = prefix;
   log(`starting the control plane (prefix ${prefix})`);
-  const cluster = await startCluster();
+  // The run's own signal handler stops the control planes, after scenario 9's node.
+  const cluster = await startCluster({ stopOnSignals: false });
   live.cluster = cluster;
   const client = await kubeClient(cluster.kubeconfigPath);
   const watch = await VmiWatch.start(client, NAMESPACE);
@@ -1060,6 +1052,31 @@ async function run(opts: Options, started: number): Promise<void> {
         if (removed) log(`cleanup: removed ${removed} leftover QEMU domains`);
       }
     });
+
+    // 9: beside KubeVirt's own binaries on a real node.
+    await scenario(
+      ctx,
+      9,
+      `beside KubeVirt's virt-handler and virt-launcher (${opts.nodeVmis} VMIs)`,
+      async () => {
+        live.qemuUsed = true;
+        const r = await sideBySide({
+          vmis: opts.nodeVmis,
+          launchers: opts.nodeLaunchers,
+          idleSeconds: opts.idleSeconds,
+          concurrency: opts.concurrency,
+          prefix,
+          log,
+          onRunning: (stop) => {
+            live.sideBySide = stop;
+          },
+        });
+        ctx.json.sideBySide = r;
+        const { rows, notes } = sideBySideRows(r, ctx.json.qemuBurstPerVm as PodlessPerVm);
+        ctx.rows.push(...rows);
+        ctx.notes.push(...notes);
+      },
+    );
   } finally {
     if (env) {
       env.loadAtEnd = loadAverage();
@@ -1086,8 +1103,10 @@ async function qemuBurst(
   const n = ctx.opts.qemuBurst;
   const names = Array.from({ length: n }, (_, i) => `${ctx.prefix}-qb-${i}`);
   const hostPid = hq.launcherPids()[0];
+  const libvirtdPid = hostLibvirtdPid();
   const mem0 = procMemory(hq.pid);
   const host0 = hostPid === undefined ? undefined : procMemory(hostPid);
+  const libvirtd0 = libvirtdPid === undefined ? undefined : procMemory(libvirtdPid);
   const lv = await libvirtFloor(uri, `${ctx.prefix}-qbf`, {
     n: 1,
     burst: n,
@@ -1099,6 +1118,8 @@ async function qemuBurst(
   const waits = names.map((name) =>
     ctx.watch.waitFor(`VMI ${name} Running`, hasPhase(name, "Running"), 300_000)
   );
+  const ticks = () => [hq.pid, hostPid, libvirtdPid].map((p) => p && procCpuTicks(p) || 0);
+  const ticks0 = ticks();
   const t0 = performance.now();
   const created = await mapLimit(names, ctx.opts.concurrency, async (name) => {
     const t = performance.now();
@@ -1107,6 +1128,8 @@ async function qemuBurst(
   });
   const ats = await Promise.all(waits);
   const allMs = Math.max(...ats) - t0;
+  const hz = clockTicksPerSecond();
+  const [handlerCpuS, hostCpuS, libvirtdCpuS] = ticks().map((t, i) => (t - ticks0[i]) / hz / n);
   const each = summarize(ats.map((at, i) => at - created[i]));
   ctx.rows.push({
     scenario: 8,
@@ -1149,6 +1172,17 @@ async function qemuBurst(
       hs.pssMean !== undefined
     ) {
       const perVm = (s.pssMean + hs.pssMean - mem0.pss - host0.pss) / n;
+      const libvirtdNow = libvirtdPid === undefined ? undefined : procMemory(libvirtdPid);
+      ctx.json.qemuBurstPerVm = {
+        n,
+        handlerCpuS,
+        hostCpuS,
+        libvirtdCpuS,
+        pss: perVm,
+        libvirtdPss: libvirtdNow?.pss !== undefined && libvirtd0?.pss !== undefined
+          ? (libvirtdNow.pss - libvirtd0.pss) / n
+          : undefined,
+      };
       ctx.rows.push({
         scenario: 8,
         metric: `additional PSS (handler + launcher host) per idle QEMU VM, 0 → ${n}`,
@@ -1196,6 +1230,8 @@ async function writeReport(env: Environment, ctx: Ctx, durationS: number): Promi
     `start-ups ${o.startupRuns}`,
     `QEMU runs ${o.qemuRuns}`,
     `QEMU burst ${o.qemuBurst}`,
+    `node VMIs ${o.nodeVmis}`,
+    `node launchers ${o.nodeLaunchers}`,
     `floor samples ${o.floorSamples}`,
     `scenarios ${[...o.only].sort().join(",")}`,
     `handler log level ${o.logLevel}`,
@@ -1218,7 +1254,7 @@ async function writeReport(env: Environment, ctx: Ctx, durationS: number): Promi
     environment: env,
     options: { ...o, only: [...o.only] },
     durationS,
-    rows: ctx.rows.map((r) => ({ ...r, ratio: ratio(r) })),
+    rows: ctx.rows.map((r) => ({ ...r, ratio: ratio(r), kubevirtRatio: kubevirtRatio(r) })),
     notes: ctx.notes,
     details: ctx.json,
   };
@@ -1231,7 +1267,7 @@ async function writeReport(env: Environment, ctx: Ctx, durationS: number): Promi
 }
 
 /** Every scenario's number. */
-const ALL_SCENARIOS = [1, 2, 3, 4, 5, 6, 7, 8];
+const ALL_SCENARIOS = [1, 2, 3, 4, 5, 6, 7, 8, 9];
 const README = new URL("../../README.md", import.meta.url).pathname;
 const TABLE_START = "<!-- bench:table:start -->";
 const TABLE_END = "<!-- bench:table:end -->";
@@ -1253,6 +1289,7 @@ async function updateReadme(report: string): Promise<void> {
 }
 
 async function cleanup(): Promise<void> {
+  await live.sideBySide?.().catch((error) => log(`cleanup: ${error}`));
   for (const h of [...live.handlers]) await stopHandler(h, "SIGKILL").catch(() => {});
   for (const dir of live.stateDirs) killLaunchers(dir);
   if (live.qemuUsed) {
@@ -1284,9 +1321,10 @@ if (import.meta.main) {
   const onSignal = () => {
     log("interrupted: cleaning up");
     cleanupNow();
-    // The control plane's own listener stops it and exits; without one, exit here.
-    if (!live.cluster) Deno.exit(130);
-    live.cluster.stop().finally(() => Deno.exit(130));
+    (async () => {
+      await live.sideBySide?.().catch(() => {});
+      await live.cluster?.stop().catch(() => {});
+    })().finally(() => Deno.exit(130));
   };
   Deno.addSignalListener("SIGINT", onSignal);
   Deno.addSignalListener("SIGTERM", onSignal);
@@ -1294,7 +1332,8 @@ if (import.meta.main) {
   const overall = setTimeout(() => {
     log(`the run took longer than ${opts.timeoutMinutes} min: stopping`);
     cleanupNow();
-    (live.cluster?.stop() ?? Promise.resolve()).finally(() => Deno.exit(1));
+    Promise.all([live.sideBySide?.().catch(() => {}), live.cluster?.stop()])
+      .finally(() => Deno.exit(1));
   }, opts.timeoutMinutes * 60_000);
   Deno.unrefTimer(overall);
   let code = 0;
