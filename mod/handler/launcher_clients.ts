@@ -63,8 +63,15 @@ export class LauncherCallError extends Error {
   }
 }
 
-/** A launcher client unused this long has its gRPC client closed (see `closeIfIdle`), ms. */
-const CLIENT_IDLE_CLOSE_MS = 30_000;
+/**
+ * The gRPC channel's idle timeout: the longest a timer can wait (about 24.8 days), i.e.
+ * never in practice. A launcher's HTTP/2 session stays open for its VMI's life: Deno
+ * 2.9's `node:http2` never frees a client session once it is closed (measured: about
+ * 50 KB of RSS per session, 600 closed sessions held by the runtime's handles), so a
+ * session closed when idle and opened again for the next call is memory lost each time,
+ * while an open idle one costs about 12 KB.
+ */
+const CHANNEL_IDLE_TIMEOUT_MS = 2 ** 31 - 1;
 
 /** Timeouts of launcher calls, in ms. */
 export const LAUNCHER_TIMEOUTS = {
@@ -146,8 +153,6 @@ export class LauncherClient {
   readonly #resolve: DialResolver;
   #target: DialTarget | undefined;
   #connection: Connection | undefined;
-  #inFlight = 0;
-  #lastUsed = performance.now();
 
   /**
    * A client of the launcher at `socketFile`, reached through `resolve`; nothing is
@@ -175,10 +180,8 @@ export class LauncherClient {
           unreachable: true,
         });
       }
-      // An idle channel closes after 10 s: a handler with hundreds of VMIs holds no HTTP/2
-      // session for launchers it is not talking to.
       const cmd = newCmdClient(target.path, {
-        "grpc.client_idle_timeout_ms": 10_000,
+        "grpc.client_idle_timeout_ms": CHANNEL_IDLE_TIMEOUT_MS,
         "grpc.enable_channelz": 0,
       });
       this.#connection = { cmd, info: newCmdInfoClient(target.path, cmd) };
@@ -260,7 +263,6 @@ export class LauncherClient {
 
   async #call<Req, Res>(method: string, request: Req, timeoutMs: number): Promise<Res> {
     const connection = this.#connect(method);
-    this.#inFlight++;
     try {
       await this.#negotiate(method, connection);
       return await unary<Req, Res>(connection.cmd, method, request, timeoutMs);
@@ -269,22 +271,7 @@ export class LauncherClient {
       const unreachable = this.#failed(connection, error);
       const detail = (error as ServiceError).details || (error as Error).message;
       throw new LauncherCallError(method, detail, { cause: error, unreachable });
-    } finally {
-      this.#inFlight--;
-      this.#lastUsed = performance.now();
     }
-  }
-
-  /**
-   * Closes the gRPC client of a launcher nobody called for `idleMs` (the next call connects
-   * and asks the cmd versions again): about 45 KB of heap each, which 200 idle VMIs' clients
-   * would otherwise hold for nothing. Returns whether it closed one.
-   */
-  closeIfIdle(idleMs: number): boolean {
-    if (!this.#connection || this.#inFlight > 0) return false;
-    if (performance.now() - this.#lastUsed < idleMs) return false;
-    this.#reset();
-    return true;
   }
 
   async #vmiCall(
@@ -537,10 +524,9 @@ export class LauncherClients {
     if (marker) await Deno.remove(marker).catch(() => {});
   }
 
-  /** One monitor round: ping every launcher whose socket exists; close idle clients. */
+  /** One monitor round: ping every launcher whose socket exists. */
   async monitorOnce(): Promise<void> {
     const now = this.#opts.now();
-    for (const entry of this.#entries.values()) entry.client.closeIfIdle(CLIENT_IDLE_CLOSE_MS);
     await Promise.all([...this.#entries].map(async ([uid, entry]) => {
       if (entry.unresponsive) return;
       if (!(await exists(entry.client.socketFile))) {
