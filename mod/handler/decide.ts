@@ -154,10 +154,15 @@ export function decideSync(input: SyncInput): SyncDecision {
     };
   }
   if (domainExists && !domainAlive) {
+    // Defined and not started yet (the launcher's first report, its start under way):
+    // nothing of it belongs in the status, and the Running write that follows the start
+    // need not wait for an extra write's watch echo. A start that failed reports a reason.
+    const starting = phase === VmiPhase.Scheduled && status === LifeCycle.Shutoff &&
+      domain.status.reason === StateChangeReason.Unknown;
     return {
       action: SyncAction.None,
       reason: `VMI is ${phase}; ${seen}: waiting for the launcher's next report`,
-      writesStatus: true,
+      writesStatus: !starting,
     };
   }
   if (

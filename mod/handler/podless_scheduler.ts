@@ -23,6 +23,7 @@ import {
 import { detailOf, Informer, isApiStatus, type KubeClient } from "../kube/mod.ts";
 import type { Runnable } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
+import { computeStatus } from "./status.ts";
 
 const log = getLogger("scheduler");
 
@@ -41,7 +42,12 @@ export function wantsNode(vmi: VirtualMachineInstance, node: string): boolean {
     vmi.spec.nodeSelector?.[HOSTNAME_LABEL] === node;
 }
 
-/** The status of a Pending VMI once it is placed on `node`: Scheduled there, at `now`. */
+/**
+ * The status of a Pending VMI once it is placed on `node`: Scheduled there, at `now`, with
+ * the conditions the handler's first sync gives a Scheduled VMI without a domain yet
+ * (`Ready` False, `LiveMigratable`): that sync then has nothing to write, and the Running
+ * write follows the domain's start without another write (and its watch echo) before it.
+ */
 export function scheduledStatus(
   vmi: VirtualMachineInstance,
   node: string,
@@ -55,7 +61,14 @@ export function scheduledStatus(
     ...(status.phaseTransitionTimestamps ?? []),
     { phase: VmiPhase.Scheduled, phaseTransitionTimestamp: now },
   ];
-  return status;
+  return computeStatus({ ...vmi, status }, {
+    domain: undefined,
+    launcher: "notReady",
+    nodeName: node,
+    standsInForController: true,
+    gracePeriodApplied: false,
+    now,
+  }).status;
 }
 
 /** Labels the unplaced VMIs that ask for this node; see the module doc. */

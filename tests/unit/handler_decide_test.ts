@@ -203,6 +203,24 @@ const ROWS: Row[] = [
   },
   // 9: a domain down for a reason that decides no phase.
   {
+    name: "9: a Scheduled VMI whose domain is defined and not started yet waits without a write",
+    input: {
+      vmi: vmi(VmiPhase.Scheduled),
+      domain: domain(LifeCycle.Shutoff, StateChangeReason.Unknown),
+    },
+    action: SyncAction.None,
+    writesStatus: false,
+  },
+  {
+    name: "9: a Scheduled VMI whose domain failed to start gets its status written",
+    input: {
+      vmi: vmi(VmiPhase.Scheduled),
+      domain: domain(LifeCycle.Shutoff, StateChangeReason.Failed),
+    },
+    action: SyncAction.None,
+    writesStatus: true,
+  },
+  {
     name: "9: a Running VMI whose QEMU died (Shutoff, Failed) is not synced: its launcher is going",
     input: {
       vmi: vmi(VmiPhase.Running),
