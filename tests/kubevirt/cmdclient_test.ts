@@ -12,6 +12,7 @@ import { join } from "node:path";
 import { buildKubevirt, startCluster } from "../../deploy/cluster/cluster.ts";
 import { admit } from "../helpers/admission.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
+import { GUEST_CPU_FEATURES } from "../../deploy/guest_cpu.ts";
 
 const REPO_ROOT = new URL("../../", import.meta.url).pathname;
 
@@ -32,6 +33,7 @@ async function admittedVmi(name: string): Promise<Record<string, unknown>> {
       spec: {
         terminationGracePeriodSeconds: 0,
         domain: {
+          cpu: { features: GUEST_CPU_FEATURES },
           memory: { guest: "1Gi" },
           devices: { autoattachPodInterface: false, autoattachGraphicsDevice: false },
         },
