@@ -83,6 +83,30 @@ export async function virtHandlerDaemonSet(
   return JSON.stringify(ds);
 }
 
+/** Runs kubectl with `kubeconfig` (and `input` on its stdin); throws with its stderr. */
+export async function kubectl(kubeconfig: string, args: string[], input?: string): Promise<string> {
+  const child = new Deno.Command("kubectl", {
+    args: ["--kubeconfig", kubeconfig, ...args],
+    stdin: input === undefined ? "null" : "piped",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  if (input !== undefined) {
+    const w = child.stdin.getWriter();
+    await w.write(new TextEncoder().encode(input));
+    await w.close();
+  }
+  const out = await child.output();
+  const dec = new TextDecoder();
+  if (!out.success) throw new Error(`kubectl ${args.join(" ")}: ${dec.decode(out.stderr)}`);
+  return dec.decode(out.stdout);
+}
+
+/** Whether an allocatable quantity ("1k", "1000", "0") offers any device. */
+export function offered(quantity: string | undefined): boolean {
+  return quantity !== undefined && !/^0+[a-zA-Z]*$/.test(quantity);
+}
+
 /** The name of each agent's DaemonSet in the `kubevirt` namespace. */
 export const DAEMONSET_NAMES = {
   "virtnode": "virtnode-handler",

@@ -31,7 +31,9 @@ import { type KubevirtControlPlane, startKubevirt } from "../../deploy/node/kube
 import {
   cpuModelFor,
   DAEMONSET_NAMES,
+  kubectl,
   type LabelledNode,
+  offered,
   userVmi,
   virtHandlerDaemonSet,
   virtnodeDaemonSet,
@@ -54,6 +56,7 @@ import {
   type Summary,
 } from "./_util.ts";
 import type { Row } from "./_report.ts";
+import { kvmDevice } from "./_floors.ts";
 import { hasPhase, isDeleted, VmiWatch } from "./_watch.ts";
 
 const REPO = new URL("../../", import.meta.url).pathname;
@@ -220,24 +223,6 @@ export function hostLibvirtdPid(): number | undefined {
 // ---------------------------------------------------------------------------
 // The node
 
-async function kubectl(kubeconfig: string, args: string[], input?: string): Promise<string> {
-  const child = new Deno.Command("kubectl", {
-    args: ["--kubeconfig", kubeconfig, ...args],
-    stdin: input === undefined ? "null" : "piped",
-    stdout: "piped",
-    stderr: "piped",
-  }).spawn();
-  if (input !== undefined) {
-    const w = child.stdin.getWriter();
-    await w.write(new TextEncoder().encode(input));
-    await w.close();
-  }
-  const out = await child.output();
-  const dec = new TextDecoder();
-  if (!out.success) throw new Error(`kubectl ${args.join(" ")}: ${dec.decode(out.stderr)}`);
-  return dec.decode(out.stdout);
-}
-
 interface NodeObject extends LabelledNode {
   metadata: { labels: Record<string, string>; annotations?: Record<string, string> };
   status: { allocatable: Record<string, string> };
@@ -251,10 +236,6 @@ interface PodList {
       containerStatuses?: { restartCount: number }[];
     };
   }[];
-}
-
-function offered(quantity: string | undefined): boolean {
-  return quantity !== undefined && !/^0+[a-zA-Z]*$/.test(quantity);
 }
 
 /** One agent's run on a fresh control plane and node. */
@@ -334,7 +315,7 @@ async function measureAgent(
       const a = n.status.allocatable;
       return n.metadata.labels["kubevirt.io/schedulable"] === "true" &&
           offered(a["devices.kubevirt.io/tun"]) &&
-          (offered(a["devices.kubevirt.io/kvm"]) || !kvm())
+          (offered(a["devices.kubevirt.io/kvm"]) || !kvmDevice())
         ? n
         : undefined;
     }, { timeoutMs: 120_000, intervalMs: 500 });
@@ -398,14 +379,6 @@ async function measureAgent(
   } finally {
     await stop();
     o.onRunning(undefined);
-  }
-}
-
-function kvm(): boolean {
-  try {
-    return Deno.statSync("/dev/kvm").isCharDevice === true;
-  } catch {
-    return false;
   }
 }
 
@@ -533,7 +506,7 @@ export async function sideBySide(o: SideBySideOptions): Promise<SideBySide> {
       }, kubevirtDir),
     );
   }
-  const domainType = kvm() ? "kvm" : "qemu";
+  const domainType = kvmDevice() ? "kvm" : "qemu";
   o.log(`virtnode launcher × ${o.launchers} against the host's libvirtd (${domainType})`);
   const virtnodeLauncher = await measureVirtnodeLaunchers(o, uri, domainType);
   return { agents, launcher: virtnodeLauncher, domainType };

@@ -30,6 +30,8 @@ import { startKubevirt } from "../../deploy/node/kubevirt.ts";
 import {
   cpuModelFor,
   DAEMONSET_NAMES,
+  kubectl,
+  offered,
   userVmi,
   virtHandlerDaemonSet,
   virtnodeDaemonSet,
@@ -61,24 +63,6 @@ interface Vmi {
 interface NodeObject {
   metadata: { labels: Record<string, string>; annotations?: Record<string, string> };
   status: { allocatable: Record<string, string> };
-}
-
-async function kubectl(kubeconfig: string, args: string[], input?: string): Promise<string> {
-  const child = new Deno.Command("kubectl", {
-    args: ["--kubeconfig", kubeconfig, ...args],
-    stdin: input === undefined ? "null" : "piped",
-    stdout: "piped",
-    stderr: "piped",
-  }).spawn();
-  if (input !== undefined) {
-    const w = child.stdin.getWriter();
-    await w.write(new TextEncoder().encode(input));
-    await w.close();
-  }
-  const out = await child.output();
-  const dec = new TextDecoder();
-  if (!out.success) throw new Error(`kubectl ${args.join(" ")}: ${dec.decode(out.stderr)}`);
-  return dec.decode(out.stdout);
 }
 
 type Handler = "virtnode" | "virt-handler";
@@ -286,11 +270,6 @@ async function journey(handler: Handler): Promise<void> {
     admin.close();
     await cluster.stop();
   }
-}
-
-/** Whether an allocatable quantity ("1k", "1000", "0") offers any device. */
-function offered(quantity: string | undefined): boolean {
-  return quantity !== undefined && !/^0+[a-zA-Z]*$/.test(quantity);
 }
 
 Deno.test(
