@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import { scheduledStatus, wantsNode } from "../../mod/handler/podless_scheduler.ts";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
+import { computeStatus } from "../../mod/handler/status.ts";
 
 function vmi(status: VirtualMachineInstance["status"], labels?: Record<string, string>) {
   return {
@@ -51,4 +52,24 @@ Deno.test("wantsNode() takes only unplaced Pending VMIs whose nodeSelector names
     wantsNode(vmi({ phase: "Scheduled" } as VirtualMachineInstance["status"]), "node-a"),
     false,
   );
+});
+
+Deno.test("scheduledStatus() carries what the handler's first sync computes, so that sync writes nothing", () => {
+  const pending = vmi({ phase: "Pending" } as VirtualMachineInstance["status"]);
+  const s = scheduledStatus(pending, "node-a", "t1");
+  const ready = s.conditions?.find((c) => c.type === "Ready");
+  assert.equal(ready?.status, "False");
+  assert.equal(ready?.reason, "GuestNotRunning");
+  assert.ok(s.conditions?.some((c) => c.type === "LiveMigratable"));
+  // The first sync: Scheduled, its launcher not ready yet, no domain.
+  const first = computeStatus({ ...pending, status: s }, {
+    domain: undefined,
+    launcher: "notReady",
+    nodeName: "node-a",
+    standsInForController: true,
+    gracePeriodApplied: false,
+    now: "t2",
+  });
+  assert.deepEqual(first.status, s);
+  assert.equal(first.phaseChange, undefined);
 });
