@@ -176,9 +176,11 @@ Deno.test(
           Math.round(otherMs)
         } ms (before the hang: ${Math.round(baselineMs)} ms; medians of 3)`;
         console.log(said);
-        // The issue's bound. A call or event of B held behind A's hung call waited for
-        // the libvirt connection's next keepalive (5 s) when the workers shared one.
-        assert.ok(otherMs <= baselineMs + 100, said);
+        // Not a speed bound (the bench measures speed): a call or event of B held behind
+        // A's hung call waited for the libvirt connection's next keepalive (5 s) when the
+        // workers shared one, so B took over 5 s more. Half of that separates the two
+        // outcomes; a tighter margin failed on a loaded CI machine (+238 ms, no bug).
+        assert.ok(otherMs <= baselineMs + 2_500, said);
         Deno.kill(pid, "SIGCONT");
         await hung.catch(() => {});
       } finally {
