@@ -10,7 +10,7 @@
  */
 
 import type { EventRecorder, KubeClient } from "../kube/mod.ts";
-import { closeOnExecFrom, openLibvirt } from "../../ffi/mod.ts";
+import { closeOnExecFrom, LIBVIRT_ERROR_CODES, openLibvirt } from "../../ffi/mod.ts";
 import type { Runnable } from "../lifecycle/mod.ts";
 import { DevicePluginManager, type DevicePluginManagerOptions } from "./device_plugins.ts";
 import { Heartbeat, type HeartbeatOptions } from "./heartbeat.ts";
@@ -59,6 +59,15 @@ export class CapabilityReadError extends Error {
   }
 }
 
+/** The child read no domain capabilities: its libvirt driver has none (as libvirt says it). */
+class DomainCapabilitiesUnsupported extends CapabilityReadError {
+  /** libvirt's `VIR_ERR_NO_SUPPORT`, which {@linkcode gatherNodeLabelInfo} tells apart. */
+  readonly code = LIBVIRT_ERROR_CODES.VIR_ERR_NO_SUPPORT;
+  constructor() {
+    super("libvirt's driver has no domain capabilities");
+  }
+}
+
 /** The documents of a read, for {@linkcode readCapabilitiesInChild}'s child to print. */
 export function capabilityDocuments(gathered: GatheredCapabilities): CapabilityDocuments {
   const { info: _, ...documents } = gathered;
@@ -69,7 +78,10 @@ export function capabilityDocuments(gathered: GatheredCapabilities): CapabilityD
 function replaySource(documents: CapabilityDocuments): CapabilitySource {
   return {
     getCapabilities: () => Promise.resolve(documents.capabilities),
-    getDomainCapabilities: () => Promise.resolve(documents.domainCapabilities),
+    getDomainCapabilities: () =>
+      documents.domainCapabilities === undefined
+        ? Promise.reject(new DomainCapabilitiesUnsupported())
+        : Promise.resolve(documents.domainCapabilities),
     baselineHypervisorCPU: () =>
       documents.baseline === undefined
         ? Promise.reject(new CapabilityReadError("The child process read no baseline CPU"))
