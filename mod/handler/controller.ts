@@ -33,7 +33,11 @@ import { aborted } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import { decideSync, type SyncDecision } from "./decide.ts";
 import type { GhostRecordStore } from "./ghost_records.ts";
-import { LauncherCallError, LauncherClient, type LauncherClients } from "./launcher_clients.ts";
+import {
+  LauncherCallError,
+  type LauncherClient,
+  type LauncherClients,
+} from "./launcher_clients.ts";
 import type { LauncherProvider } from "./launcher_provider.ts";
 import { FailRetryManager } from "./retry_manager.ts";
 import { computeStatus, EventReason, phaseChangeEvent, type StatusInput } from "./status.ts";
@@ -489,15 +493,22 @@ export class VmiController {
       : DONE;
   }
 
-  /** The launcher client once its socket answers; otherwise when to look again. */
-  async #ensureLauncher(vmi: VirtualMachineInstance): Promise<LauncherClient | ReconcileResult> {
+  /**
+   * The launcher client once its socket answers; otherwise when to look again. With
+   * `sync`, the provider may sync the domain as it starts the launcher: `synced` says so.
+   */
+  async #ensureLauncher(
+    vmi: VirtualMachineInstance,
+    sync?: { vmi: VirtualMachineInstance },
+  ): Promise<{ client: LauncherClient; synced?: { error?: string } } | ReconcileResult> {
     const uid = vmi.metadata.uid!;
-    const started = await this.#d.provider.start(vmi);
+    const started = await this.#d.provider.start(vmi, sync);
     if ("waiting" in started) return DONE; // the provider wakes the key
     const notReady = requeueAfter(this.#d.provider.notReadyRequeueMs, "launcher not ready");
     if ("absent" in started) return notReady;
     const client = this.#d.launchers.getOrCreate(uid, started.socket);
-    return (await this.#d.launchers.isReady(uid)) ? client : notReady;
+    if (started.synced) return { client, synced: started.synced };
+    return (await this.#d.launchers.isReady(uid)) ? { client } : notReady;
   }
 
   /** Brings the domain to the VMI's spec: define and start it, or resume it after an IO error. */
@@ -506,21 +517,33 @@ export class VmiController {
     domain: Domain | undefined,
   ): Promise<ReconcileResult> {
     const uid = vmi.metadata.uid!;
-    const client = await this.#ensureLauncher(vmi);
-    if (!(client instanceof LauncherClient)) return client;
-    if (isPausedBy(domain, StateChangeReason.PausedIOError)) {
-      await client.unpauseVirtualMachine(vmi);
-      this.#record(vmi, "Normal", EventReason.Resumed, "VMI resumed after IO error");
-      return DONE;
-    }
-    // (containerDisk, hotplug volumes, network and device ownership come before this call
-    // as their issues land; today the launcher prepares what the converter supports.)
     // The spec itself, not metadata.generation: KubeVirt's VMI CRD has no status
     // subresource, so every status write bumps the generation, and a Sync per status write
     // would call a launcher for nothing (and fail while its libvirt restarts).
     const spec = JSON.stringify(vmi.spec);
     const alive = domain !== undefined && domain.status.status !== LifeCycle.Shutoff &&
       domain.status.status !== LifeCycle.Crashed;
+    // (containerDisk, hotplug volumes, network and device ownership come before the sync
+    // as their issues land; today the launcher prepares what the converter supports.)
+    // No domain runs: the provider may define and start it as it starts the launcher.
+    const ensured = await this.#ensureLauncher(vmi, alive ? undefined : { vmi });
+    if (!("client" in ensured)) return ensured;
+    const { client, synced } = ensured;
+    if (synced) {
+      if (synced.error !== undefined) {
+        throw new LauncherCallError("SyncVirtualMachine", synced.error || "no message");
+      }
+      this.#synced.set(uid, spec);
+      if (!domain) {
+        this.#record(vmi, "Normal", EventReason.Created, "VirtualMachineInstance defined.");
+      }
+      return DONE;
+    }
+    if (isPausedBy(domain, StateChangeReason.PausedIOError)) {
+      await client.unpauseVirtualMachine(vmi);
+      this.#record(vmi, "Normal", EventReason.Resumed, "VMI resumed after IO error");
+      return DONE;
+    }
     if (alive && !this.#synced.has(uid)) {
       // Adopted after a restart: the domain runs this spec already; do not disturb it.
       this.#synced.set(uid, spec);

@@ -141,6 +141,28 @@ export class LauncherHostClient {
   }
 
   /**
+   * Serves a VMI's launcher, then has the host sync its domain from `vmiJson` as a
+   * `SyncVirtualMachine` call would. `synced` is absent when the launcher is not ready
+   * (it ended); `synced.error` says why a sync failed.
+   */
+  async startAndSync(
+    spec: HostedVmSpec,
+    vmiJson: string,
+    timeoutMs: number,
+  ): Promise<{ status: HostedVmStatus; synced?: { error?: string } }> {
+    const reply = await this.#request("start", { spec, sync: vmiJson }, timeoutMs);
+    const synced = reply.synced as { error?: unknown } | undefined;
+    return {
+      status: reply.vm as HostedVmStatus,
+      synced: synced === undefined
+        ? undefined
+        : typeof synced.error === "string"
+        ? { error: synced.error }
+        : {},
+    };
+  }
+
+  /**
    * Stops a VMI's guest gracefully and ends its launcher; removes the domain a launcher
    * that ended left (`vmi` names it, should the host not know the UID).
    */

@@ -21,8 +21,12 @@ import type { DialResolver } from "./launcher_clients.ts";
 
 /** What {@linkcode LauncherProvider.start} found. */
 export type LauncherStart =
-  /** The launcher exists (or is starting); its cmd socket is or will be here. */
-  | { socket: string }
+  /**
+   * The launcher exists (or is starting); its cmd socket is or will be here. `synced` is
+   * there when the provider also synced the domain it was given, as `SyncVirtualMachine`
+   * would (`error` when that failed); without it, the caller syncs over the cmd socket.
+   */
+  | { socket: string; synced?: { error?: string } }
   /** No launcher yet, and none can be had now; the provider wakes the key when that changes. */
   | { waiting: string }
   /** No launcher yet (KubeVirt mode: the pod's socket has not appeared). */
@@ -46,8 +50,15 @@ export interface LauncherProvider extends Runnable {
   readonly dialResolver: DialResolver;
   /** The cmd socket of the VMI's launcher if one is known; starts nothing. */
   socketOf(vmi: VirtualMachineInstance): Promise<string | undefined>;
-  /** Makes sure the VMI has a launcher (pod-less: starts one) and records its ghost record. */
-  start(vmi: VirtualMachineInstance): Promise<LauncherStart>;
+  /**
+   * Makes sure the VMI has a launcher (pod-less: starts one) and records its ghost record.
+   * With `sync`, a provider that starts the launcher itself may sync the domain in the same
+   * step (pod-less: one control round trip to the launcher host) and say so in `synced`.
+   */
+  start(
+    vmi: VirtualMachineInstance,
+    sync?: { vmi: VirtualMachineInstance },
+  ): Promise<LauncherStart>;
   /** Ends the VMI's launcher once its domain is gone and removes what it left on the node. */
   stop(vmi: VirtualMachineInstance): Promise<void>;
   /** Launchers that run from before this handler's start, to ask for their domains. */

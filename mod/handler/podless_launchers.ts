@@ -27,7 +27,7 @@ import {
   type LauncherStart,
 } from "./launcher_provider.ts";
 import { LauncherSpawner } from "./launcher_spawner.ts";
-import { dialDirectly, type DialResolver } from "./launcher_clients.ts";
+import { dialDirectly, type DialResolver, LAUNCHER_TIMEOUTS } from "./launcher_clients.ts";
 import { LauncherHostClient } from "./launcher_host_client.ts";
 import { gracePeriodSeconds } from "./_vmi.ts";
 
@@ -163,8 +163,15 @@ export class PodlessLaunchers implements LauncherProvider {
     return this.#client?.open && this.#listed ? this.#client : undefined;
   }
 
-  /** Asks the host to serve the VMI's launcher (idempotent); waits for the host if it is away. */
-  async start(vmi: VirtualMachineInstance): Promise<LauncherStart> {
+  /**
+   * Asks the host to serve the VMI's launcher (idempotent); waits for the host if it is
+   * away. With `sync`, a launcher not served yet is started and synced in one control
+   * request; a served one is left for the caller to sync over its cmd socket.
+   */
+  async start(
+    vmi: VirtualMachineInstance,
+    sync?: { vmi: VirtualMachineInstance },
+  ): Promise<LauncherStart> {
     const uid = vmi.metadata.uid!;
     const known = this.#served.get(uid);
     if (known && known.state !== "starting") return { socket: known.socket };
@@ -186,7 +193,7 @@ export class PodlessLaunchers implements LauncherProvider {
       name: vmi.metadata.name,
       uid,
     });
-    const status = await client.start({
+    const spec = {
       namespace: vmi.metadata.namespace!,
       name: vmi.metadata.name,
       uid,
@@ -194,10 +201,13 @@ export class PodlessLaunchers implements LauncherProvider {
       socketDir,
       runDir: join(this.#o.runRoot, uid),
       diskDir: join(this.#o.diskRoot, uid),
-    });
+    };
+    const { status, synced } = sync
+      ? await client.startAndSync(spec, JSON.stringify(sync.vmi), LAUNCHER_TIMEOUTS.sync)
+      : { status: await client.start(spec), synced: undefined };
     this.#served.set(uid, status);
     if (status.state === "exited") this.#o.exited(uid, status.why ?? "the launcher ended");
-    return { socket: status.socket };
+    return synced ? { socket: status.socket, synced } : { socket: status.socket };
   }
 
   /** The host stops the guest (ACPI, then destroy after the grace period) and forgets it. */

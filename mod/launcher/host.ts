@@ -13,6 +13,10 @@
  * - `{"id":1,"op":"start","spec":{namespace,name,uid,gracePeriodSeconds,socketDir,runDir,diskDir}}`
  *   -> `{"id":1,"ok":true,"vm":{uid,state:"ready",socket}}` once the VMI's cmd socket is
  *   `launcher-sock`; for a VMI whose domain died, `state` is `exited` (restart policy none).
+ *   With `"sync":"<VMI JSON>"` the host then does what a `SyncVirtualMachine` on that socket
+ *   does, and answers with `"synced":{}` or `"synced":{"error":"..."}`: the handler's first
+ *   sync of a VMI is one control round trip, not a control round trip, a new HTTP/2
+ *   connection and a gRPC call.
  * - `{"id":2,"op":"stop","uid":...,"namespace":...,"name":...}`: the graceful stop a SIGTERM
  *   gives a launcher (ACPI within the grace period, then destroy, then undefine), or the
  *   removal of the domain a launcher that ended left; answered when done.
@@ -192,6 +196,10 @@ export class LauncherHost {
 
   /** Serves a VMI (idempotent: a known UID gets its current status). */
   async start(raw: unknown): Promise<HostedVmStatus> {
+    return (await this.#serve(raw)).status;
+  }
+
+  async #serve(raw: unknown): Promise<{ hosted: Hosted; status: HostedVmStatus }> {
     const spec = checkHostedVmSpec(raw);
     let hosted = this.#vms.get(spec.uid);
     if (!hosted) {
@@ -200,7 +208,33 @@ export class LauncherHost {
       hosted = this.#vms.get(spec.uid) ?? this.#launch(spec, false);
     }
     await hosted.started;
-    return { ...hosted.status };
+    return { hosted, status: { ...hosted.status } };
+  }
+
+  /**
+   * Serves a VMI, then syncs its domain as `SyncVirtualMachine` on its cmd socket would;
+   * a sync that fails is reported in `synced.error` (the VMI stays served, as a launcher
+   * stays up after a failed call). A launcher that is not ready syncs nothing.
+   */
+  async startAndSync(
+    raw: unknown,
+    vmiJson: string,
+  ): Promise<{ status: HostedVmStatus; synced?: { error?: string } }> {
+    const { hosted, status } = await this.#serve(raw);
+    const instance = hosted.instance;
+    if (status.state !== "ready" || !instance) return { status };
+    try {
+      await instance.manager.syncVmi(vmiJson);
+      return { status, synced: {} };
+    } catch (error) {
+      const message = error instanceof Error ? error.message : String(error);
+      log.warn("Command failed", {
+        rpc: "SyncVirtualMachine",
+        uid: hosted.spec.uid,
+        error: message,
+      });
+      return { status, synced: { error: message } };
+    }
   }
 
   #launch(spec: HostedVmSpec, adopting: boolean): Hosted {
@@ -400,8 +434,14 @@ export class LauncherHost {
       const request = JSON.parse(line) as Record<string, unknown>;
       id = request.id ?? null;
       switch (request.op) {
-        case "start":
-          return { id, ok: true, vm: await this.start(request.spec) };
+        case "start": {
+          if (request.sync === undefined) {
+            return { id, ok: true, vm: await this.start(request.spec) };
+          }
+          if (typeof request.sync !== "string") throw new HostedVmSpecError("sync is not a string");
+          const { status, synced } = await this.startAndSync(request.spec, request.sync);
+          return { id, ok: true, vm: status, ...(synced ? { synced } : {}) };
+        }
         case "stop":
           await this.stop(request.uid, request as { namespace?: unknown; name?: unknown });
           return { id, ok: true };

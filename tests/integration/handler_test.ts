@@ -261,6 +261,9 @@ Deno.test("handler: an invalid VMI gets Synchronized=False and a Warning event w
     });
     assert.equal(vmi.c.reason, "Synchronizing with the Domain failed.");
     assert.match(vmi.c.message!, /spec\.domain\.devices\.tpm/);
+    // Worded as KubeVirt's cmd client words a failed call, though pod-less mode's first sync
+    // goes to the launcher host with its start request, not over the cmd socket.
+    assert.match(vmi.c.message!, /server error\. command SyncVirtualMachine failed: /);
     await waitForPhase(client, "default", good, "Running");
     await waitFor("a SyncFailed warning naming the field", async () => {
       const ev = (await eventsFor(client, "default", bad)).find((e) => e.reason === "SyncFailed");

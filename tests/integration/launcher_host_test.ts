@@ -238,3 +238,73 @@ Deno.test(
     }
   },
 );
+
+Deno.test(
+  "launcher host: start with sync defines and starts the domain in the same request; a bad spec is that VMI's sync error and its launcher stays",
+  grpcTest,
+  async () => {
+    await ensureLibvirtd();
+    const dir = await Deno.makeTempDir({ prefix: "vn-host" });
+    const notify = await startNotifyServer();
+    let host: HostProcess | undefined;
+    let control: LauncherHostClient | undefined;
+    const [good, bad] = ["good", "bad"].map((n) => hostedSpec(dir, `sync-${n}-${Deno.pid}`));
+    try {
+      host = await startHostProcess({
+        dir: `${dir}/host`,
+        libvirtUri: URI,
+        notifySocket: notify.socketPath,
+        logFile: `${dir}/host.log`,
+      });
+      control = await host.connect();
+      const started = await control.startAndSync(good, JSON.stringify(hostedVmi(good)), 30_000);
+      assert.equal(started.status.state, "ready");
+      assert.deepEqual(started.synced, {});
+      // Answered after the start: the domain runs, and its cmd socket says so.
+      const client = new TestCmdClient(started.status.socket);
+      try {
+        assert.equal(await domainStatus(client), "Running/Unknown");
+      } finally {
+        client.close();
+      }
+      await notify.waitForDomainEvent((e) =>
+        e.domain?.metadata?.name === good.name && e.domain.status.status === "Running"
+      );
+      // Again (a handler that restarted mid-start): the same VMI, the same running guest.
+      const again = await control.startAndSync(good, JSON.stringify(hostedVmi(good)), 30_000);
+      assert.deepEqual(again.synced, {});
+
+      // The same words a SyncVirtualMachine on the socket answers with.
+      const badVmi = hostedVmi(bad, { devices: { disks: [{ name: "nope" }] } });
+      const refused = await control.startAndSync(bad, JSON.stringify(badVmi), 30_000);
+      assert.equal(refused.status.state, "ready", "the launcher stays up");
+      assert.ok(refused.synced?.error, JSON.stringify(refused));
+      const badClient = new TestCmdClient(refused.status.socket);
+      try {
+        const viaSocket = await badClient.vmiCall("SyncVirtualMachine", badVmi);
+        assert.equal(viaSocket.success, false);
+        assert.equal(refused.synced.error, viaSocket.message);
+        assert.equal(await domainStatus(badClient), "none");
+      } finally {
+        badClient.close();
+      }
+      // A sync that is not a string is refused as a request.
+      await assert.rejects(
+        (control as unknown as {
+          startAndSync(s: unknown, v: unknown, t: number): Promise<unknown>;
+        }).startAndSync(good, 42, 5_000),
+        /sync is not a string/,
+      );
+      assert.deepEqual((await control.list()).map((v) => v.state), ["ready", "ready"]);
+    } finally {
+      if (control) {
+        for (const spec of [good, bad]) await control.stop(spec.uid, 10_000).catch(() => {});
+        await control.close();
+      }
+      await host?.kill("SIGTERM");
+      await notify.close();
+      await removeDomains([good, bad].map((s) => `default_${s.name}`));
+      await Deno.remove(dir, { recursive: true }).catch(() => {});
+    }
+  },
+);
