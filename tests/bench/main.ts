@@ -670,6 +670,17 @@ async function run(opts: Options, started: number): Promise<void> {
             ...(q === "p50" ? { target: "≤ 1.5× floor", met: s[q] <= 1.5 * createFloor[q] } : {}),
           });
         }
+        // KubeVirt's phases need two writes of the VMI in order (Scheduled by the part of
+        // virt-controller pod-less mode plays, then Running by the handler), where the floor
+        // above has one: the least any implementation of that order can take.
+        ctx.rows.push({
+          scenario: 1,
+          metric: `create → Running, p50, beside two writes in order (test driver, ${s.n} runs)`,
+          value: s.p50,
+          unit: "ms",
+          floor: createFloor.p50 + floors.c.p50,
+          floorNote: "a+b+2c: Scheduled, then Running written",
+        });
         ctx.notes.push(
           `delete → launcher gone (test driver): ${fmtSummary(summarize(reap))}`,
         );
