@@ -4,7 +4,10 @@
  * Calls wait in one queue and each goes to a worker with nothing to do, so a call that
  * hangs in libvirt (a guest whose QEMU stopped answering its monitor) holds one worker and
  * never a call queued behind it. When the oldest queued call has waited `growAfterMs`
- * and every worker is busy, one more worker is started (up to `max`); a worker beyond
+ * and every worker is busy, one more worker is started (up to `max`). A worker whose call
+ * has run for `stuckAfterMs` no longer counts toward `min`: another starts beside it at
+ * once, so a hung call costs a worker start in the background, not on the path of the
+ * next caller (who would otherwise queue, then wait for that start). A worker beyond
  * `min` that stays idle for `retireAfterMs` is ended again (each costs a V8 isolate).
  *
  * @module
@@ -43,6 +46,7 @@ export class CallWorker {
   readonly #pending = new Map<number, Pending>();
   #nextId = 1;
   #dead: Error | null = null;
+  #busySince: number | undefined;
   /** Told when the worker has nothing pending any more. */
   onIdle: (() => void) | undefined;
 
@@ -62,6 +66,11 @@ export class CallWorker {
     return this.#pending.size;
   }
 
+  /** Since when (`performance.now()`) the worker has had calls pending, if it has. */
+  get busySince(): number | undefined {
+    return this.#busySince;
+  }
+
   /** Whether the worker failed or was terminated. */
   get dead(): boolean {
     return this.#dead !== null;
@@ -71,6 +80,7 @@ export class CallWorker {
   call(op: OpName, args: unknown[], action: string): Promise<unknown> {
     if (this.#dead) return Promise.reject(new Error(`${action}: ${this.#dead.message}`));
     const id = this.#nextId++;
+    this.#busySince ??= performance.now();
     return new Promise((resolve, reject) => {
       this.#pending.set(id, { resolve, reject, action });
       const request: WorkerRequest = { id, op, args };
@@ -89,7 +99,10 @@ export class CallWorker {
     this.#pending.delete(response.id);
     if (response.ok) pending.resolve(response.value);
     else pending.reject(failureToError(pending.action, response.failure));
-    if (this.#pending.size === 0) this.onIdle?.();
+    if (this.#pending.size === 0) {
+      this.#busySince = undefined;
+      this.onIdle?.();
+    }
   }
 
   #fail(error: Error): void {
@@ -112,10 +125,14 @@ export interface WorkerPoolOptions {
   prepare?: (worker: CallWorker) => Promise<void>;
   /** How long the oldest queued call waits before another worker starts; 25 ms. */
   growAfterMs?: number;
+  /** How long a call runs before its worker stops counting toward `min`; 100 ms. */
+  stuckAfterMs?: number;
   /** How long a worker beyond `min` may idle before it ends; 30 s. */
   retireAfterMs?: number;
   /** Ends a worker beyond `min` before it is terminated (drops its connection reference). */
   retire?: (worker: CallWorker) => Promise<void>;
+  /** Makes a worker; a {@linkcode CallWorker} unless told (tests give stand-ins). */
+  newWorker?: () => CallWorker;
 }
 
 interface Queued {
@@ -134,11 +151,14 @@ export class WorkerPool {
   readonly #min: number;
   readonly #max: number;
   readonly #growAfterMs: number;
+  readonly #stuckAfterMs: number;
   readonly #retireAfterMs: number;
   readonly #prepare?: (worker: CallWorker) => Promise<void>;
   readonly #retire?: (worker: CallWorker) => Promise<void>;
+  readonly #newWorker: () => CallWorker;
   readonly #retireTimers = new Map<CallWorker, ReturnType<typeof setTimeout>>();
   #growTimer: ReturnType<typeof setTimeout> | undefined;
+  #stuckTimer: ReturnType<typeof setTimeout> | undefined;
   #growing = false;
   #terminated = false;
   #peak = 0;
@@ -149,10 +169,12 @@ export class WorkerPool {
     this.#min = Math.max(1, o.min);
     this.#max = Math.max(this.#min, o.max ?? this.#min);
     this.#growAfterMs = o.growAfterMs ?? 25;
+    this.#stuckAfterMs = o.stuckAfterMs ?? 100;
     this.#retireAfterMs = o.retireAfterMs ?? 30_000;
     this.#prepare = o.prepare;
     this.#retire = o.retire;
-    for (let i = 0; i < this.#min; i++) this.#add(new CallWorker());
+    this.#newWorker = o.newWorker ?? (() => new CallWorker());
+    for (let i = 0; i < this.#min; i++) this.#add(this.#newWorker());
   }
 
   /** The number of workers now. */
@@ -204,8 +226,36 @@ export class WorkerPool {
       }
       const q = this.#queue.shift()!;
       worker.call(q.op, q.args, q.action).then(q.resolve, q.reject);
+      this.#watchStuck();
     }
     if (this.#queue.length > 0) this.#scheduleGrowth();
+  }
+
+  /** Looks again when the busy worker that started first will have run `stuckAfterMs`. */
+  #watchStuck(): void {
+    if (this.#stuckTimer !== undefined || this.#terminated || this.#max <= this.#min) return;
+    const since = this.#workers
+      .map((w) => w.busySince)
+      .filter((t): t is number => t !== undefined);
+    const now = performance.now();
+    const fresh = since.filter((t) => now - t < this.#stuckAfterMs);
+    if (fresh.length === 0) return;
+    this.#stuckTimer = setTimeout(() => {
+      this.#stuckTimer = undefined;
+      this.#replaceStuck();
+    }, Math.min(...fresh) + this.#stuckAfterMs - now);
+  }
+
+  /** Starts a worker beside those stuck in a call, while fewer than `min` would answer. */
+  #replaceStuck(): void {
+    if (this.#terminated) return;
+    const now = performance.now();
+    const answering =
+      this.#workers.filter((w) =>
+        !w.dead && (w.busySince === undefined || now - w.busySince < this.#stuckAfterMs)
+      ).length;
+    if (answering < this.#min) void this.#grow(true);
+    this.#watchStuck();
   }
 
   #scheduleGrowth(): void {
@@ -218,11 +268,11 @@ export class WorkerPool {
     }, Math.max(0, this.#growAfterMs - waited));
   }
 
-  async #grow(): Promise<void> {
+  async #grow(spare = false): Promise<void> {
     if (this.#growing || this.#terminated || this.#workers.length >= this.#max) return;
-    if (this.#workers.some((w) => w.load === 0 && !w.dead)) return this.#dispatch();
+    if (!spare && this.#workers.some((w) => w.load === 0 && !w.dead)) return this.#dispatch();
     this.#growing = true;
-    const worker = new CallWorker();
+    const worker = this.#newWorker();
     try {
       await this.#prepare?.(worker);
       if (this.#terminated) {
@@ -302,6 +352,7 @@ export class WorkerPool {
   terminate(): void {
     this.#terminated = true;
     clearTimeout(this.#growTimer);
+    clearTimeout(this.#stuckTimer);
     for (const timer of this.#retireTimers.values()) clearTimeout(timer);
     this.#retireTimers.clear();
     for (const w of this.#workers) w.terminate();

@@ -59,13 +59,6 @@ async function runGuest(h: Harness, spec: HostedVmSpec): Promise<number> {
   }
 }
 
-/** The middle of three guests' create -> Running, one after the other (ms). */
-async function medianOfThree(h: Harness, name: string): Promise<number> {
-  const ms: number[] = [];
-  for (let i = 0; i < 3; i++) ms.push(await runGuest(h, hostedSpec(h.dir, `${name}-${i}`)));
-  return ms.sort((a, b) => a - b)[1];
-}
-
 async function withHost(name: string, fn: (h: Harness) => Promise<void>): Promise<void> {
   await ensureLibvirtd();
   const dir = await Deno.makeTempDir({ prefix: `vn-${name}` });
@@ -150,45 +143,72 @@ Deno.test(
 );
 
 Deno.test(
-  "launcher host (QEMU): a guest whose libvirt calls hang (QEMU stopped) holds up no other VMI's create -> Running",
+  "launcher host (QEMU): a guest whose libvirt calls hang (QEMU stopped) delays no other VMI's create -> Running by more than 100 ms",
   grpcTest,
   async () => {
     await withHost("hang", async (h) => {
       const stuck = hostedSpec(h.dir, `hang-a-${Deno.pid}`);
       await runGuest(h, stuck);
-      const baselineMs = await medianOfThree(h, `hang-c-${Deno.pid}`);
       const pid = await qemuPid(stuck);
-      Deno.kill(pid, "SIGSTOP");
-      let hungSettled = false;
       const client = new TestCmdClient(`${stuck.socketDir}/launcher-sock`, 120_000);
+      /** One guest's create -> Running, its guest stopped again afterwards. */
+      const timedGuest = async (name: string) => {
+        const spec = hostedSpec(h.dir, name);
+        const ms = await runGuest(h, spec);
+        await h.control.stop(spec.uid, 30_000);
+        h.specs.splice(h.specs.indexOf(spec), 1);
+        return ms;
+      };
+      // Pairs, each a guest started with A answering and one started while A's call hangs,
+      // back to back: a pair's difference is the hang's cost, whatever load the machine had
+      // then (a loaded CI machine moved medians of separate runs by 240 ms).
+      const pairs: { before: number; hung: number }[] = [];
+      let paused = false;
       try {
-        // QEMU never answers the monitor's "stop": the pause hangs in libvirt.
-        const hung = client.vmiCall("PauseVirtualMachine", vmiOf(stuck)).finally(() =>
-          hungSettled = true
-        );
-        hung.catch(() => {});
-        // Deliberate: the pause must be in libvirt (holding a call worker) before B starts.
-        await new Promise((r) => setTimeout(r, 500));
-        assert.equal(hungSettled, false, "the stopped guest's pause hangs");
-        const otherMs = await medianOfThree(h, `hang-b-${Deno.pid}`);
-        assert.equal(hungSettled, false, "B ran while A's call still hung");
-        const said = `create -> Running with a hung call on another VMI: ${
-          Math.round(otherMs)
-        } ms (before the hang: ${Math.round(baselineMs)} ms; medians of 3)`;
-        console.log(said);
-        // Not a speed bound (the bench measures speed): a call or event of B held behind
-        // A's hung call waited for the libvirt connection's next keepalive (5 s) when the
-        // workers shared one, so B took over 5 s more. Half of that separates the two
-        // outcomes; a tighter margin failed on a loaded CI machine (+238 ms, no bug).
-        assert.ok(otherMs <= baselineMs + 2_500, said);
-        Deno.kill(pid, "SIGCONT");
-        await hung.catch(() => {});
+        for (let i = 0; i < 5; i++) {
+          const before = await timedGuest(`hang-c${i}-${Deno.pid}`);
+          Deno.kill(pid, "SIGSTOP");
+          let settled = false;
+          // QEMU never answers the monitor: the pause (or, the next time, the resume)
+          // hangs in libvirt, holding a call worker and its connection.
+          const call: Promise<{ success: boolean; message: string }> = client.vmiCall(
+            paused ? "UnpauseVirtualMachine" : "PauseVirtualMachine",
+            vmiOf(stuck),
+          ).finally(() => settled = true);
+          call.catch(() => {});
+          let hung: number;
+          try {
+            // Deliberate: the call must be in libvirt, holding its worker, before B starts.
+            await new Promise((r) => setTimeout(r, 500));
+            assert.equal(settled, false, "the stopped guest's call hangs");
+            hung = await timedGuest(`hang-b${i}-${Deno.pid}`);
+            assert.equal(settled, false, "B ran while A's call still hung");
+          } finally {
+            Deno.kill(pid, "SIGCONT");
+          }
+          const res = await call;
+          assert.equal(res.success, true, res.message);
+          paused = !paused;
+          pairs.push({ before, hung });
+        }
       } finally {
         try {
           Deno.kill(pid, "SIGCONT");
         } catch { /* gone */ }
         client.close();
       }
+      const costs = pairs.map((p) => p.hung - p.before).sort((a, b) => a - b);
+      const said =
+        `create -> Running while another guest's call hangs, minus the same just before: ${
+          costs.map((c) => Math.round(c)).join(", ")
+        } ms (pairs: ${
+          pairs.map((p) => `${Math.round(p.before)}/${Math.round(p.hung)}`).join(" ")
+        })`;
+      console.log(said);
+      // The issue's bound, on the middle pair. Before each call worker had its own libvirt
+      // connection, B's calls queued behind A's waited for the 5 s keepalive; before a
+      // stuck worker got a replacement at once, B's waited for a worker to start.
+      assert.ok(costs[2] <= 100, said);
     });
   },
 );
