@@ -51,7 +51,7 @@ Deno.test(
 );
 
 Deno.test(
-  "NotifyClient gives up after the total timeout and carries on with the next event",
+  "NotifyClient gives up after the total timeout; later sends get one try each until one gets through",
   grpcTest,
   async () => {
     const dir = await Deno.makeTempDir({ prefix: "vn-notify-none" });
@@ -61,11 +61,13 @@ Deno.test(
       sendTimeoutMs: 200,
       totalTimeoutMs: 600,
     });
+    const failure = (p: Promise<void>) =>
+      p.then(() => assert.fail("expected a failure"), (e: unknown) => e as Error);
     try {
       const started = Date.now();
       const first = client.sendDomainEvent("MODIFIED", running);
       const second = client.sendDomainEvent("MODIFIED", paused);
-      const error = await first.then(() => assert.fail("expected a failure"), (e) => e);
+      const error = await failure(first);
       assert.ok(error instanceof NotifyError);
       assert.match(
         error.message,
@@ -73,15 +75,28 @@ Deno.test(
       );
       const took = Date.now() - started;
       assert.ok(took >= 500 && took < 3_000, `gave up after ${took} ms`);
-      // The server appears: the queued event is delivered by its own retries.
+      // The handler is taken as gone: the queued event gets one try, not 600 ms more.
+      const secondError = await failure(second);
+      assert.match(secondError.message, /one try, the handler being unreachable/);
+      const quick = Date.now() - started - took;
+      assert.ok(quick < 300, `the queued event took ${quick} ms more`);
+      const t1 = Date.now();
+      await failure(client.sendK8sEvent(vmi, "Normal", "Started", "started"));
+      assert.ok(Date.now() - t1 < 300, `a new send took ${Date.now() - t1} ms`);
+
+      // The handler is back: the next send gets through, and later ones retry in full again.
       const server = await startNotifyServer({ socketPath: socket });
       try {
-        await second.catch(() => {});
         await client.sendDomainEvent("MODIFIED", running);
         assert.equal(server.statuses().at(-1), "MODIFIED:Running/Unknown");
       } finally {
         await server.close();
       }
+      await Deno.remove(socket).catch(() => {});
+      const t2 = Date.now();
+      const again = await failure(client.sendDomainEvent("MODIFIED", paused));
+      assert.match(again.message, /gave up after 600 ms/);
+      assert.ok(Date.now() - t2 >= 500, `retried for ${Date.now() - t2} ms`);
     } finally {
       client.close();
       await Deno.remove(dir, { recursive: true }).catch(() => {});
