@@ -168,3 +168,38 @@ Deno.test("GhostRecordStore.findByKey() follows adds and deletes of records shar
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test("GhostRecordStore: 50 writes at once (two fsyncs at a time) all land, no temporary file left", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const store = new GhostRecordStore(join(dir, "ghosts"));
+    const uids = Array.from({ length: 50 }, (_, i) => `u-${i}`);
+    await Promise.all(
+      uids.map((uid, i) => store.add({ ...record, uid, name: `vm${i}`, socketFile: `/s/${uid}` })),
+    );
+    const names = [...Deno.readDirSync(join(dir, "ghosts"))].map((e) => e.name).sort();
+    assert.deepEqual(names, [...uids].sort());
+    const restarted = new GhostRecordStore(join(dir, "ghosts"));
+    await restarted.load();
+    assert.equal(restarted.list().length, 50);
+    // A refused write (another socket for a known UID) leaves later writes working.
+    await assert.rejects(store.add({ ...record, uid: "u-0", socketFile: "/other" }));
+    await store.add({ ...record, uid: "u-50", name: "vm50", socketFile: "/s/u-50" });
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("GhostRecordStore makes its directory again when it was removed after load", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const store = new GhostRecordStore(join(dir, "ghosts"));
+    await store.load();
+    await Deno.remove(join(dir, "ghosts"), { recursive: true });
+    await store.add(record);
+    assert.deepEqual(JSON.parse(await Deno.readTextFile(join(dir, "ghosts", "u-1"))), record);
+    assert.equal((await Deno.stat(join(dir, "ghosts"))).mode! & 0o777, 0o700);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
