@@ -33,7 +33,7 @@ import {
   silenceDefaultErrorHandler,
 } from "./_libvirt_symbols.ts";
 import { acquireEventLoop, releaseEventLoop } from "./_event_loop.ts";
-import { WorkerPool } from "./_worker_pool.ts";
+import { WorkerPool } from "./worker_pool.ts";
 import type {
   DomainRef,
   HostCpuQuery,

@@ -7,7 +7,7 @@
  */
 
 import assert from "node:assert/strict";
-import { type CallWorker, WorkerPool } from "../../ffi/_worker_pool.ts";
+import { type CallWorker, WorkerPool } from "../../ffi/worker_pool.ts";
 
 /** A worker whose calls stay pending until {@linkcode finish}. */
 class StandIn {
