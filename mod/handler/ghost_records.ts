@@ -82,8 +82,6 @@ export class GhostRecordStore {
   readonly #byUid = new Map<string, GhostRecord>();
   /** `namespace/name` -> UIDs, so the per-sync lookups do not scan every record. */
   readonly #byKey = new Map<string, Set<string>>();
-  /** The directory was made (by load() or a write); no mkdir per record after that. */
-  #dirMade = false;
   /** Writes waiting for one of the {@linkcode SYNC_SLOTS} fsync slots. */
   readonly #syncWaiters: (() => void)[] = [];
   #syncing = 0;
@@ -104,7 +102,6 @@ export class GhostRecordStore {
    */
   async load(): Promise<SetAsideFile[]> {
     await Deno.mkdir(this.#dir, { recursive: true, mode: 0o700 });
-    this.#dirMade = true;
     const setAside: SetAsideFile[] = [];
     for await (const entry of Deno.readDir(this.#dir)) {
       if (entry.name === ".set-aside") continue;
@@ -211,13 +208,11 @@ export class GhostRecordStore {
       const open = () => Deno.openSync(tmp, { write: true, createNew: true, mode: 0o600 });
       let f: Deno.FsFile;
       try {
-        if (!this.#dirMade) throw new Deno.errors.NotFound(this.#dir);
         f = open();
       } catch (error) {
-        // First write, or the directory was removed under us: make it and try again.
+        // No directory yet (no load() before), or it was removed: make it and try again.
         if (!(error instanceof Deno.errors.NotFound)) throw error;
         Deno.mkdirSync(this.#dir, { recursive: true, mode: 0o700 });
-        this.#dirMade = true;
         f = open();
       }
       try {

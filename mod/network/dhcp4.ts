@@ -50,6 +50,7 @@ export const DhcpOption = {
   ClasslessStaticRoute: 121,
 } as const;
 
+const encoder = new TextEncoder();
 const MAGIC_COOKIE = 0x63825363;
 /** Fixed BOOTP header (236 bytes) plus the magic cookie. */
 const HEADER_LENGTH = 240;
@@ -203,11 +204,12 @@ export function encodeDhcp4(message: Dhcp4Message): Uint8Array {
   for (const code of [...message.options.keys()].sort((a, b) => a - b)) {
     const value = message.options.get(code)!;
     // Longer values are split into several instances of the option (RFC 3396).
-    for (let off = 0; off < value.length || off === 0; off += 255) {
+    let off = 0;
+    do {
       const part = value.subarray(off, off + 255);
       optionBytes.push(code, part.length, ...part);
-      if (value.length === 0) break;
-    }
+      off += 255;
+    } while (off < value.length);
   }
   optionBytes.push(255);
   const out = new Uint8Array(HEADER_LENGTH + optionBytes.length);
@@ -239,7 +241,7 @@ export function encodeSearchDomains(domains: string[]): Uint8Array {
     ) {
       throw new Dhcp4Error(`search domain "${domain}" is not a domain name`);
     }
-    for (const label of labels) out.push(label.length, ...new TextEncoder().encode(label));
+    for (const label of labels) out.push(label.length, ...encoder.encode(label));
     out.push(0);
   }
   return Uint8Array.from(out);
@@ -275,7 +277,7 @@ function u32(n: number): Uint8Array {
 
 /** The options of an OFFER or ACK for `lease`. */
 function leaseOptions(type: number, lease: Dhcp4Lease): Map<number, Uint8Array> {
-  const text = (s: string) => new TextEncoder().encode(s);
+  const text = (s: string) => encoder.encode(s);
   const o = new Map<number, Uint8Array>();
   o.set(DhcpOption.MessageType, Uint8Array.of(type));
   o.set(DhcpOption.ServerId, addresses([lease.serverAddress], "server address"));
