@@ -45,7 +45,7 @@ export async function spawnManaged(
   name: string,
   binary: string,
   args: string[],
-  options: { logPath: string; cwd?: string },
+  options: { logPath: string; cwd?: string; env?: Record<string, string> },
 ): Promise<Managed> {
   // setpriv makes the kernel kill the child when we die, even by SIGKILL; setsid gives it
   // a session of its own, so a terminal's Ctrl-C (SIGINT to the whole foreground process
@@ -59,6 +59,7 @@ export async function spawnManaged(
     child = new Deno.Command(command, {
       args: commandArgs,
       cwd: options.cwd,
+      env: options.env,
       stdin: "null",
       stdout: "piped",
       stderr: "piped",

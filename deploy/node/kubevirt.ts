@@ -183,6 +183,9 @@ export async function startKubevirt(
       const managed = await spawnManaged(name, join(kubevirtDir, name), args, {
         logPath: join(dir, `${name}.log`),
         cwd: dir,
+        // virt-api makes a temporary certificates directory and never removes it: in
+        // this directory it goes with the rest.
+        env: { TMPDIR: dir },
       });
       processes.push(managed);
       return managed;
