@@ -37,6 +37,15 @@ const LIBC_SYMBOLS = {
   pidfd_open: { parameters: [I, U], result: I },
   pidfd_send_signal: { parameters: [I, I, P, U], result: I },
   poll: { parameters: [B, "u64", I], result: I },
+  bind: { parameters: [I, B, U], result: I },
+  setsockopt: { parameters: [I, I, I, B, U], result: I },
+  recvfrom: { parameters: [I, B, "u64", I, B, B], result: "i64" },
+  sendto: { parameters: [I, B, "u64", I, B, U], result: "i64" },
+  write: { parameters: [I, B, "u64"], result: "i64" },
+  read: { parameters: [I, B, "u64"], result: "i64" },
+  ioctl: { parameters: [I, "u64", B], result: I },
+  if_nametoindex: { parameters: [B], result: U },
+  eventfd: { parameters: [U, I], result: I },
 } as const;
 
 let libc: Deno.DynamicLibrary<typeof LIBC_SYMBOLS> | null = null;
@@ -545,3 +554,311 @@ export type MountNamespaceReply =
     ok: false;
     error: { message: string; action?: string; errno?: number; description?: string };
   };
+
+const AF_INET = 2;
+const AF_INET6 = 10;
+const SOCK_DGRAM = 2;
+const SOCK_NONBLOCK = 0o4000;
+const SO_REUSEADDR = 2;
+const SO_BROADCAST = 6;
+const SO_BINDTODEVICE = 25;
+const IPPROTO_IPV6 = 41;
+const IPV6_JOIN_GROUP = 20;
+const IPV6_V6ONLY = 26;
+const MSG_DONTWAIT = 0x40;
+const EAGAIN = 11;
+const SIOCETHTOOL = 0x8946;
+const ETHTOOL_STXCSUM = 0x17;
+const EFD_NONBLOCK = 0o4000;
+const IFNAMSIZ = 16;
+
+/** A UDP peer: an IPv4 or IPv6 address (IPv6 with the interface of a link-local one) and a port. */
+export interface DatagramAddress {
+  /** Dotted IPv4 or textual IPv6 address. */
+  address: string;
+  /** UDP port. */
+  port: number;
+  /** IPv6 only: the interface index a link-local address belongs to. */
+  scopeId?: number;
+}
+
+function ipv4ToBytes(address: string): number[] {
+  const parts = address.split(".").map(Number);
+  if (parts.length !== 4 || parts.some((p) => !Number.isInteger(p) || p < 0 || p > 255)) {
+    throw new Error(`Invalid IPv4 address ${JSON.stringify(address)}`);
+  }
+  return parts;
+}
+
+/** The 16 bytes of an IPv6 address in text form (`::` shorthand allowed, no IPv4 tail). */
+export function ipv6ToBytes(address: string): Uint8Array {
+  const invalid = () => new Error(`Invalid IPv6 address ${JSON.stringify(address)}`);
+  const halves = address.split("::");
+  if (halves.length > 2) throw invalid();
+  const groups = (part: string) => (part === "" ? [] : part.split(":"));
+  const head = groups(halves[0]);
+  const tail = halves.length === 2 ? groups(halves[1]) : [];
+  const missing = 8 - head.length - tail.length;
+  if ((halves.length === 1 && missing !== 0) || missing < 0) throw invalid();
+  const all = [...head, ...Array(halves.length === 2 ? missing : 0).fill("0"), ...tail];
+  const out = new Uint8Array(16);
+  all.forEach((group, i) => {
+    if (!/^[0-9a-fA-F]{1,4}$/.test(group)) throw invalid();
+    const value = parseInt(group, 16);
+    out[i * 2] = value >> 8;
+    out[i * 2 + 1] = value & 0xff;
+  });
+  return out;
+}
+
+/** The text form of 16 IPv6 address bytes, shortened as RFC 5952 says. */
+export function ipv6FromBytes(bytes: Uint8Array): string {
+  const groups: number[] = [];
+  for (let i = 0; i < 16; i += 2) groups.push((bytes[i] << 8) | bytes[i + 1]);
+  // The longest run of two or more zero groups becomes "::".
+  let best = -1;
+  let bestLength = 1;
+  for (let i = 0; i < 8;) {
+    if (groups[i] !== 0) {
+      i++;
+      continue;
+    }
+    let j = i;
+    while (j < 8 && groups[j] === 0) j++;
+    if (j - i > bestLength) {
+      best = i;
+      bestLength = j - i;
+    }
+    i = j;
+  }
+  const hex = (list: number[]) => list.map((g) => g.toString(16)).join(":");
+  if (best < 0) return hex(groups);
+  return `${hex(groups.slice(0, best))}::${hex(groups.slice(best + bestLength))}`;
+}
+
+function sockaddr(to: DatagramAddress): Uint8Array<ArrayBuffer> {
+  if (to.address.includes(":")) {
+    const addr = new Uint8Array(28); // sockaddr_in6
+    const view = new DataView(addr.buffer);
+    view.setUint16(0, AF_INET6, true);
+    view.setUint16(2, to.port, false);
+    addr.set(ipv6ToBytes(to.address), 8);
+    view.setUint32(24, to.scopeId ?? 0, true);
+    return addr;
+  }
+  const addr = new Uint8Array(16); // sockaddr_in
+  const view = new DataView(addr.buffer);
+  view.setUint16(0, AF_INET, true);
+  view.setUint16(2, to.port, false);
+  addr.set(ipv4ToBytes(to.address), 4);
+  return addr;
+}
+
+function fromSockaddr(addr: Uint8Array): DatagramAddress {
+  const view = new DataView(addr.buffer, addr.byteOffset, addr.byteLength);
+  const port = view.getUint16(2, false);
+  if (view.getUint16(0, true) === AF_INET6) {
+    return {
+      address: ipv6FromBytes(addr.subarray(8, 24)),
+      port,
+      scopeId: view.getUint32(24, true),
+    };
+  }
+  return { address: [...addr.subarray(4, 8)].join("."), port };
+}
+
+function setIntOption(fd: number, level: number, name: number, value: number, what: string) {
+  const v = new Int32Array([value]);
+  check(c().setsockopt(fd, level, name, new Uint8Array(v.buffer), 4), `Cannot set ${what}`);
+}
+
+/** The index of the network interface `name` in the calling thread's network namespace. */
+export function interfaceIndex(name: string): number {
+  const index = c().if_nametoindex(cpath(name));
+  if (index === 0) throw errnoError(`Cannot find network interface "${name}"`);
+  return index;
+}
+
+/** Options of {@linkcode openUdpSocket}. */
+export interface UdpSocketOptions {
+  /** 4 for IPv4, 6 for IPv6. */
+  family: 4 | 6;
+  /** The local port, bound on every address of the family. */
+  port: number;
+  /** The network interface the socket sends and receives on only (`SO_BINDTODEVICE`). */
+  device: string;
+  /** IPv6: a multicast group to join on `device`, e.g. `ff02::1:2`. */
+  joinGroup?: string;
+}
+
+/**
+ * A non-blocking, close-on-exec UDP socket bound to `options.port` on `options.device`,
+ * in the calling thread's network namespace (it stays in that namespace whichever thread
+ * uses it later). IPv4 sockets may broadcast. Returns its file descriptor.
+ */
+export function openUdpSocket(options: UdpSocketOptions): number {
+  const family = options.family === 6 ? AF_INET6 : AF_INET;
+  const what = `a UDP socket on "${options.device}" port ${options.port}`;
+  const fd = check(
+    c().socket(family, SOCK_DGRAM | SOCK_NONBLOCK | O_CLOEXEC, 0),
+    `Cannot create ${what}`,
+  );
+  try {
+    setIntOption(fd, SOL_SOCKET, SO_REUSEADDR, 1, `SO_REUSEADDR on ${what}`);
+    const device = cpath(options.device);
+    check(
+      c().setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, device, device.length),
+      `Cannot bind ${what} to its interface`,
+    );
+    if (family === AF_INET) {
+      setIntOption(fd, SOL_SOCKET, SO_BROADCAST, 1, `SO_BROADCAST on ${what}`);
+    } else {
+      setIntOption(fd, IPPROTO_IPV6, IPV6_V6ONLY, 1, `IPV6_V6ONLY on ${what}`);
+    }
+    const local = sockaddr({ address: family === AF_INET6 ? "::" : "0.0.0.0", port: options.port });
+    check(c().bind(fd, local, local.length), `Cannot bind ${what}`);
+    if (options.joinGroup) {
+      const mreq = new Uint8Array(20); // struct ipv6_mreq { in6_addr; int ifindex; }
+      mreq.set(ipv6ToBytes(options.joinGroup), 0);
+      new DataView(mreq.buffer).setInt32(16, interfaceIndex(options.device), true);
+      check(
+        c().setsockopt(fd, IPPROTO_IPV6, IPV6_JOIN_GROUP, mreq, mreq.length),
+        `Cannot join ${options.joinGroup} with ${what}`,
+      );
+    }
+    return fd;
+  } catch (error) {
+    c().close(fd);
+    throw error;
+  }
+}
+
+/**
+ * Reads one waiting datagram of a non-blocking socket into `buffer`; undefined when none
+ * waits. Returns the bytes read (a view of `buffer`) and the sender.
+ */
+export function receiveDatagram(
+  fd: number,
+  buffer: Uint8Array<ArrayBuffer>,
+): { data: Uint8Array; from: DatagramAddress } | undefined {
+  const addr = new Uint8Array(28);
+  const len = new Uint32Array([addr.length]);
+  const n = Number(
+    c().recvfrom(fd, buffer, BigInt(buffer.length), MSG_DONTWAIT, addr, new Uint8Array(len.buffer)),
+  );
+  if (n < 0) {
+    const error = errnoError(`Cannot receive on socket ${fd}`);
+    if (error.errno === EAGAIN) return undefined;
+    throw error;
+  }
+  return { data: buffer.subarray(0, n), from: fromSockaddr(addr) };
+}
+
+/** Sends one datagram to `to` from a socket (without waiting for room). */
+export function sendDatagram(fd: number, data: Uint8Array, to: DatagramAddress): void {
+  const addr = sockaddr(to);
+  const bytes = new Uint8Array(data);
+  check(
+    Number(c().sendto(fd, bytes, BigInt(bytes.length), MSG_DONTWAIT, addr, addr.length)),
+    `Cannot send to ${to.address} port ${to.port}`,
+  );
+}
+
+/** A non-blocking, close-on-exec `eventfd(2)`: {@linkcode signalEventFd} makes it readable. */
+export function eventFd(): number {
+  return check(c().eventfd(0, EFD_NONBLOCK | O_CLOEXEC), "Cannot create an eventfd");
+}
+
+/** Adds one to an eventfd's counter, waking whoever polls it. */
+export function signalEventFd(fd: number): void {
+  const one = new BigUint64Array([1n]);
+  check(Number(c().write(fd, new Uint8Array(one.buffer), 8n)), `Cannot signal eventfd ${fd}`);
+}
+
+/** Resets an eventfd's counter (a no-op when it is zero). */
+export function drainEventFd(fd: number): void {
+  const value = new Uint8Array(8);
+  c().read(fd, value, 8n);
+}
+
+/**
+ * Turns transmit checksum offload off on a network interface of the calling thread's
+ * network namespace (`ethtool -K <device> tx off`, through `SIOCETHTOOL`): packets the
+ * namespace sends through it then carry a complete checksum, which a DHCP client reading
+ * a raw socket in the guest checks.
+ */
+export function disableTxChecksum(device: string): void {
+  const fd = check(c().socket(AF_INET, SOCK_DGRAM | O_CLOEXEC, 0), "Cannot create a socket");
+  try {
+    const value = new Uint32Array([ETHTOOL_STXCSUM, 0]); // struct ethtool_value { cmd; data; }
+    const ifreq = new Uint8Array(40); // struct ifreq { char name[16]; union { void *data; ... } }
+    const name = encoder.encode(device);
+    if (name.length >= IFNAMSIZ) throw new Error(`Interface name "${device}" is too long`);
+    ifreq.set(name, 0);
+    const pointer = Deno.UnsafePointer.value(Deno.UnsafePointer.of(value));
+    new DataView(ifreq.buffer).setBigUint64(IFNAMSIZ, BigInt(pointer), true);
+    check(
+      c().ioctl(fd, BigInt(SIOCETHTOOL), ifreq),
+      `Cannot turn transmit checksum offload off on "${device}"`,
+    );
+  } finally {
+    c().close(fd);
+  }
+}
+
+/** Options of {@linkcode writeFileBeneath}. */
+export interface WriteBeneathOptions {
+  /** The file's mode; 0o600 unless told. */
+  mode?: number;
+  /** The file's owner; the caller's unless told. */
+  owner?: { uid: number; gid: number };
+}
+
+/**
+ * Writes `data` to `name` in the directory `dir` (a path the caller trusts, e.g. a
+ * {@linkcode openDirectoryInRoot} result) whole or not at all: a new file is created
+ * beside it without following any symlink (`O_EXCL` beneath `dir`), written, given its
+ * owner through its descriptor, and renamed over `name` (a symlink there is replaced, not
+ * followed).
+ */
+export function writeFileBeneath(
+  dir: string,
+  name: string,
+  data: string | Uint8Array,
+  options: WriteBeneathOptions = {},
+): void {
+  if (name.includes("/") || name === "." || name === "..") {
+    throw new Error(`Invalid file name ${JSON.stringify(name)}`);
+  }
+  const bytes = typeof data === "string" ? encoder.encode(data) : new Uint8Array(data);
+  const temp = `.${name}.${crypto.randomUUID().slice(0, 8)}.tmp`;
+  const dirFd = openRoot(dir);
+  try {
+    const fd = openBeneath(dirFd, temp, {
+      flags: O_WRONLY | 0o100 /* O_CREAT */ | 0o200, /* O_EXCL */
+      mode: options.mode ?? 0o600,
+    });
+    let renamed = false;
+    try {
+      for (let done = 0; done < bytes.length;) {
+        const chunk = bytes.subarray(done);
+        done += check(
+          Number(c().write(fd, new Uint8Array(chunk), BigInt(chunk.length))),
+          `Cannot write "${name}"`,
+        );
+      }
+      if (options.owner) fchownat(fd, "", options.owner, AT_EMPTY_PATH);
+      Deno.renameSync(`${dir}/${temp}`, `${dir}/${name}`);
+      renamed = true;
+    } finally {
+      c().close(fd);
+      if (!renamed) {
+        try {
+          Deno.removeSync(`${dir}/${temp}`);
+        } catch { /* never created, or gone */ }
+      }
+    }
+  } finally {
+    close(dirFd);
+  }
+}

@@ -11,3 +11,5 @@ export * from "./libvirt_constants.ts";
 export * from "./libc.ts";
 export { mountNamespaceChild } from "./_mntns_child.ts";
 export * from "./beneath.ts";
+export * from "./netns.ts";
+export * from "./datagram.ts";

@@ -1,0 +1,147 @@
+/**
+ * The worker behind {@linkcode NetnsRunner} (`netns.ts`): a thread of its own that enters a
+ * network namespace with `setns(2)` for each step of a request and leaves it right after,
+ * so the agent's other threads never change namespace. A step runs inside the namespace
+ * from `setns` to the return to the worker's own namespace, synchronously: a program is
+ * spawned there (the child keeps the namespace while the worker waits for it outside),
+ * a file under `/proc/sys/net` is read or written there, a UDP socket is made there.
+ * Private to `ffi/`.
+ *
+ * @module
+ */
+
+import { ErrnoError } from "./errors.ts";
+import {
+  bindMount,
+  CLONE_NEWNET,
+  close,
+  disableTxChecksum,
+  O_CLOEXEC,
+  O_RDONLY,
+  open,
+  openUdpSocket,
+  setns,
+  umount2,
+  unshare,
+} from "./libc.ts";
+import type { NetnsRequest, NetnsResponse, NetnsResult, NetnsStep } from "./netns.ts";
+
+/** This thread's own network namespace, to come back to after each step. */
+const home = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+const decoder = new TextDecoder();
+
+/**
+ * Runs `fn` with this thread inside the namespace `netns` (none: the worker's own). A
+ * thread that cannot come back ends the worker: the next request gets a fresh one.
+ */
+function inside<T>(netns: string | undefined, fn: () => T): T {
+  if (netns === undefined) return fn();
+  const fd = open(netns, O_RDONLY | O_CLOEXEC);
+  try {
+    setns(fd, CLONE_NEWNET);
+  } finally {
+    close(fd);
+  }
+  try {
+    return fn();
+  } finally {
+    try {
+      setns(home, CLONE_NEWNET);
+    } catch (error) {
+      self.postMessage({ fatal: String(error) });
+      self.close();
+    }
+  }
+}
+
+async function perform(netns: string | undefined, step: NetnsStep): Promise<NetnsResult> {
+  switch (step.op) {
+    case "exec": {
+      const child = inside(netns, () =>
+        new Deno.Command(step.cmd, {
+          args: step.args,
+          stdin: step.stdin === undefined ? "null" : "piped",
+          stdout: "piped",
+          stderr: "piped",
+          signal: AbortSignal.timeout(step.timeoutMs ?? 20_000),
+        }).spawn());
+      if (step.stdin !== undefined) {
+        const writer = child.stdin.getWriter();
+        await writer.write(new TextEncoder().encode(step.stdin)).catch(() => {});
+        await writer.close().catch(() => {});
+      }
+      const out = await child.output();
+      return {
+        code: out.signal ? -1 : out.code,
+        stdout: decoder.decode(out.stdout),
+        stderr: out.signal ? `killed by ${out.signal} (timeout)` : decoder.decode(out.stderr),
+      };
+    }
+    case "readFile":
+      return inside(netns, () => Deno.readTextFileSync(step.path));
+    case "writeFile":
+      inside(netns, () => Deno.writeTextFileSync(step.path, step.data));
+      return null;
+    case "udpSocket":
+      return inside(netns, () => openUdpSocket(step));
+    case "txChecksumOff":
+      inside(netns, () => disableTxChecksum(step.device));
+      return null;
+    case "create": {
+      // A new namespace for this thread, pinned by a bind mount of it on `path`.
+      const { path } = step;
+      Deno.writeTextFileSync(path, "", { createNew: true, mode: 0o444 });
+      try {
+        unshare(CLONE_NEWNET);
+        try {
+          bindMount("/proc/thread-self/ns/net", path);
+        } finally {
+          setns(home, CLONE_NEWNET);
+        }
+      } catch (error) {
+        Deno.removeSync(path);
+        throw error;
+      }
+      return null;
+    }
+    case "remove": {
+      try {
+        umount2(step.path, 2 /* MNT_DETACH */);
+      } catch (error) {
+        // Not mounted (a half-made one, or removed already): only the file is left.
+        if (!(error instanceof ErrnoError && error.errno === 22 /* EINVAL */)) throw error;
+      }
+      try {
+        Deno.removeSync(step.path);
+      } catch (error) {
+        if (!(error instanceof Deno.errors.NotFound)) throw error;
+      }
+      return null;
+    }
+  }
+}
+
+self.onmessage = async (event: MessageEvent<NetnsRequest>) => {
+  const { id, netns, steps } = event.data;
+  const results: NetnsResult[] = [];
+  let reply: NetnsResponse;
+  try {
+    for (const step of steps) results.push(await perform(netns, step));
+    reply = { id, ok: true, results };
+  } catch (error) {
+    reply = {
+      id,
+      ok: false,
+      step: results.length,
+      error: error instanceof ErrnoError
+        ? {
+          message: error.message,
+          action: error.action,
+          errno: error.errno,
+          description: error.description,
+        }
+        : { message: error instanceof Error ? error.message : String(error) },
+    };
+  }
+  self.postMessage(reply);
+};
