@@ -176,8 +176,34 @@ function handlerCommand(program: Command): void {
     .option("--max-devices <n>", "devices each device plugin advertises", positiveInt, 1000)
     .option("--cpu-manager-state <file>", "kubelet CPU manager state file", absoluteDir)
     .option("--no-node-labeller", "do not label this node from libvirt's capabilities")
+    .option(
+      "--pod-network-cidr <cidrs>",
+      "pod-less mode: the VMs' pod address ranges, one per family, comma-separated",
+      "10.245.0.0/16",
+    )
+    .option(
+      "--pod-network-bridge <name>",
+      "pod-less mode: the node bridge the VMs' pod interfaces join",
+      "virtnode0",
+    )
+    .option("--cni-bin-dir <dir>", "pod-less mode: the CNI plugins", absoluteDir, "/usr/lib/cni")
     .action(async (opts, command: Command) => {
       const config = loadConfig(command, "virt-handler");
+      const podNetwork = {
+        bridge: opts.podNetworkBridge,
+        subnets: String(opts.podNetworkCidr).split(",").map((c: string) => c.trim()).filter(
+          Boolean,
+        ),
+        binDir: opts.cniBinDir,
+      };
+      const { checkPodlessNetwork } = await import("./mod/network/mod.ts");
+      const wrong = checkPodlessNetwork(podNetwork);
+      if (wrong) {
+        console.error(
+          `virtnode handler: invalid pod network (--pod-network-cidr, --pod-network-bridge): ${wrong}`,
+        );
+        Deno.exit(EXIT_USAGE);
+      }
       await keepAliveOnUnhandledRejections();
       const [{ Handler }, node, { EventRecorder }, { runStages }] = await Promise.all([
         import("./mod/handler/mod.ts"),
@@ -197,6 +223,7 @@ function handlerCommand(program: Command): void {
         podsDir: opts.kubeletPodsDir,
         imageDir: opts.imageDir,
         hostDiskRoot: opts.hostDiskRoot,
+        podNetwork: opts.podless ? podNetwork : undefined,
         hostCommand: opts.podless
           ? (o) =>
             selfCommand([

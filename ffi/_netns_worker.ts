@@ -108,8 +108,10 @@ async function perform(netns: string | undefined, step: NetnsStep): Promise<Netn
       try {
         umount2(step.path, 2 /* MNT_DETACH */);
       } catch (error) {
-        // Not mounted (a half-made one, or removed already): only the file is left.
-        if (!(error instanceof ErrnoError && error.errno === 22 /* EINVAL */)) throw error;
+        // Not mounted (a half-made one) or not there at all (removed already).
+        if (!(error instanceof ErrnoError && (error.errno === 22 || error.errno === 2))) {
+          throw error;
+        }
       }
       try {
         Deno.removeSync(step.path);

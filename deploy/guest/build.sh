@@ -11,7 +11,7 @@
 #                 busybox's udhcpc and applies it (address, routes, MTU, DNS, search
 #                 list, host name; classless routes too),
 #               - writes what the lease said to /www/dhcp (key=value lines),
-#               - serves /www with busybox httpd on port 80, and answers
+#               - serves /www with busybox httpd on ports 80 and 8080, and answers
 #                 http://<guest>/cgi-bin/echo with the request's remote address,
 #               - prints "virtnode-guest: ready ip=<address>" on the serial console.
 #
@@ -109,7 +109,8 @@ else
   udhcpc -i "$iface" -s /etc/lease -t 0 -T 1 -A 1 -b -O search -O staticroutes -O mtu -O hostname -O domain
 fi
 httpd -p 80 -h /www
-echo "virtnode-guest: serving http on port 80"
+httpd -p 8080 -h /www
+echo "virtnode-guest: serving http on ports 80 and 8080"
 while :; do sleep 3600; done
 INIT
 

@@ -597,6 +597,8 @@ export interface VirtualMachineInstanceStatus {
   qosClass?: string;
   /** The user ID the launcher runs as. */
   runtimeUser?: number;
+  /** How a migration reaches the target: `Unix` (through the launchers' sockets). */
+  migrationTransport?: string;
 }
 
 /** A `kubevirt.io/v1` VirtualMachineInstance. */

@@ -39,6 +39,7 @@ import {
   type LauncherClients,
 } from "./launcher_clients.ts";
 import type { LauncherProvider } from "./launcher_provider.ts";
+import { podNetworkPlan, type PodNetworks, type PodNetworkTarget } from "../network/mod.ts";
 import { FailRetryManager } from "./retry_manager.ts";
 import { computeStatus, EventReason, phaseChangeEvent, type StatusInput } from "./status.ts";
 import { gracePeriodSeconds } from "./_vmi.ts";
@@ -98,6 +99,8 @@ export interface ControllerDeps {
   ghosts: GhostRecordStore;
   /** The cmd clients of the launchers. */
   launchers: LauncherClients;
+  /** Builds the VMIs' pod networks in their launchers' namespaces. */
+  networks: PodNetworks;
   /** Concurrent syncs; {@linkcode DEFAULT_WORKERS} unless told. */
   workers?: number;
   /** Told once the workers run (the informer has listed). */
@@ -345,6 +348,7 @@ export class VmiController {
         gracePeriodApplied,
         now: new Date().toISOString(),
         syncError: syncError === undefined ? undefined : describe(syncError),
+        podAddresses: await this.#d.networks.addresses(vmi),
       });
       result = sooner(result, requeue);
       if (syncError === undefined && domainSeen === undefined) await this.#releaseFinalizer(vmi);
@@ -511,6 +515,27 @@ export class VmiController {
     return (await this.#d.launchers.isReady(uid)) ? { client } : notReady;
   }
 
+  /**
+   * The VMI's pod network, built before its domain is defined (KubeVirt's order:
+   * containerDisk, hotplug volumes, network, device ownership, then the sync). Undefined
+   * when the VMI has no pod-network interface; `notReady` while its pod cannot be looked
+   * into yet.
+   */
+  async #setupNetwork(
+    vmi: VirtualMachineInstance,
+  ): Promise<PodNetworkTarget | "notReady" | undefined> {
+    if (podNetworkPlan(vmi).length === 0) return undefined;
+    const target = await this.#d.provider.podNetwork(vmi);
+    if (!target) return "notReady";
+    await this.#d.networks.setup(vmi, target);
+    return target;
+  }
+
+  /** Pod-less mode, once the domain runs: its taps join the pod's namespace. */
+  async #afterStart(vmi: VirtualMachineInstance, target: PodNetworkTarget | undefined) {
+    if (target?.hostTap) await this.#d.networks.afterStart(vmi, target);
+  }
+
   /** Brings the domain to the VMI's spec: define and start it, or resume it after an IO error. */
   async #processVmUpdate(
     vmi: VirtualMachineInstance,
@@ -523,8 +548,14 @@ export class VmiController {
     const spec = JSON.stringify(vmi.spec);
     const alive = domain !== undefined && domain.status.status !== LifeCycle.Shutoff &&
       domain.status.status !== LifeCycle.Crashed;
-    // (containerDisk, hotplug volumes, network and device ownership come before the sync
-    // as their issues land; today the launcher prepares what the converter supports.)
+    const notReady = requeueAfter(this.#d.provider.notReadyRequeueMs, "launcher not ready");
+    // (containerDisk and hotplug volumes come before the network as their issues land.)
+    let network: PodNetworkTarget | undefined;
+    if (!alive) {
+      const built = await this.#setupNetwork(vmi);
+      if (built === "notReady") return notReady;
+      network = built;
+    }
     // No domain runs: the provider may define and start it as it starts the launcher.
     const ensured = await this.#ensureLauncher(vmi, alive ? undefined : { vmi });
     if (!("client" in ensured)) return ensured;
@@ -534,6 +565,7 @@ export class VmiController {
         throw new LauncherCallError("SyncVirtualMachine", synced.error || "no message");
       }
       this.#synced.set(uid, spec);
+      await this.#afterStart(vmi, network);
       if (!domain) {
         this.#record(vmi, "Normal", EventReason.Created, "VirtualMachineInstance defined.");
       }
@@ -545,13 +577,18 @@ export class VmiController {
       return DONE;
     }
     if (alive && !this.#synced.has(uid)) {
-      // Adopted after a restart: the domain runs this spec already; do not disturb it.
+      // Adopted after a restart: the domain runs this spec already; do not disturb it
+      // (a tap a restart left in the host's namespace still joins the pod).
       this.#synced.set(uid, spec);
+      if (this.#d.provider.standsInForController && podNetworkPlan(vmi).length > 0) {
+        await this.#afterStart(vmi, await this.#d.provider.podNetwork(vmi));
+      }
       return DONE;
     }
     if (alive && this.#synced.get(uid) === spec) return DONE;
     this.#topology ??= hostTopology();
     await client.syncVirtualMachine(vmi, virtualMachineOptions(vmi, this.#topology));
+    await this.#afterStart(vmi, network);
     if (!domain) {
       this.#record(vmi, "Normal", EventReason.Created, "VirtualMachineInstance defined.");
     }
@@ -627,8 +664,8 @@ export class VmiController {
 
   /**
    * Removes what the node keeps for a VMI, in KubeVirt's order: the migration proxy
-   * first (none is started by this version), then the launcher, the ghost record and
-   * local state, the launcher client last.
+   * first (none is started by this version), then the launcher, the pod network, the
+   * ghost record and local state, the launcher client last.
    */
   async #processVmCleanup(vmi: VirtualMachineInstance): Promise<void> {
     const key = vmiKey(vmi.metadata);
@@ -637,6 +674,9 @@ export class VmiController {
     // in a process whose grpc-js client is connected while the peer shuts down.
     this.#d.launchers.remove(uid);
     await this.#d.provider.stop(vmi);
+    // After the domain: its taps and DHCP sockets are gone, the namespace can go.
+    await this.#d.provider.releasePodNetwork(vmi);
+    await this.#d.networks.teardown(uid);
     await this.#d.ghosts.delete(uid);
     this.#shutdowns.delete(uid);
     this.#synced.delete(uid);

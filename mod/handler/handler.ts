@@ -31,6 +31,8 @@ import {
 } from "../kube/mod.ts";
 import type { LauncherHostOptions } from "../launcher/host_protocol/mod.ts";
 import { aborted, every, type Runnable, runnable, runStages } from "../lifecycle/mod.ts";
+import { type PodlessNetworkConfig, PodlessNetworks, PodNetworks } from "../network/mod.ts";
+import { NetnsRunner } from "../../ffi/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import { VmiController } from "./controller.ts";
 import { GhostRecordStore } from "./ghost_records.ts";
@@ -69,6 +71,11 @@ export interface HandlerOptions {
   podsDir?: string;
   /** Resync of every launcher's domain; {@linkcode DOMAIN_RESYNC_MS} unless told. */
   resyncMs?: number;
+  /**
+   * Pod-less mode: the VMs' pod network (node bridge and address ranges; the CNI plugins
+   * make it). Without it a pod-less VMI with a pod-network interface is refused.
+   */
+  podNetwork?: PodlessNetworkConfig;
 }
 
 /** The paths the handler uses below the configured directories. */
@@ -76,11 +83,18 @@ export function handlerPaths(config: Config): {
   ghostDir: string;
   socketRoot: string;
   notifySocket: string;
+  networkCacheDir: string;
+  netnsDir: string;
+  ipamDir: string;
 } {
   return {
     ghostDir: join(config.stateDir, "ghost-records"),
     socketRoot: join(config.runDir, "sockets"),
     notifySocket: join(config.runDir, SocketNames.DomainNotify),
+    // Network state lives as long as the namespaces it describes: in the run directory.
+    networkCacheDir: join(config.runDir, "network-info-cache"),
+    netnsDir: join(config.runDir, "netns"),
+    ipamDir: join(config.runDir, "cni-ipam"),
   };
 }
 
@@ -99,6 +113,8 @@ export class Handler implements Runnable {
   readonly #provider: LauncherProvider;
   readonly #recorder: EventRecorder;
   readonly #scheduler?: PodlessScheduler;
+  /** The worker thread that enters pods' network namespaces (started on first use). */
+  readonly #netns: NetnsRunner;
   #ready = false;
   #started = performance.now();
   #adopted = 0;
@@ -127,6 +143,8 @@ export class Handler implements Runnable {
     });
     this.#recorder = new EventRecorder(client, { host: config.nodeName });
     if (options.hostCommand) this.#scheduler = new PodlessScheduler(client, config.nodeName);
+    this.#netns = new NetnsRunner();
+    const networks = new PodNetworks({ runner: this.#netns, cacheDir: paths.networkCacheDir });
     // The controller is built after the provider and the pool; their callbacks run later.
     this.#provider = options.hostCommand
       ? new PodlessLaunchers({
@@ -144,6 +162,14 @@ export class Handler implements Runnable {
         },
         wake: (key) => this.controller.wake(key),
         exited: (uid, why) => void this.#launchers.markUnresponsive(uid, why),
+        networks: options.podNetwork
+          ? new PodlessNetworks({
+            ...options.podNetwork,
+            runner: this.#netns,
+            netnsDir: paths.netnsDir,
+            ipamDir: paths.ipamDir,
+          })
+          : undefined,
       })
       : new PodLaunchers({
         nodeName: config.nodeName,
@@ -171,6 +197,7 @@ export class Handler implements Runnable {
       recorder: this.#recorder,
       ghosts,
       launchers,
+      networks,
       workers: options.workers,
       onStarted: () => this.#onStarted(),
     });
@@ -252,6 +279,7 @@ export class Handler implements Runnable {
       parts.push(healthServer(this.#options.healthAddress, () => this.#ready));
     }
     await runStages([[controller, resync], parts], signal);
+    this.#netns.close();
     log.info("Handler stopped");
   }
 

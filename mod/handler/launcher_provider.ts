@@ -15,6 +15,7 @@
  * @module
  */
 import type { VirtualMachineInstance } from "../api/mod.ts";
+import type { PodNetworkTarget } from "../network/mod.ts";
 import type { Runnable } from "../lifecycle/mod.ts";
 import type { GhostRecordStore } from "./ghost_records.ts";
 import type { DialResolver } from "./launcher_clients.ts";
@@ -61,6 +62,17 @@ export interface LauncherProvider extends Runnable {
   ): Promise<LauncherStart>;
   /** Ends the VMI's launcher once its domain is gone and removes what it left on the node. */
   stop(vmi: VirtualMachineInstance): Promise<void>;
+  /**
+   * Where the VMI's pod network is: its namespace, the launcher's private directory, the
+   * owner of what is made there (pod-less: the namespace is made now, with its address).
+   * Undefined while there is no pod to look in yet (KubeVirt mode: no launcher socket).
+   */
+  podNetwork(vmi: VirtualMachineInstance): Promise<PodNetworkTarget | undefined>;
+  /**
+   * Gives back what the VMI's pod network holds on the node once its domain is gone
+   * (pod-less: the namespace, its address, unused taps); a pod's goes with the pod.
+   */
+  releasePodNetwork(vmi: VirtualMachineInstance): Promise<void>;
   /** Launchers that run from before this handler's start, to ask for their domains. */
   adoptable(): { uid: string; socket: string; namespace: string; name: string }[];
 }

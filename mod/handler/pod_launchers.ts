@@ -15,10 +15,16 @@
  * @module
  */
 import { join } from "node:path";
-import { launcherSocketDirOnHost, SocketNames, type VirtualMachineInstance } from "../api/mod.ts";
+import {
+  launcherSocketDirOnHost,
+  Paths,
+  SocketNames,
+  type VirtualMachineInstance,
+} from "../api/mod.ts";
+import type { PodNetworkTarget } from "../network/mod.ts";
 import { aborted } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
-import { openSocketBeneath } from "../../ffi/mod.ts";
+import { openDirectoryInRoot, openSocketBeneath } from "../../ffi/mod.ts";
 import { NotifyPipes } from "./notify_pipes.ts";
 import { claimLauncherDevices } from "./device_ownership.ts";
 import type { GhostRecordStore } from "./ghost_records.ts";
@@ -148,6 +154,27 @@ export class PodLaunchers implements LauncherProvider {
       }
     }
     return { socket };
+  }
+
+  /**
+   * The launcher pod's network namespace (`/proc/<launcher pid>/ns/net`, the launcher found
+   * from its socket's peer credentials) and its `/var/run/kubevirt-private`, opened inside
+   * the launcher's root without leaving it.
+   */
+  async podNetwork(vmi: VirtualMachineInstance): Promise<PodNetworkTarget | undefined> {
+    const socket = await this.socketOf(vmi);
+    if (!socket) return undefined;
+    const pid = this.#pipes.launcherPid(socket);
+    return {
+      netns: `/proc/${pid}/ns/net`,
+      owner: vmi.status?.runtimeUser ?? 0,
+      openLauncherDir: () => openDirectoryInRoot(`/proc/${pid}/root`, Paths.VirtPrivateDir),
+    };
+  }
+
+  /** Nothing: the pod's network namespace ends with the pod. */
+  releasePodNetwork(): Promise<void> {
+    return Promise.resolve();
   }
 
   /** Closes the pod's notify pipe; the pod ends with the VMI, by virt-controller and the kubelet. */

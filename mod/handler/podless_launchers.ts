@@ -20,6 +20,12 @@ import { SocketNames, type VirtualMachineInstance, vmiKey } from "../api/mod.ts"
 import { sleep } from "../lifecycle/mod.ts";
 import type { HostedVmStatus, LauncherHostOptions } from "../launcher/host_protocol/mod.ts";
 import { getLogger } from "../log/mod.ts";
+import {
+  hostTapName,
+  type PodlessNetworks,
+  podNetworkPlan,
+  type PodNetworkTarget,
+} from "../network/mod.ts";
 import type { GhostRecordStore } from "./ghost_records.ts";
 import {
   type LauncherProvider,
@@ -67,6 +73,17 @@ export interface PodlessLaunchersOptions {
   exited(uid: string, why: string): void;
   /** First wait before restarting a host that exited, ms (1 s; doubles to 30 s). */
   restartBackoffMs?: number;
+  /** The VMs' pod networks (namespaces from the CNI plugins); none: no pod network on this host. */
+  networks?: PodlessNetworks;
+}
+
+/** Whether a VMI has an interface on the pod network (a spec the plan refuses counts as none). */
+function hasPodNetwork(vmi: VirtualMachineInstance): boolean {
+  try {
+    return podNetworkPlan(vmi).length > 0;
+  } catch {
+    return false;
+  }
 }
 
 /** The launcher host's identifier for a state directory (in its command line and files). */
@@ -201,6 +218,7 @@ export class PodlessLaunchers implements LauncherProvider {
       socketDir,
       runDir: join(this.#o.runRoot, uid),
       diskDir: join(this.#o.diskRoot, uid),
+      ...(this.#o.networks && hasPodNetwork(vmi) ? { netns: this.#o.networks.netnsPath(uid) } : {}),
     };
     const { status, synced } = sync
       ? await client.startAndSync(spec, JSON.stringify(sync.vmi), LAUNCHER_TIMEOUTS.sync)
@@ -222,6 +240,49 @@ export class PodlessLaunchers implements LauncherProvider {
     });
     this.#served.delete(uid);
     await Deno.remove(this.#socketDir(uid), { recursive: true }).catch(() => {});
+  }
+
+  /**
+   * The VM's pod: a network namespace of its own from the CNI plugins (made now, once),
+   * the VMI's run directory as the launcher's private directory, and its taps made in the
+   * host's namespace, where libvirtd opens them. The ghost record comes first, so a
+   * restarted handler cleans up a pod it made even if the VMI is gone by then.
+   */
+  async podNetwork(vmi: VirtualMachineInstance): Promise<PodNetworkTarget | undefined> {
+    const uid = vmi.metadata.uid!;
+    const networks = this.#o.networks;
+    if (!networks) {
+      throw new Error(
+        "this host has no pod network for the VMI's interfaces (the handler runs without --pod-network-cidr)",
+      );
+    }
+    if (!this.#o.ghosts.get(uid)) {
+      await this.#o.ghosts.add({
+        name: vmi.metadata.name,
+        namespace: vmi.metadata.namespace!,
+        socketFile: join(this.#socketDir(uid), SocketNames.Launcher),
+        uid,
+      });
+    }
+    const netns = await networks.ensure(uid);
+    const runDir = join(this.#o.runRoot, uid);
+    return {
+      netns,
+      owner: 0,
+      openLauncherDir: () => {
+        Deno.mkdirSync(runDir, { recursive: true, mode: 0o750 });
+        return { path: runDir, release() {} };
+      },
+      hostTap: () => hostTapName(uid),
+    };
+  }
+
+  /** Removes the VM's pod namespace, gives its address back and deletes taps it never took. */
+  async releasePodNetwork(vmi: VirtualMachineInstance): Promise<void> {
+    const networks = this.#o.networks;
+    if (!networks) return;
+    const uid = vmi.metadata.uid!;
+    await networks.release(uid, [hostTapName(uid)]);
   }
 
   /** Every ghost record's launcher. */

@@ -28,6 +28,7 @@ import {
   type PhaseDecision,
   vmiPhaseFromDomain,
 } from "../domain/mod.ts";
+import type { PodAddresses } from "../network/mod.ts";
 
 /** KubeVirt's reason on `Synchronized=False`. */
 export const SYNC_FAILED_REASON = "Synchronizing with the Domain failed.";
@@ -60,6 +61,8 @@ export interface StatusInput {
   gracePeriodApplied: boolean;
   /** Now, RFC 3339 (injectable for tests). */
   now: string;
+  /** The pod IPs of the VMI's pod networks set up on this node, by network name. */
+  podAddresses?: ReadonlyMap<string, PodAddresses>;
 }
 
 /** The phase change a status update makes, for Events. */
@@ -155,24 +158,65 @@ function stripAlias(name: string | undefined): string | undefined {
   return name?.startsWith("ua-") ? name.slice(3) : name;
 }
 
-/** `status.interfaces` from the domain's interfaces and what the guest agent reported. */
-export function interfacesFromDomain(domain: Domain): VmiNetworkInterface[] {
+/** What {@linkcode interfacesFromDomain} adds to the domain's view. */
+export interface InterfaceSources {
+  /** The pod IPs of the VMI's pod networks, by network name. */
+  podAddresses?: ReadonlyMap<string, PodAddresses>;
+  /** The VMI's current `status.interfaces` (virt-controller's `podInterfaceName` is kept). */
+  previous?: VmiNetworkInterface[];
+  /** Pod-less mode: the handler names the pod interface, as virt-controller would (`eth0`). */
+  podInterfaceName?: string;
+}
+
+function familyOfAddress(address: string): 4 | 6 {
+  return address.includes(":") ? 6 : 4;
+}
+
+/**
+ * `status.interfaces` as KubeVirt's handler reports them: one entry per interface of the
+ * domain (MAC, queues, link state), the pod's IP for an interface on the pod network
+ * (bridge or masquerade: the address the pod has, which the guest's is reached by), the
+ * guest agent's name and addresses where it reports the interface (its addresses only for
+ * a family the pod gave none), and the pod network's interface first.
+ */
+export function interfacesFromDomain(
+  domain: Domain,
+  sources: InterfaceSources = {},
+): VmiNetworkInterface[] {
   const guest = domain.status.interfaces ?? [];
-  return domain.spec.devices.interfaces.map((iface) => {
-    const out: VmiNetworkInterface = { name: stripAlias(iface.alias?.name), mac: iface.mac };
+  const out = domain.spec.devices.interfaces.map((iface) => {
+    const name = stripAlias(iface.alias?.name);
+    const entry: VmiNetworkInterface = { name, mac: iface.mac };
+    const pod = name !== undefined ? sources.podAddresses?.get(name) : undefined;
+    if (pod?.podIP) {
+      entry.ipAddress = pod.podIP;
+      entry.ipAddresses = [...pod.podIPs];
+    }
     const g = guest.find((x) =>
       x.mac && iface.mac && x.mac.toLowerCase() === iface.mac.toLowerCase()
     );
     if (g) {
-      if (g.ip) out.ipAddress = g.ip;
-      if (g.ips?.length) out.ipAddresses = g.ips;
-      if (g.interfaceName) out.interfaceName = g.interfaceName;
-      out.infoSource = "domain, guest-agent";
+      const agentIps = g.ips?.length ? g.ips : g.ip ? [g.ip] : [];
+      const have = new Set((entry.ipAddresses ?? []).map(familyOfAddress));
+      const added = agentIps.filter((ip) => !have.has(familyOfAddress(ip)));
+      if (added.length > 0) {
+        entry.ipAddresses = [...(entry.ipAddresses ?? []), ...added];
+        entry.ipAddress ??= entry.ipAddresses[0];
+      }
+      if (g.interfaceName) entry.interfaceName = g.interfaceName;
+      entry.infoSource = "domain, guest-agent";
     } else {
-      out.infoSource = "domain";
+      entry.infoSource = "domain";
     }
-    return out;
+    // Neither multiqueue nor a link state is converted: one queue, link up.
+    entry.queueCount = 1;
+    entry.linkState = "up";
+    const podInterfaceName = sources.previous?.find((p) => p.name === name)?.podInterfaceName ??
+      (pod ? sources.podInterfaceName : undefined);
+    if (podInterfaceName) entry.podInterfaceName = podInterfaceName;
+    return { entry, onPod: pod !== undefined };
   });
+  return [...out.filter((o) => o.onPod), ...out.filter((o) => !o.onPod)].map((o) => o.entry);
 }
 
 /** `status.volumeStatus` for the VMI's volumes that the domain has as disks. */
@@ -289,7 +333,11 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
   if (conditions.length > 0 || status.conditions) status.conditions = conditions;
 
   if (domain) {
-    const interfaces = interfacesFromDomain(domain);
+    const interfaces = interfacesFromDomain(domain, {
+      podAddresses: input.podAddresses,
+      previous: status.interfaces,
+      podInterfaceName: input.standsInForController ? "eth0" : undefined,
+    });
     if (interfaces.length > 0) status.interfaces = interfaces;
     const volumes = volumeStatusFromDomain(vmi, domain);
     if (volumes.length > 0) status.volumeStatus = volumes;

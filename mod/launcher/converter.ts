@@ -12,6 +12,7 @@ import type { PreparedEfi, PreparedVolume } from "./converter_xml.ts";
 import { prepareVolumes } from "./converter_volumes.ts";
 import type { PrepareOptions } from "./converter_volumes.ts";
 import { validateVmi } from "./converter_validate.ts";
+import type { PreparedInterface } from "../network/mod.ts";
 
 export {
   ConversionError,
@@ -38,6 +39,8 @@ export interface ConvertOptions extends PrepareOptions {
   domainType: "kvm" | "qemu";
   /** The VMI's private run directory, e.g. `/var/run/kubevirt-private/<uid>`. */
   runDir: string;
+  /** What the launcher found of each pod-network interface (`prepareGuestNetwork`). */
+  interfaces?: Record<string, PreparedInterface>;
 }
 
 /** The result of a conversion. */
@@ -71,6 +74,7 @@ export async function convertVmiToDomainXml(
     runDir: options.runDir,
     volumes: prepared.volumes,
     efi: prepared.efi,
+    interfaces: options.interfaces,
   });
   return { xml, volumes: prepared.volumes, efi: prepared.efi, created: prepared.created };
 }

@@ -61,7 +61,7 @@ const timer = (tickPolicies?: readonly string[], tracks?: readonly string[]) =>
 
 /** Disk buses the converter attaches. */
 export const SUPPORTED_DISK_BUSES = ["virtio", "sata", "scsi"] as const;
-/** NIC models QEMU offers for user-mode networking. */
+/** NIC models KubeVirt's admission allows (and QEMU offers). */
 export const SUPPORTED_NIC_MODELS = [
   "virtio",
   "e1000",
@@ -72,10 +72,9 @@ export const SUPPORTED_NIC_MODELS = [
   "pcnet",
 ] as const;
 
-// virt-api gives every VMI without interfaces a `bridge` one on the pod network unless
-// autoattachPodInterface is false; virt-api has refused `slirp` since KubeVirt v1.3.
-const POD_BINDING_HINT = "pod network bindings are not supported yet; for a VM without a " +
-  "network, set spec.domain.devices.autoattachPodInterface to false";
+// Bindings the node does not build; the network plan says why (mod/network/plan.ts).
+const BINDING_HINT = "virtnode connects guests to the pod network with the bridge or " +
+  "masquerade binding only";
 
 // Why a field without a hint of its own is refused rather than ignored.
 const NOT_CONVERTED = "virtnode does not turn this field into the domain yet, and leaving it " +
@@ -183,30 +182,27 @@ const VMI_RULE: Rule = obj({
         })),
         interfaces: arr(obj({
           name: name,
+          bridge: empty,
+          masquerade: empty,
           slirp: empty,
           model: str(SUPPORTED_NIC_MODELS),
           macAddress: { kind: "string", pattern: /^([0-9A-Fa-f]{2}[:-]){5}[0-9A-Fa-f]{2}$/ },
           bootOrder: int(1),
+          ports: arr(obj({ name: str(), protocol: str(), port: any }, { required: ["port"] })),
         }, {
           required: ["name"],
           hints: {
-            masquerade: POD_BINDING_HINT,
-            bridge: POD_BINDING_HINT,
-            passt: POD_BINDING_HINT,
-            passtBinding: POD_BINDING_HINT,
-            binding: POD_BINDING_HINT,
-            sriov: "SR-IOV needs host devices; not supported yet",
-            macvtap: POD_BINDING_HINT,
+            passt: "the passt binding was discontinued in KubeVirt v1.3; " + BINDING_HINT,
+            passtBinding: BINDING_HINT,
+            binding: "network binding plugins are not supported; " + BINDING_HINT,
+            sriov: "SR-IOV needs a virtual function and its device plugin; " + BINDING_HINT,
+            macvtap: "macvtap needs Multus and its device plugin; " + BINDING_HINT,
           },
         })),
         autoattachSerialConsole: bool,
         autoattachGraphicsDevice: bool,
         autoattachMemBalloon: bool,
-        autoattachPodInterface: {
-          kind: "boolean",
-          only: false,
-          hint: "an automatic pod interface needs a pod network binding",
-        },
+        autoattachPodInterface: bool,
         rng: empty,
         watchdog: obj({
           name: name,
@@ -242,10 +238,17 @@ const VMI_RULE: Rule = obj({
         serviceAccount: "ConfigMap, Secret and service account disks are not supported yet",
       },
     })),
-    networks: arr(obj({ name: name, pod: empty }, {
+    networks: arr(obj({
+      name: name,
+      pod: obj({ vmNetworkCIDR: str(), vmIPv6NetworkCIDR: str() }),
+    }, {
       required: ["name"],
-      hints: { multus: "Multus networks are not supported yet" },
+      hints: {
+        multus: "Multus networks need Multus on the node; virtnode connects guests to the pod " +
+          "network only",
+      },
     })),
+    subdomain: { kind: "string", pattern: DNS_LABEL },
     terminationGracePeriodSeconds: int(0),
     // Scheduling fields: the scheduler consumes them before the VMI reaches a node, and
     // they do not shape the domain.

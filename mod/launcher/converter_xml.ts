@@ -18,6 +18,12 @@ import {
   vmiKey as keyOf,
 } from "../api/mod.ts";
 import { domainNameOf, GUEST_AGENT_CHANNEL } from "../domain/mod.ts";
+import {
+  NetworkSpecError,
+  type PodInterfacePlan,
+  podNetworkPlan,
+  type PreparedInterface,
+} from "../network/mod.ts";
 import { ConversionError, InvalidFieldError, UnsupportedFieldError } from "./converter_errors.ts";
 import { el, renderXml } from "./_xml.ts";
 import type { XmlElement } from "./_xml.ts";
@@ -52,6 +58,8 @@ export interface DomainXmlOptions {
   volumes: Record<string, PreparedVolume>;
   /** EFI firmware, when the VMI asks for EFI. */
   efi?: PreparedEfi;
+  /** What the launcher found of each pod-network interface, by interface name. */
+  interfaces?: Record<string, PreparedInterface>;
 }
 
 /** The libvirt domain name of a VMI: `<namespace>_<name>`, as KubeVirt names it. */
@@ -259,47 +267,54 @@ function hasScsiDisk(vmi: VirtualMachineInstance): boolean {
   );
 }
 
-function buildInterfaces(vmi: VirtualMachineInstance): XmlElement[] {
+function buildInterfaces(
+  vmi: VirtualMachineInstance,
+  prepared?: Record<string, PreparedInterface>,
+): XmlElement[] {
   const key = vmiKey(vmi);
-  const interfaces = vmi.spec.domain.devices.interfaces ?? [];
-  const networks = vmi.spec.networks ?? [];
-  networks.forEach((network, i) => {
-    if (!network.pod) {
-      throw new InvalidFieldError(key, `spec.networks[${i}]`, "needs a source (pod: {})");
+  let plans: PodInterfacePlan[];
+  try {
+    plans = podNetworkPlan(vmi);
+  } catch (error) {
+    if (error instanceof NetworkSpecError) {
+      throw new InvalidFieldError(key, error.path, error.detail, { cause: error });
     }
-    if (!interfaces.some((nic) => nic.name === network.name)) {
-      throw new InvalidFieldError(
-        key,
-        `spec.networks[${i}].name`,
-        `no interface named "${network.name}"`,
+    throw error;
+  }
+  const interfaces = vmi.spec.domain.devices.interfaces ?? [];
+  return interfaces.map((nic: Interface) => {
+    const plan = plans.find((p) => p.name === nic.name);
+    if (!plan) {
+      // slirp: QEMU's user networking, no pod network involved.
+      return el(
+        "interface",
+        { type: "user" },
+        nic.macAddress !== undefined &&
+          el("mac", { address: nic.macAddress.replaceAll("-", ":").toLowerCase() }),
+        el("model", { type: nic.model ?? "virtio" }),
+        nic.bootOrder !== undefined && el("boot", { order: nic.bootOrder }),
+        el("alias", { name: `ua-${nic.name}` }),
       );
     }
-  });
-  const seen = new Set<string>();
-  return interfaces.map((nic: Interface, i) => {
-    const path = `spec.domain.devices.interfaces[${i}]`;
-    if (seen.has(nic.name)) {
-      throw new InvalidFieldError(key, `${path}.name`, `duplicate interface name "${nic.name}"`);
-    }
-    seen.add(nic.name);
-    if (!networks.some((network) => network.name === nic.name)) {
-      throw new InvalidFieldError(key, `${path}.name`, `no network named "${nic.name}"`);
-    }
-    if (!nic.slirp) {
-      throw new InvalidFieldError(
+    // Only the pure checks run without `prepared`; the domain itself needs the launcher's
+    // view of the pod (its tap, MAC and MTU).
+    const ready = prepared?.[plan.name];
+    if (prepared && !ready) {
+      throw new ConversionError(
         key,
-        path,
-        "has no binding: pod network bindings are not supported yet, and slirp is the only " +
-          "one this converter has (virt-api refuses it since KubeVirt v1.3)",
+        `the pod network of interface "${plan.name}" was not prepared`,
       );
     }
     return el(
       "interface",
-      { type: "user" },
-      nic.macAddress !== undefined &&
-        el("mac", { address: nic.macAddress.replaceAll("-", ":").toLowerCase() }),
-      el("model", { type: nic.model ?? "virtio" }),
-      nic.bootOrder !== undefined && el("boot", { order: nic.bootOrder }),
+      { type: "ethernet" },
+      el("target", { dev: ready?.targetDev ?? plan.tap, managed: "no" }),
+      el("model", { type: plan.model }),
+      el("mac", { address: ready?.mac ?? plan.macAddress ?? "02:00:00:00:00:01" }),
+      ready && el("mtu", { size: ready.mtu }),
+      plan.bootOrder !== undefined
+        ? el("boot", { order: plan.bootOrder })
+        : el("rom", { enabled: "no" }),
       el("alias", { name: `ua-${nic.name}` }),
     );
   });
@@ -716,7 +731,7 @@ export function generateDomainXml(vmi: VirtualMachineInstance, options: DomainXm
       {},
       buildDisks(vmi, options),
       hasScsiDisk(vmi) && el("controller", { type: "scsi", index: 0, model: "virtio-scsi" }),
-      buildInterfaces(vmi),
+      buildInterfaces(vmi, options.interfaces ?? {}),
       // No source: libvirt picks the socket path, as with KubeVirt's launcher.
       el("channel", { type: "unix" }, el("target", { type: "virtio", name: GUEST_AGENT_CHANNEL })),
       buildConsoleAndGraphics(vmi, options),

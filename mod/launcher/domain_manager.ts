@@ -41,6 +41,12 @@ import {
   guestUsersFromAgent,
 } from "./guest_agent.ts";
 import { getLogger } from "../log/mod.ts";
+import {
+  type GuestNetworkEnv,
+  podNetworkPlan,
+  type PreparedInterface,
+  prepareGuestNetwork,
+} from "../network/mod.ts";
 
 export type { VmiRef };
 // The manager's domain XML reader, reachable for unit tests; the folder's face leaves it out.
@@ -69,6 +75,12 @@ export interface ConverterSettings extends PrepareOptions {
   runDir: string;
   /** `kvm` or `qemu`; detected from `/dev/kvm` unless told. */
   domainType?: "kvm" | "qemu";
+  /**
+   * The pod network the guest's interfaces join (its namespace, DHCP servers); the private
+   * directory with the handler's DHCP facts is `runDir` unless told. Without it a VMI with
+   * a pod-network interface is refused.
+   */
+  network?: Omit<GuestNetworkEnv, "privateDir"> & { privateDir?: string };
 }
 
 /** Options of {@linkcode DomainManager}. */
@@ -115,12 +127,27 @@ function isUnsupportedFlags(error: unknown): boolean {
   return error instanceof LibvirtError && error.code === LIBVIRT_ERROR_CODES.VIR_ERR_INVALID_ARG;
 }
 
-function kvmAvailable(): boolean {
+/**
+ * Whether guests can run under KVM here: `/dev/kvm` exists and a hardware KVM module
+ * (`kvm_intel`, `kvm_amd`) drives it. Some nested hosts offer `/dev/kvm` through
+ * `kvm-pvm` alone, which runs only guest kernels made for it: a BIOS guest stops there at
+ * once with an emulation failure (the kernel logs "kvm-pvm: INTERNAL_ERROR in batch
+ * emul"), so such a host emulates guests in software instead.
+ */
+export function kvmUsable(sysModules = "/sys/module", device = "/dev/kvm"): boolean {
   try {
-    return Deno.statSync("/dev/kvm").isCharDevice === true;
+    if (Deno.statSync(device).isCharDevice !== true) return false;
   } catch {
     return false;
   }
+  return ["kvm_intel", "kvm_amd"].some((m) => {
+    try {
+      Deno.statSync(`${sysModules}/${m}`);
+      return true;
+    } catch {
+      return false;
+    }
+  });
 }
 
 /** Reads the VMI JSON of a request; throws a plain Error with the reason. */
@@ -276,15 +303,38 @@ export class DomainManager {
         if (isFinalPhase(vmi.status?.phase) || vmi.status?.phase === VmiPhase.Running) return;
       }
       await this.#prepareDirs();
+      const interfaces = await this.#prepareNetwork(vmi);
       const { xml } = await convertVmiToDomainXml(raw, {
         ...this.#converter,
-        domainType: this.#converter.domainType ?? (kvmAvailable() ? "kvm" : "qemu"),
+        domainType: this.#converter.domainType ?? (kvmUsable() ? "kvm" : "qemu"),
+        interfaces,
       });
       const domain = await this.#conn.defineXML(xml);
       this.#stopRequested = false;
       await domain.start();
       log.info("Domain started", { ...this.vmi, domain: this.domainName });
     });
+  }
+
+  /** The guest's side of its pod network: DHCP servers, and what its interfaces open. */
+  async #prepareNetwork(vmi: VirtualMachineInstance): Promise<Record<string, PreparedInterface>> {
+    const plans = podNetworkPlan(vmi);
+    if (plans.length === 0) return {};
+    const network = this.#converter.network;
+    if (!network) {
+      throw new Error(
+        `interface "${plans[0].name}" needs a pod network, and this launcher has none`,
+      );
+    }
+    return await prepareGuestNetwork(vmi, {
+      ...network,
+      privateDir: network.privateDir ?? this.#converter.runDir,
+    });
+  }
+
+  /** Stops the DHCP servers of this VMI's guest. */
+  stopNetwork(): void {
+    this.#converter.network?.dhcp.stopAll(`${this.vmi.uid}/`);
   }
 
   async #prepareDirs(): Promise<void> {

@@ -34,8 +34,15 @@
  */
 
 import { join } from "node:path";
-import { type Connection, LIBVIRT_ERROR_CODES, LibvirtError, openLibvirt } from "../../ffi/mod.ts";
+import {
+  type Connection,
+  LIBVIRT_ERROR_CODES,
+  LibvirtError,
+  NetnsRunner,
+  openLibvirt,
+} from "../../ffi/mod.ts";
 import { domainNameOf } from "../domain/mod.ts";
+import { DhcpServers, hostTapName, restoreGuestNetwork } from "../network/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import { ConnectionKeeper } from "./_connection_keeper.ts";
 import { launcherSocketPath } from "./cmd_server.ts";
@@ -99,6 +106,10 @@ export class LauncherHost {
   readonly #byDomain = new Map<string, LauncherInstance>();
   readonly #clients = new Set<(line: string) => void>();
   readonly #vmDir: string;
+  /** Makes the guests' DHCP sockets inside their pod namespaces. */
+  readonly #netns = new NetnsRunner();
+  /** Every guest's DHCP servers, on one wait. */
+  readonly #dhcp = new DhcpServers(this.#netns);
 
   private constructor(options: LauncherHostOptions, conn: Connection, sink: EventSink) {
     this.#o = options;
@@ -253,6 +264,12 @@ export class LauncherHost {
         hostDiskRoot: this.#o.hostDiskRoot,
         domainType: this.#o.domainType,
         ovmfDir: this.#o.ovmfDir,
+        network: spec.netns === undefined ? undefined : {
+          runner: this.#netns,
+          dhcp: this.#dhcp,
+          netns: spec.netns,
+          hostTap: () => hostTapName(spec.uid),
+        },
       },
     });
     const hosted: Hosted = {
@@ -268,7 +285,14 @@ export class LauncherHost {
         await Deno.mkdir(spec.socketDir, { recursive: true, mode: 0o700 });
         await instance.serve({ replaceReady: adopting });
         if (hosted.status.state === "starting") hosted.status.state = "ready";
-        if (adopting) await instance.resync("adopt");
+        if (adopting) {
+          await instance.resync("adopt");
+          // A running guest's DHCP servers come back (a guest that reboots asks again).
+          await restoreGuestNetwork(spec.uid, { dhcp: this.#dhcp, privateDir: spec.runDir })
+            .catch((error) =>
+              log.warn("Cannot restore the guest's DHCP servers: {error}", { ...vmi, error })
+            );
+        }
         log.info(adopting ? "Launcher taken back" : "Launcher ready", {
           ...vmi,
           socket: instance.socketPath,
@@ -461,6 +485,8 @@ export class LauncherHost {
       [...this.#vms.values()].map((h) => h.instance?.close({ keepSocket: true }).catch(() => {})),
     );
     this.#sink.close();
+    await this.#dhcp.close();
+    this.#netns.close();
     await this.#keeper.stop();
     await this.#conn.close().catch(() => {});
   }

@@ -215,8 +215,12 @@ export class LauncherInstance {
     return "destroyed";
   }
 
-  /** Stops serving the cmd socket and removes it (unless `keepSocket`: a host ending). */
+  /**
+   * Stops serving the cmd socket and removes it, and stops the guest's DHCP servers
+   * (unless `keepSocket`: a host ending, whose successor serves both again).
+   */
   async close(options: { graceMs?: number; keepSocket?: boolean } = {}): Promise<void> {
+    if (!options.keepSocket) this.manager.stopNetwork();
     await this.#server?.stop(options.graceMs, { keepSocket: options.keepSocket });
   }
 }

@@ -14,7 +14,9 @@
  * @module
  */
 
-import { type Connection, openLibvirt } from "../../ffi/mod.ts";
+import { type Connection, NetnsRunner, openLibvirt } from "../../ffi/mod.ts";
+import { Paths } from "../api/mod.ts";
+import { DhcpServers } from "../network/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import type { LauncherOptions } from "./args/mod.ts";
 import { ConnectionKeeper } from "./_connection_keeper.ts";
@@ -69,6 +71,8 @@ export async function runLauncher(
     vmi,
     onRestored: (): Promise<void> => instance.resync(),
   });
+  const netns = new NetnsRunner();
+  const dhcp = new DhcpServers(netns);
   const sink: EventSink = options.notifySocket
     ? new NotifyClient(options.notifySocket, runtime.notifyTimeouts)
     : NO_SINK;
@@ -86,6 +90,9 @@ export async function runLauncher(
       hostDiskRoot: options.hostDiskRoot,
       domainType: options.domainType,
       ovmfDir: options.ovmfDir,
+      // In its pod: its own network namespace, the handler's DHCP facts in the pod's
+      // private directory, and the pod's host name for the guest.
+      network: { runner: netns, dhcp, privateDir: Paths.VirtPrivateDir, hostname: Deno.hostname() },
     },
   });
   const offEvents = conn.onEvent((event) => instance.handle(event));
@@ -122,6 +129,8 @@ export async function runLauncher(
     for (const s of signals) Deno.removeSignalListener(s, onSignal);
     runtime.signal?.removeEventListener("abort", onSignal);
     await instance.close().catch(() => {});
+    await dhcp.close();
+    netns.close();
     offEvents();
     sink.close();
     await keeper.stop();

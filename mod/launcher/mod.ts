@@ -61,6 +61,7 @@ export {
   type ConverterSettings,
   DomainManager,
   type DomainManagerOptions,
+  kvmUsable,
   LauncherCommandError,
   parseVmiJson,
   type VmiRef,

@@ -95,8 +95,8 @@ export interface Dhcp4Route {
 
 /** What the guest is told: the one lease of its MAC. */
 export interface Dhcp4Lease {
-  /** The guest's MAC; messages from any other are not answered. */
-  mac: string;
+  /** The guest's MAC; messages from any other are not answered. None: any client (masquerade). */
+  mac?: string;
   /** The guest's address. */
   address: string;
   /** Its prefix length (subnet mask). */
@@ -312,7 +312,7 @@ function leaseOptions(type: number, lease: Dhcp4Lease): Map<number, Uint8Array> 
  */
 export function answerDhcp4(request: Dhcp4Message, lease: Dhcp4Lease): Dhcp4Message | undefined {
   if (request.op !== BOOTREQUEST) return undefined;
-  if (request.chaddr !== lease.mac.toLowerCase()) return undefined;
+  if (lease.mac !== undefined && request.chaddr !== lease.mac.toLowerCase()) return undefined;
   const type = request.options.get(DhcpOption.MessageType)?.[0];
   const base = {
     op: BOOTREPLY,

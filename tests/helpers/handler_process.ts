@@ -27,6 +27,38 @@ export interface HandlerProcessOptions {
   devicePluginsDir?: string;
   /** Do not wait for /readyz (for tests of a handler that cannot get ready yet). */
   noWait?: boolean;
+  /** Pod-less mode: the VMs' pod network (see {@linkcode testPodNetwork}). */
+  podNetwork?: TestPodNetwork;
+}
+
+/** A pod-less pod network for one test handler: its own node bridge and /24. */
+export interface TestPodNetwork {
+  /** The node bridge. */
+  bridge: string;
+  /** The pods' range (an IPv6 one may follow after a comma). */
+  cidr: string;
+}
+
+/**
+ * A pod network no other test handler uses: a bridge named after a random ID and a random
+ * /24 of 10.200.0.0 to 10.239.255.0 (clear of the node tier's 10.244.0.0/16 and the
+ * default 10.245.0.0/16). Remove its bridge with {@linkcode removeTestPodNetwork}.
+ */
+export function testPodNetwork(options: { ipv6?: boolean } = {}): TestPodNetwork {
+  const bytes = crypto.getRandomValues(new Uint8Array(3));
+  const id = [...bytes].map((b) => b.toString(16).padStart(2, "0")).join("");
+  const v4 = `10.${200 + (bytes[0] % 40)}.${bytes[1]}.0/24`;
+  const v6 = `fd00:${id.slice(0, 4)}:${id.slice(4)}::/64`;
+  return { bridge: `vntb${id}`, cidr: options.ipv6 ? `${v4},${v6}` : v4 };
+}
+
+/** Deletes a test pod network's node bridge (the CNI bridge plugin leaves it). */
+export async function removeTestPodNetwork(network: TestPodNetwork): Promise<void> {
+  await new Deno.Command("ip", {
+    args: ["link", "delete", "dev", network.bridge],
+    stdout: "null",
+    stderr: "null",
+  }).output();
 }
 
 /** A handler running as a child process. */
@@ -86,6 +118,8 @@ export interface HandlerArgsOptions {
   kubeletPodsDir?: string;
   /** KubeVirt mode: the kubelet's device plugins directory (`<dir>/device-plugins` unless told). */
   devicePluginsDir?: string;
+  /** Pod-less mode: the VMs' pod network. */
+  podNetwork?: TestPodNetwork;
 }
 
 /**
@@ -120,7 +154,12 @@ export function handlerArgs(o: HandlerArgsOptions): string[] {
         "--device-plugins-dir",
         o.devicePluginsDir ?? `${o.dir}/device-plugins`,
       ]
-      : ["--podless"]),
+      : [
+        "--podless",
+        ...(o.podNetwork
+          ? ["--pod-network-bridge", o.podNetwork.bridge, "--pod-network-cidr", o.podNetwork.cidr]
+          : []),
+      ]),
     "--health-address",
     `127.0.0.1:${o.port}`,
   ];

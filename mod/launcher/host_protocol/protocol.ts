@@ -22,6 +22,12 @@ export interface HostedVmSpec {
   runDir: string;
   /** Writable per-VMI directory for overlays, empty disks, ISOs, NVRAM. */
   diskDir: string;
+  /**
+   * The VM's pod network namespace (a pinned namespace file), when the VMI has a
+   * pod-network interface: its DHCP servers listen there, and its taps, made in the host's
+   * namespace, are named by `hostTapName`.
+   */
+  netns?: string;
 }
 
 /** A hosted VMI as `start` and `list` report it. */
@@ -103,6 +109,7 @@ export function checkHostedVmSpec(raw: unknown): HostedVmSpec {
     socketDir: path("socketDir"),
     runDir: path("runDir"),
     diskDir: path("diskDir"),
+    ...(r.netns === undefined ? {} : { netns: path("netns") }),
   };
 }
 

@@ -1,0 +1,292 @@
+/**
+ * A VMI's pod network as KubeVirt lays it out: which of its interfaces sits on the pod
+ * network, with which binding (`bridge` or `masquerade`), and the names of everything the
+ * binding builds in the pod's network namespace: the in-pod bridge `k6t-<iface>`, the tap
+ * `tap0` the domain uses, the pod interface renamed `<iface>-nic` and the placeholder that
+ * keeps its name and addresses (bridge binding). Pure: the handler (which builds the links)
+ * and the launcher (which serves DHCP and writes the domain's `<interface>`) read the same
+ * plan.
+ *
+ * Every interface and network the node cannot serve is refused here with
+ * {@linkcode NetworkSpecError} naming the field: virt-api refuses most bad specs already,
+ * but not SR-IOV or binding plugins on the pod network, Multus networks (which need
+ * Multus on the node) or masquerade CIDRs that leave no room for the guest.
+ *
+ * @module
+ */
+
+import type { Interface, Network, VirtualMachineInstance } from "../api/mod.ts";
+import { vmiKey } from "../api/mod.ts";
+
+/** The pod network bindings virtnode builds. */
+export type PodBinding = "bridge" | "masquerade";
+
+/** A port masquerade forwards from the pod's address to the guest. */
+export interface ForwardedPort {
+  /** `tcp` or `udp`. */
+  protocol: "tcp" | "udp";
+  /** 1 to 65535. */
+  port: number;
+}
+
+/** One interface on the pod network and the names its binding uses. */
+export interface PodInterfacePlan {
+  /** Its position in `spec.domain.devices.interfaces`. */
+  index: number;
+  /** The interface's (and its network's) name. */
+  name: string;
+  /** How the guest reaches the pod network. */
+  binding: PodBinding;
+  /** The pod's interface the binding uses: `eth0` (or `status.interfaces[].podInterfaceName`). */
+  podInterface: string;
+  /** The in-pod bridge: `k6t-eth0`. */
+  bridge: string;
+  /** The tap the domain's `<interface type="ethernet">` opens: `tap0`. */
+  tap: string;
+  /** Bridge binding: the pod interface's new name once it is a port of the bridge: `eth0-nic`. */
+  renamedPodInterface: string;
+  /** The MAC address the spec asks for (lower case, colons), if any. */
+  macAddress?: string;
+  /** The libvirt NIC model: `virtio` becomes `virtio-non-transitional`. */
+  model: string;
+  /** `bootOrder` of the interface, if any. */
+  bootOrder?: number;
+  /** Masquerade: the ports forwarded to the guest; empty forwards every port. */
+  ports: ForwardedPort[];
+  /** Masquerade: the guest's IPv4 side (`vmNetworkCIDR`, default `10.0.2.0/24`). */
+  vmCidr4: string;
+  /** Masquerade: the guest's IPv6 side (`vmIPv6NetworkCIDR`, default `fd10:0:2::/120`). */
+  vmCidr6: string;
+}
+
+/** KubeVirt's default guest side of a masquerade interface. */
+export const DEFAULT_VM_CIDR4 = "10.0.2.0/24";
+/** KubeVirt's default IPv6 guest side of a masquerade interface. */
+export const DEFAULT_VM_CIDR6 = "fd10:0:2::/120";
+/** The MAC of the in-pod bridge under masquerade; no guest may use it. */
+export const MASQUERADE_BRIDGE_MAC = "02:00:00:00:00:00";
+
+/** A VMI's network spec that the node cannot serve, with the field that says why. */
+export class NetworkSpecError extends Error {
+  /** `namespace/name` of the VMI. */
+  readonly vmiKey: string;
+  /** The JSON path of the field, e.g. `spec.domain.devices.interfaces[0].sriov`. */
+  readonly path: string;
+  /** What is wrong with it. */
+  readonly detail: string;
+
+  /** Creates `Invalid network of VMI "<key>": <path>: <detail>`. */
+  constructor(key: string, path: string, detail: string) {
+    super(`Invalid network of VMI "${key}": ${path}: ${detail}`);
+    this.name = "NetworkSpecError";
+    this.vmiKey = key;
+    this.path = path;
+    this.detail = detail;
+  }
+}
+
+const SUPPORTED = "virtnode connects guests to the pod network with the bridge or masquerade " +
+  "binding only";
+/** Why each binding virtnode does not build is refused. */
+const UNSUPPORTED_BINDINGS: Record<string, string> = {
+  sriov: "SR-IOV needs a virtual function passed through with its device plugin; " + SUPPORTED,
+  passt: "the passt binding was discontinued in KubeVirt v1.3; " + SUPPORTED,
+  passtBinding: "the passt binding needs its binding plugin; " + SUPPORTED,
+  macvtap: "macvtap needs Multus and its device plugin; " + SUPPORTED,
+  binding: "network binding plugins are not supported; " + SUPPORTED,
+};
+const BINDING_KEYS = ["bridge", "masquerade", "slirp", ...Object.keys(UNSUPPORTED_BINDINGS)];
+
+/** `<pod interface>` without KubeVirt's `pod` prefix, as its generated names use it. */
+function shortName(podInterface: string): string {
+  return podInterface.startsWith("pod") ? podInterface.slice(3) : podInterface;
+}
+
+/** KubeVirt's in-pod bridge name for a pod interface (`k6t-eth0`). */
+export function bridgeName(podInterface: string): string {
+  return `k6t-${shortName(podInterface)}`;
+}
+
+/** KubeVirt's tap name for a pod interface: `tap0` for `eth0`. */
+export function tapName(podInterface: string): string {
+  return `tap${podInterface.slice(3)}`;
+}
+
+/** The domain's NIC model for a spec model (KubeVirt: virtio is non-transitional on x86). */
+export function libvirtNicModel(model: string | undefined): string {
+  return (model ?? "virtio") === "virtio" ? "virtio-non-transitional" : model!;
+}
+
+function parseCidr(cidr: string, family: 4 | 6): { prefix: number } | undefined {
+  const [address, prefixText, extra] = cidr.split("/");
+  if (extra !== undefined || prefixText === undefined || !/^\d+$/.test(prefixText)) return;
+  const prefix = Number(prefixText);
+  if (family === 4) {
+    const parts = address.split(".");
+    if (parts.length !== 4 || parts.some((p) => !/^\d+$/.test(p) || Number(p) > 255)) return;
+    return prefix <= 32 ? { prefix } : undefined;
+  }
+  if (!/^[0-9a-fA-F:]+$/.test(address) || !address.includes(":")) return;
+  return prefix <= 128 ? { prefix } : undefined;
+}
+
+function bindingOf(key: string, iface: Interface, path: string): string | undefined {
+  const record = iface as unknown as Record<string, unknown>;
+  const set = BINDING_KEYS.filter((b) => record[b] !== undefined && record[b] !== null);
+  if (set.length > 1) {
+    throw new NetworkSpecError(key, path, `has more than one binding (${set.join(", ")})`);
+  }
+  const binding = set[0];
+  if (binding && UNSUPPORTED_BINDINGS[binding]) {
+    throw new NetworkSpecError(key, `${path}.${binding}`, UNSUPPORTED_BINDINGS[binding]);
+  }
+  return binding;
+}
+
+function portsOf(key: string, iface: Interface, path: string): ForwardedPort[] {
+  const ports = (iface.ports ?? []) as unknown[];
+  return ports.map((raw, k) => {
+    const at = `${path}.ports[${k}]`;
+    const p = (raw ?? {}) as { protocol?: unknown; port?: unknown };
+    const protocol = p.protocol === undefined || p.protocol === "" ? "TCP" : p.protocol;
+    if (typeof protocol !== "string" || !["tcp", "udp"].includes(protocol.toLowerCase())) {
+      throw new NetworkSpecError(
+        key,
+        `${at}.protocol`,
+        `${JSON.stringify(protocol)} is not supported (TCP or UDP)`,
+      );
+    }
+    if (typeof p.port !== "number" || !Number.isInteger(p.port) || p.port < 1 || p.port > 65535) {
+      throw new NetworkSpecError(key, `${at}.port`, "must be a whole number from 1 to 65535");
+    }
+    return { protocol: protocol.toLowerCase() as "tcp" | "udp", port: p.port };
+  });
+}
+
+/**
+ * The interfaces of `vmi` on the pod network with their bindings and names. Interfaces
+ * with `slirp` (QEMU's user networking, which needs no pod network) are left out. Throws
+ * {@linkcode NetworkSpecError} for a spec the node cannot serve.
+ */
+export function podNetworkPlan(vmi: VirtualMachineInstance): PodInterfacePlan[] {
+  const key = vmiKey(vmi.metadata);
+  const interfaces = vmi.spec.domain.devices.interfaces ?? [];
+  const networks: Network[] = vmi.spec.networks ?? [];
+  let podNetwork: string | undefined;
+  networks.forEach((network, i) => {
+    const path = `spec.networks[${i}]`;
+    if (network.multus !== undefined && network.multus !== null) {
+      throw new NetworkSpecError(
+        key,
+        `${path}.multus`,
+        "Multus networks need Multus on the node; virtnode connects guests to the pod network only",
+      );
+    }
+    if (network.pod === undefined || network.pod === null) {
+      throw new NetworkSpecError(key, path, "needs a source (pod: {})");
+    }
+    if (podNetwork !== undefined) {
+      throw new NetworkSpecError(
+        key,
+        `${path}.pod`,
+        `more than one network is the pod network ("${podNetwork}" and "${network.name}")`,
+      );
+    }
+    podNetwork = network.name;
+    if (networks.findIndex((n) => n.name === network.name) !== i) {
+      throw new NetworkSpecError(key, `${path}.name`, `duplicate network name "${network.name}"`);
+    }
+    if (!interfaces.some((nic) => nic.name === network.name)) {
+      throw new NetworkSpecError(key, `${path}.name`, `no interface named "${network.name}"`);
+    }
+  });
+  const plans: PodInterfacePlan[] = [];
+  interfaces.forEach((iface, index) => {
+    const path = `spec.domain.devices.interfaces[${index}]`;
+    if (interfaces.findIndex((n) => n.name === iface.name) !== index) {
+      throw new NetworkSpecError(key, `${path}.name`, `duplicate interface name "${iface.name}"`);
+    }
+    const network = networks.find((n) => n.name === iface.name);
+    if (!network) {
+      throw new NetworkSpecError(key, `${path}.name`, `no network named "${iface.name}"`);
+    }
+    const binding = bindingOf(key, iface, path);
+    if (binding === "slirp") return;
+    if (binding === undefined) {
+      throw new NetworkSpecError(
+        key,
+        path,
+        "has no binding: give it bridge: {} or masquerade: {} on the pod network",
+      );
+    }
+    const ports = portsOf(key, iface, path);
+    const mac = iface.macAddress?.replaceAll("-", ":").toLowerCase();
+    if (binding === "masquerade" && mac === MASQUERADE_BRIDGE_MAC) {
+      throw new NetworkSpecError(
+        key,
+        `${path}.macAddress`,
+        `${MASQUERADE_BRIDGE_MAC} is the in-pod bridge's own address; choose another`,
+      );
+    }
+    const podSpec = network.pod ?? {};
+    const vmCidr4 = podSpec.vmNetworkCIDR || DEFAULT_VM_CIDR4;
+    const vmCidr6 = podSpec.vmIPv6NetworkCIDR || DEFAULT_VM_CIDR6;
+    const networkIndex = networks.indexOf(network);
+    if (binding === "masquerade") {
+      const v4 = parseCidr(vmCidr4, 4);
+      if (!v4 || v4.prefix > 30) {
+        throw new NetworkSpecError(
+          key,
+          `spec.networks[${networkIndex}].pod.vmNetworkCIDR`,
+          `"${vmCidr4}" is not an IPv4 CIDR with room for a gateway and the guest (/30 or wider)`,
+        );
+      }
+      const v6 = parseCidr(vmCidr6, 6);
+      if (!v6 || v6.prefix > 126) {
+        throw new NetworkSpecError(
+          key,
+          `spec.networks[${networkIndex}].pod.vmIPv6NetworkCIDR`,
+          `"${vmCidr6}" is not an IPv6 CIDR with room for a gateway and the guest (/126 or wider)`,
+        );
+      }
+    }
+    const podInterface = vmi.status?.interfaces?.find((s) => s.name === iface.name)
+      ?.podInterfaceName || "eth0";
+    plans.push({
+      index,
+      name: iface.name,
+      binding: binding as PodBinding,
+      podInterface,
+      bridge: bridgeName(podInterface),
+      tap: tapName(podInterface),
+      renamedPodInterface: `${shortName(podInterface)}-nic`,
+      macAddress: mac,
+      model: libvirtNicModel(iface.model),
+      bootOrder: iface.bootOrder,
+      ports,
+      vmCidr4,
+      vmCidr6,
+    });
+  });
+  return plans;
+}
+
+/** `Interface` of the spec for a plan, for callers that need more of it. */
+export function specInterface(vmi: VirtualMachineInstance, plan: PodInterfacePlan): Interface {
+  return (vmi.spec.domain.devices.interfaces ?? [])[plan.index];
+}
+
+/**
+ * Pod-less mode: the name of a VMI's tap while it is in the host's network namespace,
+ * before it joins the VM's pod namespace as `tap0`: `vn` and 12 hex digits of a hash
+ * (FNV-1a, 64 bits) of the VMI's UID, within the kernel's 15 characters. A VMI has one
+ * interface on the pod network at most, so its UID names the tap: the handler, the launcher
+ * host and a cleanup that no longer knows the VMI's spec all find it.
+ */
+export function hostTapName(uid: string): string {
+  let hash = 0xcbf29ce484222325n;
+  for (const byte of new TextEncoder().encode(uid)) {
+    hash = BigInt.asUintN(64, (hash ^ BigInt(byte)) * 0x100000001b3n);
+  }
+  return `vn${hash.toString(16).padStart(16, "0").slice(0, 12)}`;
+}

@@ -1,0 +1,123 @@
+/**
+ * The test guest (`deploy/guest/build.sh`: Debian's kernel and busybox, a DHCP client and
+ * an HTTP server) as the tests use it: built once and cached by key, put into a pod-less
+ * handler's image directory as a containerDisk, and VMIs that boot it with a NIC on the
+ * pod network.
+ *
+ * @module
+ */
+import { join } from "node:path";
+import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
+import { GUEST_CPU_FEATURES } from "../../deploy/guest_cpu.ts";
+import { kvmUsable } from "../../mod/launcher/mod.ts";
+
+const BUILD = new URL("../../deploy/guest/build.sh", import.meta.url).pathname;
+
+/** The containerDisk image name the test guest goes by in an image directory. */
+export const GUEST_IMAGE = "virtnode/test-guest";
+
+let built: Promise<string> | undefined;
+
+/** Builds the test guest (cached) and returns the path of its disk image. */
+export function testGuestImage(): Promise<string> {
+  built ??= (async () => {
+    const out = await new Deno.Command("bash", {
+      args: [BUILD],
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    if (!out.success) {
+      throw new Error(`Cannot build the test guest:\n${new TextDecoder().decode(out.stderr)}`);
+    }
+    const dir = new TextDecoder().decode(out.stdout).trim().split("\n").at(-1)!;
+    return join(dir, "guest.img");
+  })();
+  return built;
+}
+
+/**
+ * Puts the test guest into an image directory under {@linkcode GUEST_IMAGE}: a hard link
+ * where the cache is on the same filesystem, a copy elsewhere (a symlink out of the image
+ * directory is refused by the converter, as it should be).
+ */
+export async function installTestGuest(imageDir: string): Promise<void> {
+  await Deno.mkdir(imageDir, { recursive: true });
+  const target = join(imageDir, GUEST_IMAGE.replace(/[^A-Za-z0-9._-]/g, "_"));
+  await Deno.remove(target).catch(() => {});
+  const image = await testGuestImage();
+  await Deno.link(image, target).catch(() => Deno.copyFile(image, target));
+}
+
+/** What {@linkcode guestVmi} builds. */
+export interface GuestVmiOptions {
+  /** The namespace; `default` unless told. */
+  namespace?: string;
+  /** The pod network binding of its one interface. */
+  binding: "bridge" | "masquerade";
+  /** Masquerade: the ports forwarded (all when none). */
+  ports?: { port: number; protocol?: string; name?: string }[];
+  /** The interface's MAC, if set. */
+  macAddress?: string;
+  /** Extra fields of `spec`. */
+  spec?: Record<string, unknown>;
+}
+
+/**
+ * A VMI that boots the test guest from its containerDisk with one interface on the pod
+ * network, placed on `node` by `spec.nodeSelector` (a pod-less handler schedules it).
+ */
+export function guestVmi(
+  name: string,
+  node: string,
+  options: GuestVmiOptions,
+): VirtualMachineInstance {
+  return {
+    apiVersion: "kubevirt.io/v1",
+    kind: "VirtualMachineInstance",
+    metadata: { name, namespace: options.namespace ?? "default" },
+    spec: {
+      terminationGracePeriodSeconds: 0,
+      nodeSelector: { "kubernetes.io/hostname": node },
+      domain: {
+        // A named model where software emulates the guest; the host's CPU under KVM.
+        cpu: kvmUsable()
+          ? { cores: 1, model: "host-passthrough", features: GUEST_CPU_FEATURES }
+          : { cores: 1, model: "qemu64" },
+        memory: { guest: "128Mi" },
+        devices: {
+          disks: [{ name: "boot", disk: { bus: "virtio", readonly: true } }],
+          interfaces: [{
+            name: "default",
+            [options.binding]: {},
+            ...(options.ports ? { ports: options.ports } : {}),
+            ...(options.macAddress ? { macAddress: options.macAddress } : {}),
+          }],
+        },
+      },
+      networks: [{ name: "default", pod: {} }],
+      volumes: [{ name: "boot", containerDisk: { image: GUEST_IMAGE } }],
+      ...(options.spec ?? {}),
+    },
+  } as unknown as VirtualMachineInstance;
+}
+
+/** GETs `url` with a timeout; the body, or undefined when nothing answers. */
+export async function httpGet(url: string, timeoutMs = 3_000): Promise<string | undefined> {
+  try {
+    const response = await fetch(url, { signal: AbortSignal.timeout(timeoutMs) });
+    const text = await response.text();
+    return response.ok ? text : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** Parses the guest's `/dhcp` page (key=value lines: what its lease said). */
+export function parseLease(text: string): Record<string, string> {
+  return Object.fromEntries(
+    text.trim().split("\n").map((line) => {
+      const i = line.indexOf("=");
+      return [line.slice(0, i), line.slice(i + 1)];
+    }),
+  );
+}
