@@ -22,6 +22,9 @@ APT_PACKAGES=(
   containerd runc containernetworking-plugins iptables
   # The launcher image: setcap gives virt-launcher-monitor its file capability.
   libcap2-bin
+  # Pod networks: masquerade's rules; the test guest (Debian's kernel is fetched with
+  # apt-get download, never installed: deploy/guest/build.sh); a real DHCP client.
+  nftables busybox-static syslinux syslinux-common mtools isc-dhcp-client
 )
 # Debian 12's own Go is 1.19; backports has one that can fetch a newer toolchain.
 GO_BACKPORTS_PACKAGE=golang-1.23-go
@@ -136,6 +139,9 @@ step "The test node's launcher image root: Debian 12, libvirt, QEMU, KubeVirt's 
 bash deploy/node/images.sh launcher "$kubevirt_bin"
 step "The virtnode image's Debian layer: libvirt0 (deploy/node/images.sh; cached)"
 bash deploy/node/images.sh virtnode-base
+
+step "The test guest: Debian's kernel and busybox with a DHCP client and an HTTP server (deploy/guest/build.sh; cached)"
+bash deploy/guest/build.sh
 
 step "kubectl"
 # A link we made earlier points into the cache; a kubectl of the machine's own is kept.

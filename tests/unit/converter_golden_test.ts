@@ -45,9 +45,13 @@ for (const name of fixtures) {
     try {
       const text = await Deno.readTextFile(new URL(`${name}.vmi.json`, FIXTURE_DIR));
       const vmi = JSON.parse(workspace.localize(text));
+      // What the launcher found of the pod's interfaces, for fixtures on the pod network.
+      const interfaces = await Deno.readTextFile(new URL(`${name}.interfaces.json`, FIXTURE_DIR))
+        .then(JSON.parse, () => undefined);
       const options: ConvertOptions = {
         ...workspace.options(vmi.metadata.namespace, vmi.metadata.name, vmi.metadata.uid),
         domainType: KVM_FIXTURES.has(name) ? "kvm" : "qemu",
+        interfaces,
       };
       const result = await convertVmiToDomainXml(vmi, options);
 

@@ -60,14 +60,6 @@ const UNSUPPORTED: [string, (vmi: Json) => void][] = [
     (v) => v.spec.domain.devices.disks[0] = { name: "rootdisk", cdrom: { bus: "virtio" } },
   ],
   [
-    "spec.domain.devices.interfaces[0].masquerade",
-    (v) => v.spec.domain.devices.interfaces[0] = { name: "default", masquerade: {} },
-  ],
-  [
-    "spec.domain.devices.interfaces[0].bridge",
-    (v) => v.spec.domain.devices.interfaces[0] = { name: "default", bridge: {} },
-  ],
-  [
     "spec.domain.devices.interfaces[0].sriov",
     (v) => v.spec.domain.devices.interfaces[0] = { name: "default", sriov: {} },
   ],
@@ -76,16 +68,20 @@ const UNSUPPORTED: [string, (vmi: Json) => void][] = [
     (v) => v.spec.domain.devices.interfaces[0] = { name: "default", binding: { name: "passt" } },
   ],
   [
+    "spec.domain.devices.interfaces[0].passt",
+    (v) => v.spec.domain.devices.interfaces[0] = { name: "default", passt: {} },
+  ],
+  [
+    "spec.domain.devices.interfaces[0].macvtap",
+    (v) => v.spec.domain.devices.interfaces[0] = { name: "default", macvtap: {} },
+  ],
+  [
+    "spec.domain.devices.interfaces[0].state",
+    (v) => v.spec.domain.devices.interfaces[0].state = "down",
+  ],
+  [
     "spec.domain.devices.interfaces[0].model",
     (v) => v.spec.domain.devices.interfaces[0].model = "vmxnet3",
-  ],
-  [
-    "spec.domain.devices.interfaces[0].ports",
-    (v) => v.spec.domain.devices.interfaces[0].ports = [{ port: 80 }],
-  ],
-  [
-    "spec.domain.devices.autoattachPodInterface",
-    (v) => v.spec.domain.devices.autoattachPodInterface = true,
   ],
   [
     "spec.domain.devices.watchdog.diag288",
@@ -169,10 +165,37 @@ Deno.test("validateVmi() accepts the base VMI and scheduling-only fields", () =>
   check(vmi);
 });
 
-Deno.test("validateVmi() names pod network bindings as not supported yet", () => {
-  const vmi = baseVmi();
-  vmi.spec.domain.devices.interfaces[0] = { name: "default", masquerade: {} };
-  assert.throws(() => check(vmi), /pod network bindings are not supported yet/);
+Deno.test("validateVmi() takes bridge and masquerade on the pod network, with ports and KubeVirt's CIDRs", () => {
+  for (const binding of ["bridge", "masquerade"]) {
+    const vmi = baseVmi();
+    vmi.spec.domain.devices.interfaces[0] = {
+      name: "default",
+      [binding]: {},
+      ports: [{ name: "http", port: 80, protocol: "TCP" }],
+    };
+    vmi.spec.domain.devices.autoattachPodInterface = true;
+    vmi.spec.networks[0] = { name: "default", pod: { vmNetworkCIDR: "10.11.0.0/24" } };
+    check(vmi);
+  }
+});
+
+Deno.test("validateVmi() says why SR-IOV, Multus and binding plugins are refused", () => {
+  const cases: [(v: Json) => void, RegExp][] = [
+    [(v) => v.spec.domain.devices.interfaces[0] = { name: "default", sriov: {} }, /SR-IOV needs/],
+    [
+      (v) => v.spec.networks[0] = { name: "default", multus: { networkName: "n" } },
+      /need Multus on the node/,
+    ],
+    [
+      (v) => v.spec.domain.devices.interfaces[0] = { name: "default", binding: { name: "x" } },
+      /binding plugins are not supported/,
+    ],
+  ];
+  for (const [change, message] of cases) {
+    const vmi = baseVmi();
+    change(vmi);
+    assert.throws(() => check(vmi), message);
+  }
 });
 
 /** Malformed input: each case and a pattern its message must match. */
@@ -242,8 +265,51 @@ const INVALID: [string, string, (vmi: Json) => void][] = [
   ],
   [
     "a network without interface",
-    "spec.networks[1].name",
+    "spec.networks[0].name",
+    (v) => v.spec.networks = [{ name: "x", pod: {} }],
+  ],
+  [
+    "two pod networks",
+    "spec.networks[1].pod",
     (v) => v.spec.networks.push({ name: "x", pod: {} }),
+  ],
+  [
+    "a port with a protocol other than TCP or UDP",
+    "spec.domain.devices.interfaces[0].ports[0].protocol",
+    (v) =>
+      v.spec.domain.devices.interfaces[0] = {
+        name: "default",
+        masquerade: {},
+        ports: [{ port: 80, protocol: "SCTP" }],
+      },
+  ],
+  [
+    "a port out of range",
+    "spec.domain.devices.interfaces[0].ports[0].port",
+    (v) =>
+      v.spec.domain.devices.interfaces[0] = {
+        name: "default",
+        masquerade: {},
+        ports: [{ port: 70000 }],
+      },
+  ],
+  [
+    "masquerade with the bridge's own MAC",
+    "spec.domain.devices.interfaces[0].macAddress",
+    (v) =>
+      v.spec.domain.devices.interfaces[0] = {
+        name: "default",
+        masquerade: {},
+        macAddress: "02:00:00:00:00:00",
+      },
+  ],
+  [
+    "a masquerade CIDR without room for the guest",
+    "spec.networks[0].pod.vmNetworkCIDR",
+    (v) => {
+      v.spec.domain.devices.interfaces[0] = { name: "default", masquerade: {} };
+      v.spec.networks[0] = { name: "default", pod: { vmNetworkCIDR: "10.0.2.0/31" } };
+    },
   ],
   [
     "an interface without binding",

@@ -62,6 +62,11 @@ function doubles(standsInForController = true): Doubles {
       return Promise.resolve();
     },
     adoptable: () => [],
+    podNetwork: () => Promise.resolve(undefined),
+    releasePodNetwork: () => {
+      calls.push("provider.releasePodNetwork");
+      return Promise.resolve();
+    },
     run: () => Promise.resolve(),
   };
   const expectations = new Expectations();
@@ -109,6 +114,13 @@ function doubles(standsInForController = true): Doubles {
       remove: () => calls.push("launchers.remove"),
       forgetMark: () => Promise.resolve(),
     },
+    networks: {
+      addresses: () => Promise.resolve(new Map()),
+      teardown: () => {
+        calls.push("networks.teardown");
+        return Promise.resolve();
+      },
+    },
   } as unknown as ControllerDeps;
   return { controller: new VmiController(deps), expectations, queue, handlers, calls, cache };
 }
@@ -135,6 +147,8 @@ Deno.test("reconcile() of a deleted VMI cleans up and prunes its domain and expe
   assert.deepEqual(s.calls, [
     "launchers.remove",
     "provider.stop",
+    "provider.releasePodNetwork",
+    "networks.teardown",
     "ghosts.delete",
     "launchers.remove",
   ]);

@@ -243,3 +243,50 @@ Deno.test("computeStatus() never makes a VMI LiveMigratable: a specific blocker 
     "live migration is not supported by virtnode yet",
   );
 });
+
+Deno.test("computeStatus() reports the pod's IP on the pod network's interface, first, with the guest agent's other family added", () => {
+  const i = input(LifeCycle.Running, StateChangeReason.Unknown, {
+    podAddresses: new Map([["default", { podIP: "10.244.1.5", podIPs: ["10.244.1.5"] }]]),
+  });
+  const domain = i.domain!;
+  domain.spec.devices.interfaces = [
+    { type: "user", mac: "52:54:00:00:00:09", alias: { name: "other", userDefined: true } },
+    { type: "ethernet", mac: "0a:58:0a:f4:01:05", alias: { name: "default", userDefined: true } },
+  ];
+  domain.status.interfaces = [{
+    mac: "0a:58:0A:F4:01:05",
+    ip: "10.0.2.2",
+    ips: ["10.0.2.2", "fd10:0:2::2"],
+    interfaceName: "eth0",
+  }];
+  const { status } = computeStatus(vmi("Running"), i);
+  assert.deepEqual(status.interfaces, [
+    {
+      name: "default",
+      mac: "0a:58:0a:f4:01:05",
+      ipAddress: "10.244.1.5",
+      ipAddresses: ["10.244.1.5", "fd10:0:2::2"],
+      interfaceName: "eth0",
+      infoSource: "domain, guest-agent",
+      queueCount: 1,
+      linkState: "up",
+      podInterfaceName: "eth0",
+    },
+    {
+      name: "other",
+      mac: "52:54:00:00:00:09",
+      infoSource: "domain",
+      queueCount: 1,
+      linkState: "up",
+    },
+  ]);
+  // In KubeVirt mode virt-controller names the pod interface; the handler keeps its name.
+  const kubevirt = computeStatus(
+    {
+      ...vmi("Running"),
+      status: { phase: "Running", interfaces: [{ name: "default", podInterfaceName: "pod123" }] },
+    } as VirtualMachineInstance,
+    { ...i, standsInForController: false },
+  );
+  assert.equal(kubevirt.status.interfaces![0].podInterfaceName, "pod123");
+});

@@ -1,0 +1,347 @@
+/**
+ * The pod network's handler and launcher parts in real network namespaces, without a
+ * guest: pods from the real CNI plugins (bridge, host-local, loopback), the bindings built
+ * by {@linkcode PodNetworks} through the namespace worker, a handler that stops half-way
+ * and one that finishes after it, and the launcher's DHCP servers answering a real DHCP
+ * client (ISC dhclient) over DHCPv4 and DHCPv6 from a "guest" namespace joined to the
+ * in-pod bridge by a veth pair (where QEMU's tap would be).
+ */
+import assert from "node:assert/strict";
+import { NetnsRunner, type NetnsStep } from "../../ffi/mod.ts";
+import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
+import {
+  DhcpServers,
+  NetworkState,
+  PodlessNetworks,
+  PodNetworkError,
+  PodNetworks,
+  type PodNetworkTarget,
+  prepareGuestNetwork,
+  readNetworkState,
+} from "../../mod/network/mod.ts";
+import { removeTestPodNetwork, testPodNetwork } from "../helpers/handler_process.ts";
+
+function vmiFor(uid: string, iface: Record<string, unknown>): VirtualMachineInstance {
+  return {
+    metadata: { name: "vm1", namespace: "default", uid },
+    spec: {
+      domain: { devices: { interfaces: [{ name: "default", ...iface }] } },
+      networks: [{ name: "default", pod: {} }],
+    },
+  } as unknown as VirtualMachineInstance;
+}
+
+/** Runs a program in a namespace file (nsenter, as an operator would look). */
+async function inNs(netns: string, ...args: string[]): Promise<string> {
+  const out = await new Deno.Command("nsenter", {
+    args: [`--net=${netns}`, ...args],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const text = new TextDecoder().decode(out.stdout);
+  if (!out.success) throw new Error(`${args.join(" ")}: ${new TextDecoder().decode(out.stderr)}`);
+  return text;
+}
+
+/**
+ * What a namespace holds, without what differs between two equal setups (indexes, random
+ * MACs, the pod's own address, which reads as POD).
+ */
+async function snapshot(netns: string, podIp: string): Promise<unknown> {
+  const links = JSON.parse(await inNs(netns, "ip", "-json", "-details", "address", "show")) as {
+    ifname: string;
+    master?: string;
+    mtu: number;
+    flags: string[];
+    linkinfo?: { info_kind?: string };
+    addr_info: { local: string; prefixlen: number; scope: string }[];
+  }[];
+  const text = JSON.stringify({
+    links: links.map((l) => ({
+      name: l.ifname,
+      kind: l.linkinfo?.info_kind,
+      master: l.master,
+      mtu: l.mtu,
+      up: l.flags.includes("UP"),
+      addresses: l.addr_info.filter((a) => a.scope !== "link").map((a) =>
+        `${a.local}/${a.prefixlen}`
+      ),
+    })).sort((a, b) => a.name.localeCompare(b.name)),
+    routes: await inNs(netns, "ip", "route", "show"),
+    nft: await inNs(netns, "nft", "list", "ruleset"),
+    sysctl: await inNs(
+      netns,
+      "sh",
+      "-c",
+      "cat /proc/sys/net/ipv4/ip_forward /proc/sys/net/ipv4/conf/all/arp_ignore",
+    ),
+  });
+  return JSON.parse(
+    text.replaceAll(podIp, "POD").replace(/counter packets \d+ bytes \d+/g, "counter"),
+  );
+}
+
+async function podIpOf(dir: string, uid: string): Promise<string> {
+  return (await readNetworkState(`${dir}/cache/${uid}/default`)).podIP!;
+}
+
+/** A runner that acts as a handler killed after `lines` lines of its `ip -batch`. */
+class DyingRunner extends NetnsRunner {
+  #lines: number;
+  constructor(lines: number) {
+    super();
+    this.#lines = lines;
+  }
+  override async run(netns: string | undefined, steps: NetnsStep[]) {
+    const batch = steps.find((s) => s.op === "exec" && s.args[0] === "-batch");
+    if (netns && batch && batch.op === "exec") {
+      const cut = batch.stdin!.split("\n").slice(0, this.#lines).join("\n") + "\n";
+      await super.run(netns, [{ ...batch, stdin: cut }]);
+      throw new Error("the handler was killed");
+    }
+    return await super.run(netns, steps);
+  }
+}
+
+async function withPods(
+  fn: (ctx: { runner: NetnsRunner; pods: PodlessNetworks; dir: string }) => Promise<void>,
+  options: { ipv6?: boolean } = {},
+) {
+  const dir = await Deno.makeTempDir({ prefix: "virtnode-netpod-" });
+  const network = testPodNetwork(options);
+  const runner = new NetnsRunner();
+  const pods = new PodlessNetworks({
+    runner,
+    bridge: network.bridge,
+    subnets: network.cidr.split(","),
+    netnsDir: `${dir}/netns`,
+    ipamDir: `${dir}/ipam`,
+  });
+  try {
+    await fn({ runner, pods, dir });
+  } finally {
+    for (const entry of Deno.readDirSync(`${dir}/netns`)) {
+      if (!entry.name.endsWith(".json")) await pods.release(entry.name).catch(() => {});
+    }
+    // The test's "guest" namespaces.
+    for (const entry of Deno.readDirSync(dir)) {
+      if (entry.name.startsWith("guest-")) {
+        await runner.run(undefined, [{ op: "remove", path: `${dir}/${entry.name}` }]).catch(
+          () => {},
+        );
+      }
+    }
+    runner.close();
+    await removeTestPodNetwork(network);
+    await Deno.remove(dir, { recursive: true });
+  }
+}
+
+function target(netns: string, privateDir: string): PodNetworkTarget {
+  Deno.mkdirSync(privateDir, { recursive: true });
+  return { netns, owner: 0, openLauncherDir: () => ({ path: privateDir, release() {} }) };
+}
+
+for (const binding of ["bridge", "masquerade"] as const) {
+  Deno.test(`pod network (${binding}): a handler killed after any step of the setup leaves a network the next one finishes exactly as one clean pass builds it`, async () => {
+    await withPods(async ({ runner, pods, dir }) => {
+      const iface = binding === "masquerade"
+        ? { masquerade: {}, ports: [{ port: 80 }] }
+        : { bridge: {} };
+      // The reference: one pass, start to end.
+      const cleanUid = crypto.randomUUID();
+      const cleanNs = await pods.ensure(cleanUid);
+      const networks = new PodNetworks({ runner, cacheDir: `${dir}/cache` });
+      await networks.setup(vmiFor(cleanUid, iface), target(cleanNs, `${dir}/private/${cleanUid}`));
+      const reference = await snapshot(cleanNs, await podIpOf(dir, cleanUid));
+      const lines = binding === "bridge" ? 17 : 7;
+      for (let cut = 0; cut <= lines; cut++) {
+        const uid = crypto.randomUUID();
+        const netns = await pods.ensure(uid);
+        const vmi = vmiFor(uid, iface);
+        const where = target(netns, `${dir}/private/${uid}`);
+        const dying = new PodNetworks({ runner: new DyingRunner(cut), cacheDir: `${dir}/cache` });
+        await assert.rejects(dying.setup(vmi, where), /killed/);
+        const started = await readNetworkState(`${dir}/cache/${uid}/default`);
+        assert.equal(started.networkState, NetworkState.Started, "marked started before the links");
+        // A restarted handler: a fresh instance over the same state files.
+        const again = new PodNetworks({ runner, cacheDir: `${dir}/cache` });
+        await again.setup(vmi, where);
+        const podIp = await podIpOf(dir, uid);
+        assert.deepEqual(await snapshot(netns, podIp), reference, `killed after ${cut} lines`);
+        const done = await readNetworkState(`${dir}/cache/${uid}/default`);
+        assert.equal(done.networkState, NetworkState.Finished);
+        assert.deepEqual((await again.addresses(vmi)).get("default")?.podIPs, started.podIPs);
+        // Finished is left alone: a third pass runs nothing in the pod.
+        const before = await snapshot(netns, podIp);
+        await new PodNetworks({ runner: new DyingRunner(0), cacheDir: `${dir}/cache` }).setup(
+          vmi,
+          where,
+        );
+        assert.deepEqual(await snapshot(netns, podIp), before);
+        await pods.release(uid);
+        await again.teardown(uid);
+      }
+    });
+  });
+}
+
+Deno.test("pod network: a setup another handler began without a record is refused clearly; one it finished is taken as finished", async () => {
+  await withPods(async ({ runner, pods, dir }) => {
+    const uid = crypto.randomUUID();
+    const netns = await pods.ensure(uid);
+    await Deno.mkdir(`${dir}/cache/${uid}`, { recursive: true });
+    await Deno.writeTextFile(
+      `${dir}/cache/${uid}/default`,
+      JSON.stringify({ networkState: 1, podIP: "10.1.1.1" }),
+    );
+    const networks = new PodNetworks({ runner, cacheDir: `${dir}/cache` });
+    await assert.rejects(
+      networks.setup(vmiFor(uid, { bridge: {} }), target(netns, `${dir}/p1`)),
+      (error: unknown) => error instanceof PodNetworkError && /restart the VMI/.test(error.message),
+    );
+    // Built by a handler that kept no record here (KubeVirt's, before a swap).
+    const built = crypto.randomUUID();
+    const builtNs = await pods.ensure(built);
+    const other = new PodNetworks({ runner, cacheDir: `${dir}/other-cache` });
+    await other.setup(vmiFor(built, { bridge: {} }), target(builtNs, `${dir}/p2`));
+    const builtIp = (await readNetworkState(`${dir}/other-cache/${built}/default`)).podIP!;
+    const before = await snapshot(builtNs, builtIp);
+    await networks.setup(vmiFor(built, { bridge: {} }), target(builtNs, `${dir}/p2`));
+    assert.deepEqual(await snapshot(builtNs, builtIp), before, "nothing rebuilt");
+    const record = await readNetworkState(`${dir}/cache/${built}/default`);
+    assert.equal(record.networkState, NetworkState.Finished);
+    assert.match(record.podIP ?? "", /^10\./, "the pod IP read from the placeholder");
+  });
+});
+
+/** A "guest" namespace on the pod's in-pod bridge (a veth where QEMU's tap would be). */
+async function guestOn(podNs: string, dir: string, mac: string): Promise<string> {
+  const guest = `${dir}/guest-${crypto.randomUUID().slice(0, 6)}`;
+  const runner = new NetnsRunner();
+  try {
+    await runner.run(undefined, [{ op: "create", path: guest }]);
+    const peer = `vg${crypto.randomUUID().slice(0, 8)}`;
+    await inNs(podNs, "ip", "link", "add", "tap0", "type", "veth", "peer", "name", peer);
+    await inNs(podNs, "ip", "link", "set", "tap0", "master", "k6t-eth0", "up");
+    await inNs(podNs, "ip", "link", "set", peer, "netns", guest);
+    await inNs(guest, "ip", "link", "set", peer, "name", "eth0");
+    // A guest's first address is link-local; no duplicate detection to wait for here.
+    await inNs(guest, "sh", "-c", "echo 0 > /proc/sys/net/ipv6/conf/eth0/accept_dad");
+    await inNs(guest, "ip", "link", "set", "eth0", "address", mac, "up");
+    await inNs(guest, "ip", "link", "set", "lo", "up");
+  } finally {
+    runner.close();
+  }
+  return guest;
+}
+
+async function dhclient(guest: string, dir: string, family: "-4" | "-6"): Promise<string> {
+  const lease = `${dir}/lease${family}-${crypto.randomUUID().slice(0, 6)}`;
+  const out = await new Deno.Command("timeout", {
+    args: [
+      "20",
+      "nsenter",
+      `--net=${guest}`,
+      "dhclient",
+      family,
+      "-1",
+      "-v",
+      "-sf",
+      "/bin/true",
+      "-lf",
+      lease,
+      "-pf",
+      `${lease}.pid`,
+      "eth0",
+    ],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const text = await Deno.readTextFile(lease).catch(() => "");
+  if (!text.includes("lease")) {
+    throw new Error(
+      `dhclient ${family} got no lease (exit ${out.code}):\n${
+        new TextDecoder().decode(out.stderr)
+      }`,
+    );
+  }
+  return text;
+}
+
+Deno.test("DHCP: a real client gets masquerade's lease over DHCPv4 and DHCPv6, and bridge binding's lease only for the guest's MAC", async () => {
+  await withPods(async ({ runner, pods, dir }) => {
+    const dhcp = new DhcpServers(runner);
+    await Deno.writeTextFile(
+      `${dir}/resolv.conf`,
+      "nameserver 10.96.0.10\nnameserver fd00::a\nsearch ns1.svc.cluster.local svc.cluster.local cluster.local\n",
+    );
+    try {
+      const networks = new PodNetworks({ runner, cacheDir: `${dir}/cache` });
+      // Masquerade, dual stack; the tap is left to the test (pod-less names a host tap).
+      const uid = crypto.randomUUID();
+      const netns = await pods.ensure(uid);
+      const vmi = vmiFor(uid, { masquerade: {} });
+      await networks.setup(vmi, { ...target(netns, `${dir}/m`), hostTap: () => "vnunused0" });
+      await new Deno.Command("ip", { args: ["link", "delete", "vnunused0"] }).output();
+      const prepared = await prepareGuestNetwork(vmi, {
+        runner,
+        dhcp,
+        netns,
+        privateDir: `${dir}/m`,
+        resolvConf: `${dir}/resolv.conf`,
+      });
+      assert.equal(prepared.default.mtu, 1500);
+      const guest = await guestOn(netns, dir, "52:54:00:00:00:0a");
+      const v4 = await dhclient(guest, dir, "-4");
+      assert.match(v4, /fixed-address 10\.0\.2\.2;/);
+      assert.match(v4, /option subnet-mask 255\.255\.255\.0;/);
+      assert.match(v4, /option routers 10\.0\.2\.1;/);
+      assert.match(v4, /option domain-name-servers 10\.96\.0\.10;/);
+      assert.match(v4, /option host-name "vm1";/);
+      assert.match(v4, /option interface-mtu 1500;/);
+      assert.match(v4, /option dhcp-lease-time 86313600;/);
+      assert.match(
+        v4,
+        /option domain-search "ns1\.svc\.cluster\.local\.", "svc\.cluster\.local\.", "cluster\.local\.";/,
+      );
+      const v6 = await dhclient(guest, dir, "-6");
+      assert.match(v6, /iaaddr fd10:0:2::2 \{/);
+      assert.match(v6, /option dhcp6\.name-servers fd00::a;/);
+      assert.equal(dhcp.given(`${uid}/default`), 2, "an ACK and a REPLY");
+
+      // Bridge: the pod's address, only for the MAC the guest has.
+      const buid = crypto.randomUUID();
+      const bns = await pods.ensure(buid);
+      const bvmi = vmiFor(buid, { bridge: {} });
+      const podMac = JSON.parse(await inNs(bns, "ip", "-json", "link", "show", "eth0"))[0].address;
+      await networks.setup(bvmi, { ...target(bns, `${dir}/b`), hostTap: () => "vnunused1" });
+      await new Deno.Command("ip", { args: ["link", "delete", "vnunused1"] }).output();
+      await prepareGuestNetwork(bvmi, {
+        runner,
+        dhcp,
+        netns: bns,
+        privateDir: `${dir}/b`,
+        resolvConf: `${dir}/resolv.conf`,
+      });
+      const stranger = await guestOn(bns, dir, "52:54:00:00:00:0b");
+      await assert.rejects(
+        dhclient(stranger, dir, "-4"),
+        /got no lease/,
+        "another MAC gets no answer",
+      );
+      await inNs(bns, "ip", "link", "delete", "tap0");
+      const owner = await guestOn(bns, dir, podMac);
+      const lease = await dhclient(owner, dir, "-4");
+      const podIp = (await readNetworkState(`${dir}/cache/${buid}/default`)).podIP!;
+      assert.match(lease, new RegExp(`fixed-address ${podIp.replaceAll(".", "\\.")};`));
+      assert.match(lease, /option dhcp-server-identifier 169\.254\.75\.10;/);
+      assert.match(lease, /option routers 10\./);
+      for (const g of [guest, stranger, owner]) {
+        await runner.run(undefined, [{ op: "remove", path: g }]);
+      }
+    } finally {
+      await dhcp.close();
+    }
+  }, { ipv6: true });
+});
