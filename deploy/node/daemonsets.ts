@@ -12,6 +12,7 @@ import { join } from "node:path";
 import { load } from "js-yaml";
 import type { Node } from "./node.ts";
 import { GUEST_CPU_FEATURES } from "../guest_cpu.ts";
+import { kvmUsable } from "../../mod/host/mod.ts";
 
 const REPO = new URL("../../", import.meta.url).pathname;
 
@@ -124,15 +125,11 @@ export interface LabelledNode {
  * obsolete list, and virt-controller keeps host-model VMIs off such nodes.
  */
 export function cpuModelFor(node: LabelledNode): string {
-  try {
-    Deno.statSync("/dev/kvm");
-    return "host-passthrough";
-  } catch {
-    const prefix = "cpu-model.node.kubevirt.io/";
-    const models = Object.keys(node.metadata.labels).filter((l) => l.startsWith(prefix)).sort();
-    if (models.length === 0) throw new Error("The node offers no CPU model");
-    return models[0].slice(prefix.length);
-  }
+  if (kvmUsable()) return "host-passthrough";
+  const prefix = "cpu-model.node.kubevirt.io/";
+  const models = Object.keys(node.metadata.labels).filter((l) => l.startsWith(prefix)).sort();
+  if (models.length === 0) throw new Error("The node offers no CPU model");
+  return models[0].slice(prefix.length);
 }
 
 /**

@@ -45,8 +45,9 @@ case $image in
     ;;
   virtnode-base)
     # libvirt0: the FFI bindings and the node labeller's child; util-linux: nsenter
-    # and mount; procps: pgrep/kill for an operator's shell in the pod.
-    PACKAGES=(libvirt0 util-linux procps)
+    # and mount; procps: pgrep/kill for an operator's shell in the pod; iproute2 and
+    # nftables: the pod network bindings the handler builds in launcher pods.
+    PACKAGES=(libvirt0 util-linux procps iproute2 nftables)
     inputs() { :; }
     ;;
   *)

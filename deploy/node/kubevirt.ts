@@ -15,6 +15,7 @@
  * @module
  */
 import { join } from "node:path";
+import { kvmUsable } from "../../mod/host/mod.ts";
 import {
   type Cluster,
   CONTROLLER_SERVICE_ACCOUNT,
@@ -55,7 +56,8 @@ export interface StartKubevirtOptions {
   launcherImage: string;
   /**
    * Let guests run without KVM (`developerConfiguration.useEmulation`): launcher pods then
-   * ask for no `devices.kubevirt.io/kvm`. Default: when this host has no `/dev/kvm`.
+   * ask for no `devices.kubevirt.io/kvm`. Default: when KVM cannot run guests here
+   * (`kvmUsable`: no `/dev/kvm`, or only `kvm-pvm` behind it).
    */
   useEmulation?: boolean;
 }
@@ -86,10 +88,6 @@ async function kubectl(cluster: Cluster, args: string[], input?: string): Promis
   return dec.decode(out.stdout);
 }
 
-async function hasKvm(): Promise<boolean> {
-  return await Deno.stat("/dev/kvm").then(() => true, () => false);
-}
-
 /** Writes a Secret's files as a Secret volume would hold them; returns the directory. */
 async function writeSecret(dir: string, secret: Secret): Promise<string> {
   const target = join(dir, "secrets", secret.metadata.name);
@@ -110,7 +108,7 @@ export async function startKubevirt(
   options: StartKubevirtOptions,
 ): Promise<KubevirtControlPlane> {
   const { kubevirtDir } = options;
-  const useEmulation = options.useEmulation ?? !(await hasKvm());
+  const useEmulation = options.useEmulation ?? !kvmUsable();
   const dir = await Deno.makeTempDir({ prefix: "virtnode-kubevirt-" });
   const processes: Managed[] = [];
   const stop = async () => {
@@ -140,7 +138,8 @@ export async function startKubevirt(
     await createKubevirtCr(
       cluster.kubeconfigPath,
       dir,
-      useEmulation ? { useEmulation: true } : {},
+      // HostDisk: the network test guest boots from a disk image on the node.
+      { ...(useEmulation ? { useEmulation: true } : {}), featureGates: ["HostDisk"] },
     );
 
     const [apiPort, controllerPort] = freePorts(2);

@@ -41,6 +41,7 @@ import {
   guestUsersFromAgent,
 } from "./guest_agent.ts";
 import { getLogger } from "../log/mod.ts";
+import { kvmUsable } from "../host/mod.ts";
 import {
   type GuestNetworkEnv,
   podNetworkPlan,
@@ -125,29 +126,6 @@ function isNoDomain(error: unknown): boolean {
 
 function isUnsupportedFlags(error: unknown): boolean {
   return error instanceof LibvirtError && error.code === LIBVIRT_ERROR_CODES.VIR_ERR_INVALID_ARG;
-}
-
-/**
- * Whether guests can run under KVM here: `/dev/kvm` exists and a hardware KVM module
- * (`kvm_intel`, `kvm_amd`) drives it. Some nested hosts offer `/dev/kvm` through
- * `kvm-pvm` alone, which runs only guest kernels made for it: a BIOS guest stops there at
- * once with an emulation failure (the kernel logs "kvm-pvm: INTERNAL_ERROR in batch
- * emul"), so such a host emulates guests in software instead.
- */
-export function kvmUsable(sysModules = "/sys/module", device = "/dev/kvm"): boolean {
-  try {
-    if (Deno.statSync(device).isCharDevice !== true) return false;
-  } catch {
-    return false;
-  }
-  return ["kvm_intel", "kvm_amd"].some((m) => {
-    try {
-      Deno.statSync(`${sysModules}/${m}`);
-      return true;
-    } catch {
-      return false;
-    }
-  });
 }
 
 /** Reads the VMI JSON of a request; throws a plain Error with the reason. */

@@ -61,7 +61,6 @@ export {
   type ConverterSettings,
   DomainManager,
   type DomainManagerOptions,
-  kvmUsable,
   LauncherCommandError,
   parseVmiJson,
   type VmiRef,

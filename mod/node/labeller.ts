@@ -10,6 +10,7 @@
  * @module
  */
 
+import { kvmUsable } from "../host/mod.ts";
 import { LIBVIRT_ERROR_CODES } from "../../ffi/mod.ts";
 import { Annotations, Labels } from "../api/mod.ts";
 import {
@@ -248,7 +249,7 @@ export interface CapabilitySource {
 
 /** Options of {@linkcode gatherNodeLabelInfo}. */
 export interface GatherOptions {
-  /** "kvm" or "qemu"; "kvm" when `/dev/kvm` exists unless told (KubeVirt's rule). */
+  /** "kvm" or "qemu"; "kvm" where KVM can run guests (`kvmUsable`) unless told. */
   virttype?: string;
   /** Machine type to query; q35 on x86_64, virt on aarch64, s390-ccw-virtio on s390x. */
   machine?: string;
@@ -278,15 +279,6 @@ const MACHINE_BY_ARCH: Record<string, string> = {
   s390x: "s390-ccw-virtio",
 };
 
-async function exists(path: string): Promise<boolean> {
-  try {
-    await Deno.stat(path);
-    return true;
-  } catch {
-    return false;
-  }
-}
-
 async function readRealtime(path: string): Promise<boolean> {
   try {
     return (await Deno.readTextFile(path)).trim() === "-1";
@@ -313,8 +305,9 @@ export async function gatherNodeLabelInfo(
   const capabilities = await source.getCapabilities();
   const host = parseHostCapabilities(capabilities);
   const arch = options.arch ?? (host.arch || Deno.build.arch);
+  // The launcher's rule: guests run under KVM only where it can run them.
   const virttype = options.virttype ??
-    (await exists(options.kvmPath ?? "/dev/kvm") ? "kvm" : "qemu");
+    (kvmUsable("/sys/module", options.kvmPath ?? "/dev/kvm") ? "kvm" : "qemu");
   const machine = options.machine ?? MACHINE_BY_ARCH[arch];
   const query = { arch, virttype, ...(machine ? { machine } : {}) };
   let domainCapabilities: string | undefined;

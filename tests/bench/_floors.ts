@@ -10,6 +10,7 @@
  *
  * @module
  */
+import { kvmUsable } from "../../mod/host/mod.ts";
 import type { KubeClient } from "../../mod/kube/mod.ts";
 import { openLibvirt } from "../../ffi/mod.ts";
 import { V8_FLAGS } from "../../mod/config/mod.ts";
@@ -150,13 +151,9 @@ export interface LibvirtFloor {
   domainType: string;
 }
 
-/** Whether /dev/kvm exists as a character device (what the launcher checks). */
+/** Whether guests run under KVM here (what the launcher checks: `kvmUsable`). */
 export function kvmDevice(): boolean {
-  try {
-    return Deno.statSync("/dev/kvm").isCharDevice === true;
-  } catch {
-    return false;
-  }
+  return kvmUsable();
 }
 
 /**

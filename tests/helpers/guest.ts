@@ -9,7 +9,7 @@
 import { join } from "node:path";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
 import { GUEST_CPU_FEATURES } from "../../deploy/guest_cpu.ts";
-import { kvmUsable } from "../../mod/launcher/mod.ts";
+import { kvmUsable } from "../../mod/host/mod.ts";
 
 const BUILD = new URL("../../deploy/guest/build.sh", import.meta.url).pathname;
 

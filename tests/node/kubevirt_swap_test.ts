@@ -39,6 +39,7 @@ import {
 } from "../../deploy/node/daemonsets.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
 import { kubeClient, waitFor } from "../helpers/handler_process.ts";
+import { httpGet, parseLease, testGuestImage } from "../helpers/guest.ts";
 
 const REPO = new URL("../../", import.meta.url).pathname;
 
@@ -55,6 +56,7 @@ interface Vmi {
   metadata: { name: string; uid: string };
   status?: {
     phase?: string;
+    interfaces?: { ipAddress?: string }[];
     nodeName?: string;
     activePods?: Record<string, string>;
     phaseTransitionTimestamps?: { phase: string }[];
@@ -66,6 +68,35 @@ interface NodeObject {
 }
 
 type Handler = "virtnode" | "virt-handler";
+
+/**
+ * A user's VMI that boots the test guest from a disk image on the node (KubeVirt's
+ * `hostDisk`, read-only) with its one interface on the pod network.
+ */
+function networkVmi(
+  name: string,
+  cpuModel: string,
+  binding: "bridge" | "masquerade",
+  disk: string,
+) {
+  const vmi = userVmi(name, cpuModel);
+  return {
+    ...vmi,
+    spec: {
+      ...vmi.spec,
+      domain: {
+        ...vmi.spec.domain,
+        memory: { guest: "128Mi" },
+        devices: {
+          disks: [{ name: "boot", disk: { bus: "virtio", readonly: true } }],
+          interfaces: [{ name: "default", [binding]: {} }],
+        },
+      },
+      networks: [{ name: "default", pod: {} }],
+      volumes: [{ name: "boot", hostDisk: { path: disk, type: "Disk" } }],
+    },
+  };
+}
 
 async function journey(handler: Handler): Promise<void> {
   const libvirtUri = await ensureLibvirtd();
@@ -208,6 +239,54 @@ async function journey(handler: Handler): Promise<void> {
     await waitFor("vm-a gone", async () => !(await getVmi("vm-a")), 60_000);
     step(
       `vm-a deleted, its pod gone ${(deleteToPodGone / 1000).toFixed(2)} s after kubectl delete`,
+    );
+
+    // The pod network: the test guest, booted from a disk image on the node, gets its
+    // address by DHCP from the launcher inside its pod and answers HTTP on the pod's IP,
+    // through masquerade and with bridge binding.
+    const netStarted = performance.now();
+    const disk = join(node.dir, "guest", "guest.img");
+    await Deno.mkdir(join(node.dir, "guest"), { mode: 0o755 });
+    await Deno.copyFile(await testGuestImage(), disk);
+    await Deno.chmod(disk, 0o644);
+    const bindings = ["masquerade", "bridge"] as const;
+    for (const binding of bindings) {
+      await kubectl(
+        kc,
+        ["apply", "-f", "-"],
+        JSON.stringify(networkVmi(`vm-${binding}`, cpuModel, binding, disk)),
+      );
+    }
+    for (const binding of bindings) {
+      const name = `vm-${binding}`;
+      const vmi = await waitFor(`${name} Running with its pod IP`, async () => {
+        const v = await getVmi(name);
+        return v?.status?.phase === "Running" && v.status.interfaces?.[0]?.ipAddress
+          ? v
+          : undefined;
+      }, 180_000);
+      const ip = vmi.status!.interfaces![0].ipAddress!;
+      const text = await waitFor(
+        `${name}'s guest answering HTTP on ${ip}`,
+        () => httpGet(`http://${ip}/dhcp`),
+        240_000,
+        1_000,
+      );
+      const lease = parseLease(text);
+      assert.equal(lease.ip, binding === "masquerade" ? "10.0.2.2" : ip, `${name}: ${text}`);
+      assert.equal(lease.hostname, name);
+      if (binding === "bridge") assert.equal(lease.serverid, "169.254.75.10");
+      const table = await kubectl(kc, ["get", "vmi", name]);
+      assert.ok(table.includes(ip), `the IP column of ${name}: ${table}`);
+      step(`${name}: lease ${lease.ip} by DHCP, HTTP answered on the pod IP ${ip}`);
+    }
+    for (const binding of bindings) {
+      await kubectl(kc, ["delete", "vmi", `vm-${binding}`, "--wait=true", "--timeout=120s"]);
+    }
+    console.log(
+      `network guests with ${handler}: ${
+        ((performance.now() - netStarted) / 1000).toFixed(1)
+      } s from apply to deleted`,
     );
 
     // A drain evicts the launcher pod (through virt-api's eviction webhook) cleanly.
