@@ -134,6 +134,18 @@ async function startHandler(dir: string, kubeconfig: string, uri: string): Promi
   return { process, pumped, logFile };
 }
 
+/** The node bridge of the handler's pod network (`--pod-network-bridge`'s default). */
+const POD_BRIDGE = "virtnode0";
+
+function linkExists(name: string): boolean {
+  try {
+    Deno.statSync(`/sys/class/net/${name}`);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 /** Resolves at the first SIGINT or SIGTERM. */
 function stopRequested(): Promise<void> {
   return new Promise<void>((resolve) => {
@@ -157,6 +169,7 @@ async function statusTable(client: KubeClient, path: string): Promise<{
     const sync = v.status?.conditions?.find((c) => c.type === "Synchronized");
     return `${v.metadata.name.padEnd(16)} ${(v.status?.phase ?? "Pending").padEnd(10)} ` +
       `${(v.status?.nodeName ?? "").padEnd(20)} ready=${ready?.status ?? "-"}` +
+      (v.status?.interfaces?.[0]?.ipAddress ? `  ip=${v.status.interfaces[0].ipAddress}` : "") +
       (sync?.status === "False" ? `  sync error: ${sync.message}` : "");
   });
   const node = await client.request<{ metadata: { labels?: Record<string, string> } }>(
@@ -309,6 +322,8 @@ async function main(): Promise<number> {
   const { uri, prepared } = await pickLibvirt();
   say(`libvirt: ${uri}`);
   const dir = await Deno.makeTempDir({ prefix: "virtnode-local-" });
+  // The handler's pod network's node bridge (its default); one this run made goes at exit.
+  const bridgeWasThere = linkExists(POD_BRIDGE);
   const handler = await startHandler(dir, cluster.handlerKubeconfigPath, uri);
   const stopped = stopRequested();
 
@@ -332,6 +347,10 @@ async function main(): Promise<number> {
   client.close();
   say(`handler exited with code ${status.code}`);
   await stopLauncherHost(`${dir}/state`);
+  if (!bridgeWasThere && linkExists(POD_BRIDGE)) {
+    await new Deno.Command("ip", { args: ["link", "delete", POD_BRIDGE] }).output();
+    say(`removed the pod network's bridge ${POD_BRIDGE}`);
+  }
   say("stopping the control plane");
   await cluster.stop();
   const left = await leftoverDomains(uri, manifests.map((m) => m.name));

@@ -645,6 +645,7 @@ export async function createKubevirtCr(
   kubeconfigPath: string,
   dir: string,
   developerConfiguration: Record<string, unknown>,
+  configuration: Record<string, unknown> = {},
 ): Promise<void> {
   const kc = ["--kubeconfig", kubeconfigPath];
   const crFile = path.join(dir, "kubevirt-cr.json");
@@ -654,7 +655,7 @@ export async function createKubevirtCr(
       apiVersion: "kubevirt.io/v1",
       kind: "KubeVirt",
       metadata: { name: "kubevirt", namespace: KUBEVIRT_NAMESPACE },
-      spec: { configuration: { developerConfiguration } },
+      spec: { configuration: { ...configuration, developerConfiguration } },
     }),
   );
   await kubectl([...kc, "create", "-f", crFile]);

@@ -122,14 +122,22 @@ export interface LabelledNode {
 /**
  * The CPU model a VMI on `node` asks for: `host-passthrough` with KVM. Without it, a model
  * the node's labels offer: this kind of machine's host model (kvm64) is in KubeVirt's
- * obsolete list, and virt-controller keeps host-model VMIs off such nodes.
+ * obsolete list, and virt-controller keeps host-model VMIs off such nodes. A node that
+ * offers none but a host model (KubeVirt's labeller where only kvm-pvm is behind /dev/kvm,
+ * with no obsolete models configured) gets `host-model`.
  */
 export function cpuModelFor(node: LabelledNode): string {
   if (kvmUsable()) return "host-passthrough";
   const prefix = "cpu-model.node.kubevirt.io/";
   const models = Object.keys(node.metadata.labels).filter((l) => l.startsWith(prefix)).sort();
-  if (models.length === 0) throw new Error("The node offers no CPU model");
-  return models[0].slice(prefix.length);
+  if (models.length > 0) return models[0].slice(prefix.length);
+  // KubeVirt's labeller on a kvm-pvm host reads KVM's capabilities: no named model.
+  if (
+    Object.keys(node.metadata.labels).some((l) => l.startsWith("host-model-cpu.node.kubevirt.io/"))
+  ) {
+    return "host-model";
+  }
+  throw new Error("The node offers no CPU model");
 }
 
 /**

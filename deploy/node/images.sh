@@ -37,8 +37,9 @@ case $image in
     # KubeVirt's launcher image's /usr/bin (its node-labeller.sh comes with launcher-files).
     launcher_bin=(virt-launcher virt-launcher-monitor virt-tail virt-probe virt-freezer
       container-disk)
+    # nftables: KubeVirt's virt-handler image, built on this root, runs nft for masquerade.
     PACKAGES=(libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86
-      qemu-utils ovmf procps)
+      qemu-utils ovmf procps nftables)
     inputs() {
       sha256sum "${launcher_bin[@]/#/$kubevirt/}" "$kubevirt"/launcher-files/* | cut -d' ' -f1
     }

@@ -169,10 +169,15 @@ function masqueradeBinding(
   };
 }
 
-interface NatFamily {
+/** One address family of masquerade's rules. */
+export interface NatFamily {
+  /** nft's family: `ip` or `ip6`. */
   family: "ip" | "ip6";
+  /** The in-pod bridge's address, the guest's gateway. */
   gateway: string;
+  /** The guest's address. */
   guest: string;
+  /** The family's loopback address. */
   loopback: string;
 }
 

@@ -73,6 +73,7 @@ export {
   bindingSteps,
   bridgeFakeAddress,
   masqueradeAddresses,
+  type NatFamily,
   natScript,
 } from "./bindings.ts";
 export {

@@ -314,6 +314,7 @@ export class PodNetworks {
       const record = await readNetworkState(this.#file(uid, plan.name));
       const mtu = record.virtnodeDiscovery?.mtu ?? 1500;
       const steps = adoptHostTapSteps(plan, hostTap, target.netns, mtu);
+      const started = performance.now();
       try {
         await this.#run(
           undefined,
@@ -338,7 +339,12 @@ export class PodNetworks {
           },
         );
       }
-      log.info("Tap moved into the pod's network namespace", { uid, network: plan.name, hostTap });
+      log.info("Tap moved into the pod's network namespace", {
+        uid,
+        network: plan.name,
+        hostTap,
+        ms: Math.round(performance.now() - started),
+      });
     }
   }
 

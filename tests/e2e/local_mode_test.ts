@@ -80,6 +80,8 @@ Deno.test("local mode (deno task start) brings every example VMI to Running unde
     assert.match(text, new RegExp(`${name} +Running`), `${name} reached Running`);
   }
   assert.match(text, /every example VMI is Running/);
+  // vmi-cirros has a NIC on the pod network: its pod IP from the handler's default range.
+  assert.match(text, /vmi-cirros +Running .*ip=10\.245\./);
   assert.match(text, /kubevirt\.io\/schedulable=true, [1-9]\d* labels from libvirt's capabilities/);
   assert.match(text, /handler exited with code 0/);
   assert.match(text, /stopping the launcher host/);

@@ -260,7 +260,7 @@ Deno.test("masquerade's nft rules are KubeVirt's: every port without a list, the
   const some = bindingSteps(listed, discovery(), podState(), { tapOwner: 0 }).nft!;
   assert.match(
     some,
-    /KUBEVIRT_PREINBOUND \{\n    tcp dport \{ 80 \} counter dnat to 10\.0\.2\.2\n    udp dport \{ 53 \} counter dnat to 10\.0\.2\.2\n/,
+    /KUBEVIRT_PREINBOUND \{\n {4}tcp dport \{ 80 \} counter dnat to 10\.0\.2\.2\n {4}udp dport \{ 53 \} counter dnat to 10\.0\.2\.2\n/,
   );
   assert.ok(!/^\s+counter dnat to 10\.0\.2\.2$/m.test(some), "no catch-all DNAT with a port list");
   assert.match(some, /table ip6 nat \{/, "IPv6 too where the pod has it");
