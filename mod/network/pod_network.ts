@@ -122,6 +122,11 @@ export class PodNetworks {
     }
   }
 
+  /** Runs `ip -batch` over `lines` in a namespace (none: the host's). */
+  async #ipBatch(netns: string | undefined, what: string, lines: string[]): Promise<void> {
+    await this.#run(netns, what, "ip", ["-batch", "-"], lines.join("\n") + "\n");
+  }
+
   /**
    * Builds the binding of every pod-network interface of `vmi` that is not finished yet.
    * Throws `NetworkSpecError` for a spec the node cannot serve, {@linkcode PodNetworkError}
@@ -227,13 +232,7 @@ export class PodNetworks {
     if (options.hostTap !== undefined) {
       await this.#hostTap(options.hostTap, discovery.mtu, target.owner);
     }
-    await this.#run(
-      target.netns,
-      "Cannot build the binding",
-      "ip",
-      ["-batch", "-"],
-      steps.ip.join("\n") + "\n",
-    );
+    await this.#ipBatch(target.netns, "Cannot build the binding", steps.ip);
     const more = [
       ...steps.sysctls.map(([path, value]) => ({
         op: "writeFile" as const,
@@ -316,20 +315,8 @@ export class PodNetworks {
       const steps = adoptHostTapSteps(plan, hostTap, target.netns, mtu);
       const started = performance.now();
       try {
-        await this.#run(
-          undefined,
-          "Cannot move the tap into the pod",
-          "ip",
-          ["-batch", "-"],
-          steps.host.join("\n") + "\n",
-        );
-        await this.#run(
-          target.netns,
-          "Cannot put the tap on the bridge",
-          "ip",
-          ["-batch", "-"],
-          steps.pod.join("\n") + "\n",
-        );
+        await this.#ipBatch(undefined, "Cannot move the tap into the pod", steps.host);
+        await this.#ipBatch(target.netns, "Cannot put the tap on the bridge", steps.pod);
       } catch (error) {
         throw new PodNetworkError(
           plan.name,
