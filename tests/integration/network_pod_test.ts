@@ -236,15 +236,23 @@ async function guestOn(podNs: string, dir: string, mac: string): Promise<string>
   return guest;
 }
 
-async function dhclient(guest: string, dir: string, family: "-4" | "-6"): Promise<string> {
+/**
+ * Runs ISC dhclient in the foreground in `guest` until its lease file holds a lease (or
+ * `waitMs` passes), then ends it: it would otherwise stay to renew. Gives the lease file.
+ */
+async function dhclient(
+  guest: string,
+  dir: string,
+  family: "-4" | "-6",
+  waitMs = 15_000,
+): Promise<string> {
   const lease = `${dir}/lease${family}-${crypto.randomUUID().slice(0, 6)}`;
-  const out = await new Deno.Command("timeout", {
+  const child = new Deno.Command("nsenter", {
     args: [
-      "20",
-      "nsenter",
       `--net=${guest}`,
       "dhclient",
       family,
+      "-d",
       "-1",
       "-v",
       "-sf",
@@ -255,16 +263,23 @@ async function dhclient(guest: string, dir: string, family: "-4" | "-6"): Promis
       `${lease}.pid`,
       "eth0",
     ],
-    stdout: "piped",
+    stdout: "null",
     stderr: "piped",
-  }).output();
-  const text = await Deno.readTextFile(lease).catch(() => "");
-  if (!text.includes("lease")) {
-    throw new Error(
-      `dhclient ${family} got no lease (exit ${out.code}):\n${
-        new TextDecoder().decode(out.stderr)
-      }`,
-    );
+  }).spawn();
+  const stderr = new Response(child.stderr).text();
+  const read = () => Deno.readTextFile(lease).catch(() => "");
+  const deadline = Date.now() + waitMs;
+  let text = await read();
+  while (!/lease6? \{/.test(text) && Date.now() < deadline) {
+    await new Promise((r) => setTimeout(r, 200));
+    text = await read();
+  }
+  try {
+    child.kill("SIGTERM");
+  } catch { /* ended already */ }
+  await child.status;
+  if (!/lease6? \{/.test(text)) {
+    throw new Error(`dhclient ${family} got no lease:\n${await stderr}`);
   }
   return text;
 }
