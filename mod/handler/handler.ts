@@ -32,6 +32,7 @@ import {
 import type { LauncherHostOptions } from "../launcher/host_protocol/mod.ts";
 import { aborted, every, type Runnable, runnable, runStages } from "../lifecycle/mod.ts";
 import { type PodlessNetworkConfig, PodlessNetworks, PodNetworks } from "../network/mod.ts";
+import { ContainerDiskStore } from "../storage/mod.ts";
 import { NetnsRunner } from "../../ffi/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import { VmiController } from "./controller.ts";
@@ -170,6 +171,10 @@ export class Handler implements Runnable {
             ipamDir: paths.ipamDir,
           })
           : undefined,
+        containerDisks: new ContainerDiskStore({
+          imageDir: options.imageDir ?? join(config.stateDir, "images"),
+          storeDir: join(config.stateDir, "containerdisks"),
+        }),
       })
       : new PodLaunchers({
         nodeName: config.nodeName,

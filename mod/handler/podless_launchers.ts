@@ -20,6 +20,7 @@ import { SocketNames, type VirtualMachineInstance, vmiKey } from "../api/mod.ts"
 import { sleep } from "../lifecycle/mod.ts";
 import type { HostedVmStatus, LauncherHostOptions } from "../launcher/host_protocol/mod.ts";
 import { getLogger } from "../log/mod.ts";
+import type { ContainerDiskStore } from "../storage/mod.ts";
 import {
   hostTapName,
   type PodlessNetworks,
@@ -75,6 +76,8 @@ export interface PodlessLaunchersOptions {
   restartBackoffMs?: number;
   /** The VMs' pod networks (namespaces from the CNI plugins); none: no pod network on this host. */
   networks?: PodlessNetworks;
+  /** containerDisks from OCI images on this host; none: only the launcher's image directory. */
+  containerDisks?: ContainerDiskStore;
 }
 
 /** Whether a VMI has an interface on the pod network (a spec the plan refuses counts as none). */
@@ -197,6 +200,8 @@ export class PodlessLaunchers implements LauncherProvider {
       this.#waiting.add(vmiKey(vmi.metadata));
       return { waiting: "the launcher host is not running yet" };
     }
+    // The images first: one that is not there fails the sync before anything is served.
+    const containerDisks = await this.#o.containerDisks?.prepare(vmi) ?? {};
     const socketDir = this.#socketDir(uid);
     const socket = join(socketDir, SocketNames.Launcher);
     await this.#o.ghosts.add({
@@ -219,6 +224,7 @@ export class PodlessLaunchers implements LauncherProvider {
       runDir: join(this.#o.runRoot, uid),
       diskDir: join(this.#o.diskRoot, uid),
       ...(this.#o.networks && hasPodNetwork(vmi) ? { netns: this.#o.networks.netnsPath(uid) } : {}),
+      ...(Object.keys(containerDisks).length > 0 ? { containerDisks } : {}),
     };
     const { status, synced } = sync
       ? await client.startAndSync(spec, JSON.stringify(sync.vmi), LAUNCHER_TIMEOUTS.sync)
@@ -239,7 +245,15 @@ export class PodlessLaunchers implements LauncherProvider {
       name: vmi.metadata.name,
     });
     this.#served.delete(uid);
-    await Deno.remove(this.#socketDir(uid), { recursive: true }).catch(() => {});
+    // What the VMI had on this host: its socket directory, its run directory (DHCP facts,
+    // console sockets) and its disks (overlays, empty disks, cloud-init ISOs, NVRAM).
+    for (
+      const dir of [this.#socketDir(uid), join(this.#o.runRoot, uid), join(this.#o.diskRoot, uid)]
+    ) {
+      await Deno.remove(dir, { recursive: true }).catch((error) => {
+        if (!(error instanceof Deno.errors.NotFound)) throw error;
+      });
+    }
   }
 
   /**

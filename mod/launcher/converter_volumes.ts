@@ -33,6 +33,11 @@ export interface PrepareOptions {
   diskDir: string;
   /** Directory of local containerDisk images (see {@linkcode containerDiskFileName}). */
   imageDir?: string;
+  /**
+   * The base image of containerDisk volumes the handler prepared (pod-less mode's store of
+   * OCI images), by volume name: used as it is, read-only, under the VMI's overlay.
+   */
+  containerDisks?: Record<string, string>;
   /** The only directory hostDisk paths may point into; without it hostDisk is refused. */
   hostDiskRoot?: string;
   /** Directory of the OVMF firmware files. Default `/usr/share/OVMF`. */
@@ -172,6 +177,17 @@ class Preparer {
   }
 
   async #findImage(volume: Volume, at: string): Promise<string> {
+    const prepared = this.#options.containerDisks?.[volume.name];
+    if (prepared !== undefined) {
+      if (!(await isFile(prepared))) {
+        throw new VolumePreparationError(
+          this.#key,
+          `${at}.containerDisk.image`,
+          `the prepared disk "${prepared}" is gone`,
+        );
+      }
+      return prepared;
+    }
     const source = volume.containerDisk!;
     const imageDir = this.#options.imageDir;
     if (!imageDir) {
@@ -207,9 +223,9 @@ class Preparer {
     throw new VolumePreparationError(
       this.#key,
       `${at}.containerDisk.image`,
-      `no image file for "${source.image}" in "${imageDir}" (looked for ${
+      `no image for "${source.image}" in "${imageDir}" (looked for ${
         candidates.map((c) => `"${c}"`).join(", ")
-      })`,
+      }, and for an OCI image "${base}.tar" or "${base}/index.json")`,
     );
   }
 

@@ -264,6 +264,7 @@ export class LauncherHost {
         hostDiskRoot: this.#o.hostDiskRoot,
         domainType: this.#o.domainType,
         ovmfDir: this.#o.ovmfDir,
+        containerDisks: spec.containerDisks,
         network: spec.netns === undefined ? undefined : {
           runner: this.#netns,
           dhcp: this.#dhcp,

@@ -1,7 +1,8 @@
 /**
  * Pod networking end to end in pod-less mode: a real handler and launcher host, the
  * CNI plugins giving each VM a pod namespace on the test's node bridge, and the test
- * guest (Debian's kernel and busybox) under QEMU asking for its address by DHCP and
+ * guest (Debian's kernel and busybox, a containerDisk OCI image archive in the handler's
+ * image directory, stored once for all of them) under QEMU asking for its address by DHCP and
  * answering HTTP: through masquerade (every port, or only the listed ones) and with bridge
  * binding on the pod's own address. Deleting the VMIs leaves no tap, namespace, address
  * lease or network state behind.
@@ -193,6 +194,16 @@ Deno.test("network+QEMU (pod-less): guests get their address by DHCP and answer 
       const ports = listDir(`/sys/class/net/${network.bridge}/brif`);
       return taps.length + namespaces.length + state.length + leases.length + ports.length === 0;
     }, 60_000);
+    // Nor anything else of theirs: run directories (DHCP facts), disks (overlays).
+    for (const uid of uids) {
+      assert.ok(!listDir(`${h.runDir}/private`).includes(uid), "the VMI's run directory is gone");
+      assert.ok(!listDir(`${h.stateDir}/disks`).includes(uid), "the VMI's disks are gone");
+    }
+    // The three guests booted from one OCI image, stored once.
+    assert.equal(
+      listDir(`${h.stateDir}/containerdisks`).filter((f) => f.endsWith(".img")).length,
+      1,
+    );
     ok = true;
   } finally {
     if (!ok) {

@@ -10,6 +10,7 @@ import { join } from "node:path";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
 import { GUEST_CPU_FEATURES } from "../../deploy/guest_cpu.ts";
 import { kvmUsable } from "../../mod/host/mod.ts";
+import { buildImageArchive } from "../../deploy/node/oci.ts";
 
 const BUILD = new URL("../../deploy/guest/build.sh", import.meta.url).pathname;
 
@@ -36,16 +37,41 @@ export function testGuestImage(): Promise<string> {
 }
 
 /**
- * Puts the test guest into an image directory under {@linkcode GUEST_IMAGE}: a hard link
- * where the cache is on the same filesystem, a copy elsewhere (a symlink out of the image
- * directory is refused by the converter, as it should be).
+ * The test guest as a containerDisk OCI image archive (the disk at `/disk/guest.img`, as
+ * KubeVirt's containerDisk images hold it), built once next to the cached disk.
+ */
+export async function testGuestOciArchive(): Promise<string> {
+  const image = await testGuestImage();
+  const archive = join(image, "..", "guest-oci.tar");
+  if (await Deno.stat(archive).then(() => true, () => false)) return archive;
+  const root = await Deno.makeTempDir({ prefix: "virtnode-guest-oci-" });
+  try {
+    await Deno.mkdir(join(root, "disk"));
+    await Deno.copyFile(image, join(root, "disk", "guest.img"));
+    await Deno.chmod(join(root, "disk", "guest.img"), 0o444);
+    const partial = `${archive}.${crypto.randomUUID().slice(0, 8)}`;
+    await buildImageArchive(
+      { name: `${GUEST_IMAGE}:latest`, root, entrypoint: ["/disk-has-no-program"] },
+      partial,
+    );
+    await Deno.rename(partial, archive);
+  } finally {
+    await Deno.remove(root, { recursive: true });
+  }
+  return archive;
+}
+
+/**
+ * Puts the test guest into a pod-less handler's image directory under
+ * {@linkcode GUEST_IMAGE}, as the OCI image archive a user would place there: a hard link
+ * where the cache is on the same filesystem, a copy elsewhere.
  */
 export async function installTestGuest(imageDir: string): Promise<void> {
   await Deno.mkdir(imageDir, { recursive: true });
-  const target = join(imageDir, GUEST_IMAGE.replace(/[^A-Za-z0-9._-]/g, "_"));
+  const target = join(imageDir, `${GUEST_IMAGE.replace(/[^A-Za-z0-9._-]/g, "_")}.tar`);
   await Deno.remove(target).catch(() => {});
-  const image = await testGuestImage();
-  await Deno.link(image, target).catch(() => Deno.copyFile(image, target));
+  const archive = await testGuestOciArchive();
+  await Deno.link(archive, target).catch(() => Deno.copyFile(archive, target));
 }
 
 /** What {@linkcode guestVmi} builds. */

@@ -217,7 +217,7 @@ Deno.test("prepareVolumes() names the image when a containerDisk image is missin
       convertVmiToDomainXml(vmi, options),
       (error) => {
         assertFieldError(error, VolumePreparationError, "spec.volumes[0].containerDisk.image");
-        assert.match((error as Error).message, /no image file for "quay.io\/nope:1"/);
+        assert.match((error as Error).message, /no image for "quay.io\/nope:1"/);
         return true;
       },
     );

@@ -28,6 +28,8 @@ export interface HostedVmSpec {
    * namespace, are named by `hostTapName`.
    */
   netns?: string;
+  /** containerDisk base images the handler stored (pod-less mode's OCI images), by volume name. */
+  containerDisks?: Record<string, string>;
 }
 
 /** A hosted VMI as `start` and `list` report it. */
@@ -95,6 +97,17 @@ export function checkHostedVmSpec(raw: unknown): HostedVmSpec {
     }
     return v;
   };
+  const disks = (raw: unknown): Record<string, string> => {
+    if (typeof raw !== "object" || raw === null || Array.isArray(raw)) {
+      throw new HostedVmSpecError("containerDisks is not an object");
+    }
+    for (const [name, file] of Object.entries(raw)) {
+      if (typeof file !== "string" || !file.startsWith("/") || file.split("/").includes("..")) {
+        throw new HostedVmSpecError(`containerDisks.${name} is not an absolute path without ".."`);
+      }
+    }
+    return raw as Record<string, string>;
+  };
   const grace = r.gracePeriodSeconds;
   if (typeof grace !== "number" || !Number.isInteger(grace) || grace < 0) {
     throw new HostedVmSpecError(
@@ -110,6 +123,7 @@ export function checkHostedVmSpec(raw: unknown): HostedVmSpec {
     runDir: path("runDir"),
     diskDir: path("diskDir"),
     ...(r.netns === undefined ? {} : { netns: path("netns") }),
+    ...(r.containerDisks === undefined ? {} : { containerDisks: disks(r.containerDisks) }),
   };
 }
 

@@ -1,0 +1,280 @@
+/**
+ * Pod-less mode's containerDisks: no kubelet pulls the image and no container-disk
+ * container serves it, so the handler reads the image itself. An image is an OCI image
+ * layout directory or an OCI archive in the image directory, named after the image
+ * reference (`quay.io/containerdisks/fedora:39` -> `quay.io_containerdisks_fedora_39.tar`
+ * or that name as a directory). Its disk is KubeVirt's: `containerDisk.path`, or the single
+ * file under `/disk`, read from the topmost layer that has it.
+ *
+ * Disks go into a content-addressed store (`<store>/<sha256 of manifest digest and path>.img`,
+ * read-only), checked by `qemu-img info` to be raw or a qcow2 without a backing file, once
+ * for however many VMs use them; each VM's launcher gets the stored file to put its qcow2
+ * overlay on. An image that is not there, or not a containerDisk, is refused naming the
+ * volume's field and the image.
+ *
+ * @module
+ */
+
+import { join } from "node:path";
+import { type VirtualMachineInstance, vmiKey } from "../api/mod.ts";
+import { getLogger } from "../log/mod.ts";
+import {
+  layerTar,
+  manifestLayers,
+  OciImageError,
+  type OciLayer,
+  type OciSource,
+  openArchive,
+  openLayout,
+  walkTar,
+} from "./oci.ts";
+
+const log = getLogger("storage", "container-disks");
+
+/** A containerDisk that cannot be prepared, naming the volume's field. */
+export class ContainerDiskError extends Error {
+  /** The field at fault, e.g. `spec.volumes[0].containerDisk.image`. */
+  readonly path: string;
+  /** Creates `Cannot prepare containerDisk of VMI "<key>": <path>: <detail>`. */
+  constructor(key: string, path: string, detail: string, options?: ErrorOptions) {
+    super(`Cannot prepare containerDisk of VMI "${key}": ${path}: ${detail}`, options);
+    this.name = "ContainerDiskError";
+    this.path = path;
+  }
+}
+
+/** A stored disk. */
+export interface StoredDisk {
+  /** The store's read-only file. */
+  file: string;
+  /** Its format. */
+  format: "raw" | "qcow2";
+}
+
+/** Options of {@linkcode ContainerDiskStore}. */
+export interface ContainerDiskStoreOptions {
+  /** Where images are found (OCI layouts and archives). */
+  imageDir: string;
+  /** The content-addressed store of their disks. */
+  storeDir: string;
+  /** qemu-img; `qemu-img` unless told. */
+  qemuImg?: string;
+}
+
+/** The file name an image reference maps to (as the launcher's image directory names files). */
+export function imageFileName(image: string): string {
+  return image.replace(/[^A-Za-z0-9._-]/g, "_");
+}
+
+async function sha256Hex(text: string): Promise<string> {
+  const digest = new Uint8Array(
+    await crypto.subtle.digest("SHA-256", new TextEncoder().encode(text)),
+  );
+  return [...digest].map((b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+async function kind(path: string): Promise<"file" | "dir" | undefined> {
+  const stat = await Deno.stat(path).catch(() => undefined);
+  return stat?.isFile ? "file" : stat?.isDirectory ? "dir" : undefined;
+}
+
+/** Reads OCI images into the store; see the module doc. */
+export class ContainerDiskStore {
+  readonly #o: ContainerDiskStoreOptions;
+  /** Disks being stored, so two VMs of one image read it once. */
+  readonly #pending = new Map<string, Promise<StoredDisk>>();
+
+  /** Creates the store; nothing is read until a disk is asked for. */
+  constructor(options: ContainerDiskStoreOptions) {
+    this.#o = options;
+  }
+
+  /** Opens the image of `image` if the image directory has it as an OCI layout or archive. */
+  async #open(image: string): Promise<OciSource | undefined> {
+    const base = join(this.#o.imageDir, imageFileName(image));
+    if (await kind(join(base, "index.json")) === "file") return await openLayout(image, base);
+    for (const archive of [`${base}.tar`, `${base}.oci.tar`]) {
+      if (await kind(archive) === "file") return await openArchive(image, archive);
+    }
+    return undefined;
+  }
+
+  /**
+   * The stored disk of `image` (at `path` in it, else the single file under `/disk`), read
+   * into the store on first use; undefined when the image directory has no OCI image of
+   * that name. Throws `OciImageError` for an image that is not a containerDisk.
+   */
+  async disk(image: string, path?: string): Promise<StoredDisk | undefined> {
+    const source = await this.#open(image);
+    if (!source) return undefined;
+    try {
+      const manifest = await source.manifestDigest();
+      const key = await sha256Hex(`${manifest}\n${path ?? ""}`);
+      const file = join(this.#o.storeDir, `${key}.img`);
+      const meta = join(this.#o.storeDir, `${key}.json`);
+      const stored = await Deno.readTextFile(meta).then(JSON.parse, () => undefined);
+      if (stored && await kind(file) === "file") return { file, format: stored.format };
+      let pending = this.#pending.get(key);
+      if (!pending) {
+        pending = this.#store(image, source, manifest, path, file, meta)
+          .finally(() => this.#pending.delete(key));
+        this.#pending.set(key, pending);
+      }
+      return await pending;
+    } finally {
+      source.close();
+    }
+  }
+
+  async #store(
+    image: string,
+    source: OciSource,
+    manifest: string,
+    path: string | undefined,
+    file: string,
+    meta: string,
+  ): Promise<StoredDisk> {
+    const started = performance.now();
+    const layers = await manifestLayers(image, source, manifest);
+    const wanted = path === undefined ? undefined : path.replace(/^\/+/, "");
+    await Deno.mkdir(this.#o.storeDir, { recursive: true, mode: 0o755 });
+    const partial = `${file}.${crypto.randomUUID().slice(0, 8)}.partial`;
+    try {
+      const found = await this.#extract(image, source, layers, wanted, partial);
+      const format = await this.#check(image, partial, found);
+      await Deno.chmod(partial, 0o444);
+      await Deno.rename(partial, file);
+      await Deno.writeTextFile(
+        meta,
+        JSON.stringify({ image, manifest, path: found, format }),
+        { mode: 0o644 },
+      );
+      log.info("containerDisk stored", {
+        image,
+        path: found,
+        format,
+        bytes: (await Deno.stat(file)).size,
+        ms: Math.round(performance.now() - started),
+      });
+      return { file, format };
+    } finally {
+      await Deno.remove(partial).catch(() => {});
+    }
+  }
+
+  /** Writes the disk's bytes to `target`; returns its path in the image. */
+  async #extract(
+    image: string,
+    source: OciSource,
+    layers: OciLayer[],
+    wanted: string | undefined,
+    target: string,
+  ): Promise<string> {
+    // The topmost layer that has the disk (or any file under disk/) holds it.
+    for (const layer of [...layers].reverse()) {
+      const names: string[] = [];
+      let whiteout = false;
+      await walkTar(await layerTar(source, layer), (entry) => {
+        const base = entry.name.slice(entry.name.lastIndexOf("/") + 1);
+        const dir = entry.name.slice(0, entry.name.lastIndexOf("/") + 1);
+        if (base.startsWith(".wh.")) {
+          if (wanted !== undefined && `${dir}${base.slice(4)}` === wanted) whiteout = true;
+          return Promise.resolve();
+        }
+        if (wanted !== undefined ? entry.name === wanted : dir === "disk/") names.push(entry.name);
+        return Promise.resolve();
+      });
+      if (whiteout) break;
+      if (names.length === 0) continue;
+      if (names.length > 1) {
+        throw new OciImageError(
+          image,
+          `it has ${names.length} files under /disk (${
+            names.join(", ")
+          }): name one with containerDisk.path`,
+        );
+      }
+      const out = await Deno.open(target, { write: true, createNew: true, mode: 0o600 });
+      try {
+        await walkTar(await layerTar(source, layer), async (entry, take) => {
+          if (entry.name !== names[0]) return;
+          await take(async (chunk) => {
+            for (let done = 0; done < chunk.length;) done += await out.write(chunk.subarray(done));
+          });
+          return false;
+        });
+      } finally {
+        out.close();
+      }
+      return names[0];
+    }
+    throw new OciImageError(
+      image,
+      wanted !== undefined
+        ? `it has no file "/${wanted}"`
+        : "it has no file under /disk: it is not a containerDisk image",
+    );
+  }
+
+  /** Checks with qemu-img that a disk is raw or a qcow2 without a backing file. */
+  async #check(image: string, file: string, inImage: string): Promise<"raw" | "qcow2"> {
+    const out = await new Deno.Command(this.#o.qemuImg ?? "qemu-img", {
+      args: ["info", "--output=json", file],
+      stdout: "piped",
+      stderr: "piped",
+      signal: AbortSignal.timeout(30_000),
+    }).output();
+    if (!out.success) {
+      throw new OciImageError(
+        image,
+        `qemu-img cannot read "/${inImage}": ${new TextDecoder().decode(out.stderr).trim()}`,
+      );
+    }
+    const info = JSON.parse(new TextDecoder().decode(out.stdout)) as {
+      format?: string;
+      "backing-filename"?: string;
+    };
+    if (info.format !== "raw" && info.format !== "qcow2") {
+      throw new OciImageError(image, `"/${inImage}" is ${info.format}, not raw or qcow2`);
+    }
+    if (info["backing-filename"]) {
+      throw new OciImageError(
+        image,
+        `"/${inImage}" is a qcow2 with a backing file; a containerDisk must stand alone`,
+      );
+    }
+    return info.format;
+  }
+
+  /**
+   * The stored disks of a VMI's containerDisk volumes that are OCI images in the image
+   * directory, by volume name (volumes whose image is a plain disk file there are left to
+   * the launcher, as before). Throws {@linkcode ContainerDiskError} naming the field.
+   */
+  async prepare(vmi: VirtualMachineInstance): Promise<Record<string, string>> {
+    const out: Record<string, string> = {};
+    const key = vmiKey(vmi.metadata);
+    for (const [i, volume] of (vmi.spec.volumes ?? []).entries()) {
+      const source = volume.containerDisk;
+      if (!source?.image) continue;
+      try {
+        const disk = await this.disk(source.image, source.path);
+        if (disk) out[volume.name] = disk.file;
+      } catch (error) {
+        if (!(error instanceof OciImageError)) throw error;
+        const field = source.path !== undefined && /no file "/.test(error.message)
+          ? "path"
+          : "image";
+        throw new ContainerDiskError(
+          key,
+          `spec.volumes[${i}].containerDisk.${field}`,
+          error.message,
+          {
+            cause: error,
+          },
+        );
+      }
+    }
+    return out;
+  }
+}
