@@ -3,25 +3,33 @@
  * with its main thread, performs the actions with synchronous calls only (they run on
  * that thread), prints one JSON line and exits. Private to `ffi/`.
  *
- * Usage: `deno run --allow-all ffi/_mntns_child.ts '{"pid":123,"actions":[...]}'`
+ * Usage: `deno run --allow-all ffi/_mntns_child.ts '{"pid":123,"actions":[...]}'`, or
+ * `'{"bind":{...}}'` for `bindContainerFile` (which moves between namespaces itself).
  *
  * @module
  */
 
 import { ErrnoError } from "./errors.ts";
 import {
+  bindContainerFile,
   bindMount,
   chmod,
+  close,
+  type ContainerFileBind,
+  detachMountBeneath,
   enterMountNamespace,
   lchown,
   type MountNamespaceAction,
   type MountNamespaceReply,
+  openRoot,
   setPropagation,
   umount2,
 } from "./libc.ts";
 
-function perform(action: MountNamespaceAction): string | null {
+function perform(action: MountNamespaceAction, rootFd: number): string | null {
   switch (action.op) {
+    case "unmountFile":
+      return detachMountBeneath(rootFd, action.dir, action.name) ? "unmounted" : "none";
     case "mountinfo":
       // thread-self: this thread is the one that entered the namespace.
       return Deno.readTextFileSync("/proc/thread-self/mountinfo");
@@ -54,9 +62,20 @@ function perform(action: MountNamespaceAction): string | null {
 /** Performs one request (`{"pid":…,"actions":[…]}`) and returns the reply to print. */
 export function mountNamespaceChild(arg: string | undefined): MountNamespaceReply {
   try {
-    const request = JSON.parse(arg ?? "") as { pid: number; actions: MountNamespaceAction[] };
-    enterMountNamespace(request.pid);
-    return { ok: true, results: request.actions.map(perform) };
+    const request = JSON.parse(arg ?? "") as
+      | { pid: number; actions: MountNamespaceAction[] }
+      | { bind: ContainerFileBind };
+    if ("bind" in request) {
+      return { ok: true, results: [bindContainerFile(request.bind) ? "mounted" : "already"] };
+    }
+    // The process's own root (a container's), opened before its namespace is entered.
+    const rootFd = openRoot(`/proc/${request.pid}/root`);
+    try {
+      enterMountNamespace(request.pid);
+      return { ok: true, results: request.actions.map((a) => perform(a, rootFd)) };
+    } finally {
+      close(rootFd);
+    }
   } catch (error) {
     if (error instanceof ErrnoError) {
       return {

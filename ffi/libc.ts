@@ -46,6 +46,20 @@ const LIBC_SYMBOLS = {
   ioctl: { parameters: [I, "u64", B], result: I },
   if_nametoindex: { parameters: [B], result: U },
   eventfd: { parameters: [U, I], result: I },
+  fstat: { parameters: [I, B], result: I },
+  fchdir: { parameters: [I], result: I },
+  statx: { parameters: [I, B, I, U, B], result: I },
+  open_tree: { name: "syscall", parameters: ["i64", "i64", B, "u64"], result: "i64" },
+  move_mount: {
+    name: "syscall",
+    parameters: ["i64", "i64", B, "i64", B, "u64"],
+    result: "i64",
+  },
+  mount_setattr: {
+    name: "syscall",
+    parameters: ["i64", "i64", B, "u64", B, "u64"],
+    result: "i64",
+  },
 } as const;
 
 let libc: Deno.DynamicLibrary<typeof LIBC_SYMBOLS> | null = null;
@@ -470,6 +484,8 @@ export function mountNamespaceOf(pid: number | "self" | "thread-self" = "self"):
 
 /** One action {@linkcode runInMountNamespace} can perform inside the namespace. */
 export type MountNamespaceAction =
+  /** Lazily unmounts `<dir>/<name>` in the namespace when it is a mount; gives `unmounted` or `none`. */
+  | { op: "unmountFile"; dir: string; name: string }
   | { op: "mountinfo" }
   | { op: "readTextFile"; path: string }
   | { op: "writeTextFile"; path: string; data: string }
@@ -504,10 +520,18 @@ export const MNTNS_CHILD_SUBCOMMAND = "__mntns-child";
  * agent's own threads never change namespace. A failed action rejects with the child's
  * {@linkcode ErrnoError} (or `Error`).
  */
-export async function runInMountNamespace(
+export function runInMountNamespace(
   pid: number,
   actions: MountNamespaceAction[],
   options: RunInMountNamespaceOptions = {},
+): Promise<(string | null)[]> {
+  return runMntnsChild({ pid, actions }, `run actions in the mount namespace of ${pid}`, options);
+}
+
+async function runMntnsChild(
+  request: unknown,
+  what: string,
+  options: RunInMountNamespaceOptions,
 ): Promise<(string | null)[]> {
   const command = options.command ?? (Deno.build.standalone
     // A compiled virtnode has no deno to run a script with: it runs itself.
@@ -517,11 +541,13 @@ export async function runInMountNamespace(
       "run",
       "--allow-all",
       "--no-lock",
+      // The child imports only ffi/: no configuration, so no npm package is looked for.
+      "--no-config",
       new URL("./_mntns_child.ts", import.meta.url).href,
     ]);
   const [cmd, ...args] = command;
   const child = new Deno.Command(cmd, {
-    args: [...args, JSON.stringify({ pid, actions })],
+    args: [...args, JSON.stringify(request)],
     stdin: "null",
     stdout: "piped",
     stderr: "piped",
@@ -534,10 +560,7 @@ export async function runInMountNamespace(
     reply = JSON.parse(text.split("\n").at(-1) ?? "");
   } catch (cause) {
     const stderr = new TextDecoder().decode(out.stderr).trim();
-    throw new Error(
-      `Cannot run actions in the mount namespace of ${pid}: child exited ${out.code}: ${stderr}`,
-      { cause },
-    );
+    throw new Error(`Cannot ${what}: child exited ${out.code}: ${stderr}`, { cause });
   }
   if (reply.ok) return reply.results;
   const e = reply.error;
@@ -545,6 +568,22 @@ export async function runInMountNamespace(
     throw new ErrnoError(e.action ?? e.message, e.errno, e.description ?? "");
   }
   throw new Error(e.message);
+}
+
+/**
+ * Runs {@linkcode bindContainerFile} in a child process (the agent's own threads never change
+ * namespace); resolves with whether it mounted (false: the target carried a mount already).
+ */
+export async function bindContainerFileInChild(
+  bind: ContainerFileBind,
+  options: RunInMountNamespaceOptions = {},
+): Promise<boolean> {
+  const [result] = await runMntnsChild(
+    { bind },
+    `bind a file of process ${bind.containerPid}`,
+    options,
+  );
+  return result === "mounted";
 }
 
 /** The child's answer on stdout (one JSON line). */
@@ -860,5 +899,291 @@ export function writeFileBeneath(
     }
   } finally {
     close(dirFd);
+  }
+}
+
+const SYS_OPEN_TREE = 428;
+const SYS_MOVE_MOUNT = 429;
+const SYS_MOUNT_SETATTR = 442;
+const OPEN_TREE_CLONE = 1;
+const MOVE_MOUNT_F_EMPTY_PATH = 0x4;
+const MOVE_MOUNT_T_EMPTY_PATH = 0x40;
+const MOUNT_ATTR_RDONLY = 0x1;
+const UMOUNT_NOFOLLOW = 0x8;
+
+/** `st_dev` and `st_ino` of a descriptor (`fstat(2)`; x86_64's `struct stat`). */
+export function fileIdentity(fd: number): { dev: bigint; ino: bigint; mode: number } {
+  const st = new Uint8Array(144);
+  check(c().fstat(fd, st), `Cannot stat file descriptor ${fd}`);
+  const view = new DataView(st.buffer);
+  return {
+    dev: view.getBigUint64(0, true),
+    ino: view.getBigUint64(8, true),
+    mode: view.getUint32(24, true),
+  };
+}
+
+const STATX_MNT_ID = 0x1000;
+
+/** The ID of the mount a descriptor's file is on (`statx(STATX_MNT_ID)`, Linux 5.8). */
+export function mountIdOf(fd: number): bigint {
+  const buf = new Uint8Array(256); // struct statx
+  check(
+    c().statx(fd, cpath(""), AT_EMPTY_PATH, STATX_MNT_ID, buf),
+    `Cannot read the mount of file descriptor ${fd}`,
+  );
+  return new DataView(buf.buffer).getBigUint64(144, true); // stx_mnt_id
+}
+
+const S_IFMT = 0o170000;
+const S_IFREG = 0o100000;
+
+/**
+ * A detached bind mount (`open_tree(OPEN_TREE_CLONE)`, Linux 5.2) of the regular file
+ * `path` inside `root`, resolved as if `root` were `/` (`RESOLVE_IN_ROOT`: the root's own
+ * symlinks are followed, none leads out of it, no magic link is followed), read-only when
+ * asked (`mount_setattr`). The descriptor can be attached in another mount namespace with
+ * {@linkcode attachMountBeneath}; close it with {@linkcode close}.
+ */
+export function detachedBindMount(
+  root: string,
+  path: string,
+  options: { readonly: boolean },
+): number {
+  const rootFd = openRoot(root);
+  let source: number;
+  try {
+    source = openBeneath(rootFd, path, {
+      flags: O_PATH,
+      resolve: RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
+    });
+  } finally {
+    close(rootFd);
+  }
+  try {
+    if ((fileIdentity(source).mode & S_IFMT) !== S_IFREG) {
+      throw new ErrnoError(`Cannot bind "${path}" of "${root}"`, 21, "Not a regular file");
+    }
+    const tree = Number(
+      c().open_tree(
+        BigInt(SYS_OPEN_TREE),
+        BigInt(source),
+        cpath(""),
+        BigInt(OPEN_TREE_CLONE | O_CLOEXEC | AT_EMPTY_PATH),
+      ),
+    );
+    check(tree, `Cannot clone a mount of "${path}" of "${root}"`);
+    if (options.readonly) {
+      const attr = new BigUint64Array([BigInt(MOUNT_ATTR_RDONLY), 0n, 0n, 0n]); // struct mount_attr
+      const rc = Number(
+        c().mount_setattr(
+          BigInt(SYS_MOUNT_SETATTR),
+          BigInt(tree),
+          cpath(""),
+          BigInt(AT_EMPTY_PATH),
+          new Uint8Array(attr.buffer),
+          BigInt(attr.byteLength),
+        ),
+      );
+      if (rc < 0) {
+        const error = errnoError(`Cannot make the mount of "${path}" read-only`);
+        c().close(tree);
+        throw error;
+      }
+    }
+    return tree;
+  } finally {
+    close(source);
+  }
+}
+
+/**
+ * Attaches a detached mount onto `<dir>/<name>` of the calling thread's mount namespace:
+ * `dir` is resolved inside the root `rootFd` names (a process's `/proc/<pid>/root`, opened
+ * before entering its namespace: a container's root, not the namespace's), `name` beneath `dir` without
+ * following a symlink, made as an empty file when missing. A target that already carries
+ * a mount (its mount differs from its directory's) is left alone: gives false then.
+ */
+export function attachMountBeneath(
+  tree: number,
+  rootFd: number,
+  dir: string,
+  name: string,
+): boolean {
+  if (name.includes("/") || name === "" || name === "." || name === "..") {
+    throw new Error(`Invalid file name ${JSON.stringify(name)}`);
+  }
+  const dirFd = openBeneath(rootFd, dir, {
+    flags: O_PATH | O_DIRECTORY,
+    resolve: RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
+  });
+  try {
+    const strict = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+    try {
+      close(openBeneath(dirFd, name, { flags: O_PATH, resolve: strict }));
+    } catch (error) {
+      if (!(error instanceof ErrnoError && error.errno === 2)) throw error;
+      // openat2 needs a directory that can be written: reopen it with O_RDONLY to create in.
+      const created = openBeneath(dirFd, name, {
+        flags: O_WRONLY | 0o100 /* O_CREAT */ | 0o200, /* O_EXCL */
+        mode: 0o644,
+        resolve: strict,
+      });
+      close(created);
+    }
+    const target = openBeneath(dirFd, name, { flags: O_PATH, resolve: strict });
+    try {
+      if ((fileIdentity(target).mode & S_IFMT) !== S_IFREG) {
+        throw new ErrnoError(`Cannot mount on "${dir}/${name}"`, 21, "Not a regular file");
+      }
+      if (mountIdOf(target) !== mountIdOf(dirFd)) return false;
+      check(
+        Number(
+          c().move_mount(
+            BigInt(SYS_MOVE_MOUNT),
+            BigInt(tree),
+            cpath(""),
+            BigInt(target),
+            cpath(""),
+            BigInt(MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH),
+          ),
+        ),
+        `Cannot attach the mount on "${dir}/${name}"`,
+      );
+      return true;
+    } finally {
+      close(target);
+    }
+  } finally {
+    close(dirFd);
+  }
+}
+
+/**
+ * Lazily unmounts `<dir>/<name>` (resolved inside the root `rootFd` names) of the calling
+ * thread's mount namespace when it carries a mount (see {@linkcode attachMountBeneath});
+ * gives false when there is none (or no file).
+ */
+export function detachMountBeneath(rootFd: number, dir: string, name: string): boolean {
+  let dirFd: number;
+  try {
+    dirFd = openBeneath(rootFd, dir, {
+      flags: O_PATH | O_DIRECTORY,
+      resolve: RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
+    });
+  } catch (error) {
+    if (error instanceof ErrnoError && error.errno === 2) return false;
+    throw error;
+  }
+  try {
+    let target: number;
+    try {
+      target = openBeneath(dirFd, name, {
+        flags: O_PATH,
+        resolve: RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+      });
+    } catch (error) {
+      if (error instanceof ErrnoError && error.errno === 2) return false;
+      throw error;
+    }
+    try {
+      if (mountIdOf(target) === mountIdOf(dirFd)) return false;
+    } finally {
+      close(target);
+    }
+    // umount2 takes a path: from inside the directory, its last part never followed.
+    check(c().fchdir(dirFd), `Cannot enter "${dir}"`);
+    check(
+      c().umount2(cpath(name), MNT_DETACH | UMOUNT_NOFOLLOW),
+      `Cannot unmount "${dir}/${name}"`,
+    );
+    return true;
+  } finally {
+    close(dirFd);
+  }
+}
+
+/** What {@linkcode bindContainerFile} binds where. */
+export interface ContainerFileBind {
+  /** A process of the container whose file is bound (a container-disk server). */
+  containerPid: number;
+  /** The file's path inside that container's root (its symlinks followed inside it). */
+  sourcePath: string;
+  /** A process of the mount namespace the file is bound into (the launcher). */
+  targetPid: number;
+  /** The directory there (resolved inside that namespace's root). */
+  targetDir: string;
+  /** The file's name in it (made when missing, never followed). */
+  targetName: string;
+  /** Read-only mount. */
+  readonly: boolean;
+  /**
+   * A process of the namespace where the container's root is mounted (the node's: 1 for a
+   * handler in a pod with the host's PID namespace); this process's own unless told.
+   */
+  hostPid?: number;
+}
+
+/** The mount point in `mountinfo` whose mount holds `root` of `dev`, and the rest of `root` below it. */
+function hostPathOf(mountinfo: string, dev: string, root: string): string | undefined {
+  let best: { mountPoint: string; root: string } | undefined;
+  for (const line of mountinfo.split("\n")) {
+    const f = line.split(" ");
+    if (f.length < 5 || f[2] !== dev) continue;
+    const mountRoot = f[3];
+    if (root !== mountRoot && !root.startsWith(mountRoot === "/" ? "/" : `${mountRoot}/`)) continue;
+    if (!best || mountRoot.length > best.root.length) best = { mountPoint: f[4], root: mountRoot };
+  }
+  if (!best) return undefined;
+  const rest = root.slice(best.root === "/" ? 0 : best.root.length);
+  const unescape = (p: string) =>
+    p.replace(/\\([0-7]{3})/g, (_, o) => String.fromCharCode(parseInt(o, 8)));
+  return unescape(`${best.mountPoint.replace(/\/$/, "")}${rest === "/" ? "" : rest}`) || "/";
+}
+
+/**
+ * Binds a file of a container's root into another process's mount namespace, the way a
+ * node agent hands a container-disk's image to its launcher, in the calling thread (meant
+ * for the child of `runInMountNamespace`, which owns its threads' namespaces):
+ * 1. the container's root is found where its mount lives (the `hostPid`'s namespace) from
+ *    the container's `mountinfo`, as KubeVirt's isolation detector finds it, and the file is
+ *    resolved inside that root (`RESOLVE_IN_ROOT`, no magic links);
+ * 2. a detached clone of it is made there (`open_tree`), read-only when asked;
+ * 3. it is attached in the target's namespace ({@linkcode attachMountBeneath}).
+ * Nothing is mounted in any other namespace. Gives true when mounted, false when the
+ * target carried a mount already.
+ */
+export function bindContainerFile(o: ContainerFileBind): boolean {
+  // Everything of the other namespaces is opened first, through this namespace's /proc:
+  // PIDs name processes of this PID namespace, which another mount namespace's /proc may not show.
+  const containerMounts = Deno.readTextFileSync(`/proc/${o.containerPid}/mountinfo`);
+  const rootLine = containerMounts.split("\n").map((l) => l.split(" ")).find((f) => f[4] === "/");
+  if (!rootLine) throw new Error(`Cannot find the root mount of process ${o.containerPid}`);
+  const targetNs = open(`/proc/${o.targetPid}/ns/mnt`, O_RDONLY | O_CLOEXEC);
+  const targetRoot = openRoot(`/proc/${o.targetPid}/root`);
+  const hostNs = o.hostPid === undefined
+    ? undefined
+    : open(`/proc/${o.hostPid}/ns/mnt`, O_RDONLY | O_CLOEXEC);
+  try {
+    unshare(CLONE_FS);
+    if (hostNs !== undefined) {
+      check(c().setns(hostNs, CLONE_NEWNS), "Cannot enter the host's mount namespace");
+    }
+    const hostMounts = Deno.readTextFileSync("/proc/thread-self/mountinfo");
+    const root = hostPathOf(hostMounts, rootLine[2], rootLine[3]);
+    if (!root) {
+      throw new Error(`Cannot find where the root of process ${o.containerPid} is mounted`);
+    }
+    const tree = detachedBindMount(root, o.sourcePath, { readonly: o.readonly });
+    try {
+      check(c().setns(targetNs, CLONE_NEWNS), `Cannot enter the mount namespace of ${o.targetPid}`);
+      return attachMountBeneath(tree, targetRoot, o.targetDir, o.targetName);
+    } finally {
+      close(tree);
+    }
+  } finally {
+    close(targetNs);
+    close(targetRoot);
+    if (hostNs !== undefined) close(hostNs);
   }
 }

@@ -138,8 +138,7 @@ export async function startKubevirt(
     await createKubevirtCr(
       cluster.kubeconfigPath,
       dir,
-      // HostDisk: the network test guest boots from a disk image on the node.
-      { ...(useEmulation ? { useEmulation: true } : {}), featureGates: ["HostDisk"] },
+      useEmulation ? { useEmulation: true } : {},
       // No CPU model is obsolete: where KVM is only kvm-pvm, KubeVirt's labeller reads the
       // KVM capabilities, which offer no named model and a host model (kvm64) on the
       // default obsolete list, and no VMI could be placed (deploy/node/daemonsets.ts).

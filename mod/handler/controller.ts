@@ -549,9 +549,10 @@ export class VmiController {
     const alive = domain !== undefined && domain.status.status !== LifeCycle.Shutoff &&
       domain.status.status !== LifeCycle.Crashed;
     const notReady = requeueAfter(this.#d.provider.notReadyRequeueMs, "launcher not ready");
-    // (containerDisk and hotplug volumes come before the network as their issues land.)
+    // KubeVirt's order: containerDisks, hotplug volumes (not yet), network, then the sync.
     let network: PodNetworkTarget | undefined;
     if (!alive) {
+      if ((await this.#d.provider.prepareDisks(vmi)) === "notReady") return notReady;
       const built = await this.#setupNetwork(vmi);
       if (built === "notReady") return notReady;
       network = built;

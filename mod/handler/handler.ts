@@ -181,6 +181,7 @@ export class Handler implements Runnable {
         ghosts,
         podsDir: options.podsDir ?? "/var/lib/kubelet/pods",
         notifySocket: paths.notifySocket,
+        mountRecordDir: join(config.runDir, "container-disk-mounts"),
       });
     this.#launchers = new LauncherClients({
       onUnresponsive: (uid) => this.controller.launcherGone(uid),

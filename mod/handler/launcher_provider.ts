@@ -63,6 +63,12 @@ export interface LauncherProvider extends Runnable {
   /** Ends the VMI's launcher once its domain is gone and removes what it left on the node. */
   stop(vmi: VirtualMachineInstance): Promise<void>;
   /**
+   * Hands the VMI's disks that need the node's help to its launcher before the domain is
+   * defined (KubeVirt mode: containerDisks bound from their containers into the launcher);
+   * `notReady` while the pod's containers have not started yet.
+   */
+  prepareDisks(vmi: VirtualMachineInstance): Promise<"ready" | "notReady">;
+  /**
    * Where the VMI's pod network is: its namespace, the launcher's private directory, the
    * owner of what is made there (pod-less: the namespace is made now, with its address).
    * Undefined while there is no pod to look in yet (KubeVirt mode: no launcher socket).

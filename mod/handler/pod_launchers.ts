@@ -26,6 +26,7 @@ import { aborted } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import { openDirectoryInRoot, openSocketBeneath } from "../../ffi/mod.ts";
 import { NotifyPipes } from "./notify_pipes.ts";
+import { ContainerDiskMounts } from "./container_disk_mounts.ts";
 import { claimLauncherDevices } from "./device_ownership.ts";
 import type { GhostRecordStore } from "./ghost_records.ts";
 import type { DialResolver } from "./launcher_clients.ts";
@@ -56,6 +57,8 @@ export interface PodLaunchersOptions {
   podsDir: string;
   /** The handler's notify server socket, which launcher pods reach through their pipe. */
   notifySocket: string;
+  /** Where the containerDisk mounts of each VMI are recorded. */
+  mountRecordDir: string;
 }
 
 /** Launchers as the pods virt-controller creates. */
@@ -72,10 +75,12 @@ export class PodLaunchers implements LauncherProvider {
   readonly #pipes: NotifyPipes;
   /** The launcher socket whose devices were handed to the runtime user, per VMI. */
   readonly #claimed = new Map<string, string>();
+  readonly #disks: ContainerDiskMounts;
 
   /** Creates the provider; it only looks, so nothing starts. */
   constructor(options: PodLaunchersOptions) {
     this.#o = options;
+    this.#disks = new ContainerDiskMounts(options.mountRecordDir);
     this.#pipes = new NotifyPipes({
       notifySocket: options.notifySocket,
       dialResolver: this.dialResolver,
@@ -156,6 +161,22 @@ export class PodLaunchers implements LauncherProvider {
     return { socket };
   }
 
+  /** The pod's directory of a launcher socket below the kubelet's pods directory. */
+  #podDir(socket: string): string {
+    const rest = socket.slice(this.#o.podsDir.length + 1);
+    return `${this.#o.podsDir}/${rest.slice(0, rest.indexOf("/"))}`;
+  }
+
+  /** Binds each containerDisk from its container into the launcher (see `ContainerDiskMounts`). */
+  async prepareDisks(vmi: VirtualMachineInstance): Promise<"ready" | "notReady"> {
+    if (!(vmi.spec.volumes ?? []).some((v) => v.containerDisk)) return "ready";
+    const socket = await this.socketOf(vmi);
+    if (!socket) return "notReady";
+    const pid = this.#pipes.launcherPid(socket);
+    const done = await this.#disks.mount(vmi, this.#podDir(socket), pid);
+    return done === "mounted" ? "ready" : "notReady";
+  }
+
   /**
    * The launcher pod's network namespace (`/proc/<launcher pid>/ns/net`, the launcher found
    * from its socket's peer credentials) and its `/var/run/kubevirt-private`, opened inside
@@ -180,6 +201,7 @@ export class PodLaunchers implements LauncherProvider {
   /** Closes the pod's notify pipe; the pod ends with the VMI, by virt-controller and the kubelet. */
   async stop(vmi: VirtualMachineInstance): Promise<void> {
     this.#claimed.delete(vmi.metadata.uid!);
+    await this.#disks.unmount(vmi.metadata.uid!);
     await this.#pipes.close(vmi.metadata.uid!);
   }
 

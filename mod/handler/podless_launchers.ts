@@ -256,6 +256,11 @@ export class PodlessLaunchers implements LauncherProvider {
     }
   }
 
+  /** Nothing: the launcher host reads the disks (containerDisks come from the store at start). */
+  prepareDisks(): Promise<"ready"> {
+    return Promise.resolve("ready");
+  }
+
   /**
    * The VM's pod: a network namespace of its own from the CNI plugins (made now, once),
    * the VMI's run directory as the launcher's private directory, and its taps made in the

@@ -15,7 +15,7 @@ import { buildImageArchive } from "../../deploy/node/oci.ts";
 const BUILD = new URL("../../deploy/guest/build.sh", import.meta.url).pathname;
 
 /** The containerDisk image name the test guest goes by in an image directory. */
-export const GUEST_IMAGE = "virtnode/test-guest";
+export const GUEST_IMAGE = "virtnode.local/test-guest:1";
 
 let built: Promise<string> | undefined;
 
@@ -42,7 +42,11 @@ export function testGuestImage(): Promise<string> {
  */
 export async function testGuestOciArchive(): Promise<string> {
   const image = await testGuestImage();
-  const archive = join(image, "..", "guest-oci.tar");
+  const archive = join(
+    image,
+    "..",
+    `guest-oci-${GUEST_IMAGE.replace(/[^A-Za-z0-9._-]/g, "_")}.tar`,
+  );
   if (await Deno.stat(archive).then(() => true, () => false)) return archive;
   const root = await Deno.makeTempDir({ prefix: "virtnode-guest-oci-" });
   try {
@@ -51,7 +55,7 @@ export async function testGuestOciArchive(): Promise<string> {
     await Deno.chmod(join(root, "disk", "guest.img"), 0o444);
     const partial = `${archive}.${crypto.randomUUID().slice(0, 8)}`;
     await buildImageArchive(
-      { name: `${GUEST_IMAGE}:latest`, root, entrypoint: ["/disk-has-no-program"] },
+      { name: GUEST_IMAGE, root, entrypoint: ["/disk-has-no-program"] },
       partial,
     );
     await Deno.rename(partial, archive);

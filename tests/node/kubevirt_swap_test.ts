@@ -39,7 +39,7 @@ import {
 } from "../../deploy/node/daemonsets.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
 import { kubeClient, waitFor } from "../helpers/handler_process.ts";
-import { httpGet, parseLease, testGuestImage } from "../helpers/guest.ts";
+import { GUEST_IMAGE, httpGet, parseLease, testGuestOciArchive } from "../helpers/guest.ts";
 
 const REPO = new URL("../../", import.meta.url).pathname;
 
@@ -70,15 +70,10 @@ interface NodeObject {
 type Handler = "virtnode" | "virt-handler";
 
 /**
- * A user's VMI that boots the test guest from a disk image on the node (KubeVirt's
- * `hostDisk`, read-only) with its one interface on the pod network.
+ * A user's VMI that boots the test guest from its containerDisk (the OCI image imported into
+ * the node's containerd) with its one interface on the pod network.
  */
-function networkVmi(
-  name: string,
-  cpuModel: string,
-  binding: "bridge" | "masquerade",
-  disk: string,
-) {
+function networkVmi(name: string, cpuModel: string, binding: "bridge" | "masquerade") {
   const vmi = userVmi(name, cpuModel);
   return {
     ...vmi,
@@ -88,12 +83,12 @@ function networkVmi(
         ...vmi.spec.domain,
         memory: { guest: "128Mi" },
         devices: {
-          disks: [{ name: "boot", disk: { bus: "virtio", readonly: true } }],
+          disks: [{ name: "boot", disk: { bus: "virtio" } }],
           interfaces: [{ name: "default", [binding]: {} }],
         },
       },
       networks: [{ name: "default", pod: {} }],
-      volumes: [{ name: "boot", hostDisk: { path: disk, type: "Disk" } }],
+      volumes: [{ name: "boot", containerDisk: { image: GUEST_IMAGE, imagePullPolicy: "Never" } }],
     },
   };
 }
@@ -241,20 +236,17 @@ async function journey(handler: Handler): Promise<void> {
       `vm-a deleted, its pod gone ${(deleteToPodGone / 1000).toFixed(2)} s after kubectl delete`,
     );
 
-    // The pod network: the test guest, booted from a disk image on the node, gets its
+    // The pod network: the test guest, booted from its containerDisk, gets its
     // address by DHCP from the launcher inside its pod and answers HTTP on the pod's IP,
     // through masquerade and with bridge binding.
     const netStarted = performance.now();
-    const disk = join(node.dir, "guest", "guest.img");
-    await Deno.mkdir(join(node.dir, "guest"), { mode: 0o755 });
-    await Deno.copyFile(await testGuestImage(), disk);
-    await Deno.chmod(disk, 0o644);
+    await node.importImage(await testGuestOciArchive());
     const bindings = ["masquerade", "bridge"] as const;
     for (const binding of bindings) {
       await kubectl(
         kc,
         ["apply", "-f", "-"],
-        JSON.stringify(networkVmi(`vm-${binding}`, cpuModel, binding, disk)),
+        JSON.stringify(networkVmi(`vm-${binding}`, cpuModel, binding)),
       );
     }
     for (const binding of bindings) {

@@ -62,6 +62,7 @@ function doubles(standsInForController = true): Doubles {
       return Promise.resolve();
     },
     adoptable: () => [],
+    prepareDisks: () => Promise.resolve("ready"),
     podNetwork: () => Promise.resolve(undefined),
     releasePodNetwork: () => {
       calls.push("provider.releasePodNetwork");

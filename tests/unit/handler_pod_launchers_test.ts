@@ -28,6 +28,7 @@ async function setup() {
     ghosts,
     podsDir,
     notifySocket: `${dir}/domain-notify.sock`,
+    mountRecordDir: `${dir}/mounts`,
   });
   return { dir, podsDir, pods, socket: `${podsDir}/${SOCKETS}/launcher-sock` };
 }
