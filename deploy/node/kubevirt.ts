@@ -138,7 +138,8 @@ export async function startKubevirt(
     await createKubevirtCr(
       cluster.kubeconfigPath,
       dir,
-      useEmulation ? { useEmulation: true } : {},
+      // HostDisk: the yardstick's network guests boot from a disk image on the node.
+      { ...(useEmulation ? { useEmulation: true } : {}), featureGates: ["HostDisk"] },
       // No CPU model is obsolete: where KVM is only kvm-pvm, KubeVirt's labeller reads the
       // KVM capabilities, which offer no named model and a host model (kvm64) on the
       // default obsolete list, and no VMI could be placed (deploy/node/daemonsets.ts).

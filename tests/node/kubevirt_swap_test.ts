@@ -39,7 +39,13 @@ import {
 } from "../../deploy/node/daemonsets.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
 import { kubeClient, waitFor } from "../helpers/handler_process.ts";
-import { GUEST_IMAGE, httpGet, parseLease, testGuestOciArchive } from "../helpers/guest.ts";
+import {
+  GUEST_IMAGE,
+  httpGet,
+  parseLease,
+  testGuestImage,
+  testGuestOciArchive,
+} from "../helpers/guest.ts";
 
 const REPO = new URL("../../", import.meta.url).pathname;
 
@@ -70,10 +76,17 @@ interface NodeObject {
 type Handler = "virtnode" | "virt-handler";
 
 /**
- * A user's VMI that boots the test guest from its containerDisk (the OCI image imported into
- * the node's containerd) with its one interface on the pod network.
+ * A user's VMI that boots the test guest with its one interface on the pod network: from its
+ * containerDisk (the OCI image imported into the node's containerd), or from a disk image on
+ * the node (`hostDisk`, read-only) for KubeVirt's own handler, which looks for launcher pods
+ * below `/var/lib/kubelet` of the host's root only, where this test node has none.
  */
-function networkVmi(name: string, cpuModel: string, binding: "bridge" | "masquerade") {
+function networkVmi(
+  name: string,
+  cpuModel: string,
+  binding: "bridge" | "masquerade",
+  hostDisk?: string,
+) {
   const vmi = userVmi(name, cpuModel);
   return {
     ...vmi,
@@ -83,12 +96,20 @@ function networkVmi(name: string, cpuModel: string, binding: "bridge" | "masquer
         ...vmi.spec.domain,
         memory: { guest: "128Mi" },
         devices: {
-          disks: [{ name: "boot", disk: { bus: "virtio" } }],
+          disks: [{
+            name: "boot",
+            disk: { bus: "virtio", ...(hostDisk ? { readonly: true } : {}) },
+          }],
           interfaces: [{ name: "default", [binding]: {} }],
         },
       },
       networks: [{ name: "default", pod: {} }],
-      volumes: [{ name: "boot", containerDisk: { image: GUEST_IMAGE, imagePullPolicy: "Never" } }],
+      volumes: [{
+        name: "boot",
+        ...(hostDisk
+          ? { hostDisk: { path: hostDisk, type: "Disk" } }
+          : { containerDisk: { image: GUEST_IMAGE, imagePullPolicy: "Never" } }),
+      }],
     },
   };
 }
@@ -241,12 +262,18 @@ async function journey(handler: Handler): Promise<void> {
     // through masquerade and with bridge binding.
     const netStarted = performance.now();
     await node.importImage(await testGuestOciArchive());
+    const hostDisk = handler === "virt-handler" ? join(node.dir, "guest", "guest.img") : undefined;
+    if (hostDisk) {
+      await Deno.mkdir(join(node.dir, "guest"), { mode: 0o755 });
+      await Deno.copyFile(await testGuestImage(), hostDisk);
+      await Deno.chmod(hostDisk, 0o644);
+    }
     const bindings = ["masquerade", "bridge"] as const;
     for (const binding of bindings) {
       await kubectl(
         kc,
         ["apply", "-f", "-"],
-        JSON.stringify(networkVmi(`vm-${binding}`, cpuModel, binding)),
+        JSON.stringify(networkVmi(`vm-${binding}`, cpuModel, binding, hostDisk)),
       );
     }
     for (const binding of bindings) {
