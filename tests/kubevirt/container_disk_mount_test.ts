@@ -31,11 +31,11 @@ function vmi(uid: string, path?: string): VirtualMachineInstance {
 }
 
 /** Starts a process with its own mount namespace and `root` as its root; gives its PID. */
-async function rooted(
+function rooted(
   root: string,
   binds: [string, string][],
   program: string[],
-): Promise<Deno.ChildProcess> {
+): Deno.ChildProcess {
   const q = (s: string) => `'${s.replaceAll("'", `'\\''`)}'`;
   const script = [
     "set -e",
@@ -103,12 +103,12 @@ async function world(
   }
   await Deno.copyFile("/bin/busybox", join(launcherRoot, "bin/busybox"));
   await plant({ containerRoot, launcherRoot, podDir });
-  const container = await rooted(containerRoot, [[join(podDir, VOLUME), shared]], [
+  const container = rooted(containerRoot, [[join(podDir, VOLUME), shared]], [
     "/usr/bin/container-disk",
     "--copy-path",
     `${shared}/disk_1`,
   ]);
-  const launcher = await rooted(launcherRoot, [], ["/bin/busybox", "sleep", "600"]);
+  const launcher = rooted(launcherRoot, [], ["/bin/busybox", "sleep", "600"]);
   try {
     await waitFor(
       "the container-disk socket",
