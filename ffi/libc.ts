@@ -477,6 +477,16 @@ export function peerCredentials(fd: number): PeerCredentials {
   return { pid: cred[0], uid: cred[1] >>> 0, gid: cred[2] >>> 0 };
 }
 
+/** The PID of the process listening on the unix socket at `path` (`SO_PEERCRED` of a connection). */
+export function listenerPid(path: string): number {
+  const fd = connectUnix(path);
+  try {
+    return peerCredentials(fd).pid;
+  } finally {
+    close(fd);
+  }
+}
+
 /** Returns the mount namespace identity of a process, e.g. `mnt:[4026531841]`. */
 export function mountNamespaceOf(pid: number | "self" | "thread-self" = "self"): string {
   return Deno.readLinkSync(`/proc/${pid}/ns/mnt`);

@@ -26,12 +26,10 @@
 import { join } from "node:path";
 import {
   bindContainerFileInChild,
-  close,
-  connectUnix,
+  listenerPid,
   mountNamespaceOf,
   openDirectoryInRoot,
   openSocketBeneath,
-  peerCredentials,
   processStartTime,
   runInMountNamespace,
 } from "../../ffi/mod.ts";
@@ -203,12 +201,7 @@ function serverPid(podDir: string, socket: string): number | undefined {
     return undefined; // not there (yet)
   }
   try {
-    const fd = connectUnix(target.path);
-    try {
-      return peerCredentials(fd).pid;
-    } finally {
-      close(fd);
-    }
+    return listenerPid(target.path);
   } catch {
     return undefined; // not accepting yet
   } finally {

@@ -18,12 +18,10 @@
  */
 import {
   type BeneathDirectory,
-  close,
-  connectUnix,
+  listenerPid,
   mountNamespaceOf,
   openDirectoryInRoot,
   openSocketBeneath,
-  peerCredentials,
 } from "../../ffi/mod.ts";
 import { Paths, SocketNames } from "../api/mod.ts";
 import { getLogger } from "../log/mod.ts";
@@ -145,17 +143,11 @@ export class NotifyPipes {
     await Promise.all([...this.#pipes.keys()].map((uid) => this.close(uid)));
   }
 
-  /** The PID of the process listening on the launcher's socket. */
   /** The process listening on a launcher socket (`SO_PEERCRED` of a connection to it). */
   launcherPid(launcherSocket: string): number {
     const target = this.#o.dialResolver(launcherSocket);
     try {
-      const fd = connectUnix(target.path);
-      try {
-        return peerCredentials(fd).pid;
-      } finally {
-        close(fd);
-      }
+      return listenerPid(target.path);
     } finally {
       target.release();
     }
