@@ -49,6 +49,11 @@ const LIBC_SYMBOLS = {
   fstat: { parameters: [I, B], result: I },
   fchdir: { parameters: [I], result: I },
   statx: { parameters: [I, B, I, U, B], result: I },
+  ftruncate: { parameters: [I, "i64"], result: I },
+  fchmod: { parameters: [I, U], result: I },
+  fstatfs: { parameters: [I, B], result: I },
+  renameat2: { parameters: [I, B, I, B, U], result: I },
+  mknodat: { parameters: [I, B, U, "u64"], result: I },
   open_tree: { name: "syscall", parameters: ["i64", "i64", B, "u64"], result: "i64" },
   move_mount: {
     name: "syscall",
@@ -912,6 +917,94 @@ export function writeFileBeneath(
   }
 }
 
+/** Options of {@linkcode createFileBeneath}. */
+export interface CreateBeneathOptions {
+  /** The file's length: a sparse file of this many bytes (0 unless told). */
+  size?: number;
+  /** The file's mode; 0o600 unless told. */
+  mode?: number;
+  /** The file's owner; the caller's unless told. */
+  owner?: { uid: number; gid: number };
+}
+
+/**
+ * Creates `name` in the directory `dir` (a path the caller trusts, e.g. a
+ * {@linkcode openDirectoryInRoot} result) whole or not at all, and never over anything
+ * there: a new file is made beside it without following any symlink (`O_EXCL` beneath
+ * `dir`), sized (`ftruncate`, sparse), given its owner through its descriptor, and renamed to
+ * `name` only if nothing has that name (`renameat2(RENAME_NOREPLACE)`). Returns false, with
+ * nothing changed, when `name` exists (a file, a directory or a planted symlink alike).
+ */
+export function createFileBeneath(
+  dir: string,
+  name: string,
+  options: CreateBeneathOptions = {},
+): boolean {
+  if (name.includes("/") || name === "." || name === "..") {
+    throw new Error(`Invalid file name ${JSON.stringify(name)}`);
+  }
+  const temp = `.${name}.${crypto.randomUUID().slice(0, 8)}.tmp`;
+  const dirFd = openRoot(dir);
+  try {
+    const fd = openBeneath(dirFd, temp, {
+      flags: O_WRONLY | 0o100 /* O_CREAT */ | 0o200, /* O_EXCL */
+      mode: options.mode ?? 0o600,
+    });
+    let renamed = false;
+    try {
+      check(c().ftruncate(fd, BigInt(options.size ?? 0)), `Cannot size "${name}"`);
+      // The mode as asked, whatever the process's umask.
+      check(c().fchmod(fd, options.mode ?? 0o600), `Cannot set the mode of "${name}"`);
+      if (options.owner) fchownat(fd, "", options.owner, AT_EMPTY_PATH);
+      const rc = c().renameat2(dirFd, cpath(temp), dirFd, cpath(name), 1 /* RENAME_NOREPLACE */);
+      if (rc < 0) {
+        const error = errnoError(`Cannot rename to "${name}"`);
+        if (error.code === "EEXIST") return false;
+        throw error;
+      }
+      renamed = true;
+      return true;
+    } finally {
+      c().close(fd);
+      if (!renamed) {
+        try {
+          Deno.removeSync(`${dir}/${temp}`);
+        } catch { /* never created, or gone */ }
+      }
+    }
+  } finally {
+    close(dirFd);
+  }
+}
+
+/** The bytes an unprivileged user may still write on the file system of `fd` (`fstatfs(2)`). */
+export function availableBytes(fd: number): bigint {
+  const buf = new Uint8Array(120); // x86_64 struct statfs
+  check(c().fstatfs(fd, buf), `Cannot read the file system of descriptor ${fd}`);
+  const view = new DataView(buf.buffer);
+  return view.getBigUint64(8, true) /* f_bsize */ * view.getBigUint64(32, true); /* f_bavail */
+}
+
+/**
+ * Makes the block device node `name` in the directory `dir` (a path the caller trusts) for
+ * the device `rdev` (`st_rdev`), with `mode`'s permission bits, never following a symlink
+ * (`mknodat` fails with EEXIST on anything already there).
+ */
+export function mknodBlockBeneath(dir: string, name: string, rdev: bigint, mode: number): void {
+  if (name.includes("/") || name === "." || name === "..") {
+    throw new Error(`Invalid file name ${JSON.stringify(name)}`);
+  }
+  const dirFd = openRoot(dir);
+  try {
+    check(
+      c().mknodat(dirFd, cpath(name), 0o060000 /* S_IFBLK */ | (mode & 0o777), rdev),
+      `Cannot make the block device "${name}"`,
+    );
+  } finally {
+    close(dirFd);
+  }
+}
+
 const SYS_OPEN_TREE = 428;
 const SYS_MOVE_MOUNT = 429;
 const SYS_MOUNT_SETATTR = 442;
@@ -921,8 +1014,10 @@ const MOVE_MOUNT_T_EMPTY_PATH = 0x40;
 const MOUNT_ATTR_RDONLY = 0x1;
 const UMOUNT_NOFOLLOW = 0x8;
 
-/** `st_dev` and `st_ino` of a descriptor (`fstat(2)`; x86_64's `struct stat`). */
-export function fileIdentity(fd: number): { dev: bigint; ino: bigint; mode: number } {
+/** `st_dev`, `st_ino`, mode, owner and `st_rdev` of a descriptor (`fstat(2)`; x86_64's `struct stat`). */
+export function fileIdentity(
+  fd: number,
+): { dev: bigint; ino: bigint; mode: number; uid: number; gid: number; rdev: bigint } {
   const st = new Uint8Array(144);
   check(c().fstat(fd, st), `Cannot stat file descriptor ${fd}`);
   const view = new DataView(st.buffer);
@@ -930,6 +1025,9 @@ export function fileIdentity(fd: number): { dev: bigint; ino: bigint; mode: numb
     dev: view.getBigUint64(0, true),
     ino: view.getBigUint64(8, true),
     mode: view.getUint32(24, true),
+    uid: view.getUint32(28, true),
+    gid: view.getUint32(32, true),
+    rdev: view.getBigUint64(40, true),
   };
 }
 

@@ -361,6 +361,34 @@ export interface HostDisk {
   shared?: boolean;
 }
 
+/** `spec.volumes[].persistentVolumeClaim`. */
+export interface ClaimVolumeSource {
+  /** The claim's name, in the VMI's namespace. */
+  claimName: string;
+  /** Whether the pod mounts the claim read-only. */
+  readOnly?: boolean;
+  /** Whether the volume is hotplugged rather than part of the pod. */
+  hotpluggable?: boolean;
+}
+
+/** `status.volumeStatus[].persistentVolumeClaimInfo`, as virt-controller writes it. */
+export interface ClaimInfo {
+  /** The claim's name. */
+  claimName?: string;
+  /** The claim's access modes, e.g. `ReadWriteOnce`. */
+  accessModes?: string[];
+  /** `Filesystem` or `Block`. */
+  volumeMode?: string;
+  /** The bound volume's capacity (the claim's status). */
+  capacity?: Record<string, Quantity>;
+  /** What the claim requests (its spec). */
+  requests?: Record<string, Quantity>;
+  /** Whether the claim's data was preallocated. */
+  preallocated?: boolean;
+  /** The share of a filesystem volume its file system takes, e.g. `"0.055"`. */
+  filesystemOverhead?: string;
+}
+
 /** `spec.volumes[].cloudInitNoCloud` and `cloudInitConfigDrive`. */
 export interface CloudInitSource {
   /** The user data, as text. */
@@ -391,10 +419,10 @@ export interface Volume {
   cloudInitNoCloud?: CloudInitSource;
   /** A cloud-init ConfigDrive data source. */
   cloudInitConfigDrive?: CloudInitSource;
-  /** A PersistentVolumeClaim. */
-  persistentVolumeClaim?: unknown;
-  /** A CDI DataVolume. */
-  dataVolume?: unknown;
+  /** A PersistentVolumeClaim, as the kubelet mounts it into the launcher pod. */
+  persistentVolumeClaim?: ClaimVolumeSource;
+  /** A CDI DataVolume: its PersistentVolumeClaim has the DataVolume's name. */
+  dataVolume?: { name: string; hotpluggable?: boolean };
   /** A PersistentVolumeClaim under a copy-on-write overlay discarded when the VMI stops. */
   ephemeral?: unknown;
   /** A ConfigMap, given to the guest as a disk. */
@@ -524,7 +552,7 @@ export interface VolumeStatus {
   /** The pod a hotplugged volume is attached through. */
   hotplugVolume?: { attachPodName?: string; attachPodUID?: string };
   /** The claim's access modes, capacity and volume mode. */
-  persistentVolumeClaimInfo?: unknown;
+  persistentVolumeClaimInfo?: ClaimInfo;
 }
 
 /** `status.migrationState`. */

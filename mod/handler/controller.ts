@@ -551,8 +551,13 @@ export class VmiController {
     const notReady = requeueAfter(this.#d.provider.notReadyRequeueMs, "launcher not ready");
     // KubeVirt's order: containerDisks, hotplug volumes (not yet), network, then the sync.
     let network: PodNetworkTarget | undefined;
+    const forLauncher = this.#d.provider.forLauncher(vmi);
     if (!alive) {
-      if ((await this.#d.provider.prepareDisks(vmi)) === "notReady") return notReady;
+      const record = (type: "Normal" | "Warning", reason: string, message: string) =>
+        this.#record(vmi, type, reason, message);
+      if ((await this.#d.provider.prepareDisks(forLauncher, record)) === "notReady") {
+        return notReady;
+      }
       const built = await this.#setupNetwork(vmi);
       if (built === "notReady") return notReady;
       network = built;
@@ -588,7 +593,7 @@ export class VmiController {
     }
     if (alive && this.#synced.get(uid) === spec) return DONE;
     this.#topology ??= hostTopology();
-    await client.syncVirtualMachine(vmi, virtualMachineOptions(vmi, this.#topology));
+    await client.syncVirtualMachine(forLauncher, virtualMachineOptions(vmi, this.#topology));
     await this.#afterStart(vmi, network);
     if (!domain) {
       this.#record(vmi, "Normal", EventReason.Created, "VirtualMachineInstance defined.");

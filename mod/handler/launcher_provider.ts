@@ -21,6 +21,13 @@ import type { GhostRecordStore } from "./ghost_records.ts";
 import type { DialResolver } from "./launcher_clients.ts";
 
 /** What {@linkcode LauncherProvider.start} found. */
+/** Records an Event about the VMI whose disks are being prepared. */
+export type DiskEventRecorder = (
+  type: "Normal" | "Warning",
+  reason: string,
+  message: string,
+) => void;
+
 export type LauncherStart =
   /**
    * The launcher exists (or is starting); its cmd socket is or will be here. `synced` is
@@ -67,7 +74,16 @@ export interface LauncherProvider extends Runnable {
    * defined (KubeVirt mode: containerDisks bound from their containers into the launcher);
    * `notReady` while the pod's containers have not started yet.
    */
-  prepareDisks(vmi: VirtualMachineInstance): Promise<"ready" | "notReady">;
+  prepareDisks(
+    vmi: VirtualMachineInstance,
+    record: DiskEventRecorder,
+  ): Promise<"ready" | "notReady">;
+  /**
+   * The VMI as the launcher gets it (KubeVirt mode: filesystem claims become the host
+   * disks KubeVirt's launcher reads); `prepareDisks` and the sync get this. May throw a
+   * volume error naming the field.
+   */
+  forLauncher(vmi: VirtualMachineInstance): VirtualMachineInstance;
   /**
    * Where the VMI's pod network is: its namespace, the launcher's private directory, the
    * owner of what is made there (pod-less: the namespace is made now, with its address).

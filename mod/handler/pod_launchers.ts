@@ -31,6 +31,13 @@ import { claimLauncherDevices } from "./device_ownership.ts";
 import type { GhostRecordStore } from "./ghost_records.ts";
 import type { DialResolver } from "./launcher_clients.ts";
 import {
+  claimInfoOf,
+  prepareHostDisks,
+  replaceClaimsByHostDisks,
+  TOLERATED_LESS_SPACE_PERCENT,
+} from "../storage/mod.ts";
+import {
+  type DiskEventRecorder,
   type LauncherProvider,
   launchersOfGhostRecords,
   type LauncherStart,
@@ -167,14 +174,57 @@ export class PodLaunchers implements LauncherProvider {
     return `${this.#o.podsDir}/${rest.slice(0, rest.indexOf("/"))}`;
   }
 
-  /** Binds each containerDisk from its container into the launcher (see `ContainerDiskMounts`). */
-  async prepareDisks(vmi: VirtualMachineInstance): Promise<"ready" | "notReady"> {
-    if (!(vmi.spec.volumes ?? []).some((v) => v.containerDisk)) return "ready";
+  /**
+   * Binds each containerDisk from its container into the launcher (see
+   * `ContainerDiskMounts`), then creates the missing images of its host disks and filesystem
+   * claims and hands its disks to a non-root runtime user (see `prepareHostDisks`); `vmi` is
+   * {@linkcode PodLaunchers.forLauncher}'s.
+   */
+  async prepareDisks(
+    vmi: VirtualMachineInstance,
+    record: DiskEventRecorder,
+  ): Promise<"ready" | "notReady"> {
+    const volumes = vmi.spec.volumes ?? [];
+    const runtimeUser = vmi.status?.runtimeUser ?? 0;
+    const containerDisks = volumes.some((v) => v.containerDisk);
+    const hostDisks = volumes.some((v) =>
+      v.hostDisk?.type === "DiskOrCreate" ||
+      (runtimeUser !== 0 && claimInfoOf(vmi, v.name)?.volumeMode === "Block")
+    );
+    if (!containerDisks && !hostDisks) return "ready";
     const socket = await this.socketOf(vmi);
     if (!socket) return "notReady";
     const pid = this.#pipes.launcherPid(socket);
-    const done = await this.#disks.mount(vmi, this.#podDir(socket), pid);
-    return done === "mounted" ? "ready" : "notReady";
+    if (containerDisks) {
+      const done = await this.#disks.mount(vmi, this.#podDir(socket), pid);
+      if (done !== "mounted") return "notReady";
+    }
+    if (hostDisks) {
+      const done = prepareHostDisks(vmi, { root: `/proc/${pid}/root`, runtimeUser });
+      for (const t of done.tolerated) {
+        record(
+          "Normal",
+          "ToleratedSmallPV",
+          `PV size too small: expected ${t.expected} B, found ${t.found} B. Using it anyway, ` +
+            `it is within ${TOLERATED_LESS_SPACE_PERCENT} % toleration`,
+        );
+      }
+      if (done.created.length > 0 || done.chowned.length > 0) {
+        log.info("Host disks prepared in the launcher pod", {
+          namespace: vmi.metadata.namespace,
+          name: vmi.metadata.name,
+          uid: vmi.metadata.uid,
+          created: done.created,
+          chowned: done.chowned,
+        });
+      }
+    }
+    return "ready";
+  }
+
+  /** Filesystem claims as the host disks KubeVirt's launcher reads (`replaceClaimsByHostDisks`). */
+  forLauncher(vmi: VirtualMachineInstance): VirtualMachineInstance {
+    return replaceClaimsByHostDisks(vmi);
   }
 
   /**

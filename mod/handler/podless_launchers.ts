@@ -261,6 +261,11 @@ export class PodlessLaunchers implements LauncherProvider {
     return Promise.resolve("ready");
   }
 
+  /** The VMI as it is: virtnode's launcher host reads its volumes itself. */
+  forLauncher(vmi: VirtualMachineInstance): VirtualMachineInstance {
+    return vmi;
+  }
+
   /**
    * The VM's pod: a network namespace of its own from the CNI plugins (made now, once),
    * the VMI's run directory as the launcher's private directory, and its taps made in the

@@ -219,7 +219,13 @@ export function interfacesFromDomain(
   return [...out.filter((o) => o.onPod), ...out.filter((o) => !o.onPod)].map((o) => o.entry);
 }
 
-/** `status.volumeStatus` for the VMI's volumes that the domain has as disks. */
+/**
+ * `status.volumeStatus` with each volume's disk target from the domain. virt-controller
+ * writes the entries (claim info, hotplug phases) and the handler only fills `target`, as
+ * KubeVirt's does: the list is replaced whole by a status patch, so every entry and field
+ * already there is kept. A volume the domain has a disk for and no entry names yet (pod-less
+ * mode, where no virt-controller runs) gets one. Sorted by name, as virt-controller sorts.
+ */
 export function volumeStatusFromDomain(
   vmi: VirtualMachineInstance,
   domain: Domain,
@@ -229,12 +235,16 @@ export function volumeStatusFromDomain(
     const name = stripAlias(disk.alias?.name);
     if (name && disk.target.dev) targets.set(name, disk.target.dev);
   }
-  const out: VolumeStatus[] = [];
+  const byName = new Map<string, VolumeStatus>();
+  for (const entry of vmi.status?.volumeStatus ?? []) {
+    const target = targets.get(entry.name);
+    byName.set(entry.name, target ? { ...entry, target } : { ...entry });
+  }
   for (const v of vmi.spec.volumes ?? []) {
     const target = targets.get(v.name);
-    if (target) out.push({ name: v.name, target });
+    if (target && !byName.has(v.name)) byName.set(v.name, { name: v.name, target });
   }
-  return out;
+  return [...byName.values()].sort((a, b) => a.name < b.name ? -1 : a.name > b.name ? 1 : 0);
 }
 
 /** What the phase of a VMI depends on: a subset of {@linkcode StatusInput}. */

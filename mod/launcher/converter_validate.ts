@@ -79,8 +79,9 @@ const BINDING_HINT = "virtnode connects guests to the pod network with the bridg
 // Why a field without a hint of its own is refused rather than ignored.
 const NOT_CONVERTED = "virtnode does not turn this field into the domain yet, and leaving it " +
   "out would run a different VM than the one asked for";
-const STORAGE_HINT = "persistent volumes are not supported yet: use containerDisk, emptyDisk, " +
-  "hostDisk or cloud-init volumes";
+const STORAGE_HINT = "claims are mounted by the kubelet into a launcher pod (KubeVirt mode); " +
+  "a pod-less node has none: use a hostDisk below the handler's --host-disk-root, or a " +
+  "containerDisk, emptyDisk or cloud-init volume";
 const HOST_DEVICE_HINT = "host devices need their device plugins and passthrough, which " +
   "virtnode does not do yet";
 

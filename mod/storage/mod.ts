@@ -22,3 +22,20 @@ export {
   openLayout,
   walkTar,
 } from "./oci.ts";
+export {
+  claimImageSize,
+  claimInfoOf,
+  claimNameOf,
+  DISK_IMAGE,
+  isHotplugVolume,
+  MINIMUM_RESERVE_BYTES,
+  type PreparedHostDisks,
+  prepareHostDisks,
+  type PrepareHostDisksOptions,
+  QEMU_USER,
+  replaceClaimsByHostDisks,
+  TOLERATED_LESS_SPACE_PERCENT,
+  type ToleratedDisk,
+  VMI_DISKS_DIR,
+  VolumeError,
+} from "./host_disks.ts";

@@ -63,6 +63,7 @@ function doubles(standsInForController = true): Doubles {
     },
     adoptable: () => [],
     prepareDisks: () => Promise.resolve("ready"),
+    forLauncher: (vmi: VirtualMachineInstance) => vmi,
     podNetwork: () => Promise.resolve(undefined),
     releasePodNetwork: () => {
       calls.push("provider.releasePodNetwork");

@@ -290,3 +290,44 @@ Deno.test("computeStatus() reports the pod's IP on the pod network's interface, 
   );
   assert.equal(kubevirt.status.interfaces![0].podInterfaceName, "pod123");
 });
+
+Deno.test("computeStatus() fills each volume's target into virt-controller's volumeStatus, keeping its claim info and hotplug phase", () => {
+  const claim = {
+    claimName: "data",
+    accessModes: ["ReadWriteOnce"],
+    volumeMode: "Filesystem",
+    capacity: { storage: "1Gi" },
+  };
+  const v = vmi("Running", {
+    volumes: [
+      { name: "root", containerDisk: { image: "i" } },
+      { name: "data", persistentVolumeClaim: { claimName: "data" } },
+      { name: "hp", persistentVolumeClaim: { claimName: "hp" } },
+    ],
+  });
+  v.status!.volumeStatus = [
+    { name: "data", target: "", persistentVolumeClaimInfo: claim },
+    {
+      name: "hp",
+      target: "",
+      phase: "MountedToPod",
+      hotplugVolume: { attachPodName: "hp-volume-x", attachPodUID: "p" },
+    },
+  ];
+  const i = input(LifeCycle.Running);
+  i.domain!.spec.devices.disks = [
+    { alias: { name: "ua-data" }, target: { dev: "vdb" } },
+    { alias: { name: "ua-root" }, target: { dev: "vda" } },
+  ] as Domain["spec"]["devices"]["disks"];
+  const { status } = computeStatus(v, i);
+  assert.deepEqual(status.volumeStatus, [
+    { name: "data", target: "vdb", persistentVolumeClaimInfo: claim },
+    {
+      name: "hp",
+      target: "",
+      phase: "MountedToPod",
+      hotplugVolume: { attachPodName: "hp-volume-x", attachPodUID: "p" },
+    },
+    { name: "root", target: "vda" },
+  ]);
+});
