@@ -11,11 +11,13 @@
 #                 busybox's udhcpc and applies it (address, routes, MTU, DNS, search
 #                 list, host name; classless routes too),
 #               - writes what the lease said to /www/dhcp (key=value lines),
+#               - counts its boots on each blank or counted data disk (vdb, ...) in
+#                 the disk's first sector and lists the disks in /www/disks,
 #               - serves /www with busybox httpd on ports 80 and 8080, and answers
 #                 http://<guest>/cgi-bin/echo with the request's remote address,
 #               - prints "virtnode-guest: ready ip=<address>" on the serial console.
 #
-# The guest needs nothing writable: the disk can be attached read-only. It boots under
+# The guest needs nothing writable: the boot disk can be attached read-only. It boots under
 # KVM or software emulation (TCG) alike. Cached by key (this script and the package
 # versions) under $VIRTNODE_CACHE/guest/ (default ~/.cache/virtnode); prints the path of
 # guest.img.
@@ -38,6 +40,7 @@ MODULES=(
   drivers/net/virtio_net.ko
   drivers/net/ethernet/intel/e1000/e1000.ko
   drivers/char/virtio_console.ko
+  drivers/block/virtio_blk.ko
 )
 
 kernel_package=$(apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-[0-9].*-amd64\)$/\1/p' | head -1)
@@ -108,6 +111,26 @@ else
   # Ask until answered, once a second: the guest's tap may join its bridge after boot.
   udhcpc -i "$iface" -s /etc/lease -t 0 -T 1 -A 1 -b -O search -O staticroutes -O mtu -O hostname -O domain
 fi
+# Data disks: a virtio disk whose first sector is blank, or starts "virtnode-data <n>", gets
+# "virtnode-data <n+1>" written there and flushed; any other content (the boot disk) is left
+# alone. /www/disks lists each disk: "<name> <512-byte sectors> <n, - or readonly>".
+: >/www/disks
+for dir in /sys/block/vd*; do
+  [ -e "$dir" ] || continue
+  dev=${dir##*/}
+  count=-
+  head=$(dd if="/dev/$dev" bs=512 count=1 2>/dev/null | tr -d '\000')
+  case "$head" in
+    "") count=1 ;;
+    "virtnode-data "*) n=${head#virtnode-data }; n=${n%%[!0-9]*}; count=$((n + 1)) ;;
+  esac
+  if [ "$count" != - ]; then
+    printf 'virtnode-data %s\n' "$count" | dd of="/dev/$dev" bs=512 count=1 conv=sync,fsync 2>/dev/null ||
+      count=readonly
+  fi
+  echo "$dev $(cat "$dir/size") $count" >>/www/disks
+done
+echo "virtnode-guest: disks $(tr '\n' ';' </www/disks)"
 httpd -p 80 -h /www
 httpd -p 8080 -h /www
 echo "virtnode-guest: serving http on ports 80 and 8080"

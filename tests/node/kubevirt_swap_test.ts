@@ -328,6 +328,10 @@ async function journey(handler: Handler): Promise<void> {
       } s from apply to deleted`,
     );
 
+    if (handler === "virtnode") {
+      await storageJourney({ kc, node, cpuModel, getVmi, step });
+    }
+
     // A drain evicts the launcher pod (through virt-api's eviction webhook) cleanly.
     await kubectl(kc, ["apply", "-f", "-"], JSON.stringify(userVmi("vm-b", cpuModel)));
     const runningB = await waitFor("vm-b Running", async () => {
@@ -399,6 +403,164 @@ Deno.test(
   "node: the same journey with KubeVirt's own virt-handler DaemonSet, the yardstick",
   () => journey("virt-handler"),
 );
+
+/**
+ * Persistent volumes, as a user has them: a local PersistentVolume of a directory on the
+ * node (a filesystem claim) and one of a loop device (a block claim), each claimed and
+ * given to a VMI booting the test guest from its containerDisk. The guest counts its boots
+ * in the first sector of each data disk: after the VMI is deleted the count is on the node
+ * (in `disk.img` the handler created on the claim, and on the loop device), and the VMI
+ * recreated sees it and counts on.
+ */
+async function storageJourney(o: {
+  kc: string;
+  node: Awaited<ReturnType<typeof startNode>>;
+  cpuModel: string;
+  getVmi: (name: string) => Promise<Vmi | undefined>;
+  step: (what: string) => void;
+}): Promise<void> {
+  const { kc, node } = o;
+  const fsDir = join(node.dir, "pv-data");
+  await Deno.mkdir(fsDir, { mode: 0o755 });
+  const backing = join(node.dir, "pv-block.img");
+  const file = await Deno.open(backing, { create: true, write: true });
+  await file.truncate(32 * 1024 * 1024);
+  file.close();
+  const loop = (await command("losetup", ["-f", "--show", backing])).trim();
+  const pv = (name: string, path: string, block: boolean) => ({
+    apiVersion: "v1",
+    kind: "PersistentVolume",
+    metadata: { name },
+    spec: {
+      capacity: { storage: block ? "32Mi" : "64Mi" },
+      accessModes: ["ReadWriteOnce"],
+      persistentVolumeReclaimPolicy: "Retain",
+      storageClassName: "local",
+      ...(block ? { volumeMode: "Block" } : {}),
+      local: { path },
+      nodeAffinity: {
+        required: {
+          nodeSelectorTerms: [{
+            matchExpressions: [{
+              key: "kubernetes.io/hostname",
+              operator: "In",
+              values: [node.name],
+            }],
+          }],
+        },
+      },
+    },
+  });
+  const pvc = (name: string, volumeName: string, block: boolean) => ({
+    apiVersion: "v1",
+    kind: "PersistentVolumeClaim",
+    metadata: { name, namespace: "default" },
+    spec: {
+      storageClassName: "local",
+      volumeName,
+      accessModes: ["ReadWriteOnce"],
+      ...(block ? { volumeMode: "Block" } : {}),
+      resources: { requests: { storage: block ? "32Mi" : "64Mi" } },
+    },
+  });
+  try {
+    await kubectl(
+      kc,
+      ["apply", "-f", "-"],
+      JSON.stringify({
+        apiVersion: "v1",
+        kind: "List",
+        items: [
+          pv("pv-data", fsDir, false),
+          pv("pv-block", loop, true),
+          pvc("data", "pv-data", false),
+          pvc("block", "pv-block", true),
+        ],
+      }),
+    );
+    const base = networkVmi("vm-disks", o.cpuModel, "masquerade");
+    const vmi = {
+      ...base,
+      spec: {
+        ...base.spec,
+        domain: {
+          ...base.spec.domain,
+          devices: {
+            ...base.spec.domain.devices,
+            disks: [
+              ...base.spec.domain.devices.disks,
+              { name: "data", disk: { bus: "virtio" } },
+              { name: "block", disk: { bus: "virtio" } },
+            ],
+          },
+        },
+        volumes: [
+          ...base.spec.volumes,
+          { name: "data", persistentVolumeClaim: { claimName: "data" } },
+          { name: "block", persistentVolumeClaim: { claimName: "block" } },
+        ],
+      },
+    };
+    for (const boot of [1, 2]) {
+      await kubectl(kc, ["apply", "-f", "-"], JSON.stringify(vmi));
+      const running = await waitFor(`vm-disks Running with its pod IP (boot ${boot})`, async () => {
+        const v = await o.getVmi("vm-disks");
+        return v?.status?.phase === "Running" && v.status.interfaces?.[0]?.ipAddress
+          ? v
+          : undefined;
+      }, 180_000);
+      const ip = running.status!.interfaces![0].ipAddress!;
+      const disks = await waitFor(
+        `vm-disks's guest listing its disks on ${ip}`,
+        () => httpGet(`http://${ip}/disks`),
+        240_000,
+        1_000,
+      );
+      // vda boots; vdb is the filesystem claim's image (64 MiB), vdc the loop device.
+      const lines = disks.trim().split("\n").map((l) => l.split(" "));
+      assert.deepEqual(
+        lines.map(([dev, sectors, count]) => [dev, Number(sectors), count]).slice(1),
+        [["vdb", 64 * 2048, String(boot)], ["vdc", 32 * 2048, String(boot)]],
+        `the guest's disks: ${disks}`,
+      );
+      const statuses = (running.status as { volumeStatus?: VolumeStatusEntry[] }).volumeStatus;
+      const data = statuses?.find((s) => s.name === "data");
+      assert.equal(data?.target, "vdb", JSON.stringify(statuses));
+      assert.equal(data?.persistentVolumeClaimInfo?.claimName, "data", "virt-controller's info");
+      o.step(`vm-disks (boot ${boot}): the guest wrote its count ${boot} to both claims`);
+      await kubectl(kc, ["delete", "vmi", "vm-disks", "--wait=true", "--timeout=120s"]);
+      // The count is on the node once the VMI is gone.
+      const image = join(fsDir, "disk.img");
+      const st = await Deno.stat(image);
+      assert.equal(st.size, 64 * 1024 * 1024);
+      assert.equal(st.uid, 107, "QEMU's user owns the image the handler created");
+      for (const path of [image, backing]) {
+        const head = new TextDecoder().decode((await Deno.readFile(path)).subarray(0, 32));
+        assert.ok(head.startsWith(`virtnode-data ${boot}\n`), `${path}: ${JSON.stringify(head)}`);
+      }
+    }
+    o.step("vm-disks deleted and recreated: each claim kept what the guest wrote");
+  } finally {
+    await kubectl(kc, ["delete", "pvc", "data", "block", "--wait=true", "--timeout=60s"])
+      .catch(() => {});
+    await kubectl(kc, ["delete", "pv", "pv-data", "pv-block", "--wait=true", "--timeout=60s"])
+      .catch(() => {});
+    await command("losetup", ["-d", loop]).catch(() => {});
+  }
+}
+
+interface VolumeStatusEntry {
+  name: string;
+  target?: string;
+  persistentVolumeClaimInfo?: { claimName?: string };
+}
+
+async function command(cmd: string, args: string[]): Promise<string> {
+  const out = await new Deno.Command(cmd, { args, stdout: "piped", stderr: "piped" }).output();
+  const text = new TextDecoder();
+  if (!out.success) throw new Error(`${cmd} ${args.join(" ")}: ${text.decode(out.stderr)}`);
+  return text.decode(out.stdout);
+}
 
 /** Whether this kernel makes `dummy` links (KubeVirt's bridge binding needs them). */
 async function dummyLinks(): Promise<boolean> {
