@@ -311,14 +311,20 @@ class ControlPlane implements Cluster {
       "--authorization-mode=RBAC",
       "--allow-privileged=true",
       "--kubelet-preferred-address-types=InternalIP,Hostname",
-      // The aggregation layer's request-header settings, as kubeadm gives them: the
-      // apiserver publishes them in kube-system/extension-apiserver-authentication, and
-      // KubeVirt's virt-api will not start without them.
+      // The aggregation layer's settings, as kubeadm gives them: the apiserver publishes
+      // the request-header ones in kube-system/extension-apiserver-authentication (KubeVirt's
+      // virt-api will not start without them) and calls aggregated APIs with the client
+      // certificate.
       `--requestheader-client-ca-file=${path.join(this.dir, "front-proxy-ca.crt")}`,
       "--requestheader-allowed-names=front-proxy-client",
       "--requestheader-username-headers=X-Remote-User",
       "--requestheader-group-headers=X-Remote-Group",
       "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+      `--proxy-client-cert-file=${path.join(this.dir, "front-proxy-client.crt")}`,
+      `--proxy-client-key-file=${path.join(this.dir, "front-proxy-client.key")}`,
+      // Aggregated APIs are reached at their Service's endpoints (virt-api runs on this
+      // host), not through a cluster IP only a node's kube-proxy routes.
+      "--enable-aggregator-routing=true",
       `--audit-policy-file=${path.join(this.dir, "audit-policy.yaml")}`,
       `--audit-log-path=${this.auditLogPath}`,
     ];
@@ -458,6 +464,60 @@ class ControlPlane implements Cluster {
       throw new ClusterError(
         `Cannot make the front proxy's CA: ${new TextDecoder().decode(openssl.stderr)}`,
       );
+    }
+    // The aggregation layer's client certificate (`front-proxy-client`, as kubeadm names
+    // it), with which the apiserver calls aggregated APIs: KubeVirt's subresources.
+    const ext = path.join(this.dir, "front-proxy-client.ext");
+    await Deno.writeTextFile(ext, "extendedKeyUsage=clientAuth\n");
+    for (
+      const args of [
+        [
+          "req",
+          "-new",
+          "-newkey",
+          "ec",
+          "-pkeyopt",
+          "ec_paramgen_curve:prime256v1",
+          "-nodes",
+          "-subj",
+          "/CN=front-proxy-client",
+          "-keyout",
+          path.join(this.dir, "front-proxy-client.key"),
+          "-out",
+          path.join(this.dir, "front-proxy-client.csr"),
+        ],
+        [
+          "x509",
+          "-req",
+          "-in",
+          path.join(this.dir, "front-proxy-client.csr"),
+          "-CA",
+          path.join(this.dir, "front-proxy-ca.crt"),
+          "-CAkey",
+          path.join(this.dir, "front-proxy-ca.key"),
+          "-CAcreateserial",
+          "-days",
+          "7",
+          "-extfile",
+          ext,
+          "-out",
+          path.join(this.dir, "front-proxy-client.crt"),
+        ],
+      ]
+    ) {
+      const made = await new Deno.Command("openssl", {
+        args,
+        stdin: "null",
+        stdout: "null",
+        stderr: "piped",
+      }).output();
+      if (!made.success) {
+        throw new ClusterError(
+          `Cannot make the front proxy's client certificate: ${
+            new TextDecoder().decode(made.stderr)
+          }`,
+        );
+      }
     }
     await Deno.writeTextFile(
       path.join(this.dir, "tokens.csv"),

@@ -139,7 +139,11 @@ export async function startKubevirt(
       cluster.kubeconfigPath,
       dir,
       // HostDisk: the yardstick's network guests boot from a disk image on the node.
-      { ...(useEmulation ? { useEmulation: true } : {}), featureGates: ["HostDisk"] },
+      // HotplugVolumes: virt-api's addvolume and removevolume on a running VMI.
+      {
+        ...(useEmulation ? { useEmulation: true } : {}),
+        featureGates: ["HostDisk", "HotplugVolumes"],
+      },
       // No CPU model is obsolete: where KVM is only kvm-pvm, KubeVirt's labeller reads the
       // KVM capabilities, which offer no named model and a host model (kvm64) on the
       // default obsolete list, and no VMI could be placed (deploy/node/daemonsets.ts).

@@ -113,6 +113,11 @@ func run(namespace string) error {
 		validating.Webhooks[i].ClientConfig.CABundle = bundle
 	}
 	add(mutating, validating)
+	// virt-api's subresources (console, VNC, addvolume, ...) through the aggregation layer.
+	for _, service := range components.NewVirtAPIAPIServices(namespace) {
+		service.Spec.CABundle = bundle
+		add(service)
+	}
 	// What KubeVirt's own pods (virt-handler's among them) run at.
 	add(components.NewKubeVirtPriorityClassCR())
 
