@@ -1230,6 +1230,11 @@ export interface ContainerFileBind {
    * handler in a pod with the host's PID namespace); this process's own unless told.
    */
   hostPid?: number;
+  /**
+   * Resolve `sourcePath` in the container's own mount namespace, its volumes included (a
+   * claim the kubelet mounted into it), rather than in its root's file system only.
+   */
+  inContainerNamespace?: boolean;
 }
 
 /** The mount point in `mountinfo` whose mount holds `root` of `dev`, and the rest of `root` below it. */
@@ -1262,6 +1267,7 @@ function hostPathOf(mountinfo: string, dev: string, root: string): string | unde
  * target carried a mount already.
  */
 export function bindContainerFile(o: ContainerFileBind): boolean {
+  if (o.inContainerNamespace) return bindFromContainerNamespace(o);
   // Everything of the other namespaces is opened first, through this namespace's /proc:
   // PIDs name processes of this PID namespace, which another mount namespace's /proc may not show.
   const containerMounts = Deno.readTextFileSync(`/proc/${o.containerPid}/mountinfo`);
@@ -1293,5 +1299,34 @@ export function bindContainerFile(o: ContainerFileBind): boolean {
     close(targetNs);
     close(targetRoot);
     if (hostNs !== undefined) close(hostNs);
+  }
+}
+
+/**
+ * {@linkcode bindContainerFile} with the file resolved in the container's own mount
+ * namespace: the thread enters it (its root becomes the container's), clones the file there
+ * as if its root were `/`, then enters the target's namespace and attaches the clone.
+ */
+function bindFromContainerNamespace(o: ContainerFileBind): boolean {
+  const sourceNs = open(`/proc/${o.containerPid}/ns/mnt`, O_RDONLY | O_CLOEXEC);
+  const targetNs = open(`/proc/${o.targetPid}/ns/mnt`, O_RDONLY | O_CLOEXEC);
+  const targetRoot = openRoot(`/proc/${o.targetPid}/root`);
+  try {
+    unshare(CLONE_FS);
+    check(
+      c().setns(sourceNs, CLONE_NEWNS),
+      `Cannot enter the mount namespace of ${o.containerPid}`,
+    );
+    const tree = detachedBindMount("/", o.sourcePath, { readonly: o.readonly });
+    try {
+      check(c().setns(targetNs, CLONE_NEWNS), `Cannot enter the mount namespace of ${o.targetPid}`);
+      return attachMountBeneath(tree, targetRoot, o.targetDir, o.targetName);
+    } finally {
+      close(tree);
+    }
+  } finally {
+    close(sourceNs);
+    close(targetNs);
+    close(targetRoot);
   }
 }

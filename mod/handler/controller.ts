@@ -41,7 +41,13 @@ import {
 import type { LauncherProvider } from "./launcher_provider.ts";
 import { podNetworkPlan, type PodNetworks, type PodNetworkTarget } from "../network/mod.ts";
 import { FailRetryManager } from "./retry_manager.ts";
-import { computeStatus, EventReason, phaseChangeEvent, type StatusInput } from "./status.ts";
+import {
+  computeStatus,
+  EventReason,
+  phaseChangeEvent,
+  type StatusInput,
+  volumePhaseEvents,
+} from "./status.ts";
 import { gracePeriodSeconds } from "./_vmi.ts";
 import { hostTopology, type NumaCell, virtualMachineOptions } from "./vm_options.ts";
 
@@ -349,6 +355,9 @@ export class VmiController {
         now: new Date().toISOString(),
         syncError: syncError === undefined ? undefined : describe(syncError),
         podAddresses: await this.#d.networks.addresses(vmi),
+        hotplugMounted: vmi.status?.volumeStatus?.some((s) => s.hotplugVolume)
+          ? await this.#d.provider.hotplugMounted(vmi.metadata.uid!)
+          : undefined,
       });
       result = sooner(result, requeue);
       if (syncError === undefined && domainSeen === undefined) await this.#releaseFinalizer(vmi);
@@ -473,12 +482,17 @@ export class VmiController {
   async #updateStatus(vmi: VirtualMachineInstance, input: StatusInput): Promise<ReconcileResult> {
     let change: ReturnType<typeof computeStatus>["phaseChange"];
     let requeue = false;
+    let volumeEvents: ReturnType<typeof volumePhaseEvents> = [];
     const written = await this.#writeStatus(vmi, (s) => {
       const r = computeStatus({ ...vmi, status: s }, input);
       change = r.phaseChange;
       requeue = r.requeue;
+      volumeEvents = volumePhaseEvents(s?.volumeStatus, r.status.volumeStatus);
       return r.status;
     });
+    if (written) {
+      for (const ev of volumeEvents) this.#record(vmi, "Normal", ev.reason, ev.message);
+    }
     const key = vmiKey(vmi.metadata);
     if (written) log.debug("Status written", { key, phase: change?.to });
     if (written && change) {
@@ -545,13 +559,16 @@ export class VmiController {
     // The spec itself, not metadata.generation: KubeVirt's VMI CRD has no status
     // subresource, so every status write bumps the generation, and a Sync per status write
     // would call a launcher for nothing (and fail while its libvirt restarts).
-    const spec = JSON.stringify(vmi.spec);
     const alive = domain !== undefined && domain.status.status !== LifeCycle.Shutoff &&
       domain.status.status !== LifeCycle.Crashed;
     const notReady = requeueAfter(this.#d.provider.notReadyRequeueMs, "launcher not ready");
     // KubeVirt's order: containerDisks, hotplug volumes (not yet), network, then the sync.
     let network: PodNetworkTarget | undefined;
     const forLauncher = this.#d.provider.forLauncher(vmi);
+    // Hotplugged volumes count as the spec does: a volume mounted into the launcher (its
+    // phase then MountedToPod) is attached by the next sync.
+    const spec = JSON.stringify(vmi.spec) + hotplugPhases(vmi);
+    if (alive) await this.#d.provider.hotplug(forLauncher);
     if (!alive) {
       const record = (type: "Normal" | "Warning", reason: string, message: string) =>
         this.#record(vmi, type, reason, message);
@@ -594,6 +611,8 @@ export class VmiController {
     if (alive && this.#synced.get(uid) === spec) return DONE;
     this.#topology ??= hostTopology();
     await client.syncVirtualMachine(forLauncher, virtualMachineOptions(vmi, this.#topology));
+    // The launcher detached what left the spec: its mounts can go.
+    if (alive) await this.#d.provider.unplug(vmi);
     await this.#afterStart(vmi, network);
     if (!domain) {
       this.#record(vmi, "Normal", EventReason.Created, "VirtualMachineInstance defined.");
@@ -693,4 +712,11 @@ export class VmiController {
     this.#d.launchers.remove(uid);
     await this.#d.launchers.forgetMark(uid);
   }
+}
+
+/** The phases of the VMI's hotplugged volumes, as text (part of what a sync is for). */
+function hotplugPhases(vmi: VirtualMachineInstance): string {
+  const phases = (vmi.status?.volumeStatus ?? []).filter((s) => s.hotplugVolume)
+    .map((s) => `${s.name}=${s.phase ?? ""}`);
+  return phases.length > 0 ? `\n${phases.join(",")}` : "";
 }

@@ -182,6 +182,7 @@ export class Handler implements Runnable {
         podsDir: options.podsDir ?? "/var/lib/kubelet/pods",
         notifySocket: paths.notifySocket,
         mountRecordDir: join(config.runDir, "container-disk-mounts"),
+        hotplugRecordDir: join(config.runDir, "hotplug-volume-mounts"),
       });
     this.#launchers = new LauncherClients({
       onUnresponsive: (uid) => this.controller.launcherGone(uid),

@@ -20,7 +20,6 @@ import type { Runnable } from "../lifecycle/mod.ts";
 import type { GhostRecordStore } from "./ghost_records.ts";
 import type { DialResolver } from "./launcher_clients.ts";
 
-/** What {@linkcode LauncherProvider.start} found. */
 /** Records an Event about the VMI whose disks are being prepared. */
 export type DiskEventRecorder = (
   type: "Normal" | "Warning",
@@ -28,6 +27,7 @@ export type DiskEventRecorder = (
   message: string,
 ) => void;
 
+/** What {@linkcode LauncherProvider.start} found. */
 export type LauncherStart =
   /**
    * The launcher exists (or is starting); its cmd socket is or will be here. `synced` is
@@ -84,6 +84,15 @@ export interface LauncherProvider extends Runnable {
    * volume error naming the field.
    */
   forLauncher(vmi: VirtualMachineInstance): VirtualMachineInstance;
+  /**
+   * Hands the running VMI's newly attached hotplug volumes to its launcher (KubeVirt mode:
+   * from their attachment pods).
+   */
+  hotplug(vmi: VirtualMachineInstance): Promise<void>;
+  /** The names of the VMI's hotplugged volumes mounted into its launcher now. */
+  hotplugMounted(uid: string): Promise<ReadonlySet<string>>;
+  /** Takes back the hotplugged volumes gone from the spec, once the launcher detached them. */
+  unplug(vmi: VirtualMachineInstance): Promise<void>;
   /**
    * Where the VMI's pod network is: its namespace, the launcher's private directory, the
    * owner of what is made there (pod-less: the namespace is made now, with its address).

@@ -40,6 +40,7 @@ export {
 export { decideSync, SyncAction, type SyncDecision, type SyncInput } from "./decide.ts";
 export { type GhostRecord, GhostRecordStore, type SetAsideFile } from "./ghost_records.ts";
 export {
+  type DiskEventRecorder,
   type LauncherProvider,
   launchersOfGhostRecords,
   type LauncherStart,

@@ -27,6 +27,7 @@ import { getLogger } from "../log/mod.ts";
 import { openDirectoryInRoot, openSocketBeneath } from "../../ffi/mod.ts";
 import { NotifyPipes } from "./notify_pipes.ts";
 import { ContainerDiskMounts } from "./container_disk_mounts.ts";
+import { HotplugMounts } from "./hotplug_mounts.ts";
 import { claimLauncherDevices } from "./device_ownership.ts";
 import type { GhostRecordStore } from "./ghost_records.ts";
 import type { DialResolver } from "./launcher_clients.ts";
@@ -66,6 +67,8 @@ export interface PodLaunchersOptions {
   notifySocket: string;
   /** Where the containerDisk mounts of each VMI are recorded. */
   mountRecordDir: string;
+  /** Where the hotplugged volume mounts of each VMI are recorded. */
+  hotplugRecordDir: string;
 }
 
 /** Launchers as the pods virt-controller creates. */
@@ -83,11 +86,13 @@ export class PodLaunchers implements LauncherProvider {
   /** The launcher socket whose devices were handed to the runtime user, per VMI. */
   readonly #claimed = new Map<string, string>();
   readonly #disks: ContainerDiskMounts;
+  readonly #hotplug: HotplugMounts;
 
   /** Creates the provider; it only looks, so nothing starts. */
   constructor(options: PodLaunchersOptions) {
     this.#o = options;
     this.#disks = new ContainerDiskMounts(options.mountRecordDir);
+    this.#hotplug = new HotplugMounts(options.hotplugRecordDir, options.podsDir);
     this.#pipes = new NotifyPipes({
       notifySocket: options.notifySocket,
       dialResolver: this.dialResolver,
@@ -222,6 +227,23 @@ export class PodLaunchers implements LauncherProvider {
     return "ready";
   }
 
+  /** Mounts the VMI's attached hotplug volumes into its launcher (see `HotplugMounts`). */
+  async hotplug(vmi: VirtualMachineInstance): Promise<void> {
+    if (!vmi.status?.volumeStatus?.some((s) => s.hotplugVolume?.attachPodUID)) return;
+    const socket = await this.socketOf(vmi);
+    if (socket) await this.#hotplug.mount(vmi, this.#pipes.launcherPid(socket));
+  }
+
+  /** The VMI's hotplugged volumes mounted into its launcher. */
+  hotplugMounted(uid: string): Promise<ReadonlySet<string>> {
+    return this.#hotplug.mounted(uid);
+  }
+
+  /** Unmounts the hotplugged volumes gone from the VMI's spec. */
+  async unplug(vmi: VirtualMachineInstance): Promise<void> {
+    await this.#hotplug.unplug(vmi);
+  }
+
   /** Filesystem claims as the host disks KubeVirt's launcher reads (`replaceClaimsByHostDisks`). */
   forLauncher(vmi: VirtualMachineInstance): VirtualMachineInstance {
     return replaceClaimsByHostDisks(vmi);
@@ -252,6 +274,7 @@ export class PodLaunchers implements LauncherProvider {
   async stop(vmi: VirtualMachineInstance): Promise<void> {
     this.#claimed.delete(vmi.metadata.uid!);
     await this.#disks.unmount(vmi.metadata.uid!);
+    await this.#hotplug.unmountAll(vmi.metadata.uid!);
     await this.#pipes.close(vmi.metadata.uid!);
   }
 

@@ -261,6 +261,21 @@ export class PodlessLaunchers implements LauncherProvider {
     return Promise.resolve("ready");
   }
 
+  /** None: pod-less VMIs have no attachment pods. */
+  hotplug(): Promise<void> {
+    return Promise.resolve();
+  }
+
+  /** None. */
+  hotplugMounted(): Promise<ReadonlySet<string>> {
+    return Promise.resolve(new Set());
+  }
+
+  /** Nothing to take back. */
+  unplug(): Promise<void> {
+    return Promise.resolve();
+  }
+
   /** The VMI as it is: virtnode's launcher host reads its volumes itself. */
   forLauncher(vmi: VirtualMachineInstance): VirtualMachineInstance {
     return vmi;

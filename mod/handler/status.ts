@@ -63,6 +63,8 @@ export interface StatusInput {
   now: string;
   /** The pod IPs of the VMI's pod networks set up on this node, by network name. */
   podAddresses?: ReadonlyMap<string, PodAddresses>;
+  /** The hotplugged volumes mounted into the launcher now, by name. */
+  hotplugMounted?: ReadonlySet<string>;
 }
 
 /** The phase change a status update makes, for Events. */
@@ -229,22 +231,82 @@ export function interfacesFromDomain(
 export function volumeStatusFromDomain(
   vmi: VirtualMachineInstance,
   domain: Domain,
+  hotplugMounted: ReadonlySet<string> = new Set(),
 ): VolumeStatus[] {
   const targets = new Map<string, string>();
   for (const disk of domain.spec.devices.disks) {
     const name = stripAlias(disk.alias?.name);
-    if (name && disk.target.dev) targets.set(name, disk.target.dev);
+    if (name && disk.target.dev && (disk.source.file || disk.source.dev)) {
+      targets.set(name, disk.target.dev);
+    }
   }
+  const inSpec = new Set((vmi.spec.volumes ?? []).map((v) => v.name));
   const byName = new Map<string, VolumeStatus>();
   for (const entry of vmi.status?.volumeStatus ?? []) {
-    const target = targets.get(entry.name);
-    byName.set(entry.name, target ? { ...entry, target } : { ...entry });
+    // The domain's word only: a disk it no longer has (detached) has no target.
+    const next: VolumeStatus = { ...entry, target: targets.get(entry.name) ?? "" };
+    if (entry.hotplugVolume) {
+      Object.assign(next, hotplugPhase(next, inSpec.has(entry.name), hotplugMounted));
+    }
+    byName.set(entry.name, next);
   }
   for (const v of vmi.spec.volumes ?? []) {
     const target = targets.get(v.name);
     if (target && !byName.has(v.name)) byName.set(v.name, { name: v.name, target });
   }
   return [...byName.values()].sort((a, b) => a.name < b.name ? -1 : a.name > b.name ? 1 : 0);
+}
+
+/** The hotplug phases the handler moves a volume from, to `MountedToPod` and to `UnMountedFromPod`. */
+const TO_MOUNTED = new Set(["Bound", "Pending", "AttachedToNode"]);
+const TO_UNMOUNTED = new Set(["Ready", "MountedToPod", "AttachedToNode"]);
+
+/**
+ * A hotplugged volume's next phase, as KubeVirt's handler moves it: `Ready` once the domain
+ * has its disk; `MountedToPod` once it is mounted into the launcher (still in the spec);
+ * `UnMountedFromPod` once it is out of the spec and unmounted. Nothing otherwise.
+ */
+function hotplugPhase(
+  entry: VolumeStatus,
+  inSpec: boolean,
+  mounted: ReadonlySet<string>,
+): Partial<VolumeStatus> {
+  const name = entry.name;
+  if (entry.target) {
+    return {
+      phase: "Ready",
+      reason: "VolumeReady",
+      message: `Successfully attach hotplugged volume ${name} to VM`,
+    };
+  }
+  const phase = entry.phase ?? "";
+  if (mounted.has(name)) {
+    if (inSpec && TO_MOUNTED.has(phase)) {
+      return {
+        phase: "MountedToPod",
+        reason: "VolumeMountedToPod",
+        message: `Volume ${name} has been mounted in virt-launcher pod`,
+      };
+    }
+  } else if (!inSpec && TO_UNMOUNTED.has(phase)) {
+    return {
+      phase: "UnMountedFromPod",
+      reason: "VolumeUnMountedFromPod",
+      message: `Volume ${name} has been unmounted from virt-launcher pod`,
+    };
+  }
+  return {};
+}
+
+/** The Events for hotplugged volumes whose phase the status changes (KubeVirt's reasons). */
+export function volumePhaseEvents(
+  before: readonly VolumeStatus[] | undefined,
+  after: readonly VolumeStatus[] | undefined,
+): { reason: string; message: string }[] {
+  const old = new Map((before ?? []).map((s) => [s.name, s.phase]));
+  return (after ?? []).filter((s) =>
+    s.hotplugVolume && s.phase !== old.get(s.name) && s.reason && s.message
+  ).map((s) => ({ reason: s.reason!, message: s.message! }));
 }
 
 /** What the phase of a VMI depends on: a subset of {@linkcode StatusInput}. */
@@ -342,6 +404,7 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
   }
   if (conditions.length > 0 || status.conditions) status.conditions = conditions;
 
+  let requeue = decision.requeue;
   if (domain) {
     const interfaces = interfacesFromDomain(domain, {
       podAddresses: input.podAddresses,
@@ -349,11 +412,13 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
       podInterfaceName: input.standsInForController ? "eth0" : undefined,
     });
     if (interfaces.length > 0) status.interfaces = interfaces;
-    const volumes = volumeStatusFromDomain(vmi, domain);
+    const volumes = volumeStatusFromDomain(vmi, domain, input.hotplugMounted);
     if (volumes.length > 0) status.volumeStatus = volumes;
+    // A hotplugged volume not attached yet: its mount (or unmount) is looked for again soon.
+    if (volumes.some((v) => v.hotplugVolume && !v.target)) requeue = true;
     if (domain.status.osInfo?.name) status.guestOSInfo = { ...domain.status.osInfo };
   }
-  return { status, phaseChange, requeue: decision.requeue };
+  return { status, phaseChange, requeue };
 }
 
 /** The Event a phase change deserves, as KubeVirt's handler records it. */

@@ -64,6 +64,9 @@ function doubles(standsInForController = true): Doubles {
     adoptable: () => [],
     prepareDisks: () => Promise.resolve("ready"),
     forLauncher: (vmi: VirtualMachineInstance) => vmi,
+    hotplug: () => Promise.resolve(),
+    hotplugMounted: () => Promise.resolve(new Set<string>()),
+    unplug: () => Promise.resolve(),
     podNetwork: () => Promise.resolve(undefined),
     releasePodNetwork: () => {
       calls.push("provider.releasePodNetwork");

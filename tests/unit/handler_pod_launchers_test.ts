@@ -29,6 +29,7 @@ async function setup() {
     podsDir,
     notifySocket: `${dir}/domain-notify.sock`,
     mountRecordDir: `${dir}/mounts`,
+    hotplugRecordDir: `${dir}/hotplug`,
   });
   return { dir, podsDir, pods, socket: `${podsDir}/${SOCKETS}/launcher-sock` };
 }

@@ -316,8 +316,9 @@ Deno.test("computeStatus() fills each volume's target into virt-controller's vol
   ];
   const i = input(LifeCycle.Running);
   i.domain!.spec.devices.disks = [
-    { alias: { name: "ua-data" }, target: { dev: "vdb" } },
-    { alias: { name: "ua-root" }, target: { dev: "vda" } },
+    { alias: { name: "ua-data" }, target: { dev: "vdb" }, source: { file: "/d/disk.img" } },
+    { alias: { name: "ua-root" }, target: { dev: "vda" }, source: { file: "/r/disk.qcow2" } },
+    { alias: { name: "ua-cd" }, target: { dev: "sda" }, source: {} }, // an empty CD-ROM
   ] as Domain["spec"]["devices"]["disks"];
   const { status } = computeStatus(v, i);
   assert.deepEqual(status.volumeStatus, [
@@ -330,4 +331,41 @@ Deno.test("computeStatus() fills each volume's target into virt-controller's vol
     },
     { name: "root", target: "vda" },
   ]);
+});
+
+Deno.test("computeStatus() moves a hotplugged volume as KubeVirt's handler does: MountedToPod once mounted, Ready once the domain has it, UnMountedFromPod once out of the spec and unmounted", () => {
+  const hot = (phase: string, target = "") => ({
+    name: "hp",
+    target,
+    phase,
+    hotplugVolume: { attachPodName: "hp-volume-x", attachPodUID: "p" },
+  });
+  const inSpec = { volumes: [{ name: "hp", persistentVolumeClaim: { claimName: "c" } }] };
+  const run = (
+    spec: Partial<VirtualMachineInstance["spec"]>,
+    entry: ReturnType<typeof hot>,
+    mounted: string[],
+    disk = false,
+  ) => {
+    const v = vmi("Running", spec);
+    v.status!.volumeStatus = [entry];
+    const i = input(LifeCycle.Running, undefined, { hotplugMounted: new Set(mounted) });
+    if (disk) {
+      i.domain!.spec.devices.disks = [
+        { alias: { name: "ua-hp" }, target: { dev: "sda" }, source: { file: "/h/hp.img" } },
+      ] as Domain["spec"]["devices"]["disks"];
+    }
+    return computeStatus(v, i).status.volumeStatus![0];
+  };
+  assert.equal(run(inSpec, hot("AttachedToNode"), []).phase, "AttachedToNode", "not mounted yet");
+  const mounted = run(inSpec, hot("AttachedToNode"), ["hp"]);
+  assert.equal(mounted.phase, "MountedToPod");
+  assert.equal(mounted.reason, "VolumeMountedToPod");
+  assert.equal(mounted.message, "Volume hp has been mounted in virt-launcher pod");
+  const ready = run(inSpec, hot("MountedToPod"), ["hp"], true);
+  assert.deepEqual([ready.phase, ready.target, ready.reason], ["Ready", "sda", "VolumeReady"]);
+  assert.equal(run({ volumes: [] }, hot("Ready"), ["hp"]).phase, "Ready", "still mounted");
+  const gone = run({ volumes: [] }, hot("Ready"), []);
+  assert.deepEqual([gone.phase, gone.reason], ["UnMountedFromPod", "VolumeUnMountedFromPod"]);
+  assert.equal(run({ volumes: [] }, hot("Detaching"), []).phase, "Detaching", "controller's");
 });

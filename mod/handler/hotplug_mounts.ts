@@ -1,0 +1,243 @@
+/**
+ * KubeVirt mode's hotplugged volumes (`virtctl addvolume`): virt-api adds the volume to the
+ * running VMI's spec, virt-controller starts an attachment pod (`hp-volume-*`) on the node
+ * with the claim mounted at `/<volume>` and KubeVirt's `container-disk` server listening on
+ * `hp.sock` in the pod's `hotplug-disks` volume, and names the pod in the volume's status.
+ * The handler then hands the claim's `disk.img` to the launcher, as KubeVirt's handler does:
+ *
+ * - the attachment pod's process is found from `hp.sock` (`SO_PEERCRED`), the socket opened
+ *   beneath the pod's directory without following symlinks;
+ * - `/<volume>/disk.img` is resolved in that container's own mount namespace, where the
+ *   kubelet mounted the claim, as if its root were `/` (no link leads out of it);
+ * - a read-write bind of it appears as `/var/run/kubevirt/hotplug-disks/<volume>.img` in the
+ *   launcher's mount namespace only (`open_tree` and `move_mount` in a child process), given
+ *   to QEMU's user; KubeVirt's launcher attaches it to the running domain once the volume's
+ *   phase is `MountedToPod`.
+ *
+ * A volume gone from the spec (`removevolume`) is unmounted once the launcher has detached
+ * it, and the file removed. What is mounted is recorded first
+ * (`<run dir>/hotplug-volume-mounts/<vmi uid>.json`), so a restarted handler neither mounts
+ * twice nor forgets a mount; cleanup unmounts whatever the record holds.
+ *
+ * @module
+ */
+import { join } from "node:path";
+import {
+  bindContainerFileInChild,
+  chownBeneath,
+  listenerPid,
+  openDirectoryInRoot,
+  openSocketBeneath,
+  processStartTime,
+  runInMountNamespace,
+} from "../../ffi/mod.ts";
+import { type VirtualMachineInstance, vmiKey } from "../api/mod.ts";
+import { getLogger } from "../log/mod.ts";
+import { DISK_IMAGE, QEMU_USER } from "../storage/mod.ts";
+
+const log = getLogger("handler", "hotplug");
+
+/** Where the launcher finds a hotplugged volume (KubeVirt's launcher view). */
+export const LAUNCHER_HOTPLUG_DIR = "/var/run/kubevirt/hotplug-disks";
+/** The attachment pod's socket, below its directory. */
+const ATTACH_SOCKET = "volumes/kubernetes.io~empty-dir/hotplug-disks/hp.sock";
+
+/** What a VMI's hotplug mounts are: enough for a restarted handler to undo them. */
+interface HotplugRecord {
+  /** The launcher whose namespace holds the mounts, and its start time (PIDs get reused). */
+  launcherPid: number;
+  launcherStart?: string;
+  /** The mounted volumes, by name. */
+  volumes: string[];
+}
+
+/** A hotplugged volume that cannot be handed to the launcher. */
+export class HotplugMountError extends Error {
+  /** Creates `Cannot mount hotplugged volume "<volume>" of VMI "<key>": <detail>`. */
+  constructor(key: string, volume: string, detail: string, options?: ErrorOptions) {
+    super(`Cannot mount hotplugged volume "${volume}" of VMI "${key}": ${detail}`, options);
+    this.name = "HotplugMountError";
+  }
+}
+
+/** The hotplugged filesystem volumes of a VMI that have an attachment pod, and its pod's UID. */
+function attached(vmi: VirtualMachineInstance): { volume: string; podUid: string }[] {
+  const inSpec = new Set((vmi.spec.volumes ?? []).map((v) => v.name));
+  return (vmi.status?.volumeStatus ?? []).flatMap((s) => {
+    const podUid = s.hotplugVolume?.attachPodUID;
+    if (!podUid || !inSpec.has(s.name)) return [];
+    if (s.persistentVolumeClaimInfo?.volumeMode === "Block") return [];
+    return [{ volume: s.name, podUid }];
+  });
+}
+
+/** Mounts and unmounts the hotplugged volumes of launcher pods; see the module doc. */
+export class HotplugMounts {
+  readonly #recordDir: string;
+  readonly #podsDir: string;
+  /** Each VMI's record, once read or written (by UID). */
+  readonly #records = new Map<string, HotplugRecord>();
+
+  /** Records go below `recordDir`; attachment pods are below `podsDir`. */
+  constructor(recordDir: string, podsDir: string) {
+    this.#recordDir = recordDir;
+    this.#podsDir = podsDir;
+  }
+
+  #path(uid: string): string {
+    return join(this.#recordDir, `${uid}.json`);
+  }
+
+  async #read(uid: string): Promise<HotplugRecord | undefined> {
+    const cached = this.#records.get(uid);
+    if (cached) return cached;
+    try {
+      const record = JSON.parse(await Deno.readTextFile(this.#path(uid))) as HotplugRecord;
+      this.#records.set(uid, record);
+      return record;
+    } catch (error) {
+      if (error instanceof Deno.errors.NotFound) return undefined;
+      throw error;
+    }
+  }
+
+  async #write(uid: string, record: HotplugRecord): Promise<void> {
+    if (record.volumes.length === 0) {
+      this.#records.delete(uid);
+      await Deno.remove(this.#path(uid)).catch(() => {});
+      return;
+    }
+    await Deno.mkdir(this.#recordDir, { recursive: true, mode: 0o700 });
+    const temp = `${this.#path(uid)}.tmp`;
+    await Deno.writeTextFile(temp, JSON.stringify(record), { mode: 0o600 });
+    await Deno.rename(temp, this.#path(uid));
+    this.#records.set(uid, record);
+  }
+
+  /** The volumes of the VMI mounted into its launcher now. */
+  async mounted(uid: string): Promise<ReadonlySet<string>> {
+    return new Set((await this.#read(uid))?.volumes ?? []);
+  }
+
+  /**
+   * Mounts each hotplugged volume of `vmi` whose attachment pod serves its socket into the
+   * launcher `launcherPid`; a pod not serving yet is looked at on a later sync.
+   */
+  async mount(vmi: VirtualMachineInstance, launcherPid: number): Promise<void> {
+    const uid = vmi.metadata.uid!;
+    const key = vmiKey(vmi.metadata);
+    const launcherStart = processStartTime(launcherPid);
+    let record = await this.#read(uid);
+    if (record && record.launcherStart !== launcherStart) {
+      record = undefined; // another launcher's mounts went with its namespace
+    }
+    for (const { volume, podUid } of attached(vmi)) {
+      if (record?.volumes.includes(volume)) continue;
+      const pid = attachmentPid(`${this.#podsDir}/${podUid}`);
+      if (pid === undefined) continue;
+      // Recorded first: a restart in between unmounts what may be there.
+      record = {
+        launcherPid,
+        launcherStart,
+        volumes: [...(record?.volumes ?? []), volume],
+      };
+      await this.#write(uid, record);
+      try {
+        await bindContainerFileInChild({
+          containerPid: pid,
+          sourcePath: `/${volume}/${DISK_IMAGE}`,
+          inContainerNamespace: true,
+          targetPid: launcherPid,
+          targetDir: LAUNCHER_HOTPLUG_DIR,
+          targetName: `${volume}.img`,
+          readonly: false,
+        });
+        const dir = openDirectoryInRoot(`/proc/${launcherPid}/root`, LAUNCHER_HOTPLUG_DIR);
+        try {
+          chownBeneath(dir.path, `${volume}.img`, QEMU_USER, QEMU_USER);
+        } finally {
+          dir.release();
+        }
+      } catch (error) {
+        record = { ...record, volumes: record.volumes.filter((v) => v !== volume) };
+        await this.#unmountVolumes(launcherPid, [volume]).catch(() => {});
+        await this.#write(uid, record);
+        throw new HotplugMountError(key, volume, String(error), { cause: error });
+      }
+      log.info("Hotplugged volume mounted into the launcher", { key, uid, volume, podUid });
+    }
+  }
+
+  /** Unmounts each mounted volume no longer in the VMI's spec (the launcher detached it). */
+  async unplug(vmi: VirtualMachineInstance): Promise<void> {
+    const uid = vmi.metadata.uid!;
+    const record = await this.#read(uid);
+    if (!record) return;
+    const inSpec = new Set((vmi.spec.volumes ?? []).map((v) => v.name));
+    const gone = record.volumes.filter((v) => !inSpec.has(v));
+    if (gone.length === 0) return;
+    await this.#unmountVolumes(record.launcherPid, gone, record.launcherStart);
+    await this.#write(uid, { ...record, volumes: record.volumes.filter((v) => inSpec.has(v)) });
+    log.info("Hotplugged volumes unmounted from the launcher", {
+      key: vmiKey(vmi.metadata),
+      uid,
+      volumes: gone,
+    });
+  }
+
+  /** Unmounts every recorded volume of the VMI (its cleanup); idempotent. */
+  async unmountAll(uid: string): Promise<void> {
+    const record = await this.#read(uid);
+    if (!record) return;
+    await this.#unmountVolumes(record.launcherPid, record.volumes, record.launcherStart);
+    await this.#write(uid, { ...record, volumes: [] });
+  }
+
+  /** Unmounts and removes `<volume>.img` in the launcher's namespace while it runs. */
+  async #unmountVolumes(
+    launcherPid: number,
+    volumes: string[],
+    launcherStart = processStartTime(launcherPid),
+  ): Promise<void> {
+    if (launcherStart === undefined || processStartTime(launcherPid) !== launcherStart) return;
+    await runInMountNamespace(
+      launcherPid,
+      volumes.map((v) => ({
+        op: "unmountFile" as const,
+        dir: LAUNCHER_HOTPLUG_DIR,
+        name: `${v}.img`,
+      })),
+    ).catch((error) => {
+      // The launcher ended meanwhile: its namespace and mounts are gone with it.
+      if (processStartTime(launcherPid) === launcherStart) throw error;
+    });
+    let dir;
+    try {
+      dir = openDirectoryInRoot(`/proc/${launcherPid}/root`, LAUNCHER_HOTPLUG_DIR);
+    } catch {
+      return;
+    }
+    try {
+      for (const v of volumes) await Deno.remove(`${dir.path}/${v}.img`).catch(() => {});
+    } finally {
+      dir.release();
+    }
+  }
+}
+
+/** The PID of the attachment pod's server on `hp.sock` below the pod's directory. */
+function attachmentPid(podDir: string): number | undefined {
+  let socket;
+  try {
+    socket = openSocketBeneath(podDir, ATTACH_SOCKET);
+  } catch {
+    return undefined; // not there (yet)
+  }
+  try {
+    return listenerPid(socket.path);
+  } catch {
+    return undefined; // not accepting yet
+  } finally {
+    socket.release();
+  }
+}
