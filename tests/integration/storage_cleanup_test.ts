@@ -8,16 +8,14 @@
  */
 import assert from "node:assert/strict";
 import { join, relative } from "node:path";
-import { useCluster } from "../../deploy/cluster/cluster.ts";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
 import {
   createVmi,
   deleteVmi,
   getVmi,
-  kubeClient,
-  startHandlerProcess,
   testVmi,
   waitFor,
+  withHandler,
 } from "../helpers/handler_process.ts";
 import { GUEST_IMAGE, installTestGuest } from "../helpers/guest.ts";
 
@@ -51,20 +49,10 @@ function mountsBelow(dir: string): string[] {
 }
 
 Deno.test("storage cleanup: 50 VMIs with containerDisk, emptyDisk and cloud-init created and deleted leave nothing of theirs in the state and run directories, and no mount", async () => {
-  const cluster = await useCluster();
-  const client = await kubeClient(cluster.kubeconfigPath);
-  const dir = await Deno.makeTempDir({ prefix: "virtnode-cleanup-" });
-  await installTestGuest(join(dir, "state", "images"));
-  const node = `cleanup-${crypto.randomUUID().slice(0, 8)}`;
-  const h = await startHandlerProcess({
-    kubeconfig: cluster.handlerKubeconfigPath,
-    nodeName: node,
-    libvirtUri: "test:///default",
-    dir,
-  });
-  let ok = false;
-  const names = Array.from({ length: COUNT }, (_, i) => `vm-${node}-${i}`);
-  try {
+  await withHandler("cleanup", async ({ h, node, client }) => {
+    const names = Array.from({ length: COUNT }, (_, i) => `vm-${node}-${i}`);
+    // Read when the first VMI needs it: installed now, with the handler running.
+    await installTestGuest(join(h.stateDir, "images"));
     const before = new Set([
       ...(await tree(h.stateDir)).map((p) => join(h.stateDir, p)),
       ...(await tree(h.runDir)).map((p) => join(h.runDir, p)),
@@ -115,8 +103,7 @@ Deno.test("storage cleanup: 50 VMIs with containerDisk, emptyDisk and cloud-init
       500,
     );
     // The VMI objects go once the handler has finished with them (its finalizer); what it
-    // removes after that, it removes within seconds.
-    // What is new since the handler started: every file but what all VMIs share (the
+    // removes after that, it removes within seconds. What is new since the handler started: every file but what all VMIs share (the
     // image store, the launcher host's control socket, the pod network's address store
     // lock), and every directory named for one of the VMIs (the directories that hold
     // them all stay).
@@ -136,17 +123,10 @@ Deno.test("storage cleanup: 50 VMIs with containerDisk, emptyDisk and cloud-init
       left = await leftovers();
     }
     assert.deepEqual(left, [], "files left by deleted VMIs");
-    assert.deepEqual(mountsBelow(dir), [], "mounts left below the handler's directories");
+    assert.deepEqual(mountsBelow(h.dir), [], "mounts left below the handler's directories");
     const store = (await tree(join(h.stateDir, "containerdisks"))).filter((p) =>
       p.endsWith(".img")
     );
     assert.equal(store.length, 1, `one stored disk for all ${COUNT} VMIs: ${store}`);
-    ok = true;
-  } finally {
-    await Promise.all(names.map((n) => deleteVmi(client, "default", n).catch(() => {})));
-    await h.kill();
-    if (!ok) console.error((await Deno.readTextFile(h.logFile)).split("\n").slice(-40).join("\n"));
-    await Deno.remove(dir, { recursive: true }).catch(() => {});
-    client.close();
-  }
+  });
 });
