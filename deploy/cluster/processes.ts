@@ -67,12 +67,16 @@ export async function spawnManaged(
   } catch (error) {
     throw new ClusterError(`Cannot start ${name}: ${message(error)}`, { cause: error });
   }
-  const open = () => Deno.open(options.logPath, { append: true, create: true });
-  const [stdoutLog, stderrLog] = [await open(), await open()];
-  const drained = Promise.all([
-    child.stdout.pipeTo(stdoutLog.writable),
-    child.stderr.pipeTo(stderrLog.writable),
-  ]).then(() => {});
+  const log = await Deno.open(options.logPath, { append: true, create: true });
+  // Chunk by chunk as it comes, so a running server's log can be read (Deno's
+  // `FsFile.writable` held a piped stream's output until the process ended).
+  const copy = async (stream: ReadableStream<Uint8Array>) => {
+    for await (const chunk of stream) {
+      for (let done = 0; done < chunk.length;) done += await log.write(chunk.subarray(done));
+    }
+  };
+  const drained = Promise.all([copy(child.stdout), copy(child.stderr)])
+    .finally(() => log.close()).then(() => {});
   return { name, child, logPath: options.logPath, drained };
 }
 
