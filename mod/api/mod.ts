@@ -9,3 +9,4 @@ export * from "./types.ts";
 export * from "./constants.ts";
 export * from "./quantity.ts";
 export * from "./keys.ts";
+export * from "./time.ts";

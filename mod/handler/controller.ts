@@ -15,6 +15,7 @@
 import {
   Finalizers,
   isFinalPhase,
+  kubeTime,
   splitVmiKey,
   type VirtualMachineInstance,
   type VirtualMachineInstanceStatus,
@@ -41,6 +42,7 @@ import {
 import type { LauncherProvider } from "./launcher_provider.ts";
 import { podNetworkPlan, type PodNetworks, type PodNetworkTarget } from "../network/mod.ts";
 import { FailRetryManager } from "./retry_manager.ts";
+import { launcherSelinuxContext, selinuxEnabled } from "../host/mod.ts";
 import {
   computeStatus,
   EventReason,
@@ -352,9 +354,10 @@ export class VmiController {
         nodeName: this.#d.nodeName,
         standsInForController: this.#d.provider.standsInForController,
         gracePeriodApplied,
-        now: new Date().toISOString(),
+        now: kubeTime(),
         syncError: syncError === undefined ? undefined : describe(syncError),
         podAddresses: await this.#d.networks.addresses(vmi),
+        selinuxContext: domainSeen ? await this.#selinuxContext(vmi) : undefined,
         hotplugMounted: vmi.status?.volumeStatus?.some((s) => s.hotplugVolume)
           ? await this.#d.provider.hotplugMounted(vmi.metadata.uid!)
           : undefined,
@@ -367,6 +370,24 @@ export class VmiController {
       throw syncError;
     }
     return result;
+  }
+
+  /**
+   * `status.selinuxContext`, as KubeVirt's handler writes it once a domain runs (without it
+   * virt-controller makes no hotplug attachment pod): `none` without SELinux, else the
+   * launcher root's label; undefined when that cannot be read now (the next sync tries).
+   */
+  async #selinuxContext(vmi: VirtualMachineInstance): Promise<string | undefined> {
+    if (!selinuxEnabled()) return "none";
+    try {
+      return launcherSelinuxContext(await this.#d.provider.launcherRoot(vmi));
+    } catch (error) {
+      log.warn("Cannot read the launcher's SELinux label: {error}", {
+        uid: vmi.metadata.uid,
+        error,
+      });
+      return undefined;
+    }
   }
 
   /** Carries out a decision; returns when to look again. */
@@ -448,7 +469,7 @@ export class VmiController {
 
   /** virt-controller's scheduling step, for this node (pod-less mode). */
   async #schedule(vmi: VirtualMachineInstance): Promise<void> {
-    const now = new Date().toISOString();
+    const now = kubeTime();
     await this.#writeStatus(vmi, (s) => {
       if (s.phase && s.phase !== VmiPhase.Pending) return;
       s.phase = VmiPhase.Scheduled;

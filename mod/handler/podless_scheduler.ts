@@ -14,6 +14,7 @@
  */
 
 import {
+  kubeTime,
   Labels,
   type VirtualMachineInstance,
   type VirtualMachineInstanceStatus,
@@ -120,7 +121,7 @@ export class PodlessScheduler implements Runnable {
           await this.#client.request("PUT", path, {
             ...vmi,
             metadata: { ...vmi.metadata, labels },
-            status: scheduledStatus(vmi, this.#node, new Date().toISOString()),
+            status: scheduledStatus(vmi, this.#node, kubeTime()),
           });
           log.info("Placed VMI on this node (its nodeSelector names it)", {
             namespace,
