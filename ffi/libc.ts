@@ -54,6 +54,7 @@ const LIBC_SYMBOLS = {
   fstatfs: { parameters: [I, B], result: I },
   renameat2: { parameters: [I, B, I, B, U], result: I },
   mknodat: { parameters: [I, B, U, "u64"], result: I },
+  lgetxattr: { parameters: [B, B, B, "u64"], result: "i64" },
   open_tree: { name: "syscall", parameters: ["i64", "i64", B, "u64"], result: "i64" },
   move_mount: {
     name: "syscall",
@@ -975,6 +976,21 @@ export function createFileBeneath(
   } finally {
     close(dirFd);
   }
+}
+
+/**
+ * The extended attribute `name` of `path` itself (`lgetxattr(2)`: a final symlink is not
+ * followed), as text without a trailing NUL; undefined when the file has no such attribute.
+ */
+export function getXattr(path: string, name: string): string | undefined {
+  const buf = new Uint8Array(4096);
+  const n = Number(c().lgetxattr(cpath(path), cpath(name), buf, BigInt(buf.length)));
+  if (n < 0) {
+    const error = errnoError(`Cannot read ${name} of "${path}"`);
+    if (error.code === "ENODATA") return undefined;
+    throw error;
+  }
+  return new TextDecoder().decode(buf.subarray(0, n)).replace(/\0+$/, "");
 }
 
 /** The bytes an unprivileged user may still write on the file system of `fd` (`fstatfs(2)`). */

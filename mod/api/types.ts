@@ -625,6 +625,8 @@ export interface VirtualMachineInstanceStatus {
   qosClass?: string;
   /** The user ID the launcher runs as. */
   runtimeUser?: number;
+  /** The SELinux label of the launcher's root, or `none` on a node without SELinux. */
+  selinuxContext?: string;
   /** How a migration reaches the target: `Unix` (through the launchers' sockets). */
   migrationTransport?: string;
 }

@@ -91,6 +91,8 @@ export interface LauncherProvider extends Runnable {
   hotplug(vmi: VirtualMachineInstance): Promise<void>;
   /** The names of the VMI's hotplugged volumes mounted into its launcher now. */
   hotplugMounted(uid: string): Promise<ReadonlySet<string>>;
+  /** The root of the VMI's launcher (`/proc/<pid>/root`), where there is one to look in. */
+  launcherRoot(vmi: VirtualMachineInstance): Promise<string | undefined>;
   /** Takes back the hotplugged volumes gone from the spec, once the launcher detached them. */
   unplug(vmi: VirtualMachineInstance): Promise<void>;
   /**

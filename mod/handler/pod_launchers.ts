@@ -234,6 +234,12 @@ export class PodLaunchers implements LauncherProvider {
     if (socket) await this.#hotplug.mount(vmi, this.#pipes.launcherPid(socket));
   }
 
+  /** The launcher's root, found from its socket's peer. */
+  async launcherRoot(vmi: VirtualMachineInstance): Promise<string | undefined> {
+    const socket = await this.socketOf(vmi);
+    return socket ? `/proc/${this.#pipes.launcherPid(socket)}/root` : undefined;
+  }
+
   /** The VMI's hotplugged volumes mounted into its launcher. */
   hotplugMounted(uid: string): Promise<ReadonlySet<string>> {
     return this.#hotplug.mounted(uid);

@@ -266,6 +266,11 @@ export class PodlessLaunchers implements LauncherProvider {
     return Promise.resolve();
   }
 
+  /** None: virtnode's launcher host runs in the node's root. */
+  launcherRoot(): Promise<string | undefined> {
+    return Promise.resolve(undefined);
+  }
+
   /** None. */
   hotplugMounted(): Promise<ReadonlySet<string>> {
     return Promise.resolve(new Set());

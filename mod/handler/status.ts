@@ -65,6 +65,8 @@ export interface StatusInput {
   podAddresses?: ReadonlyMap<string, PodAddresses>;
   /** The hotplugged volumes mounted into the launcher now, by name. */
   hotplugMounted?: ReadonlySet<string>;
+  /** The launcher's SELinux label (`none` without SELinux), once known. */
+  selinuxContext?: string;
 }
 
 /** The phase change a status update makes, for Events. */
@@ -417,6 +419,7 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
     // A hotplugged volume not attached yet: its mount (or unmount) is looked for again soon.
     if (volumes.some((v) => v.hotplugVolume && !v.target)) requeue = true;
     if (domain.status.osInfo?.name) status.guestOSInfo = { ...domain.status.osInfo };
+    if (input.selinuxContext !== undefined) status.selinuxContext = input.selinuxContext;
   }
   return { status, phaseChange, requeue };
 }

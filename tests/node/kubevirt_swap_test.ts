@@ -329,7 +329,15 @@ async function journey(handler: Handler): Promise<void> {
     );
 
     if (handler === "virtnode") {
-      await storageJourney({ kc, node, cpuModel, getVmi, step });
+      await storageJourney({
+        kc,
+        admin,
+        node,
+        cpuModel,
+        getVmi,
+        step,
+        audit: cluster.auditLogPath,
+      });
     }
 
     // A drain evicts the launcher pod (through virt-api's eviction webhook) cleanly.
@@ -414,6 +422,8 @@ Deno.test(
  */
 async function storageJourney(o: {
   kc: string;
+  admin: Awaited<ReturnType<typeof kubeClient>>;
+  audit?: string;
   node: Awaited<ReturnType<typeof startNode>>;
   cpuModel: string;
   getVmi: (name: string) => Promise<Vmi | undefined>;
@@ -427,12 +437,19 @@ async function storageJourney(o: {
   await file.truncate(32 * 1024 * 1024);
   file.close();
   const loop = (await command("losetup", ["-f", "--show", backing])).trim();
+  const hotDir = join(node.dir, "pv-hot");
+  await Deno.mkdir(hotDir, { mode: 0o755 });
+  // A hotplugged claim's image is there already (CDI's or the user's), as KubeVirt expects.
+  const hotImage = await Deno.open(join(hotDir, "disk.img"), { create: true, write: true });
+  await hotImage.truncate(16 * 1024 * 1024);
+  hotImage.close();
+  const size = (name: string) => name === "pv-block" ? "32Mi" : name === "pv-hot" ? "16Mi" : "64Mi";
   const pv = (name: string, path: string, block: boolean) => ({
     apiVersion: "v1",
     kind: "PersistentVolume",
     metadata: { name },
     spec: {
-      capacity: { storage: block ? "32Mi" : "64Mi" },
+      capacity: { storage: size(name) },
       accessModes: ["ReadWriteOnce"],
       persistentVolumeReclaimPolicy: "Retain",
       storageClassName: "local",
@@ -460,7 +477,7 @@ async function storageJourney(o: {
       volumeName,
       accessModes: ["ReadWriteOnce"],
       ...(block ? { volumeMode: "Block" } : {}),
-      resources: { requests: { storage: block ? "32Mi" : "64Mi" } },
+      resources: { requests: { storage: size(volumeName) } },
     },
   });
   try {
@@ -473,8 +490,10 @@ async function storageJourney(o: {
         items: [
           pv("pv-data", fsDir, false),
           pv("pv-block", loop, true),
+          pv("pv-hot", hotDir, false),
           pvc("data", "pv-data", false),
           pvc("block", "pv-block", true),
+          pvc("hot", "pv-hot", false),
         ],
       }),
     );
@@ -528,6 +547,7 @@ async function storageJourney(o: {
       assert.equal(data?.target, "vdb", JSON.stringify(statuses));
       assert.equal(data?.persistentVolumeClaimInfo?.claimName, "data", "virt-controller's info");
       o.step(`vm-disks (boot ${boot}): the guest wrote its count ${boot} to both claims`);
+      if (boot === 2) await hotplugJourney(o);
       await kubectl(kc, ["delete", "vmi", "vm-disks", "--wait=true", "--timeout=120s"]);
       // The count is on the node once the VMI is gone.
       const image = join(fsDir, "disk.img");
@@ -541,10 +561,26 @@ async function storageJourney(o: {
     }
     o.step("vm-disks deleted and recreated: each claim kept what the guest wrote");
   } finally {
-    await kubectl(kc, ["delete", "pvc", "data", "block", "--wait=true", "--timeout=60s"])
+    // The VMI first, so its pod lets go of the claims.
+    await kubectl(kc, [
+      "delete",
+      "vmi",
+      "vm-disks",
+      "--ignore-not-found",
+      "--wait=true",
+      "--timeout=120s",
+    ]).catch(() => {});
+    await kubectl(kc, ["delete", "pvc", "data", "block", "hot", "--wait=true", "--timeout=60s"])
       .catch(() => {});
-    await kubectl(kc, ["delete", "pv", "pv-data", "pv-block", "--wait=true", "--timeout=60s"])
-      .catch(() => {});
+    await kubectl(kc, [
+      "delete",
+      "pv",
+      "pv-data",
+      "pv-block",
+      "pv-hot",
+      "--wait=true",
+      "--timeout=60s",
+    ]).catch(() => {});
     await command("losetup", ["-d", loop]).catch(() => {});
   }
 }
@@ -552,7 +588,98 @@ async function storageJourney(o: {
 interface VolumeStatusEntry {
   name: string;
   target?: string;
+  phase?: string;
+  hotplugVolume?: { attachPodName?: string; attachPodUID?: string };
   persistentVolumeClaimInfo?: { claimName?: string };
+}
+
+/**
+ * `virtctl addvolume` and `removevolume` of the claim `hot` on the running vm-disks, through
+ * virt-api's subresources: virt-controller's attachment pod mounts the claim, the handler
+ * hands its image to the launcher, KubeVirt's launcher attaches it to the domain (the
+ * volume Ready with its target), and on removal detaches it, the handler unmounts it and
+ * the attachment pod and the volume's status go.
+ */
+async function hotplugJourney(o: {
+  kc: string;
+  audit?: string;
+  admin: Awaited<ReturnType<typeof kubeClient>>;
+  getVmi: (name: string) => Promise<Vmi | undefined>;
+  step: (what: string) => void;
+}): Promise<void> {
+  const sub =
+    "/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachineinstances/vm-disks";
+  const statusOf = async () =>
+    ((await o.getVmi("vm-disks"))?.status as { volumeStatus?: VolumeStatusEntry[] } | undefined)
+      ?.volumeStatus?.find((s) => s.name === "hot");
+  const added = performance.now();
+  // As virtctl calls them (virt-api answers 202 with no body).
+  await kubectl(
+    o.kc,
+    ["replace", "--raw", `${sub}/addvolume`, "-f", "-"],
+    JSON.stringify({
+      name: "hot",
+      disk: { name: "hot", disk: { bus: "scsi" } },
+      volumeSource: { persistentVolumeClaim: { claimName: "hot", hotpluggable: true } },
+    }),
+  );
+  const ready = await waitFor(
+    "the hotplugged volume Ready",
+    async () => {
+      const s = await statusOf();
+      return s?.phase === "Ready" && s.target ? s : undefined;
+    },
+    180_000,
+    500,
+  ).catch(async (error) => {
+    const v = await o.getVmi("vm-disks");
+    console.error(JSON.stringify(v).slice(0, 8000));
+    const lines = (await Deno.readTextFile(o.audit ?? "/dev/null").catch(() => ""))
+      .split("\n").filter((l) => l.includes("vm-disks") && !/"verb":"(get|watch|list)"/.test(l))
+      .map((l) => {
+        const e = JSON.parse(l);
+        return `${e.requestReceivedTimestamp} ${e.user?.username} ${e.verb} ${
+          e.objectRef?.subresource ?? ""
+        } ${e.responseStatus?.code}`;
+      });
+    console.error(lines.slice(-40).join("\n"));
+    throw error;
+  });
+  assert.match(ready.target!, /^sd[a-z]$/, "a SCSI disk of the running domain");
+  assert.ok(ready.hotplugVolume?.attachPodName?.startsWith("hp-volume-"), JSON.stringify(ready));
+  o.step(
+    `hotplug: "hot" attached to the running domain as ${ready.target} ${
+      ((performance.now() - added) / 1000).toFixed(1)
+    } s after addvolume`,
+  );
+  const removed = performance.now();
+  await kubectl(
+    o.kc,
+    ["replace", "--raw", `${sub}/removevolume`, "-f", "-"],
+    JSON.stringify({ name: "hot" }),
+  );
+  await waitFor(
+    "the hotplugged volume's status gone",
+    async () => {
+      const v = await o.getVmi("vm-disks");
+      return v !== undefined && !(await statusOf());
+    },
+    180_000,
+    500,
+  );
+  const pods = await o.admin.request<{ items: { metadata: { name: string } }[] }>(
+    "GET",
+    `/api/v1/namespaces/default/pods?labelSelector=${
+      encodeURIComponent("kubevirt.io=hotplug-disk")
+    }`,
+  );
+  assert.deepEqual(pods.items.map((p) => p.metadata.name), [], "no attachment pod left");
+  assert.equal((await o.getVmi("vm-disks"))?.status?.phase, "Running");
+  o.step(
+    `hotplug: "hot" detached and its attachment pod gone ${
+      ((performance.now() - removed) / 1000).toFixed(1)
+    } s after removevolume`,
+  );
 }
 
 async function command(cmd: string, args: string[]): Promise<string> {

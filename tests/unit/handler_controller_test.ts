@@ -66,6 +66,7 @@ function doubles(standsInForController = true): Doubles {
     forLauncher: (vmi: VirtualMachineInstance) => vmi,
     hotplug: () => Promise.resolve(),
     hotplugMounted: () => Promise.resolve(new Set<string>()),
+    launcherRoot: () => Promise.resolve(undefined),
     unplug: () => Promise.resolve(),
     podNetwork: () => Promise.resolve(undefined),
     releasePodNetwork: () => {

@@ -369,3 +369,16 @@ Deno.test("computeStatus() moves a hotplugged volume as KubeVirt's handler does:
   assert.deepEqual([gone.phase, gone.reason], ["UnMountedFromPod", "VolumeUnMountedFromPod"]);
   assert.equal(run({ volumes: [] }, hot("Detaching"), []).phase, "Detaching", "controller's");
 });
+
+Deno.test("computeStatus() reports the launcher's SELinux context once a domain runs, as KubeVirt's handler does", () => {
+  const running = computeStatus(
+    vmi("Running"),
+    input(LifeCycle.Running, undefined, { selinuxContext: "none" }),
+  );
+  assert.equal(running.status.selinuxContext, "none");
+  const none = computeStatus(
+    vmi("Scheduled"),
+    input(undefined, undefined, { selinuxContext: "none" }),
+  );
+  assert.equal(none.status.selinuxContext, undefined, "no domain, nothing to say");
+});
