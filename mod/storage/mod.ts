@@ -1,6 +1,8 @@
 /**
  * The VM's storage on the node: pod-less mode's containerDisks read from OCI images on the
- * host into a content-addressed store, and the OCI image reader behind it.
+ * host into a content-addressed store (and the OCI image reader behind it), and KubeVirt
+ * mode's persistent volumes: filesystem claims as the host disks KubeVirt's launcher reads,
+ * their images created inside the launcher's root.
  *
  * @module
  */

@@ -521,7 +521,18 @@ async function storageJourney(o: {
       },
     };
     for (const boot of [1, 2]) {
-      await kubectl(kc, ["apply", "-f", "-"], JSON.stringify(vmi));
+      // Recreated, the VMI names the same claim as a DataVolume's (no CDI runs here: the
+      // claim of that name is the DataVolume's, as virt-controller and the handler read it).
+      const asked = boot === 1 ? vmi : {
+        ...vmi,
+        spec: {
+          ...vmi.spec,
+          volumes: vmi.spec.volumes.map((v) =>
+            v.name === "data" ? { name: "data", dataVolume: { name: "data" } } : v
+          ),
+        },
+      };
+      await kubectl(kc, ["apply", "-f", "-"], JSON.stringify(asked));
       const running = await waitFor(`vm-disks Running with its pod IP (boot ${boot})`, async () => {
         const v = await o.getVmi("vm-disks");
         return v?.status?.phase === "Running" && v.status.interfaces?.[0]?.ipAddress
