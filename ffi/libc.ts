@@ -1325,6 +1325,8 @@ export function bindContainerFile(o: ContainerFileBind): boolean {
  */
 function bindFromContainerNamespace(o: ContainerFileBind): boolean {
   const sourceNs = open(`/proc/${o.containerPid}/ns/mnt`, O_RDONLY | O_CLOEXEC);
+  // The container's root as its process sees it (a chroot's too), opened before entering.
+  const sourceRoot = openRoot(`/proc/${o.containerPid}/root`);
   const targetNs = open(`/proc/${o.targetPid}/ns/mnt`, O_RDONLY | O_CLOEXEC);
   const targetRoot = openRoot(`/proc/${o.targetPid}/root`);
   try {
@@ -1333,7 +1335,11 @@ function bindFromContainerNamespace(o: ContainerFileBind): boolean {
       c().setns(sourceNs, CLONE_NEWNS),
       `Cannot enter the mount namespace of ${o.containerPid}`,
     );
-    const tree = detachedBindMount("/", o.sourcePath, { readonly: o.readonly });
+    // Entered, the namespace's mounts may be cloned (open_tree wants them to be this
+    // thread's); the file is found from the container's root, its volumes' mounts included.
+    const tree = detachedBindMount(`/proc/self/fd/${sourceRoot}`, o.sourcePath, {
+      readonly: o.readonly,
+    });
     try {
       check(c().setns(targetNs, CLONE_NEWNS), `Cannot enter the mount namespace of ${o.targetPid}`);
       return attachMountBeneath(tree, targetRoot, o.targetDir, o.targetName);
@@ -1342,6 +1348,7 @@ function bindFromContainerNamespace(o: ContainerFileBind): boolean {
     }
   } finally {
     close(sourceNs);
+    close(sourceRoot);
     close(targetNs);
     close(targetRoot);
   }

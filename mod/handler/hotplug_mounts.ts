@@ -25,8 +25,15 @@ import { join } from "node:path";
 import {
   bindContainerFileInChild,
   chownBeneath,
+  close,
+  fileIdentity,
   listenerPid,
+  mknodBlockBeneath,
+  O_DIRECTORY,
+  O_PATH,
+  openBeneath,
   openDirectoryInRoot,
+  openRoot,
   openSocketBeneath,
   processStartTime,
   runInMountNamespace,
@@ -49,6 +56,8 @@ interface HotplugRecord {
   launcherStart?: string;
   /** The mounted volumes, by name. */
   volumes: string[];
+  /** The block volumes among them, with their device (`major:minor`) let into the launcher. */
+  devices?: Record<string, string>;
 }
 
 /** A hotplugged volume that cannot be handed to the launcher. */
@@ -60,14 +69,15 @@ export class HotplugMountError extends Error {
   }
 }
 
-/** The hotplugged filesystem volumes of a VMI that have an attachment pod, and its pod's UID. */
-function attached(vmi: VirtualMachineInstance): { volume: string; podUid: string }[] {
+/** The hotplugged volumes of a VMI that have an attachment pod, its pod's UID, and whether block. */
+function attached(
+  vmi: VirtualMachineInstance,
+): { volume: string; podUid: string; block: boolean }[] {
   const inSpec = new Set((vmi.spec.volumes ?? []).map((v) => v.name));
   return (vmi.status?.volumeStatus ?? []).flatMap((s) => {
     const podUid = s.hotplugVolume?.attachPodUID;
     if (!podUid || !inSpec.has(s.name)) return [];
-    if (s.persistentVolumeClaimInfo?.volumeMode === "Block") return [];
-    return [{ volume: s.name, podUid }];
+    return [{ volume: s.name, podUid, block: s.persistentVolumeClaimInfo?.volumeMode === "Block" }];
   });
 }
 
@@ -131,8 +141,31 @@ export class HotplugMounts {
     if (record && record.launcherStart !== launcherStart) {
       record = undefined; // another launcher's mounts went with its namespace
     }
-    for (const { volume, podUid } of attached(vmi)) {
+    for (const { volume, podUid, block } of attached(vmi)) {
       if (record?.volumes.includes(volume)) continue;
+      if (block) {
+        const device = attachmentDevice(`${this.#podsDir}/${podUid}`, volume);
+        if (device === undefined) continue;
+        record = {
+          launcherPid,
+          launcherStart,
+          volumes: [...(record?.volumes ?? []), volume],
+          devices: { ...record?.devices, [volume]: deviceName(device.rdev) },
+        };
+        await this.#write(uid, record);
+        try {
+          giveBlockDevice(launcherPid, volume, device);
+        } catch (error) {
+          await this.#unmountVolumes(launcherPid, [volume], launcherStart, record.devices)
+            .catch(() => {});
+          const { [volume]: _, ...devices } = record.devices ?? {};
+          record = { ...record, volumes: record.volumes.filter((v) => v !== volume), devices };
+          await this.#write(uid, record);
+          throw new HotplugMountError(key, volume, String(error), { cause: error });
+        }
+        log.info("Hotplugged block volume made in the launcher", { key, uid, volume, podUid });
+        continue;
+      }
       const pid = attachmentPid(`${this.#podsDir}/${podUid}`);
       if (pid === undefined) continue;
       // Recorded first: a restart in between unmounts what may be there.
@@ -176,8 +209,15 @@ export class HotplugMounts {
     const inSpec = new Set((vmi.spec.volumes ?? []).map((v) => v.name));
     const gone = record.volumes.filter((v) => !inSpec.has(v));
     if (gone.length === 0) return;
-    await this.#unmountVolumes(record.launcherPid, gone, record.launcherStart);
-    await this.#write(uid, { ...record, volumes: record.volumes.filter((v) => inSpec.has(v)) });
+    await this.#unmountVolumes(record.launcherPid, gone, record.launcherStart, record.devices);
+    const devices = Object.fromEntries(
+      Object.entries(record.devices ?? {}).filter(([v]) => inSpec.has(v)),
+    );
+    await this.#write(uid, {
+      ...record,
+      volumes: record.volumes.filter((v) => inSpec.has(v)),
+      devices,
+    });
     log.info("Hotplugged volumes unmounted from the launcher", {
       key: vmiKey(vmi.metadata),
       uid,
@@ -189,20 +229,34 @@ export class HotplugMounts {
   async unmountAll(uid: string): Promise<void> {
     const record = await this.#read(uid);
     if (!record) return;
-    await this.#unmountVolumes(record.launcherPid, record.volumes, record.launcherStart);
-    await this.#write(uid, { ...record, volumes: [] });
+    await this.#unmountVolumes(
+      record.launcherPid,
+      record.volumes,
+      record.launcherStart,
+      record.devices,
+    );
+    await this.#write(uid, { ...record, volumes: [], devices: {} });
   }
 
-  /** Unmounts and removes `<volume>.img` in the launcher's namespace while it runs. */
+  /**
+   * Unmounts and removes `<volume>.img` in the launcher's namespace while it runs; a block
+   * volume's device node is removed and its device shut out of the launcher's cgroup.
+   */
   async #unmountVolumes(
     launcherPid: number,
     volumes: string[],
     launcherStart = processStartTime(launcherPid),
+    devices: Record<string, string> = {},
   ): Promise<void> {
     if (launcherStart === undefined || processStartTime(launcherPid) !== launcherStart) return;
+    for (const v of volumes) {
+      if (devices[v] !== undefined) takeBlockDevice(launcherPid, v, devices[v]);
+    }
+    const files = volumes.filter((v) => devices[v] === undefined);
+    if (files.length === 0) return;
     await runInMountNamespace(
       launcherPid,
-      volumes.map((v) => ({
+      files.map((v) => ({
         op: "unmountFile" as const,
         dir: LAUNCHER_HOTPLUG_DIR,
         name: `${v}.img`,
@@ -218,7 +272,7 @@ export class HotplugMounts {
       return;
     }
     try {
-      for (const v of volumes) await Deno.remove(`${dir.path}/${v}.img`).catch(() => {});
+      for (const v of files) await Deno.remove(`${dir.path}/${v}.img`).catch(() => {});
     } finally {
       dir.release();
     }
@@ -240,4 +294,131 @@ function attachmentPid(podDir: string): number | undefined {
   } finally {
     socket.release();
   }
+}
+
+/** The attachment pod's volume holding each block claim's device node, below its directory. */
+const ATTACH_DEVICES = "volumes/kubernetes.io~empty-dir/hotplug-disks";
+const S_IFMT = 0o170000;
+const S_IFBLK = 0o060000;
+
+/**
+ * The block device the kubelet gave the attachment pod for `volume`: the single node in
+ * `hotplug-disks/<volume>/` of the pod's directory, reached without following a symlink;
+ * undefined while it is not there.
+ */
+function attachmentDevice(
+  podDir: string,
+  volume: string,
+): { rdev: bigint; mode: number } | undefined {
+  let dir;
+  try {
+    dir = openDirectoryBeneath(podDir, `${ATTACH_DEVICES}/${volume}`);
+  } catch {
+    return undefined; // not there (yet)
+  }
+  try {
+    const names = [...Deno.readDirSync(dir.path)].map((e) => e.name);
+    if (names.length !== 1) return undefined;
+    const id = identityBeneath(dir.path, names[0]);
+    if ((id.mode & S_IFMT) !== S_IFBLK) {
+      throw new Error(`${ATTACH_DEVICES}/${volume}/${names[0]} is not a block device`);
+    }
+    return { rdev: id.rdev, mode: id.mode };
+  } finally {
+    dir.release();
+  }
+}
+
+/** `major:minor` of a Linux `st_rdev`. */
+function deviceName(rdev: bigint): string {
+  const major = ((rdev >> 8n) & 0xfffn) | ((rdev >> 32n) & ~0xfffn);
+  const minor = (rdev & 0xffn) | ((rdev >> 12n) & ~0xffn);
+  return `${major}:${minor}`;
+}
+
+/** The launcher's devices cgroup (v1) directory, from `/proc/<pid>/cgroup`. */
+function devicesCgroup(pid: number): string {
+  const line = Deno.readTextFileSync(`/proc/${pid}/cgroup`).split("\n")
+    .find((l) => l.split(":")[1]?.split(",").includes("devices"));
+  if (!line) {
+    throw new Error(
+      `process ${pid} has no devices cgroup (cgroup v2 device rules are not supported yet)`,
+    );
+  }
+  const path = line.split(":").slice(2).join(":");
+  return `/sys/fs/cgroup/devices${path === "/" ? "" : path}`;
+}
+
+/**
+ * Makes `<volume>` in the launcher's hotplug directory the block device node of `device`
+ * (inside the launcher's root, no symlink followed), lets the launcher's cgroup use it and
+ * gives it to QEMU's user, as KubeVirt's handler does.
+ */
+function giveBlockDevice(
+  pid: number,
+  volume: string,
+  device: { rdev: bigint; mode: number },
+): void {
+  const dir = openDirectoryInRoot(`/proc/${pid}/root`, LAUNCHER_HOTPLUG_DIR);
+  try {
+    try {
+      mknodBlockBeneath(dir.path, volume, device.rdev, device.mode & 0o777);
+    } catch (error) {
+      // One a restart left: the same device is fine, anything else is not.
+      const id = identityBeneath(dir.path, volume);
+      if ((id.mode & S_IFMT) !== S_IFBLK || id.rdev !== device.rdev) throw error;
+    }
+    Deno.writeTextFileSync(
+      `${devicesCgroup(pid)}/devices.allow`,
+      `b ${deviceName(device.rdev)} rwm`,
+    );
+    chownBeneath(dir.path, volume, QEMU_USER, QEMU_USER);
+  } finally {
+    dir.release();
+  }
+}
+
+/** Removes a block volume's node from the launcher and shuts its device out of its cgroup. */
+function takeBlockDevice(pid: number, volume: string, device: string): void {
+  try {
+    const dir = openDirectoryInRoot(`/proc/${pid}/root`, LAUNCHER_HOTPLUG_DIR);
+    try {
+      Deno.removeSync(`${dir.path}/${volume}`); // unlink(2) never follows the last component
+    } catch {
+      /* gone */
+    } finally {
+      dir.release();
+    }
+    Deno.writeTextFileSync(`${devicesCgroup(pid)}/devices.deny`, `b ${device} rwm`);
+  } catch (error) {
+    // The launcher ended meanwhile: its cgroup and root are gone with it.
+    if (processStartTime(pid) !== undefined) throw error;
+  }
+}
+
+/** Mode and device of `name` in the directory `dir`, the name itself never followed. */
+function identityBeneath(dir: string, name: string): { mode: number; rdev: bigint } {
+  const dirFd = openRoot(dir);
+  try {
+    const fd = openBeneath(dirFd, name, { flags: O_PATH });
+    try {
+      return fileIdentity(fd);
+    } finally {
+      close(fd);
+    }
+  } finally {
+    close(dirFd);
+  }
+}
+
+/** A directory below `root` reached with no symlink on the way (the pod's own directory). */
+function openDirectoryBeneath(root: string, path: string): { path: string; release(): void } {
+  const rootFd = openRoot(root);
+  let fd: number;
+  try {
+    fd = openBeneath(rootFd, path, { flags: O_PATH | O_DIRECTORY });
+  } finally {
+    close(rootFd);
+  }
+  return { path: `/proc/self/fd/${fd}`, release: () => close(fd) };
 }

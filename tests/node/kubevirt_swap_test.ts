@@ -437,13 +437,22 @@ async function storageJourney(o: {
   await file.truncate(32 * 1024 * 1024);
   file.close();
   const loop = (await command("losetup", ["-f", "--show", backing])).trim();
+  const hotBacking = join(node.dir, "pv-hotblk.img");
+  const hotFile = await Deno.open(hotBacking, { create: true, write: true });
+  await hotFile.truncate(8 * 1024 * 1024);
+  hotFile.close();
+  const hotLoop = (await command("losetup", ["-f", "--show", hotBacking])).trim();
   const hotDir = join(node.dir, "pv-hot");
   await Deno.mkdir(hotDir, { mode: 0o755 });
   // A hotplugged claim's image is there already (CDI's or the user's), as KubeVirt expects.
   const hotImage = await Deno.open(join(hotDir, "disk.img"), { create: true, write: true });
   await hotImage.truncate(16 * 1024 * 1024);
   hotImage.close();
-  const size = (name: string) => name === "pv-block" ? "32Mi" : name === "pv-hot" ? "16Mi" : "64Mi";
+  const size = (name: string) =>
+    ({ "pv-block": "32Mi", "pv-hot": "16Mi", "pv-hotblk": "8Mi" } as Record<string, string>)[
+      name
+    ] ??
+      "64Mi";
   const pv = (name: string, path: string, block: boolean) => ({
     apiVersion: "v1",
     kind: "PersistentVolume",
@@ -491,9 +500,11 @@ async function storageJourney(o: {
           pv("pv-data", fsDir, false),
           pv("pv-block", loop, true),
           pv("pv-hot", hotDir, false),
+          pv("pv-hotblk", hotLoop, true),
           pvc("data", "pv-data", false),
           pvc("block", "pv-block", true),
           pvc("hot", "pv-hot", false),
+          pvc("hotblk", "pv-hotblk", true),
         ],
       }),
     );
@@ -558,7 +569,10 @@ async function storageJourney(o: {
       assert.equal(data?.target, "vdb", JSON.stringify(statuses));
       assert.equal(data?.persistentVolumeClaimInfo?.claimName, "data", "virt-controller's info");
       o.step(`vm-disks (boot ${boot}): the guest wrote its count ${boot} to both claims`);
-      if (boot === 2) await hotplugJourney(o);
+      if (boot === 2) {
+        await hotplugJourney(o, "hot");
+        await hotplugJourney(o, "hotblk");
+      }
       await kubectl(kc, ["delete", "vmi", "vm-disks", "--wait=true", "--timeout=120s"]);
       // The count is on the node once the VMI is gone.
       const image = join(fsDir, "disk.img");
@@ -581,7 +595,16 @@ async function storageJourney(o: {
       "--wait=true",
       "--timeout=120s",
     ]).catch(() => {});
-    await kubectl(kc, ["delete", "pvc", "data", "block", "hot", "--wait=true", "--timeout=60s"])
+    await kubectl(kc, [
+      "delete",
+      "pvc",
+      "data",
+      "block",
+      "hot",
+      "hotblk",
+      "--wait=true",
+      "--timeout=60s",
+    ])
       .catch(() => {});
     await kubectl(kc, [
       "delete",
@@ -589,10 +612,12 @@ async function storageJourney(o: {
       "pv-data",
       "pv-block",
       "pv-hot",
+      "pv-hotblk",
       "--wait=true",
       "--timeout=60s",
     ]).catch(() => {});
     await command("losetup", ["-d", loop]).catch(() => {});
+    await command("losetup", ["-d", hotLoop]).catch(() => {});
   }
 }
 
@@ -617,21 +642,21 @@ async function hotplugJourney(o: {
   admin: Awaited<ReturnType<typeof kubeClient>>;
   getVmi: (name: string) => Promise<Vmi | undefined>;
   step: (what: string) => void;
-}): Promise<void> {
+}, name: string): Promise<void> {
   const sub =
     "/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachineinstances/vm-disks";
   const statusOf = async () =>
     ((await o.getVmi("vm-disks"))?.status as { volumeStatus?: VolumeStatusEntry[] } | undefined)
-      ?.volumeStatus?.find((s) => s.name === "hot");
+      ?.volumeStatus?.find((s) => s.name === name);
   const added = performance.now();
   // As virtctl calls them (virt-api answers 202 with no body).
   await kubectl(
     o.kc,
     ["replace", "--raw", `${sub}/addvolume`, "-f", "-"],
     JSON.stringify({
-      name: "hot",
-      disk: { name: "hot", disk: { bus: "scsi" } },
-      volumeSource: { persistentVolumeClaim: { claimName: "hot", hotpluggable: true } },
+      name,
+      disk: { name, disk: { bus: "scsi" } },
+      volumeSource: { persistentVolumeClaim: { claimName: name, hotpluggable: true } },
     }),
   );
   const ready = await waitFor(
@@ -659,7 +684,7 @@ async function hotplugJourney(o: {
   assert.match(ready.target!, /^sd[a-z]$/, "a SCSI disk of the running domain");
   assert.ok(ready.hotplugVolume?.attachPodName?.startsWith("hp-volume-"), JSON.stringify(ready));
   o.step(
-    `hotplug: "hot" attached to the running domain as ${ready.target} ${
+    `hotplug: "${name}" attached to the running domain as ${ready.target} ${
       ((performance.now() - added) / 1000).toFixed(1)
     } s after addvolume`,
   );
@@ -667,7 +692,7 @@ async function hotplugJourney(o: {
   await kubectl(
     o.kc,
     ["replace", "--raw", `${sub}/removevolume`, "-f", "-"],
-    JSON.stringify({ name: "hot" }),
+    JSON.stringify({ name }),
   );
   await waitFor(
     "the hotplugged volume's status gone",
@@ -687,7 +712,7 @@ async function hotplugJourney(o: {
   assert.deepEqual(pods.items.map((p) => p.metadata.name), [], "no attachment pod left");
   assert.equal((await o.getVmi("vm-disks"))?.status?.phase, "Running");
   o.step(
-    `hotplug: "hot" detached and its attachment pod gone ${
+    `hotplug: "${name}" detached and its attachment pod gone ${
       ((performance.now() - removed) / 1000).toFixed(1)
     } s after removevolume`,
   );
