@@ -19,8 +19,8 @@
 #
 # The guest needs nothing writable: the boot disk can be attached read-only. It boots under
 # KVM or software emulation (TCG) alike. Cached by key (this script and the package
-# versions) under $VIRTNODE_CACHE/guest/ (default ~/.cache/virtnode); prints the path of
-# guest.img.
+# versions) under $VIRTNODE_CACHE/guest/ (default ~/.cache/virtnode); prints the directory
+# of guest.img, which also holds the kernel and initramfs alone (vmlinuz, initrd).
 #
 #   deploy/guest/build.sh
 set -euo pipefail
@@ -217,6 +217,9 @@ syslinux --install "$disk"
 
 mkdir -p "$out.tmp"
 mv "$disk" "$out.tmp/guest.img"
+# The same kernel and initramfs on their own, for kernel boot (firmware.kernelBoot).
+cp "$work/kernel/boot/vmlinuz-$abi" "$out.tmp/vmlinuz"
+cp "$work/initrd" "$out.tmp/initrd"
 echo "$kernel_package $kernel_version" >"$out.tmp/versions"
 echo "busybox-static $busybox_version" >>"$out.tmp/versions"
 echo "syslinux $syslinux_version" >>"$out.tmp/versions"

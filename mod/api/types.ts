@@ -105,7 +105,7 @@ export interface Firmware {
     efi?: { secureBoot?: boolean; persistent?: boolean };
   };
   /** Boot a kernel and initrd taken from a container image. */
-  kernelBoot?: unknown;
+  kernelBoot?: KernelBoot;
   /** ACPI tables to give the guest. */
   acpi?: unknown;
 }
@@ -347,6 +347,20 @@ export interface ContainerDiskSource {
   imagePullPolicy?: string;
   /** The secret with the credentials to pull the image. */
   imagePullSecret?: string;
+}
+
+/** `spec.domain.firmware.kernelBoot`. */
+export interface KernelBoot {
+  /** The kernel command line. */
+  kernelArgs?: string;
+  /** The image holding the kernel and initrd, and their paths in it. */
+  container?: {
+    image: string;
+    kernelPath?: string;
+    initrdPath?: string;
+    imagePullPolicy?: string;
+    imagePullSecret?: string;
+  };
 }
 
 /** `spec.volumes[].hostDisk`: a raw image file on the node. */

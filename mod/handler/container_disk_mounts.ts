@@ -42,6 +42,10 @@ const log = getLogger("handler", "container-disks");
 export const LAUNCHER_CONTAINER_DISK_DIR = "/var/run/kubevirt/container-disks";
 /** The pod volume the container-disk servers and the launcher share. */
 const POD_VOLUME = "volumes/kubernetes.io~empty-dir/container-disks";
+/** The launcher's folder of kernel boot artifacts, and the kernel boot server's socket name. */
+const KERNEL_BOOT = "kernel-boot";
+/** The name KubeVirt gives the kernel boot container's volume. */
+const KERNEL_BOOT_VOLUME = "kernel-boot-volume";
 /** The folder of a containerDisk image that holds its disk (KubeVirt's fallback). */
 const DISK_FOLDER = "/disk";
 
@@ -50,7 +54,7 @@ interface MountRecord {
   /** The launcher whose namespace holds the mounts, and its start time (PIDs get reused). */
   launcherPid: number;
   launcherStart?: string;
-  /** The mounted file names in {@linkcode LAUNCHER_CONTAINER_DISK_DIR}. */
+  /** The mounted files, by path below {@linkcode LAUNCHER_CONTAINER_DISK_DIR}. */
   targets: string[];
   /** The container-disk sockets (the pod's directory and the path below it). */
   sockets: { podDir: string; path: string }[];
@@ -103,31 +107,60 @@ export class ContainerDiskMounts {
     const disks = (vmi.spec.volumes ?? []).flatMap((v, i) =>
       v.containerDisk ? [{ volume: v.name, index: i, path: v.containerDisk.path }] : []
     );
-    if (disks.length === 0 || this.#mounted.has(uid)) return "mounted";
+    const kernel = vmi.spec.domain.firmware?.kernelBoot?.container;
+    if ((disks.length === 0 && !kernel?.image) || this.#mounted.has(uid)) return "mounted";
     const key = vmiKey(vmi.metadata);
-    const found: { volume: string; index: number; pid: number; source: string }[] = [];
+    const found: { volume: string; pid: number; source: string; target: string; socket: string }[] =
+      [];
     for (const disk of disks) {
       const socket = `${POD_VOLUME}/disk_${disk.index}.sock`;
       const pid = serverPid(podDir, socket);
       if (pid === undefined) return "notReady";
-      found.push({ ...disk, pid, source: disk.path ?? diskInFolder(key, disk.volume, pid) });
+      found.push({
+        volume: disk.volume,
+        pid,
+        source: disk.path ?? diskInFolder(key, disk.volume, pid),
+        target: `disk_${disk.index}.img`,
+        socket,
+      });
+    }
+    if (kernel?.image) {
+      // KubeVirt's kernel boot container: its kernel and initrd, each under its own name
+      // in the launcher's `kernel-boot` folder.
+      const socket = `${POD_VOLUME}/${KERNEL_BOOT}.sock`;
+      const pid = serverPid(podDir, socket);
+      if (pid === undefined) return "notReady";
+      for (const path of [kernel.kernelPath, kernel.initrdPath]) {
+        if (!path) continue;
+        found.push({
+          volume: KERNEL_BOOT_VOLUME,
+          pid,
+          source: path,
+          target: `${KERNEL_BOOT}/${path.slice(path.lastIndexOf("/") + 1)}`,
+          socket,
+        });
+      }
     }
     const record: MountRecord = {
       launcherPid,
       launcherStart: processStartTime(launcherPid),
-      targets: found.map((d) => `disk_${d.index}.img`),
-      sockets: found.map((d) => ({ podDir, path: `${POD_VOLUME}/disk_${d.index}.sock` })),
+      targets: found.map((d) => d.target),
+      sockets: [...new Set(found.map((d) => d.socket))].map((path) => ({ podDir, path })),
     };
     await Deno.mkdir(this.#recordDir, { recursive: true, mode: 0o700 });
     await Deno.writeTextFile(this.#record(uid), JSON.stringify(record), { mode: 0o600 });
+    if (kernel?.image) makeKernelBootFolder(launcherPid);
     for (const d of found) {
+      const slash = d.target.lastIndexOf("/");
       try {
         const mounted = await bindContainerFileInChild({
           containerPid: d.pid,
           sourcePath: d.source,
           targetPid: launcherPid,
-          targetDir: LAUNCHER_CONTAINER_DISK_DIR,
-          targetName: `disk_${d.index}.img`,
+          targetDir: slash < 0
+            ? LAUNCHER_CONTAINER_DISK_DIR
+            : `${LAUNCHER_CONTAINER_DISK_DIR}/${d.target.slice(0, slash)}`,
+          targetName: d.target.slice(slash + 1),
           readonly: true,
           hostPid: this.#hostPid,
         });
@@ -166,11 +199,16 @@ export class ContainerDiskMounts {
     if (alive) {
       await runInMountNamespace(
         record.launcherPid,
-        record.targets.map((name) => ({
-          op: "unmountFile" as const,
-          dir: LAUNCHER_CONTAINER_DISK_DIR,
-          name,
-        })),
+        record.targets.map((target) => {
+          const slash = target.lastIndexOf("/");
+          return {
+            op: "unmountFile" as const,
+            dir: slash < 0
+              ? LAUNCHER_CONTAINER_DISK_DIR
+              : `${LAUNCHER_CONTAINER_DISK_DIR}/${target.slice(0, slash)}`,
+            name: target.slice(slash + 1),
+          };
+        }),
       ).catch((error) => {
         // The launcher ended meanwhile: its namespace and mounts are gone with it.
         if (processStartTime(record.launcherPid) === record.launcherStart) throw error;
@@ -231,6 +269,21 @@ function diskInFolder(key: string, volume: string, pid: number): string {
       );
     }
     return `${DISK_FOLDER}/${names[0]}`;
+  } finally {
+    dir.release();
+  }
+}
+
+/**
+ * Makes the launcher's `kernel-boot` folder in its container-disks folder (inside its root,
+ * no link followed), as KubeVirt's handler does before it mounts the kernel and initrd.
+ */
+function makeKernelBootFolder(launcherPid: number): void {
+  const dir = openDirectoryInRoot(`/proc/${launcherPid}/root`, LAUNCHER_CONTAINER_DISK_DIR);
+  try {
+    Deno.mkdirSync(`${dir.path}/${KERNEL_BOOT}`, { mode: 0o755 });
+  } catch (error) {
+    if (!(error instanceof Deno.errors.AlreadyExists)) throw error;
   } finally {
     dir.release();
   }

@@ -191,7 +191,8 @@ export class PodLaunchers implements LauncherProvider {
   ): Promise<"ready" | "notReady"> {
     const volumes = vmi.spec.volumes ?? [];
     const runtimeUser = vmi.status?.runtimeUser ?? 0;
-    const containerDisks = volumes.some((v) => v.containerDisk);
+    const containerDisks = volumes.some((v) => v.containerDisk) ||
+      Boolean(vmi.spec.domain.firmware?.kernelBoot?.container?.image);
     const hostDisks = volumes.some((v) =>
       v.hostDisk?.type === "DiskOrCreate" ||
       (runtimeUser !== 0 && claimInfoOf(vmi, v.name)?.volumeMode === "Block")

@@ -65,6 +65,36 @@ export async function testGuestOciArchive(): Promise<string> {
   return archive;
 }
 
+/** The kernel boot image the test guest's kernel and initramfs go by (`/boot/vmlinuz`, `/boot/initrd`). */
+export const KERNEL_IMAGE = "virtnode.local/test-kernel:1";
+
+/**
+ * The test guest's kernel and initramfs as a kernel boot container image archive
+ * (`firmware.kernelBoot.container`), built once next to the cached guest.
+ */
+export async function testKernelOciArchive(): Promise<string> {
+  const dir = join(await testGuestImage(), "..");
+  const archive = join(dir, `kernel-oci-${KERNEL_IMAGE.replace(/[^A-Za-z0-9._-]/g, "_")}.tar`);
+  if (await Deno.stat(archive).then(() => true, () => false)) return archive;
+  const root = await Deno.makeTempDir({ prefix: "virtnode-kernel-oci-" });
+  try {
+    await Deno.mkdir(join(root, "boot"));
+    for (const file of ["vmlinuz", "initrd"]) {
+      await Deno.copyFile(join(dir, file), join(root, "boot", file));
+      await Deno.chmod(join(root, "boot", file), 0o444);
+    }
+    const partial = `${archive}.${crypto.randomUUID().slice(0, 8)}`;
+    await buildImageArchive(
+      { name: KERNEL_IMAGE, root, entrypoint: ["/boot-has-no-program"] },
+      partial,
+    );
+    await Deno.rename(partial, archive);
+  } finally {
+    await Deno.remove(root, { recursive: true });
+  }
+  return archive;
+}
+
 /**
  * Puts the test guest into a pod-less handler's image directory under
  * {@linkcode GUEST_IMAGE}, as the OCI image archive a user would place there: a hard link

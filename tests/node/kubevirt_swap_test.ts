@@ -42,9 +42,11 @@ import { kubeClient, waitFor } from "../helpers/handler_process.ts";
 import {
   GUEST_IMAGE,
   httpGet,
+  KERNEL_IMAGE,
   parseLease,
   testGuestImage,
   testGuestOciArchive,
+  testKernelOciArchive,
 } from "../helpers/guest.ts";
 
 const REPO = new URL("../../", import.meta.url).pathname;
@@ -338,6 +340,7 @@ async function journey(handler: Handler): Promise<void> {
         step,
         audit: cluster.auditLogPath,
       });
+      await kernelBootJourney({ kc, node, cpuModel, getVmi, step });
     }
 
     // A drain evicts the launcher pod (through virt-api's eviction webhook) cleanly.
@@ -618,6 +621,69 @@ async function storageJourney(o: {
     ]).catch(() => {});
     await command("losetup", ["-d", loop]).catch(() => {});
     await command("losetup", ["-d", hotLoop]).catch(() => {});
+  }
+}
+
+/**
+ * Kernel boot: a VMI with no disk boots the test guest's kernel and initramfs from a kernel
+ * boot container image (`firmware.kernelBoot.container`), which the handler binds from that
+ * container into the launcher; the guest answers HTTP on its pod IP.
+ */
+async function kernelBootJourney(o: {
+  kc: string;
+  node: Awaited<ReturnType<typeof startNode>>;
+  cpuModel: string;
+  getVmi: (name: string) => Promise<Vmi | undefined>;
+  step: (what: string) => void;
+}): Promise<void> {
+  await o.node.importImage(await testKernelOciArchive());
+  const base = networkVmi("vm-kernel", o.cpuModel, "masquerade");
+  const vmi = {
+    ...base,
+    spec: {
+      ...base.spec,
+      domain: {
+        ...base.spec.domain,
+        devices: { interfaces: base.spec.domain.devices.interfaces },
+        firmware: {
+          kernelBoot: {
+            kernelArgs: "console=ttyS0,115200 quiet loglevel=3 panic=-1",
+            container: {
+              image: KERNEL_IMAGE,
+              imagePullPolicy: "Never",
+              kernelPath: "/boot/vmlinuz",
+              initrdPath: "/boot/initrd",
+            },
+          },
+        },
+      },
+      volumes: [],
+    },
+  };
+  await kubectl(o.kc, ["apply", "-f", "-"], JSON.stringify(vmi));
+  try {
+    const running = await waitFor("vm-kernel Running with its pod IP", async () => {
+      const v = await o.getVmi("vm-kernel");
+      return v?.status?.phase === "Running" && v.status.interfaces?.[0]?.ipAddress ? v : undefined;
+    }, 180_000);
+    const ip = running.status!.interfaces![0].ipAddress!;
+    const text = await waitFor(
+      `vm-kernel's guest answering HTTP on ${ip}`,
+      () => httpGet(`http://${ip}/dhcp`),
+      240_000,
+      1_000,
+    );
+    assert.equal(parseLease(text).hostname, "vm-kernel");
+    o.step(`vm-kernel: booted its kernel and initrd from ${KERNEL_IMAGE}, HTTP answered on ${ip}`);
+  } finally {
+    await kubectl(o.kc, [
+      "delete",
+      "vmi",
+      "vm-kernel",
+      "--ignore-not-found",
+      "--wait=true",
+      "--timeout=120s",
+    ]).catch(() => {});
   }
 }
 
