@@ -1075,18 +1075,30 @@ export function detachedBindMount(
   options: { readonly: boolean },
 ): number {
   const rootFd = openRoot(root);
-  let source: number;
   try {
-    source = openBeneath(rootFd, path, {
-      flags: O_PATH,
-      resolve: RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
-    });
+    return detachedBindMountAt(rootFd, path, options, `"${root}"`);
   } finally {
     close(rootFd);
   }
+}
+
+/**
+ * {@linkcode detachedBindMount} inside the root an open descriptor names: for a thread that
+ * has entered another mount namespace, whose `/proc` does not show this process's descriptors.
+ */
+function detachedBindMountAt(
+  rootFd: number,
+  path: string,
+  options: { readonly: boolean },
+  root: string,
+): number {
+  const source = openBeneath(rootFd, path, {
+    flags: O_PATH,
+    resolve: RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
+  });
   try {
     if ((fileIdentity(source).mode & S_IFMT) !== S_IFREG) {
-      throw new ErrnoError(`Cannot bind "${path}" of "${root}"`, 21, "Not a regular file");
+      throw new ErrnoError(`Cannot bind "${path}" of ${root}`, 21, "Not a regular file");
     }
     const tree = Number(
       c().open_tree(
@@ -1096,7 +1108,7 @@ export function detachedBindMount(
         BigInt(OPEN_TREE_CLONE | O_CLOEXEC | AT_EMPTY_PATH),
       ),
     );
-    check(tree, `Cannot clone a mount of "${path}" of "${root}"`);
+    check(tree, `Cannot clone a mount of "${path}" of ${root}`);
     if (options.readonly) {
       const attr = new BigUint64Array([BigInt(MOUNT_ATTR_RDONLY), 0n, 0n, 0n]); // struct mount_attr
       const rc = Number(
@@ -1337,9 +1349,12 @@ function bindFromContainerNamespace(o: ContainerFileBind): boolean {
     );
     // Entered, the namespace's mounts may be cloned (open_tree wants them to be this
     // thread's); the file is found from the container's root, its volumes' mounts included.
-    const tree = detachedBindMount(`/proc/self/fd/${sourceRoot}`, o.sourcePath, {
-      readonly: o.readonly,
-    });
+    const tree = detachedBindMountAt(
+      sourceRoot,
+      o.sourcePath,
+      { readonly: o.readonly },
+      `the root of process ${o.containerPid}`,
+    );
     try {
       check(c().setns(targetNs, CLONE_NEWNS), `Cannot enter the mount namespace of ${o.targetPid}`);
       return attachMountBeneath(tree, targetRoot, o.targetDir, o.targetName);

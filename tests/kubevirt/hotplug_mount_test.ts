@@ -39,8 +39,17 @@ function vmi(uid: string, podUid: string, volumes: { name: string; block?: boole
   } as unknown as VirtualMachineInstance;
 }
 
-/** A process with its own mount namespace and `root` as its root, `binds` mounted in it only. */
-function rooted(root: string, binds: [string, string][], program: string[]): Deno.ChildProcess {
+/**
+ * A process with its own mount namespace and `root` as its root, `binds` mounted in it only.
+ * A pod gets its own PID namespace and a /proc of it, as a container does: the handler's
+ * descriptors are not to be seen through that namespace's /proc.
+ */
+function rooted(
+  root: string,
+  binds: [string, string][],
+  program: string[],
+  ownPids = false,
+): Deno.ChildProcess {
   const q = (s: string) => `'${s.replaceAll("'", `'\\''`)}'`;
   const script = [
     "set -e",
@@ -49,7 +58,15 @@ function rooted(root: string, binds: [string, string][], program: string[]): Den
     `exec chroot ${q(root)} ${program.map(q).join(" ")}`,
   ].join("\n");
   return new Deno.Command("unshare", {
-    args: ["--mount", "--propagation", "private", "bash", "-c", script],
+    args: [
+      "--mount",
+      "--propagation",
+      "private",
+      ...(ownPids ? ["--pid", "--fork", "--mount-proc", "--kill-child"] : []),
+      "bash",
+      "-c",
+      script,
+    ],
     stdin: "null",
     stdout: "null",
     stderr: "piped",
@@ -100,7 +117,7 @@ Deno.test("hotplug (KubeVirt mode): a claim's disk.img from the attachment pod i
     "/usr/bin/container-disk",
     "--copy-path",
     "/path/hp",
-  ]);
+  ], true);
   const launcher = rooted(launcherRoot, [], ["/bin/busybox", "sleep", "600"]);
   try {
     await Deno.writeTextFile(join(cgroup, "cgroup.procs"), String(launcher.pid));
@@ -202,7 +219,7 @@ Deno.test("hotplug (KubeVirt mode): a disk.img planted as a link out of the clai
     "/usr/bin/container-disk",
     "--copy-path",
     "/path/hp",
-  ]);
+  ], true);
   const launcher = rooted(launcherRoot, [], ["/bin/busybox", "sleep", "600"]);
   try {
     await waitFor(
