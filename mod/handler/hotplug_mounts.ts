@@ -345,8 +345,18 @@ function devicesCgroup(pid: number): string {
       `process ${pid} has no devices cgroup (cgroup v2 device rules are not supported yet)`,
     );
   }
+  // The path is the host's (cgroup v1 gives containers no cgroup namespace), so it is
+  // looked up in the host's cgroup tree, through PID 1's root: a handler in a pod has only
+  // its own container's cgroup at /sys/fs/cgroup. Where PID 1's root cannot be opened
+  // (a sandbox's), the handler runs on the host and its own tree is the host's.
   const path = line.split(":").slice(2).join(":");
-  return `/sys/fs/cgroup/devices${path === "/" ? "" : path}`;
+  const tail = `sys/fs/cgroup/devices${path === "/" ? "" : path}`;
+  try {
+    Deno.statSync(`/proc/1/root/${tail}`);
+    return `/proc/1/root/${tail}`;
+  } catch {
+    return `/${tail}`;
+  }
 }
 
 /**
