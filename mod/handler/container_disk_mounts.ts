@@ -151,16 +151,14 @@ export class ContainerDiskMounts {
     await Deno.writeTextFile(this.#record(uid), JSON.stringify(record), { mode: 0o600 });
     if (kernel?.image) makeKernelBootFolder(launcherPid);
     for (const d of found) {
-      const slash = d.target.lastIndexOf("/");
+      const place = inLauncher(d.target);
       try {
         const mounted = await bindContainerFileInChild({
           containerPid: d.pid,
           sourcePath: d.source,
           targetPid: launcherPid,
-          targetDir: slash < 0
-            ? LAUNCHER_CONTAINER_DISK_DIR
-            : `${LAUNCHER_CONTAINER_DISK_DIR}/${d.target.slice(0, slash)}`,
-          targetName: d.target.slice(slash + 1),
+          targetDir: place.dir,
+          targetName: place.name,
           readonly: true,
           hostPid: this.#hostPid,
         });
@@ -199,16 +197,7 @@ export class ContainerDiskMounts {
     if (alive) {
       await runInMountNamespace(
         record.launcherPid,
-        record.targets.map((target) => {
-          const slash = target.lastIndexOf("/");
-          return {
-            op: "unmountFile" as const,
-            dir: slash < 0
-              ? LAUNCHER_CONTAINER_DISK_DIR
-              : `${LAUNCHER_CONTAINER_DISK_DIR}/${target.slice(0, slash)}`,
-            name: target.slice(slash + 1),
-          };
-        }),
+        record.targets.map((target) => ({ op: "unmountFile" as const, ...inLauncher(target) })),
       ).catch((error) => {
         // The launcher ended meanwhile: its namespace and mounts are gone with it.
         if (processStartTime(record.launcherPid) === record.launcherStart) throw error;
@@ -272,6 +261,17 @@ function diskInFolder(key: string, volume: string, pid: number): string {
   } finally {
     dir.release();
   }
+}
+
+/** The launcher's folder and file name of a recorded target (a path below the container-disks folder). */
+function inLauncher(target: string): { dir: string; name: string } {
+  const slash = target.lastIndexOf("/");
+  return {
+    dir: slash < 0
+      ? LAUNCHER_CONTAINER_DISK_DIR
+      : `${LAUNCHER_CONTAINER_DISK_DIR}/${target.slice(0, slash)}`,
+    name: target.slice(slash + 1),
+  };
 }
 
 /**
