@@ -350,13 +350,23 @@ function devicesCgroup(pid: number): string {
   // its own container's cgroup at /sys/fs/cgroup. Where PID 1's root cannot be opened
   // (a sandbox's), the handler runs on the host and its own tree is the host's.
   const path = line.split(":").slice(2).join(":");
-  const tail = `sys/fs/cgroup/devices${path === "/" ? "" : path}`;
-  try {
-    Deno.statSync(`/proc/1/root/${tail}`);
-    return `/proc/1/root/${tail}`;
-  } catch {
-    return `/${tail}`;
+  return `${hostDevicesCgroups()}${path === "/" ? "" : path}`;
+}
+
+let devicesCgroupRoot: string | undefined;
+
+/** The host's devices cgroup tree, seen through PID 1's root where it can be opened. */
+function hostDevicesCgroups(): string {
+  if (devicesCgroupRoot === undefined) {
+    const viaInit = "/proc/1/root/sys/fs/cgroup/devices";
+    try {
+      Deno.statSync(viaInit);
+      devicesCgroupRoot = viaInit;
+    } catch {
+      devicesCgroupRoot = "/sys/fs/cgroup/devices";
+    }
   }
+  return devicesCgroupRoot;
 }
 
 /**
