@@ -41,28 +41,10 @@ export function testGuestImage(): Promise<string> {
  * KubeVirt's containerDisk images hold it), built once next to the cached disk.
  */
 export async function testGuestOciArchive(): Promise<string> {
-  const image = await testGuestImage();
-  const archive = join(
-    image,
-    "..",
-    `guest-oci-${GUEST_IMAGE.replace(/[^A-Za-z0-9._-]/g, "_")}.tar`,
-  );
-  if (await Deno.stat(archive).then(() => true, () => false)) return archive;
-  const root = await Deno.makeTempDir({ prefix: "virtnode-guest-oci-" });
-  try {
-    await Deno.mkdir(join(root, "disk"));
-    await Deno.copyFile(image, join(root, "disk", "guest.img"));
-    await Deno.chmod(join(root, "disk", "guest.img"), 0o444);
-    const partial = `${archive}.${crypto.randomUUID().slice(0, 8)}`;
-    await buildImageArchive(
-      { name: GUEST_IMAGE, root, entrypoint: ["/disk-has-no-program"] },
-      partial,
-    );
-    await Deno.rename(partial, archive);
-  } finally {
-    await Deno.remove(root, { recursive: true });
-  }
-  return archive;
+  const dir = join(await testGuestImage(), "..");
+  return await cachedArchive(dir, "guest-oci", GUEST_IMAGE, "/disk-has-no-program", {
+    "disk/guest.img": join(dir, "guest.img"),
+  });
 }
 
 /** The kernel boot image the test guest's kernel and initramfs go by (`/boot/vmlinuz`, `/boot/initrd`). */
@@ -74,20 +56,34 @@ export const KERNEL_IMAGE = "virtnode.local/test-kernel:1";
  */
 export async function testKernelOciArchive(): Promise<string> {
   const dir = join(await testGuestImage(), "..");
-  const archive = join(dir, `kernel-oci-${KERNEL_IMAGE.replace(/[^A-Za-z0-9._-]/g, "_")}.tar`);
+  return await cachedArchive(dir, "kernel-oci", KERNEL_IMAGE, "/boot-has-no-program", {
+    "boot/vmlinuz": join(dir, "vmlinuz"),
+    "boot/initrd": join(dir, "initrd"),
+  });
+}
+
+/**
+ * An image archive named `name` in `dir` holding `files` (path in the image -> file here,
+ * read-only), built under a temporary name and renamed, so a reader sees it whole or not at all.
+ */
+async function cachedArchive(
+  dir: string,
+  prefix: string,
+  name: string,
+  entrypoint: string,
+  files: Record<string, string>,
+): Promise<string> {
+  const archive = join(dir, `${prefix}-${name.replace(/[^A-Za-z0-9._-]/g, "_")}.tar`);
   if (await Deno.stat(archive).then(() => true, () => false)) return archive;
-  const root = await Deno.makeTempDir({ prefix: "virtnode-kernel-oci-" });
+  const root = await Deno.makeTempDir({ prefix: `virtnode-${prefix}-` });
   try {
-    await Deno.mkdir(join(root, "boot"));
-    for (const file of ["vmlinuz", "initrd"]) {
-      await Deno.copyFile(join(dir, file), join(root, "boot", file));
-      await Deno.chmod(join(root, "boot", file), 0o444);
+    for (const [inImage, from] of Object.entries(files)) {
+      await Deno.mkdir(join(root, inImage, ".."), { recursive: true });
+      await Deno.copyFile(from, join(root, inImage));
+      await Deno.chmod(join(root, inImage), 0o444);
     }
     const partial = `${archive}.${crypto.randomUUID().slice(0, 8)}`;
-    await buildImageArchive(
-      { name: KERNEL_IMAGE, root, entrypoint: ["/boot-has-no-program"] },
-      partial,
-    );
+    await buildImageArchive({ name, root, entrypoint: [entrypoint] }, partial);
     await Deno.rename(partial, archive);
   } finally {
     await Deno.remove(root, { recursive: true });
