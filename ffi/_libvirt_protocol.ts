@@ -87,6 +87,8 @@ export interface WorkerOps {
   domainSuspend(uuid: string): void;
   domainResume(uuid: string): void;
   domainReset(uuid: string): void;
+  domainAttachDevice(uuid: string, xml: string, flags: number): void;
+  domainDetachDevice(uuid: string, xml: string, flags: number): void;
   domainReboot(uuid: string, flags: number): void;
   domainAgentCommand(uuid: string, command: string, timeout: number, flags: number): string;
 }

@@ -69,6 +69,8 @@ export const LIBVIRT_SYMBOLS = {
   virDomainResume: { parameters: [P], result: I },
   virDomainReset: { parameters: [P, U], result: I },
   virDomainReboot: { parameters: [P, U], result: I },
+  virDomainAttachDeviceFlags: { parameters: [P, B, U], result: I },
+  virDomainDetachDeviceFlags: { parameters: [P, B, U], result: I },
 } as const;
 
 /** libc's `free`, for strings and arrays libvirt hands back. */

@@ -398,6 +398,12 @@ const ops: WorkerOps = {
   domainReset(uuid) {
     withDomain(uuid, (d) => checkInt(vir().virDomainReset(d, 0)));
   },
+  domainAttachDevice(uuid, xml, flags) {
+    withDomain(uuid, (d) => checkInt(vir().virDomainAttachDeviceFlags(d, cstr(xml), flags)));
+  },
+  domainDetachDevice(uuid, xml, flags) {
+    withDomain(uuid, (d) => checkInt(vir().virDomainDetachDeviceFlags(d, cstr(xml), flags)));
+  },
   domainReboot(uuid, flags) {
     withDomain(uuid, (d) => checkInt(vir().virDomainReboot(d, flags)));
   },

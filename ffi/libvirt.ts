@@ -55,8 +55,11 @@ import {
 } from "./_libvirt_names.ts";
 import {
   VIR_CONNECT_BASELINE_CPU_EXPAND_FEATURES,
+  VIR_DOMAIN_AFFECT_CONFIG,
+  VIR_DOMAIN_AFFECT_LIVE,
   VIR_DOMAIN_DESTROY_GRACEFUL,
   VIR_DOMAIN_EVENT_ID_AGENT_LIFECYCLE,
+  VIR_DOMAIN_EVENT_ID_DEVICE_ADDED,
   VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED,
   VIR_DOMAIN_EVENT_ID_IO_ERROR_REASON,
   VIR_DOMAIN_EVENT_ID_LIFECYCLE,
@@ -209,13 +212,24 @@ export interface DeviceRemovedEvent {
   devAlias: string;
 }
 
+/** A device was added to the guest (a disk hotplugged, say). */
+export interface DeviceAddedEvent {
+  /** Discriminator. */
+  type: "deviceAdded";
+  /** The domain. */
+  domain: DomainRef;
+  /** Device alias. */
+  devAlias: string;
+}
+
 /** Any domain event this module delivers. */
 export type DomainEvent =
   | LifecycleEvent
   | RebootEvent
   | IOErrorEvent
   | AgentLifecycleEvent
-  | DeviceRemovedEvent;
+  | DeviceRemovedEvent
+  | DeviceAddedEvent;
 
 /** Why a connection closed under us (`virConnectCloseReason`). */
 export interface CloseEvent {
@@ -345,6 +359,27 @@ export class Domain {
     await this.#call("domainReset", [this.uuid], this.#action("reset"));
   }
 
+  /**
+   * Adds a device to the domain (`virDomainAttachDeviceFlags`); the default `flags` change
+   * the running guest and its persistent definition alike, as KubeVirt's launcher does.
+   */
+  async attachDevice(xml: string, flags = VIR_DOMAIN_AFFECT_LIVE | VIR_DOMAIN_AFFECT_CONFIG) {
+    await this.#call(
+      "domainAttachDevice",
+      [this.uuid, xml, flags],
+      this.#action("attach a device to"),
+    );
+  }
+
+  /** Removes a device from the domain (`virDomainDetachDeviceFlags`), live and persistent. */
+  async detachDevice(xml: string, flags = VIR_DOMAIN_AFFECT_LIVE | VIR_DOMAIN_AFFECT_CONFIG) {
+    await this.#call(
+      "domainDetachDevice",
+      [this.uuid, xml, flags],
+      this.#action("detach a device from"),
+    );
+  }
+
   /** Asks the guest to reboot. */
   async reboot(flags = 0): Promise<void> {
     await this.#call("domainReboot", [this.uuid, flags], this.#action("reboot"));
@@ -375,6 +410,7 @@ const LIFECYCLE_CB = { parameters: [P, P, I, I, P], result: I } as const;
 const GENERIC_CB = { parameters: [P, P, P], result: "void" } as const;
 const IO_ERROR_REASON_CB = { parameters: [P, P, P, P, I, P, P], result: "void" } as const;
 const AGENT_CB = { parameters: [P, P, I, I, P], result: "void" } as const;
+/** The callback of device added and removed events: (conn, dom, alias, opaque). */
 const DEVICE_REMOVED_CB = { parameters: [P, P, P, P], result: "void" } as const;
 const CLOSE_CB = { parameters: [P, I, P], result: "void" } as const;
 
@@ -567,6 +603,16 @@ export class Connection {
       add(Deno.UnsafeCallback.threadSafe(DEVICE_REMOVED_CB, (_c, dom, devAlias) => {
         this.#emit({
           type: "deviceRemoved",
+          domain: this.#ref(dom),
+          devAlias: readCString(devAlias) ?? "",
+        });
+      })),
+    ]);
+    this.#eventCallbacks.push([
+      VIR_DOMAIN_EVENT_ID_DEVICE_ADDED,
+      add(Deno.UnsafeCallback.threadSafe(DEVICE_REMOVED_CB, (_c, dom, devAlias) => {
+        this.#emit({
+          type: "deviceAdded",
           domain: this.#ref(dom),
           devAlias: readCString(devAlias) ?? "",
         });

@@ -48,6 +48,8 @@ export const VIR_DOMAIN_EVENT_ID_REBOOT = 1;
 export const VIR_DOMAIN_EVENT_ID_IO_ERROR_REASON = 6;
 /** `virDomainEventID`: device removed. */
 export const VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED = 15;
+/** `virDomainEventID`: a device was added to the guest. */
+export const VIR_DOMAIN_EVENT_ID_DEVICE_ADDED = 19;
 /** `virDomainEventID`: guest agent lifecycle. */
 export const VIR_DOMAIN_EVENT_ID_AGENT_LIFECYCLE = 18;
 
@@ -57,6 +59,10 @@ export const VIR_DOMAIN_START_PAUSED = 1 << 0;
 export const VIR_DOMAIN_START_AUTODESTROY = 1 << 1;
 /** `virDomainDestroyFlagsValues`: SIGTERM only, never SIGKILL. */
 export const VIR_DOMAIN_DESTROY_GRACEFUL = 1 << 0;
+/** `virDomainModificationImpact`: change the running domain. */
+export const VIR_DOMAIN_AFFECT_LIVE = 1 << 0;
+/** `virDomainModificationImpact`: change the persistent definition. */
+export const VIR_DOMAIN_AFFECT_CONFIG = 1 << 1;
 /** `virDomainUndefineFlagsValues`: also remove NVRAM. */
 export const VIR_DOMAIN_UNDEFINE_NVRAM = 1 << 2;
 /** `virDomainUndefineFlagsValues`: also remove managed save. */

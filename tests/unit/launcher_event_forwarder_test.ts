@@ -98,7 +98,7 @@ Deno.test("EventForwarder leaves out another domain's agent events", async () =>
   assert.deepEqual(sink.sent, []);
 });
 
-Deno.test("updatesDomain() is true for lifecycle, reboot and agent events, false for the rest", () => {
+Deno.test("updatesDomain() is true for lifecycle, reboot, agent and device added/removed events, false for IO errors", () => {
   const lifecycle: DomainEvent = {
     type: "lifecycle",
     domain: DOMAIN_REF,
@@ -113,6 +113,22 @@ Deno.test("updatesDomain() is true for lifecycle, reboot and agent events, false
   assert.equal(updatesDomain(agentEvent(2)), true);
   assert.equal(
     updatesDomain({ type: "deviceRemoved", domain: DOMAIN_REF, devAlias: "ua-x" }),
+    true,
+  );
+  assert.equal(
+    updatesDomain({ type: "deviceAdded", domain: DOMAIN_REF, devAlias: "ua-x" }),
+    true,
+  );
+  assert.equal(
+    updatesDomain({
+      type: "ioError",
+      domain: DOMAIN_REF,
+      srcPath: "/d",
+      devAlias: "ua-x",
+      action: 1,
+      actionName: "Pause",
+      reason: "enospc",
+    }),
     false,
   );
 });
