@@ -287,6 +287,8 @@ export interface Devices {
   autoattachGraphicsDevice?: boolean;
   /** Attach a memory balloon device; defaults to true. */
   autoattachMemBalloon?: boolean;
+  /** Leave out the SCSI controller hotplugged disks attach to; defaults to false. */
+  disableHotplug?: boolean;
   /** Add an interface on the pod network when none is given; defaults to true. */
   autoattachPodInterface?: boolean;
   /** Attach an input device; defaults to false. */

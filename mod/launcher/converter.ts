@@ -28,9 +28,15 @@ export {
   domainNameForVmi,
   generateDomainXml,
   guestMemoryBytes,
+  hotplugDiskXml,
 } from "./converter_xml.ts";
 export type { DomainXmlOptions, PreparedEfi, PreparedVolume } from "./converter_xml.ts";
-export { containerDiskFileName, DEFAULT_OVMF_DIR, prepareVolumes } from "./converter_volumes.ts";
+export {
+  containerDiskFileName,
+  DEFAULT_OVMF_DIR,
+  prepareVolume,
+  prepareVolumes,
+} from "./converter_volumes.ts";
 export type { PreparedVolumes, PrepareOptions } from "./converter_volumes.ts";
 
 /** Options of {@linkcode convertVmiToDomainXml}. */

@@ -204,6 +204,7 @@ const VMI_RULE: Rule = obj({
         autoattachGraphicsDevice: bool,
         autoattachMemBalloon: bool,
         autoattachPodInterface: bool,
+        disableHotplug: bool,
         rng: empty,
         watchdog: obj({
           name: name,

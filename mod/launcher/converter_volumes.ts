@@ -287,8 +287,15 @@ class Preparer {
     };
     const real = await confine();
     if (await exists(real)) {
-      if (!await isFile(real)) {
-        throw new InvalidFieldError(this.#key, field, `"${hostDisk.path}" is not a regular file`);
+      const info = await Deno.stat(real);
+      // A block device node under the root (a pod-less block claim) is a raw disk too.
+      if (info.isBlockDevice) return { path: real, format: "raw", block: true };
+      if (!info.isFile) {
+        throw new InvalidFieldError(
+          this.#key,
+          field,
+          `"${hostDisk.path}" is not a regular file or a block device`,
+        );
       }
       return { path: real, format: "raw" };
     }
@@ -427,6 +434,23 @@ class Preparer {
  * firmware. Idempotent: overlays and empty disks that exist are kept (they hold guest
  * writes); cloud-init ISOs are rewritten. Throws the converter's typed errors.
  */
+/**
+ * Prepares the VMI's volume `name` alone, for a disk hotplugged into its running domain:
+ * nothing else of the VMI (firmware, other volumes) is touched.
+ */
+export async function prepareVolume(
+  vmi: VirtualMachineInstance,
+  name: string,
+  options: PrepareOptions,
+): Promise<PreparedVolume> {
+  const list = vmi.spec.volumes ?? [];
+  const index = list.findIndex((v) => v.name === name);
+  if (index < 0) {
+    throw new InvalidFieldError(vmiKey(vmi), "spec.volumes", `no volume named "${name}"`);
+  }
+  return await new Preparer(vmi, options).volume(list[index], index);
+}
+
 export async function prepareVolumes(
   vmi: VirtualMachineInstance,
   options: PrepareOptions,

@@ -34,6 +34,8 @@ export interface PreparedVolume {
   path: string;
   /** Image format for QEMU's driver. */
   format: "qcow2" | "raw";
+  /** The path is a block device node, not a file. */
+  block?: boolean;
 }
 
 /** EFI firmware files, checked to exist by the preparation step. */
@@ -234,37 +236,75 @@ function buildDisks(vmi: VirtualMachineInstance, options: DomainXmlOptions): Xml
     if (!prepared) {
       throw new ConversionError(key, `volume "${disk.name}" was not prepared`);
     }
-    const shape = diskShape(vmi, disk, i);
-    const prefix = busPrefix(shape.bus);
+    const prefix = busPrefix(diskShape(vmi, disk, i).bus);
     const n = counters.get(prefix) ?? 0;
     counters.set(prefix, n + 1);
-    return el(
-      "disk",
-      { type: "file", device: shape.device },
-      el("driver", {
-        name: "qemu",
-        type: prepared.format,
-        cache: disk.cache,
-        error_policy: "stop",
-      }),
-      el("source", { file: prepared.path }),
-      el("target", {
-        dev: deviceName(prefix, n),
-        bus: shape.bus,
-        tray: shape.device === "cdrom" ? "closed" : undefined,
-      }),
-      disk.bootOrder !== undefined && el("boot", { order: disk.bootOrder }),
-      shape.readonly && el("readonly"),
-      disk.serial !== undefined && el("serial", {}, disk.serial),
-      el("alias", { name: `ua-${disk.name}` }),
-    );
+    return diskElement(vmi, i, prepared, deviceName(prefix, n));
   });
 }
 
-function hasScsiDisk(vmi: VirtualMachineInstance): boolean {
-  return (vmi.spec.domain.devices.disks ?? []).some((disk) =>
-    (disk.disk?.bus ?? disk.cdrom?.bus) === "scsi"
+/** The `<disk>` of the VMI's `index`-th disk entry, backed by `prepared`, as `dev`. */
+function diskElement(
+  vmi: VirtualMachineInstance,
+  index: number,
+  prepared: PreparedVolume,
+  dev: string,
+): XmlElement {
+  const disk = vmi.spec.domain.devices.disks![index];
+  const shape = diskShape(vmi, disk, index);
+  return el(
+    "disk",
+    { type: prepared.block ? "block" : "file", device: shape.device },
+    el("driver", {
+      name: "qemu",
+      type: prepared.format,
+      cache: disk.cache,
+      error_policy: "stop",
+    }),
+    el("source", prepared.block ? { dev: prepared.path } : { file: prepared.path }),
+    el("target", {
+      dev,
+      bus: shape.bus,
+      tray: shape.device === "cdrom" ? "closed" : undefined,
+    }),
+    disk.bootOrder !== undefined && el("boot", { order: disk.bootOrder }),
+    shape.readonly && el("readonly"),
+    disk.serial !== undefined && el("serial", {}, disk.serial),
+    el("alias", { name: `ua-${disk.name}` }),
   );
+}
+
+/**
+ * The `<disk>` that attaches the VMI's disk `name` to its running domain: the first device
+ * name of its bus that none of `taken` (the domain's disks now) holds. Throws when the
+ * VMI has no such disk entry.
+ */
+export function hotplugDiskXml(
+  vmi: VirtualMachineInstance,
+  name: string,
+  prepared: PreparedVolume,
+  taken: ReadonlySet<string>,
+): { xml: string; dev: string } {
+  const index = (vmi.spec.domain.devices.disks ?? []).findIndex((d) => d.name === name);
+  if (index < 0) {
+    throw new InvalidFieldError(
+      vmiKey(vmi),
+      "spec.domain.devices.disks",
+      `no disk named "${name}"`,
+    );
+  }
+  const prefix = busPrefix(diskShape(vmi, vmi.spec.domain.devices.disks![index], index).bus);
+  let n = 0;
+  while (taken.has(deviceName(prefix, n))) n++;
+  const dev = deviceName(prefix, n);
+  return { xml: renderXml(diskElement(vmi, index, prepared, dev)), dev };
+}
+
+/** KubeVirt's rule: a SCSI controller for SCSI disks, and for disks hotplugged later. */
+function needsScsiController(vmi: VirtualMachineInstance): boolean {
+  const devices = vmi.spec.domain.devices;
+  return !devices.disableHotplug ||
+    (devices.disks ?? []).some((disk) => (disk.disk?.bus ?? disk.cdrom?.bus) === "scsi");
 }
 
 function buildInterfaces(
@@ -730,7 +770,8 @@ export function generateDomainXml(vmi: VirtualMachineInstance, options: DomainXm
       "devices",
       {},
       buildDisks(vmi, options),
-      hasScsiDisk(vmi) && el("controller", { type: "scsi", index: 0, model: "virtio-scsi" }),
+      needsScsiController(vmi) &&
+        el("controller", { type: "scsi", index: 0, model: "virtio-scsi" }),
       buildInterfaces(vmi, options.interfaces ?? {}),
       // No source: libvirt picks the socket path, as with KubeVirt's launcher.
       el("channel", { type: "unix" }, el("target", { type: "virtio", name: GUEST_AGENT_CHANNEL })),

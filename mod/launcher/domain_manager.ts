@@ -28,9 +28,12 @@ import {
   checkVmiSemantics,
   ConversionError,
   convertVmiToDomainXml,
+  hotplugDiskXml,
   type PrepareOptions,
+  prepareVolume,
   validateVmi,
 } from "./converter.ts";
+import { el, renderXml } from "./_xml.ts";
 import { domainFromXml, type VmiRef } from "./_domain_reader.ts";
 import { domainStatsToKubevirt } from "./_domain_stats.ts";
 import type { ConnectionKeeper } from "./_connection_keeper.ts";
@@ -277,7 +280,10 @@ export class DomainManager {
       if (existing) {
         const info = await existing.getState();
         const state = domainStateFromLibvirt(info.state, info.reason);
-        if (isDomainActive(state.status)) return;
+        if (isDomainActive(state.status)) {
+          await this.#syncHotplugDisks(existing, vmi, state);
+          return;
+        }
         if (isFinalPhase(vmi.status?.phase) || vmi.status?.phase === VmiPhase.Running) return;
       }
       await this.#prepareDirs();
@@ -292,6 +298,50 @@ export class DomainManager {
       await domain.start();
       log.info("Domain started", { ...this.vmi, domain: this.domainName });
     });
+  }
+
+  /**
+   * Brings the running domain's hotplugged disks to the VMI, as KubeVirt's launcher does on
+   * a sync: each volume the VMI's status marks as hotplugged gets its disk attached when the
+   * spec has it and the domain does not, and detached when the spec no longer has it. No
+   * other disk of the domain is ever touched.
+   */
+  async #syncHotplugDisks(
+    domain: LibvirtDomain,
+    vmi: VirtualMachineInstance,
+    state: DomainState,
+  ): Promise<void> {
+    const hotplugged = (vmi.status?.volumeStatus ?? []).filter((s) => s.hotplugVolume);
+    if (hotplugged.length === 0) return;
+    const disks = domainFromXml(this.vmi, await domain.getXMLDesc(), state).spec.devices.disks;
+    const attached = new Map(disks.map((d) => [d.alias?.name?.replace(/^ua-/, ""), d]));
+    const taken = new Set(disks.flatMap((d) => d.target.dev ? [d.target.dev] : []));
+    const inSpec = new Set((vmi.spec.volumes ?? []).map((v) => v.name));
+    for (const { name } of hotplugged) {
+      const disk = attached.get(name);
+      if (inSpec.has(name) && !disk) {
+        const prepared = await prepareVolume(vmi, name, this.#converter);
+        const { xml, dev } = hotplugDiskXml(vmi, name, prepared, taken);
+        await domain.attachDevice(xml);
+        taken.add(dev);
+        log.info("Hotplugged disk attached", { ...this.vmi, volume: name, target: dev });
+      } else if (!inSpec.has(name) && disk) {
+        const source = disk.source.dev !== undefined
+          ? { dev: disk.source.dev }
+          : { file: disk.source.file };
+        await domain.detachDevice(renderXml(el(
+          "disk",
+          { type: disk.type, device: disk.device },
+          el("source", source),
+          el("target", { dev: disk.target.dev, bus: disk.target.bus }),
+        )));
+        log.info("Hotplugged disk detached", {
+          ...this.vmi,
+          volume: name,
+          target: disk.target.dev,
+        });
+      }
+    }
   }
 
   /** The guest's side of its pod network: DHCP servers, and what its interfaces open. */

@@ -4,6 +4,7 @@ import {
   containerDiskFileName,
   convertVmiToDomainXml,
   generateDomainXml,
+  hotplugDiskXml,
   InvalidFieldError,
   UnsupportedFieldError,
   validateVmi,
@@ -195,6 +196,66 @@ Deno.test("prepareVolumes() creates a DiskOrCreate hostDisk sparse with its capa
     assert.deepEqual(result.volumes.data, { path: file, format: "raw" });
     assert.deepEqual(result.created, [], "host disks are not ephemeral");
   });
+});
+
+Deno.test("prepareVolumes() takes a block device node under the root as a raw block disk", async () => {
+  await withWorkspace(async (ws, options) => {
+    // A node with a loop device's numbers: converting it never opens the device behind it.
+    const node = `${ws.hostDiskRoot}/blk0`;
+    await run("mknod", node, "b", "7", "200");
+    const vmi = vmiWith(
+      { name: "data", hostDisk: { path: node, type: "Disk" } },
+      { disk: { bus: "scsi" } },
+    );
+    const result = await convertVmiToDomainXml(vmi, options);
+    assert.deepEqual(result.volumes.data, { path: node, format: "raw", block: true });
+    assert.match(result.xml, /<disk type='block' device='disk'>/);
+    assert.match(result.xml, new RegExp(`<source dev='${node}'/>`));
+    const validation = await virtXmlValidate(result.xml);
+    assert.ok(validation.ok, validation.output);
+  });
+});
+
+Deno.test("hotplugDiskXml() gives a hotplugged disk the first device name of its bus the domain has free", () => {
+  const vmi = validateVmi(vmiWith({ name: "hp", hostDisk: { path: "/h/hp", type: "Disk" } }, {
+    disk: { bus: "scsi" },
+  }));
+  const first = hotplugDiskXml(
+    vmi,
+    "hp",
+    { path: "/h/hp/disk.img", format: "raw" },
+    new Set(["vda"]),
+  );
+  assert.equal(first.dev, "sda");
+  assert.match(first.xml, /^<disk type='file' device='disk'>/);
+  assert.match(first.xml, /<target dev='sda' bus='scsi'\/>/);
+  assert.match(first.xml, /<alias name='ua-hp'\/>/);
+  const next = hotplugDiskXml(
+    vmi,
+    "hp",
+    { path: "/dev/x", format: "raw", block: true },
+    new Set(["sda", "sdb"]),
+  );
+  assert.equal(next.dev, "sdc");
+  assert.match(next.xml, /<source dev='\/dev\/x'\/>/);
+  assert.throws(
+    () => hotplugDiskXml(vmi, "other", { path: "/x", format: "raw" }, new Set()),
+    InvalidFieldError,
+  );
+});
+
+Deno.test("generateDomainXml() adds the SCSI controller hotplugged disks attach to unless disableHotplug, as KubeVirt does", () => {
+  const volumes = { scratch: { path: "/d.qcow2", format: "qcow2" as const } };
+  const vmi = validateVmi(vmiWith({ name: "scratch", emptyDisk: { capacity: "1Mi" } }));
+  const controller = /<controller type='scsi' index='0' model='virtio-scsi'\/>/;
+  assert.match(generateDomainXml(vmi, { domainType: "qemu", runDir: "/run", volumes }), controller);
+  vmi.spec.domain.devices.disableHotplug = true;
+  assert.doesNotMatch(
+    generateDomainXml(vmi, { domainType: "qemu", runDir: "/run", volumes }),
+    controller,
+  );
+  vmi.spec.domain.devices.disks![0].disk = { bus: "scsi" };
+  assert.match(generateDomainXml(vmi, { domainType: "qemu", runDir: "/run", volumes }), controller);
 });
 
 Deno.test("prepareVolumes() refuses hostDisk without a configured root", async () => {
