@@ -60,6 +60,11 @@ export interface StartKubevirtOptions {
    * (`kvmUsable`: no `/dev/kvm`, or only `kvm-pvm` behind it).
    */
   useEmulation?: boolean;
+  /**
+   * Start virt-controller (the default). Without it only virt-api runs (its webhooks and
+   * subresources), as a pod-less handler, which plays virt-controller's part, wants.
+   */
+  controller?: boolean;
 }
 
 interface Secret {
@@ -101,7 +106,8 @@ async function writeSecret(dir: string, secret: Secret): Promise<string> {
 
 /**
  * Installs KubeVirt's control plane objects on `cluster` and starts virt-api and
- * virt-controller; resolves once virt-api serves and virt-controller leads.
+ * virt-controller (unless told not to); resolves once virt-api serves and virt-controller
+ * leads.
  */
 export async function startKubevirt(
   cluster: Cluster,
@@ -216,7 +222,7 @@ export async function startKubevirt(
       ...certs("kubevirt-virt-handler-certs", "handler"),
       "-v=2",
     ]);
-    const controller = await spawn("virt-controller", [
+    const controller = options.controller === false ? undefined : await spawn("virt-controller", [
       `--kubeconfig=${await kubeconfig(CONTROLLER_SERVICE_ACCOUNT)}`,
       "--listen=127.0.0.1",
       `--port=${controllerPort}`,
@@ -232,18 +238,20 @@ export async function startKubevirt(
       conn.close();
       return true;
     });
-    await waitUntil(controller, READY_TIMEOUT_MS, async () => {
-      const holder = await kubectl(cluster, [
-        "get",
-        "lease",
-        "virt-controller",
-        "-n",
-        KUBEVIRT_NAMESPACE,
-        "-o",
-        "jsonpath={.spec.holderIdentity}",
-      ]);
-      return holder.trim() !== "";
-    });
+    if (controller) {
+      await waitUntil(controller, READY_TIMEOUT_MS, async () => {
+        const holder = await kubectl(cluster, [
+          "get",
+          "lease",
+          "virt-controller",
+          "-n",
+          KUBEVIRT_NAMESPACE,
+          "-o",
+          "jsonpath={.spec.holderIdentity}",
+        ]);
+        return holder.trim() !== "";
+      });
+    }
   } catch (error) {
     const logs = await Promise.all(
       processes.map(async (p) => `--- ${p.name}:\n${await logTail(p.logPath)}`),

@@ -358,7 +358,7 @@ export class VmiController {
         syncError: syncError === undefined ? undefined : describe(syncError),
         podAddresses: await this.#d.networks.addresses(vmi),
         selinuxContext: domainSeen ? await this.#selinuxContext(vmi) : undefined,
-        hotplugMounted: vmi.status?.volumeStatus?.some((s) => s.hotplugVolume)
+        hotplugMounted: hasHotplugVolumes(vmi)
           ? await this.#d.provider.hotplugMounted(vmi.metadata.uid!)
           : undefined,
       });
@@ -583,13 +583,13 @@ export class VmiController {
     const alive = domain !== undefined && domain.status.status !== LifeCycle.Shutoff &&
       domain.status.status !== LifeCycle.Crashed;
     const notReady = requeueAfter(this.#d.provider.notReadyRequeueMs, "launcher not ready");
-    // KubeVirt's order: containerDisks, hotplug volumes (not yet), network, then the sync.
+    // KubeVirt's order: containerDisks, hotplug volumes, network, then the sync.
     let network: PodNetworkTarget | undefined;
-    const forLauncher = this.#d.provider.forLauncher(vmi);
     // Hotplugged volumes count as the spec does: a volume mounted into the launcher (its
     // phase then MountedToPod) is attached by the next sync.
     const spec = JSON.stringify(vmi.spec) + hotplugPhases(vmi);
-    if (alive) await this.#d.provider.hotplug(forLauncher);
+    if (alive) await this.#d.provider.hotplug(vmi);
+    const forLauncher = this.#d.provider.forLauncher(vmi);
     if (!alive) {
       const record = (type: "Normal" | "Warning", reason: string, message: string) =>
         this.#record(vmi, type, reason, message);
@@ -733,6 +733,14 @@ export class VmiController {
     this.#d.launchers.remove(uid);
     await this.#d.launchers.forgetMark(uid);
   }
+}
+
+/** Whether the VMI has a hotplugged volume, in its status or (not written there yet) its spec. */
+function hasHotplugVolumes(vmi: VirtualMachineInstance): boolean {
+  return (vmi.status?.volumeStatus ?? []).some((s) => s.hotplugVolume) ||
+    (vmi.spec.volumes ?? []).some((v) =>
+      v.persistentVolumeClaim?.hotpluggable || v.dataVolume?.hotpluggable
+    );
 }
 
 /** The phases of the VMI's hotplugged volumes, as text (part of what a sync is for). */

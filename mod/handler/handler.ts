@@ -32,7 +32,7 @@ import {
 import type { LauncherHostOptions } from "../launcher/host_protocol/mod.ts";
 import { aborted, every, type Runnable, runnable, runStages } from "../lifecycle/mod.ts";
 import { type PodlessNetworkConfig, PodlessNetworks, PodNetworks } from "../network/mod.ts";
-import { ContainerDiskStore } from "../storage/mod.ts";
+import { ContainerDiskStore, resolveHostClaim } from "../storage/mod.ts";
 import { NetnsRunner } from "../../ffi/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import { VmiController } from "./controller.ts";
@@ -175,6 +175,7 @@ export class Handler implements Runnable {
           imageDir: options.imageDir ?? join(config.stateDir, "images"),
           storeDir: join(config.stateDir, "containerdisks"),
         }),
+        claims: (ref) => resolveHostClaim(client, ref, options.hostDiskRoot),
       })
       : new PodLaunchers({
         nodeName: config.nodeName,

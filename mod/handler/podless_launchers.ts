@@ -16,11 +16,18 @@
  * @module
  */
 import { join } from "node:path";
-import { SocketNames, type VirtualMachineInstance, vmiKey } from "../api/mod.ts";
+import { SocketNames, type VirtualMachineInstance, vmiKey, type Volume } from "../api/mod.ts";
 import { sleep } from "../lifecycle/mod.ts";
 import type { HostedVmStatus, LauncherHostOptions } from "../launcher/host_protocol/mod.ts";
 import { getLogger } from "../log/mod.ts";
-import type { ContainerDiskStore } from "../storage/mod.ts";
+import {
+  claimNameOf,
+  type ContainerDiskStore,
+  type HostClaim,
+  HostClaimError,
+  isHotplugVolume,
+  VolumeError,
+} from "../storage/mod.ts";
 import {
   hostTapName,
   type PodlessNetworks,
@@ -78,6 +85,22 @@ export interface PodlessLaunchersOptions {
   networks?: PodlessNetworks;
   /** containerDisks from OCI images on this host; none: only the launcher's image directory. */
   containerDisks?: ContainerDiskStore;
+  /** Finds a hotplugged claim on this host (`resolveHostClaim`); none: hotplug is refused. */
+  claims?: (ref: { namespace: string; name: string }) => Promise<HostClaim>;
+}
+
+/** The VMI's hotplugged claims, with the field each is named at. */
+function hotplugClaims(
+  vmi: VirtualMachineInstance,
+): { name: string; claim: string; field: string }[] {
+  return (vmi.spec.volumes ?? []).flatMap((volume, i) => {
+    const claim = claimNameOf(volume);
+    if (claim === undefined || !isHotplugVolume(vmi, volume)) return [];
+    const field = volume.persistentVolumeClaim
+      ? `spec.volumes[${i}].persistentVolumeClaim.claimName`
+      : `spec.volumes[${i}].dataVolume.name`;
+    return [{ name: volume.name, claim, field }];
+  });
 }
 
 /** Whether a VMI has an interface on the pod network (a spec the plan refuses counts as none). */
@@ -129,6 +152,8 @@ export class PodlessLaunchers implements LauncherProvider {
   readonly #spawner: LauncherSpawner;
   /** What the host serves, as it last said. */
   readonly #served = new Map<string, HostedVmStatus>();
+  /** The hotplugged claims found on this host, by VMI UID and volume name. */
+  readonly #hostClaims = new Map<string, Map<string, HostClaim>>();
   /** Keys to wake once the host is connected. */
   readonly #waiting = new Set<string>();
   #client: LauncherHostClient | undefined;
@@ -245,6 +270,7 @@ export class PodlessLaunchers implements LauncherProvider {
       name: vmi.metadata.name,
     });
     this.#served.delete(uid);
+    this.#hostClaims.delete(uid);
     // What the VMI had on this host: its socket directory, its run directory (DHCP facts,
     // console sockets) and its disks (overlays, empty disks, cloud-init ISOs, NVRAM).
     for (
@@ -261,9 +287,36 @@ export class PodlessLaunchers implements LauncherProvider {
     return Promise.resolve("ready");
   }
 
-  /** None: pod-less VMIs have no attachment pods. */
-  hotplug(): Promise<void> {
-    return Promise.resolve();
+  /**
+   * Finds each hotplugged claim of the VMI on this host, once per volume (no attachment
+   * pod: the claim's PersistentVolume is a path under the host disk root, which the launcher
+   * host attaches as it is). A claim that cannot be found fails the sync naming its field.
+   */
+  async hotplug(vmi: VirtualMachineInstance): Promise<void> {
+    const wanted = hotplugClaims(vmi);
+    if (wanted.length === 0) return;
+    const uid = vmi.metadata.uid!;
+    const found = this.#hostClaims.get(uid) ?? new Map<string, HostClaim>();
+    for (const { name, claim, field } of wanted) {
+      if (found.has(name)) continue;
+      const resolve = this.#o.claims;
+      if (!resolve) throw new VolumeError(field, "this host cannot hotplug claims");
+      try {
+        found.set(name, await resolve({ namespace: vmi.metadata.namespace!, name: claim }));
+      } catch (error) {
+        if (!(error instanceof HostClaimError)) throw error;
+        throw new VolumeError(field, `cannot hotplug volume "${name}": ${error.message}`, {
+          cause: error,
+        });
+      }
+      this.#hostClaims.set(uid, found);
+      log.info("Hotplugged claim found", {
+        key: `${vmi.metadata.namespace}/${vmi.metadata.name}`,
+        uid,
+        volume: name,
+        claim,
+      });
+    }
   }
 
   /** None: virtnode's launcher host runs in the node's root. */
@@ -271,19 +324,58 @@ export class PodlessLaunchers implements LauncherProvider {
     return Promise.resolve(undefined);
   }
 
-  /** None. */
-  hotplugMounted(): Promise<ReadonlySet<string>> {
-    return Promise.resolve(new Set());
+  /** The VMI's hotplugged claims found on this host (the launcher host can attach them). */
+  hotplugMounted(uid: string): Promise<ReadonlySet<string>> {
+    return Promise.resolve(new Set(this.#hostClaims.get(uid)?.keys()));
   }
 
-  /** Nothing to take back. */
-  unplug(): Promise<void> {
+  /** Forgets the claims gone from the VMI's spec (the launcher host detached them). */
+  unplug(vmi: VirtualMachineInstance): Promise<void> {
+    const found = this.#hostClaims.get(vmi.metadata.uid!);
+    if (found) {
+      const inSpec = new Set(hotplugClaims(vmi).map((c) => c.name));
+      for (const name of found.keys()) if (!inSpec.has(name)) found.delete(name);
+      if (found.size === 0) this.#hostClaims.delete(vmi.metadata.uid!);
+    }
     return Promise.resolve();
   }
 
-  /** The VMI as it is: virtnode's launcher host reads its volumes itself. */
+  /**
+   * The VMI as the launcher host reads it: each hotplugged claim found on this host as the
+   * host disk it is (marked hotplugged in the status, which is what the host attaches
+   * live), and one not found yet left out with its disk.
+   */
   forLauncher(vmi: VirtualMachineInstance): VirtualMachineInstance {
-    return vmi;
+    const claims = hotplugClaims(vmi);
+    if (claims.length === 0) return vmi;
+    const found = this.#hostClaims.get(vmi.metadata.uid!) ?? new Map<string, HostClaim>();
+    const missing = new Set(claims.filter((c) => !found.has(c.name)).map((c) => c.name));
+    const volumes = (vmi.spec.volumes ?? []).flatMap((volume): Volume[] => {
+      if (missing.has(volume.name)) return [];
+      const claim = found.get(volume.name);
+      return claim
+        ? [{ name: volume.name, hostDisk: { path: claim.path, type: "Disk" } }]
+        : [volume];
+    });
+    const devices = vmi.spec.domain.devices;
+    const statuses = [...vmi.status?.volumeStatus ?? []];
+    for (const name of found.keys()) {
+      if (!statuses.some((s) => s.name === name)) {
+        statuses.push({ name, target: "", hotplugVolume: {}, phase: "MountedToPod" });
+      }
+    }
+    return {
+      ...vmi,
+      spec: {
+        ...vmi.spec,
+        volumes,
+        domain: {
+          ...vmi.spec.domain,
+          devices: { ...devices, disks: devices.disks?.filter((d) => !missing.has(d.name)) },
+        },
+      },
+      status: { ...vmi.status, volumeStatus: statuses },
+    };
   }
 
   /**

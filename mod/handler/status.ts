@@ -223,18 +223,31 @@ export function interfacesFromDomain(
   return [...out.filter((o) => o.onPod), ...out.filter((o) => !o.onPod)].map((o) => o.entry);
 }
 
+/** Options of {@linkcode volumeStatusFromDomain}. */
+export interface VolumeStatusOptions {
+  /** The hotplugged volumes mounted into the launcher now, by name. */
+  hotplugMounted?: ReadonlySet<string>;
+  /** The handler stands in for virt-controller (pod-less mode): it owns the entries too. */
+  standsInForController?: boolean;
+}
+
 /**
  * `status.volumeStatus` with each volume's disk target from the domain. virt-controller
  * writes the entries (claim info, hotplug phases) and the handler only fills `target`, as
  * KubeVirt's does: the list is replaced whole by a status patch, so every entry and field
- * already there is kept. A volume the domain has a disk for and no entry names yet (pod-less
- * mode, where no virt-controller runs) gets one. Sorted by name, as virt-controller sorts.
+ * already there is kept. Where no virt-controller runs (pod-less mode) the handler writes
+ * the entries itself: one for each volume the domain has a disk for, one for each
+ * hotplugged volume from the moment it is in the spec, and a hotplugged volume's entry goes
+ * once the volume left the spec and its disk the domain. Sorted by name, as virt-controller
+ * sorts.
  */
 export function volumeStatusFromDomain(
   vmi: VirtualMachineInstance,
   domain: Domain,
-  hotplugMounted: ReadonlySet<string> = new Set(),
+  options: VolumeStatusOptions = {},
 ): VolumeStatus[] {
+  const hotplugMounted = options.hotplugMounted ?? new Set<string>();
+  const owner = options.standsInForController ?? false;
   const targets = new Map<string, string>();
   for (const disk of domain.spec.devices.disks) {
     const name = stripAlias(disk.alias?.name);
@@ -244,10 +257,20 @@ export function volumeStatusFromDomain(
   }
   const inSpec = new Set((vmi.spec.volumes ?? []).map((v) => v.name));
   const byName = new Map<string, VolumeStatus>();
-  for (const entry of vmi.status?.volumeStatus ?? []) {
+  const entries = [...vmi.status?.volumeStatus ?? []];
+  if (owner) {
+    for (const v of vmi.spec.volumes ?? []) {
+      const hotplugged = v.persistentVolumeClaim?.hotpluggable || v.dataVolume?.hotpluggable;
+      if (hotplugged && !entries.some((e) => e.name === v.name)) {
+        entries.push({ name: v.name, target: "", hotplugVolume: {}, phase: "Pending" });
+      }
+    }
+  }
+  for (const entry of entries) {
     // The domain's word only: a disk it no longer has (detached) has no target.
     const next: VolumeStatus = { ...entry, target: targets.get(entry.name) ?? "" };
     if (entry.hotplugVolume) {
+      if (owner && !inSpec.has(entry.name) && !next.target) continue;
       Object.assign(next, hotplugPhase(next, inSpec.has(entry.name), hotplugMounted));
     }
     byName.set(entry.name, next);
@@ -414,8 +437,12 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
       podInterfaceName: input.standsInForController ? "eth0" : undefined,
     });
     if (interfaces.length > 0) status.interfaces = interfaces;
-    const volumes = volumeStatusFromDomain(vmi, domain, input.hotplugMounted);
+    const volumes = volumeStatusFromDomain(vmi, domain, {
+      hotplugMounted: input.hotplugMounted,
+      standsInForController: input.standsInForController,
+    });
     if (volumes.length > 0) status.volumeStatus = volumes;
+    else delete status.volumeStatus;
     // A hotplugged volume not attached yet: its mount (or unmount) is looked for again soon.
     if (volumes.some((v) => v.hotplugVolume && !v.target)) requeue = true;
     if (domain.status.osInfo?.name) status.guestOSInfo = { ...domain.status.osInfo };

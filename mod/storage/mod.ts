@@ -2,7 +2,8 @@
  * The VM's storage on the node: pod-less mode's containerDisks read from OCI images on the
  * host into a content-addressed store (and the OCI image reader behind it), and KubeVirt
  * mode's persistent volumes: filesystem claims as the host disks KubeVirt's launcher reads,
- * their images created inside the launcher's root.
+ * their images created inside the launcher's root; pod-less mode's claims, found on the
+ * host through their PersistentVolumes.
  *
  * @module
  */
@@ -41,3 +42,9 @@ export {
   VMI_DISKS_DIR,
   VolumeError,
 } from "./host_disks.ts";
+export {
+  type ClaimReader,
+  type HostClaim,
+  HostClaimError,
+  resolveHostClaim,
+} from "./podless_claims.ts";

@@ -29,6 +29,8 @@ export interface HandlerProcessOptions {
   noWait?: boolean;
   /** Pod-less mode: the VMs' pod network (see {@linkcode testPodNetwork}). */
   podNetwork?: TestPodNetwork;
+  /** Pod-less mode: the only directory host disks (and hotplugged claims) may use. */
+  hostDiskRoot?: string;
 }
 
 /** A pod-less pod network for one test handler: its own node bridge and /24. */
@@ -120,6 +122,8 @@ export interface HandlerArgsOptions {
   devicePluginsDir?: string;
   /** Pod-less mode: the VMs' pod network. */
   podNetwork?: TestPodNetwork;
+  /** Pod-less mode: `--host-disk-root`. */
+  hostDiskRoot?: string;
 }
 
 /**
@@ -159,6 +163,7 @@ export function handlerArgs(o: HandlerArgsOptions): string[] {
         ...(o.podNetwork
           ? ["--pod-network-bridge", o.podNetwork.bridge, "--pod-network-cidr", o.podNetwork.cidr]
           : []),
+        ...(o.hostDiskRoot ? ["--host-disk-root", o.hostDiskRoot] : []),
       ]),
     "--health-address",
     `127.0.0.1:${o.port}`,

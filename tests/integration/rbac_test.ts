@@ -43,6 +43,8 @@ const ACCOUNT = "kubevirt-handler";
 const HANDLER_CALLS = [
   "create /events", // the event recorder
   "get /nodes", // the labeller reads its node
+  "get /persistentvolumeclaims", // pod-less hotplug finds its claim
+  "get /persistentvolumes", // ... and the volume bound to it
   "get kubevirt.io/virtualmachineinstances", // the status writer re-reads after a 409
   "list kubevirt.io/virtualmachineinstances", // the VMI informer
   "patch /events", // the recorder's aggregation of repeats

@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
+import type { VirtualMachineInstance, VolumeStatus } from "../../mod/api/mod.ts";
 import {
   type Domain,
   type DomainChannel,
@@ -349,7 +349,10 @@ Deno.test("computeStatus() moves a hotplugged volume as KubeVirt's handler does:
   ) => {
     const v = vmi("Running", spec);
     v.status!.volumeStatus = [entry];
-    const i = input(LifeCycle.Running, undefined, { hotplugMounted: new Set(mounted) });
+    const i = input(LifeCycle.Running, undefined, {
+      hotplugMounted: new Set(mounted),
+      standsInForController: false,
+    });
     if (disk) {
       i.domain!.spec.devices.disks = [
         { alias: { name: "ua-hp" }, target: { dev: "sda" }, source: { file: "/h/hp.img" } },
@@ -368,6 +371,47 @@ Deno.test("computeStatus() moves a hotplugged volume as KubeVirt's handler does:
   const gone = run({ volumes: [] }, hot("Ready"), []);
   assert.deepEqual([gone.phase, gone.reason], ["UnMountedFromPod", "VolumeUnMountedFromPod"]);
   assert.equal(run({ volumes: [] }, hot("Detaching"), []).phase, "Detaching", "controller's");
+});
+
+Deno.test("computeStatus() in pod-less mode writes a hotplugged claim's entry itself: Pending when it is in the spec, MountedToPod once found, Ready once attached, gone once out of the spec and detached", () => {
+  const spec = {
+    volumes: [
+      { name: "root", containerDisk: { image: "i" } },
+      { name: "hp", persistentVolumeClaim: { claimName: "c", hotpluggable: true } },
+    ],
+  };
+  const run = (
+    volumes: Partial<VirtualMachineInstance["spec"]>,
+    entries: VolumeStatus[] | undefined,
+    found: string[],
+    attached: boolean,
+  ) => {
+    const v = vmi("Running", volumes);
+    v.status!.volumeStatus = entries;
+    const i = input(LifeCycle.Running, undefined, { hotplugMounted: new Set(found) });
+    i.domain!.spec.devices.disks = [
+      { alias: { name: "ua-root" }, target: { dev: "vda" }, source: { file: "/r/disk.qcow2" } },
+      ...(attached
+        ? [{ alias: { name: "ua-hp" }, target: { dev: "sda" }, source: { dev: "/b" } }]
+        : []),
+    ] as Domain["spec"]["devices"]["disks"];
+    return computeStatus(v, i).status.volumeStatus;
+  };
+  const pending = run(spec, undefined, [], false)!;
+  assert.deepEqual(pending.map((e) => [e.name, e.phase, e.target]), [
+    ["hp", "Pending", ""],
+    ["root", undefined, "vda"],
+  ]);
+  assert.deepEqual(pending[0].hotplugVolume, {});
+  const found = run(spec, pending, ["hp"], false)!;
+  assert.equal(found[0].phase, "MountedToPod");
+  const ready = run(spec, found, ["hp"], true)!;
+  assert.deepEqual([ready[0].phase, ready[0].target], ["Ready", "sda"]);
+  const removed = { volumes: [spec.volumes[0]] };
+  const detaching = run(removed, ready, [], true)!;
+  assert.deepEqual(detaching.map((e) => e.name), ["hp", "root"], "kept while the domain has it");
+  const gone = run(removed, detaching, [], false)!;
+  assert.deepEqual(gone.map((e) => e.name), ["root"]);
 });
 
 Deno.test("computeStatus() reports the launcher's SELinux context once a domain runs, as KubeVirt's handler does", () => {

@@ -1,0 +1,279 @@
+/**
+ * Hotplug in pod-less mode, through KubeVirt's own virt-api (built from the v1.7.0 module;
+ * its webhooks and its `addvolume`/`removevolume` subresources, no virt-controller): a
+ * claim bound to a local PersistentVolume under the handler's host disk root is attached by
+ * the launcher host to the running QEMU domain, with no attachment pod, and detached on
+ * removal. A filesystem claim (`disk.img` in the volume's folder) and a block claim (a loop
+ * device's node under the root) alike; a claim whose volume lies outside the root fails the
+ * sync naming the field, and the guest keeps running untouched.
+ */
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import {
+  buildKubevirt,
+  CONTROLLER_SERVICE_ACCOUNT,
+  KUBEVIRT_NAMESPACE,
+  serviceAccountKubeconfig,
+  startCluster,
+} from "../../deploy/cluster/cluster.ts";
+import { startKubevirt } from "../../deploy/node/kubevirt.ts";
+import type { KubeClient } from "../../mod/kube/mod.ts";
+import { ensureLibvirtd } from "../helpers/libvirtd.ts";
+import {
+  createVmi,
+  deleteVmi,
+  eventsFor,
+  getVmi,
+  killLaunchers,
+  kubeClient,
+  startHandlerProcess,
+  testVmi,
+  waitFor,
+  waitForPhase,
+} from "../helpers/handler_process.ts";
+
+async function run(...command: string[]): Promise<string> {
+  const out = await new Deno.Command(command[0], {
+    args: command.slice(1),
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const text = new TextDecoder().decode(out.stdout);
+  if (!out.success) {
+    throw new Error(`${command.join(" ")}: ${new TextDecoder().decode(out.stderr)}`);
+  }
+  return text;
+}
+
+const virsh = (...args: string[]) => run("virsh", "-c", "qemu:///system", ...args);
+
+/** A local PersistentVolume at `path` on `node` and its claim, bound to each other. */
+async function claim(
+  client: KubeClient,
+  o: { ns: string; name: string; node: string; path: string; block?: boolean },
+): Promise<void> {
+  const mode = o.block ? "Block" : "Filesystem";
+  const volume = `${o.ns}-${o.name}`;
+  await client.request("POST", "/api/v1/persistentvolumes", {
+    metadata: { name: volume },
+    spec: {
+      capacity: { storage: "16Mi" },
+      accessModes: ["ReadWriteOnce"],
+      volumeMode: mode,
+      persistentVolumeReclaimPolicy: "Retain",
+      storageClassName: "local",
+      local: { path: o.path },
+      claimRef: { namespace: o.ns, name: o.name },
+      nodeAffinity: {
+        required: {
+          nodeSelectorTerms: [{
+            matchExpressions: [{ key: "kubernetes.io/hostname", operator: "In", values: [o.node] }],
+          }],
+        },
+      },
+    },
+  });
+  await client.request("POST", `/api/v1/namespaces/${o.ns}/persistentvolumeclaims`, {
+    metadata: { name: o.name },
+    spec: {
+      accessModes: ["ReadWriteOnce"],
+      volumeMode: mode,
+      storageClassName: "local",
+      volumeName: volume,
+      resources: { requests: { storage: "16Mi" } },
+    },
+  });
+}
+
+function subresource(ns: string, vmi: string, verb: string): string {
+  return `/apis/subresources.kubevirt.io/v1/namespaces/${ns}/virtualmachineinstances/${vmi}/${verb}`;
+}
+
+/** A call of virt-api's subresource, as virtctl makes it (virt-api answers 202, no body). */
+async function callSubresource(kubeconfig: string, path: string, body: unknown) {
+  const file = await Deno.makeTempFile({ prefix: "virtnode-volume-", suffix: ".json" });
+  try {
+    await Deno.writeTextFile(file, JSON.stringify(body));
+    await run("kubectl", "--kubeconfig", kubeconfig, "replace", "--raw", path, "-f", file);
+  } finally {
+    await Deno.remove(file);
+  }
+}
+
+function addVolume(kubeconfig: string, ns: string, vmi: string, name: string) {
+  return callSubresource(kubeconfig, subresource(ns, vmi, "addvolume"), {
+    name,
+    disk: { name, disk: { bus: "scsi" } },
+    volumeSource: { persistentVolumeClaim: { claimName: name } },
+  });
+}
+
+function removeVolume(kubeconfig: string, ns: string, vmi: string, name: string) {
+  return callSubresource(kubeconfig, subresource(ns, vmi, "removevolume"), { name });
+}
+
+/** The domain's disks now: alias -> [type, source, target]. */
+async function domainDisks(domain: string): Promise<Map<string, string[]>> {
+  const xml = await virsh("dumpxml", domain);
+  const disks = new Map<string, string[]>();
+  for (const m of xml.matchAll(/<disk type='(\w+)'[\s\S]*?<\/disk>/g)) {
+    const source = /<source (?:file|dev)='([^']*)'/.exec(m[0])?.[1] ?? "";
+    const target = /<target dev='([^']*)'/.exec(m[0])?.[1] ?? "";
+    const alias = /<alias name='([^']*)'/.exec(m[0])?.[1] ?? "";
+    disks.set(alias, [m[1], source, target]);
+  }
+  return disks;
+}
+
+Deno.test("pod-less hotplug through KubeVirt's virt-api: a filesystem and a block claim under the host disk root are attached to the running domain and detached on removal; one outside the root fails the sync by its field", async () => {
+  const uri = await ensureLibvirtd();
+  const kubevirtDir = await buildKubevirt();
+  const cluster = await startCluster({ podNetwork: true });
+  const cleanups: (() => Promise<unknown>)[] = [() => cluster.stop()];
+  let logFile: string | undefined;
+  let ok = false;
+  try {
+    const kubevirt = await startKubevirt(cluster, {
+      kubevirtDir,
+      launcherImage: "unused.invalid/launcher:none",
+      controller: false,
+    });
+    cleanups.unshift(() => kubevirt.stop());
+    // The handler as virt-controller's service account, which KubeVirt's admission trusts
+    // to place VMIs (as local mode and the other pod-less tests run it).
+    const handlerKubeconfig = await serviceAccountKubeconfig(
+      cluster,
+      KUBEVIRT_NAMESPACE,
+      CONTROLLER_SERVICE_ACCOUNT,
+      join(kubevirt.dir, "handler.kubeconfig"),
+    );
+    await run("kubectl", "--kubeconfig", cluster.kubeconfigPath, "apply", "-f", "deploy/rbac.yaml");
+    await run(
+      "kubectl",
+      "--kubeconfig",
+      cluster.kubeconfigPath,
+      "create",
+      "clusterrolebinding",
+      "podless-hotplug-handler",
+      "--clusterrole=virtnode-handler",
+      `--serviceaccount=${KUBEVIRT_NAMESPACE}:${CONTROLLER_SERVICE_ACCOUNT}`,
+    );
+
+    const root = await Deno.makeTempDir({ prefix: "virtnode-hostdisks-" });
+    cleanups.push(() => Deno.remove(root, { recursive: true }));
+    const fsDir = join(root, "claims", "fs1");
+    await Deno.mkdir(fsDir, { recursive: true });
+    await run("truncate", "-s", "16M", join(fsDir, "disk.img"));
+    const backing = join(root, "blk1.img");
+    await run("truncate", "-s", "16M", backing);
+    const loop = (await run("losetup", "--find", "--show", backing)).trim();
+    cleanups.push(() => run("losetup", "-d", loop));
+    const [major, minor] = (await run("stat", "-c", "%t %T", loop)).trim().split(" ")
+      .map((hex) => String(parseInt(hex, 16)));
+    const blockNode = join(root, "claims", "blk1");
+    await run("mknod", blockNode, "b", major, minor);
+    const outside = await Deno.makeTempDir({ prefix: "virtnode-outside-" });
+    cleanups.push(() => Deno.remove(outside, { recursive: true }));
+    await run("truncate", "-s", "16M", join(outside, "disk.img"));
+
+    const client = await kubeClient(cluster.kubeconfigPath);
+    cleanups.unshift(() => Promise.resolve(client.close()));
+    const id = crypto.randomUUID().slice(0, 8);
+    const ns = `hotplug-${id}`;
+    const node = `hotplug-node-${id}`;
+    await client.request("POST", "/api/v1/namespaces", { metadata: { name: ns } });
+    await claim(client, { ns, name: "fs1", node, path: fsDir });
+    await claim(client, { ns, name: "blk1", node, path: blockNode, block: true });
+    await claim(client, { ns, name: "out1", node, path: outside });
+
+    const h = await startHandlerProcess({
+      kubeconfig: handlerKubeconfig,
+      nodeName: node,
+      libvirtUri: uri,
+      hostDiskRoot: root,
+    });
+    logFile = h.logFile;
+    cleanups.unshift(async () => {
+      for (const name of ["vm1"]) await deleteVmi(client, ns, name).catch(() => {});
+      await waitFor("the VMI to be gone", async () => !(await getVmi(client, ns, "vm1")), 60_000)
+        .catch((e) => console.error(e.message));
+      await h.kill("SIGTERM");
+      killLaunchers(h.stateDir);
+      await Deno.remove(h.dir, { recursive: true }).catch(() => {});
+    });
+
+    await createVmi(client, testVmi("vm1", node, { namespace: ns }));
+    await waitForPhase(client, ns, "vm1", "Running", 90_000);
+    const domain = `${ns}_vm1`;
+    const before = await domainDisks(domain);
+    const entry = async (name: string) =>
+      (await getVmi(client, ns, "vm1"))?.status?.volumeStatus?.find((s) => s.name === name);
+
+    // The filesystem claim: Ready with its target, the domain has its disk.img.
+    let started = performance.now();
+    await addVolume(cluster.kubeconfigPath, ns, "vm1", "fs1");
+    const ready = await waitFor("fs1 to be Ready", async () => {
+      const e = await entry("fs1");
+      return e?.phase === "Ready" ? e : undefined;
+    }, 60_000);
+    console.log(
+      `fs1 Ready as ${ready.target} ${Math.round(performance.now() - started)} ms after addvolume`,
+    );
+    assert.equal(ready.target, "sda");
+    assert.deepEqual(ready.hotplugVolume, {});
+    assert.deepEqual((await domainDisks(domain)).get("ua-fs1"), [
+      "file",
+      join(fsDir, "disk.img"),
+      "sda",
+    ]);
+
+    // The block claim: its device node, on the next free SCSI name.
+    await addVolume(cluster.kubeconfigPath, ns, "vm1", "blk1");
+    const blk = await waitFor("blk1 to be Ready", async () => {
+      const e = await entry("blk1");
+      return e?.phase === "Ready" ? e : undefined;
+    }, 60_000);
+    assert.equal(blk.target, "sdb");
+    assert.deepEqual((await domainDisks(domain)).get("ua-blk1"), ["block", blockNode, "sdb"]);
+
+    // A claim whose volume is outside the root: a SyncFailed Event naming the field, the
+    // guest running on with the disks it had.
+    await addVolume(cluster.kubeconfigPath, ns, "vm1", "out1");
+    const refusal = await waitFor(
+      "the refusal of out1",
+      async () =>
+        (await eventsFor(client, ns, "vm1")).find((e) =>
+          e.reason === "SyncFailed" && e.message.includes("out1")
+        ),
+      60_000,
+    );
+    assert.match(refusal.message, /spec\.volumes\[\d\]\.persistentVolumeClaim\.claimName/);
+    assert.match(refusal.message, /outside the host disk root/);
+    assert.equal((await getVmi(client, ns, "vm1"))?.status?.phase, "Running");
+    assert.equal((await domainDisks(domain)).has("ua-out1"), false);
+    await removeVolume(cluster.kubeconfigPath, ns, "vm1", "out1");
+
+    // Removal: the disks leave the domain, the entries the status; the rest is as before.
+    started = performance.now();
+    await removeVolume(cluster.kubeconfigPath, ns, "vm1", "fs1");
+    await removeVolume(cluster.kubeconfigPath, ns, "vm1", "blk1");
+    await waitFor("the hotplugged disks to be detached", async () => {
+      const v = await getVmi(client, ns, "vm1");
+      const names = (v?.status?.volumeStatus ?? []).map((s) => s.name);
+      return !names.some((n) => ["fs1", "blk1", "out1"].includes(n));
+    }, 60_000);
+    console.log(`both detached ${Math.round(performance.now() - started)} ms after removevolume`);
+    assert.deepEqual(await domainDisks(domain), before);
+    assert.equal((await getVmi(client, ns, "vm1"))?.status?.phase, "Running");
+    ok = true;
+  } finally {
+    if (!ok && logFile) {
+      console.error(
+        `handler log:\n${(await Deno.readTextFile(logFile).catch(() => "")).slice(-8000)}`,
+      );
+    }
+    for (const cleanup of cleanups) {
+      await cleanup().catch((error) => console.error(`cleanup: ${error}`));
+    }
+  }
+});
