@@ -133,6 +133,7 @@ export const ERRNO_NAMES: Readonly<Record<number, string>> = Object.freeze({
   38: "ENOSYS",
   39: "ENOTEMPTY",
   40: "ELOOP",
+  61: "ENODATA",
   88: "ENOTSOCK",
   92: "ENOPROTOOPT",
   95: "EOPNOTSUPP",

@@ -55,6 +55,8 @@ const LIBC_SYMBOLS = {
   renameat2: { parameters: [I, B, I, B, U], result: I },
   mknodat: { parameters: [I, B, U, "u64"], result: I },
   lgetxattr: { parameters: [B, B, B, "u64"], result: "i64" },
+  lsetxattr: { parameters: [B, B, B, "u64", I], result: I },
+  lremovexattr: { parameters: [B, B], result: I },
   open_tree: { name: "syscall", parameters: ["i64", "i64", B, "u64"], result: "i64" },
   move_mount: {
     name: "syscall",
@@ -991,6 +993,37 @@ export function getXattr(path: string, name: string): string | undefined {
     throw error;
   }
   return new TextDecoder().decode(buf.subarray(0, n)).replace(/\0+$/, "");
+}
+
+/**
+ * The extended attribute `name` of `path` itself as bytes (`lgetxattr(2)`: a final symlink
+ * is not followed); undefined when the file has no such attribute.
+ */
+export function getXattrBytes(path: string, name: string): Uint8Array | undefined {
+  const buf = new Uint8Array(4096);
+  const n = Number(c().lgetxattr(cpath(path), cpath(name), buf, BigInt(buf.length)));
+  if (n < 0) {
+    const error = errnoError(`Cannot read ${name} of "${path}"`);
+    if (error.code === "ENODATA") return undefined;
+    throw error;
+  }
+  return buf.slice(0, n);
+}
+
+/** Sets the extended attribute `name` of `path` itself (`lsetxattr(2)`, no final symlink). */
+export function setXattrBytes(path: string, name: string, value: Uint8Array): void {
+  const bytes = new Uint8Array(value);
+  check(
+    c().lsetxattr(cpath(path), cpath(name), bytes, BigInt(bytes.length), 0),
+    `Cannot set ${name} of "${path}"`,
+  );
+}
+
+/** Removes the extended attribute `name` of `path` itself; one it does not have is no error. */
+export function removeXattr(path: string, name: string): void {
+  if (c().lremovexattr(cpath(path), cpath(name)) === 0) return;
+  const error = errnoError(`Cannot remove ${name} of "${path}"`);
+  if (error.code !== "ENODATA") throw error;
 }
 
 /** The bytes an unprivileged user may still write on the file system of `fd` (`fstatfs(2)`). */

@@ -34,6 +34,7 @@ import {
   validateVmi,
 } from "./converter.ts";
 import { el, renderXml } from "./_xml.ts";
+import { letQemuReach, prepareForQemuUser, type QemuUser } from "./_qemu_user.ts";
 import { domainFromXml, type VmiRef } from "./_domain_reader.ts";
 import { domainStatsToKubevirt } from "./_domain_stats.ts";
 import type { ConnectionKeeper } from "./_connection_keeper.ts";
@@ -85,6 +86,8 @@ export interface ConverterSettings extends PrepareOptions {
    * a pod-network interface is refused.
    */
   network?: Omit<GuestNetworkEnv, "privateDir"> & { privateDir?: string };
+  /** The user QEMU runs as, when not root: the VMI's folders are prepared for it. */
+  qemuUser?: QemuUser;
 }
 
 /** Options of {@linkcode DomainManager}. */
@@ -288,11 +291,15 @@ export class DomainManager {
       }
       await this.#prepareDirs();
       const interfaces = await this.#prepareNetwork(vmi);
-      const { xml } = await convertVmiToDomainXml(raw, {
+      const { xml, volumes, efi } = await convertVmiToDomainXml(raw, {
         ...this.#converter,
         domainType: this.#converter.domainType ?? (kvmUsable() ? "kvm" : "qemu"),
         interfaces,
       });
+      letQemuReach(this.#converter.qemuUser, [
+        ...Object.values(volumes).map((v) => v.path),
+        ...(efi ? [efi.nvram] : []),
+      ]);
       const domain = await this.#conn.defineXML(xml);
       this.#stopRequested = false;
       await domain.start();
@@ -321,6 +328,7 @@ export class DomainManager {
       const disk = attached.get(name);
       if (inSpec.has(name) && !disk) {
         const prepared = await prepareVolume(vmi, name, this.#converter);
+        letQemuReach(this.#converter.qemuUser, [prepared.path]);
         const { xml, dev } = hotplugDiskXml(vmi, name, prepared, taken);
         await domain.attachDevice(xml);
         taken.add(dev);
@@ -366,9 +374,12 @@ export class DomainManager {
   }
 
   async #prepareDirs(): Promise<void> {
-    for (const dir of [this.#converter.runDir, this.#converter.diskDir]) {
-      await Deno.mkdir(dir, { recursive: true, mode: 0o750 });
-    }
+    const dirs = [this.#converter.runDir, this.#converter.diskDir];
+    for (const dir of dirs) await Deno.mkdir(dir, { recursive: true, mode: 0o750 });
+    prepareForQemuUser(this.#converter.qemuUser, {
+      dirs,
+      files: Object.values(this.#converter.containerDisks ?? {}),
+    });
   }
 
   async #withDomain(

@@ -60,6 +60,8 @@ import {
   writeAll,
 } from "./host_protocol/mod.ts";
 
+import { grantKvm, type QemuUser, qemuUserOfCapabilities } from "./_qemu_user.ts";
+
 const log = getLogger("launcher", "host");
 
 /** Extra knobs of {@linkcode runLauncherHost} for tests and embedding. */
@@ -106,13 +108,21 @@ export class LauncherHost {
   readonly #byDomain = new Map<string, LauncherInstance>();
   readonly #clients = new Set<(line: string) => void>();
   readonly #vmDir: string;
+  /** The user libvirt runs QEMU as, when it names one. */
+  readonly #qemuUser: QemuUser | undefined;
   /** Makes the guests' DHCP sockets inside their pod namespaces. */
   readonly #netns = new NetnsRunner();
   /** Every guest's DHCP servers, on one wait. */
   readonly #dhcp = new DhcpServers(this.#netns);
 
-  private constructor(options: LauncherHostOptions, conn: Connection, sink: EventSink) {
+  private constructor(
+    options: LauncherHostOptions,
+    conn: Connection,
+    sink: EventSink,
+    qemuUser: QemuUser | undefined,
+  ) {
     this.#o = options;
+    this.#qemuUser = qemuUser;
     this.#conn = conn;
     this.#sink = sink;
     this.#vmDir = join(options.dir, "vms");
@@ -141,7 +151,17 @@ export class LauncherHost {
     const sink = options.notifySocket
       ? new NotifyClient(options.notifySocket, notifyTimeouts)
       : NO_SINK;
-    return new LauncherHost(options, conn, sink);
+    // The user QEMU runs as (libvirt's qemu.conf): what QEMU opens is prepared for it.
+    const qemuUser = qemuUserOfCapabilities(await conn.getCapabilities());
+    if (qemuUser && qemuUser.uid !== 0) {
+      log.info("QEMU runs as a user other than root", { ...qemuUser });
+      try {
+        grantKvm(qemuUser);
+      } catch (error) {
+        log.warn("Cannot let QEMU's user use /dev/kvm: {error}", { error: String(error) });
+      }
+    }
+    return new LauncherHost(options, conn, sink, qemuUser);
   }
 
   /** The control socket's path. */
@@ -265,6 +285,7 @@ export class LauncherHost {
         domainType: this.#o.domainType,
         ovmfDir: this.#o.ovmfDir,
         containerDisks: spec.containerDisks,
+        qemuUser: this.#qemuUser,
         network: spec.netns === undefined ? undefined : {
           runner: this.#netns,
           dhcp: this.#dhcp,

@@ -73,3 +73,120 @@ export async function createTinyDisk(dir: string, sizeMiB = 16): Promise<string>
   }
   return path;
 }
+
+/** A libvirtd of a test's own, beside the machine's (see {@linkcode startPrivateLibvirtd}). */
+export interface PrivateLibvirtd {
+  /** The URI to connect to: the daemon's socket, reached through its root. */
+  uri: string;
+  /** The daemon's PID. */
+  pid: number;
+  /** Destroys and undefines every guest it has, then ends it and its virtlogd. */
+  stop(): Promise<void>;
+}
+
+/**
+ * Starts a libvirtd whose QEMU runs as `user`:`group` (numeric, e.g. KubeVirt's 107), in a
+ * mount namespace of its own: its `/etc/libvirt` (a copy of the machine's with its own
+ * qemu.conf), `/run/libvirt`, `/var/lib/libvirt`, `/var/cache/libvirt` and
+ * `/var/log/libvirt` are folders of a temporary directory, so it shares no state, socket or
+ * guest with the machine's libvirtd and the rest of the file system stays the same. It and
+ * its virtlogd run under names of their own (`virtnode-libvirtd`), so the test runner's
+ * sweep, which spares the machine's shared daemons, catches them if a test leaves them.
+ */
+export async function startPrivateLibvirtd(
+  options: { user: number; group: number },
+): Promise<PrivateLibvirtd> {
+  const dir = await Deno.makeTempDir({ prefix: "virtnode-libvirtd-" });
+  // QEMU's user walks into /var/lib/libvirt and /var/cache/libvirt (capability probes, the
+  // monitor socket): the folders behind them must be open to it, as the machine's are.
+  await Deno.chmod(dir, 0o755);
+  const sub = (name: string) => `${dir}/${name}`;
+  for (const name of ["etc", "run", "lib/qemu", "cache", "log", "bin"]) {
+    await Deno.mkdir(sub(name), { recursive: true });
+  }
+  for (const entry of Deno.readDirSync("/etc/libvirt")) {
+    if (entry.isFile && entry.name !== "qemu.conf") {
+      await Deno.copyFile(`/etc/libvirt/${entry.name}`, sub(`etc/${entry.name}`));
+    }
+  }
+  await Deno.writeTextFile(
+    sub("etc/qemu.conf"),
+    [
+      `user = "+${options.user}"`,
+      `group = "+${options.group}"`,
+      'security_driver = "none"',
+      "cgroup_controllers = []",
+      "",
+    ].join("\n"),
+  );
+  // QEMU's own state (monitor sockets, the capability probe's) is its user's, as a
+  // distribution's package leaves /var/lib/libvirt/qemu.
+  await Deno.chown(sub("lib/qemu"), options.user, options.group);
+  await Deno.symlink("/usr/sbin/libvirtd", sub("bin/virtnode-libvirtd"));
+  await Deno.symlink("/usr/sbin/virtlogd", sub("bin/virtnode-virtlogd"));
+  const script = [
+    "set -e",
+    "mount --make-rprivate /",
+    `mount --bind ${sub("etc")} /etc/libvirt`,
+    `mount --bind ${sub("run")} /run/libvirt`,
+    `mount --bind ${sub("lib")} /var/lib/libvirt`,
+    `mount --bind ${sub("cache")} /var/cache/libvirt`,
+    `mount --bind ${sub("log")} /var/log/libvirt`,
+    `${sub("bin/virtnode-virtlogd")} -d -p ${sub("virtlogd.pid")}`,
+    `exec ${sub("bin/virtnode-libvirtd")} -p ${sub("libvirtd.pid")} 2>>${sub("libvirtd.log")}`,
+  ].join("\n");
+  const child = new Deno.Command("unshare", {
+    args: ["--mount", "bash", "-c", script],
+    stdin: "null",
+    stdout: "null",
+    stderr: "piped",
+  }).spawn();
+  const output = child.output();
+  const socket = `/proc/${child.pid}/root/run/libvirt/libvirt-sock`;
+  const deadline = Date.now() + 15_000;
+  let exited = false;
+  child.status.then(() => exited = true);
+  while (!(await Deno.lstat(socket).then(() => true, () => false))) {
+    if (exited || Date.now() > deadline) {
+      const out = await output.catch(() => undefined);
+      const text = out ? new TextDecoder().decode(out.stderr) : "";
+      await Deno.remove(dir, { recursive: true }).catch(() => {});
+      throw new Error(
+        `Cannot start a private libvirtd: ${exited ? "it exited" : "no socket"}: ${text}`,
+      );
+    }
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  const uri = `qemu+unix:///system?socket=${socket}`;
+  const virsh = async (...args: string[]) => {
+    const out = await new Deno.Command("virsh", {
+      args: ["-c", uri, ...args],
+      stdout: "piped",
+      stderr: "null",
+    }).output();
+    return new TextDecoder().decode(out.stdout);
+  };
+  return {
+    uri,
+    pid: child.pid,
+    async stop() {
+      for (const name of (await virsh("list", "--all", "--name")).split("\n")) {
+        if (!name.trim()) continue;
+        await virsh("destroy", name.trim());
+        await virsh("undefine", "--nvram", name.trim());
+      }
+      const logd = Number((await Deno.readTextFile(sub("virtlogd.pid")).catch(() => "")).trim());
+      try {
+        child.kill("SIGTERM");
+      } catch { /* gone */ }
+      await output.catch(() => undefined);
+      const comm = await Deno.readTextFile(`/proc/${logd}/comm`).catch(() => "");
+      if (Number.isInteger(logd) && logd > 1 && comm.startsWith("virtnode-virtlo")) {
+        try {
+          Deno.kill(logd, "SIGTERM");
+        } catch { /* gone */ }
+      }
+      await Deno.remove(dir, { recursive: true }).catch(() => {});
+    },
+  };
+}
