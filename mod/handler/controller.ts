@@ -361,6 +361,7 @@ export class VmiController {
         hotplugMounted: hasHotplugVolumes(vmi)
           ? await this.#d.provider.hotplugMounted(vmi.metadata.uid!)
           : undefined,
+        hotplugClaims: this.#d.provider.hotplugClaims?.(vmi.metadata.uid!),
       });
       result = sooner(result, requeue);
       if (syncError === undefined && domainSeen === undefined) await this.#releaseFinalizer(vmi);

@@ -14,7 +14,7 @@
  *
  * @module
  */
-import type { VirtualMachineInstance } from "../api/mod.ts";
+import type { ClaimInfo, VirtualMachineInstance } from "../api/mod.ts";
 import type { PodNetworkTarget } from "../network/mod.ts";
 import type { Runnable } from "../lifecycle/mod.ts";
 import type { GhostRecordStore } from "./ghost_records.ts";
@@ -91,6 +91,11 @@ export interface LauncherProvider extends Runnable {
   hotplug(vmi: VirtualMachineInstance): Promise<void>;
   /** The names of the VMI's hotplugged volumes mounted into its launcher now. */
   hotplugMounted(uid: string): Promise<ReadonlySet<string>>;
+  /**
+   * The claim info of the VMI's hotplugged volumes, by name, where the handler writes their
+   * status entries itself (pod-less mode; virt-controller writes it otherwise).
+   */
+  hotplugClaims?(uid: string): ReadonlyMap<string, ClaimInfo>;
   /** The root of the VMI's launcher (`/proc/<pid>/root`), where there is one to look in. */
   launcherRoot(vmi: VirtualMachineInstance): Promise<string | undefined>;
   /** Takes back the hotplugged volumes gone from the spec, once the launcher detached them. */

@@ -16,7 +16,13 @@
  * @module
  */
 import { join } from "node:path";
-import { SocketNames, type VirtualMachineInstance, vmiKey, type Volume } from "../api/mod.ts";
+import {
+  type ClaimInfo,
+  SocketNames,
+  type VirtualMachineInstance,
+  vmiKey,
+  type Volume,
+} from "../api/mod.ts";
 import { sleep } from "../lifecycle/mod.ts";
 import type { HostedVmStatus, LauncherHostOptions } from "../launcher/host_protocol/mod.ts";
 import { getLogger } from "../log/mod.ts";
@@ -271,6 +277,7 @@ export class PodlessLaunchers implements LauncherProvider {
     });
     this.#served.delete(uid);
     this.#hostClaims.delete(uid);
+    await this.#collectContainerDisks();
     // What the VMI had on this host: its socket directory, its run directory (DHCP facts,
     // console sockets) and its disks (overlays, empty disks, cloud-init ISOs, NVRAM).
     for (
@@ -319,6 +326,15 @@ export class PodlessLaunchers implements LauncherProvider {
     }
   }
 
+  /** Removes the stored containerDisks of replaced or removed images no served VMI reads. */
+  async #collectContainerDisks(): Promise<void> {
+    if (!this.#o.containerDisks || !this.#listed) return;
+    const inUse = new Set([...this.#served.values()].flatMap((vm) => vm.containerDisks ?? []));
+    await this.#o.containerDisks.collect(inUse).catch((error) =>
+      log.warn("Cannot collect the containerDisk store: {error}", { error: String(error) })
+    );
+  }
+
   /** None: virtnode's launcher host runs in the node's root. */
   launcherRoot(): Promise<string | undefined> {
     return Promise.resolve(undefined);
@@ -327,6 +343,11 @@ export class PodlessLaunchers implements LauncherProvider {
   /** The VMI's hotplugged claims found on this host (the launcher host can attach them). */
   hotplugMounted(uid: string): Promise<ReadonlySet<string>> {
     return Promise.resolve(new Set(this.#hostClaims.get(uid)?.keys()));
+  }
+
+  /** The claim info of the VMI's hotplugged claims found on this host, for their status. */
+  hotplugClaims(uid: string): ReadonlyMap<string, ClaimInfo> {
+    return new Map([...this.#hostClaims.get(uid) ?? []].map(([name, c]) => [name, c.claimInfo]));
   }
 
   /** Forgets the claims gone from the VMI's spec (the launcher host detached them). */
@@ -480,6 +501,7 @@ export class PodlessLaunchers implements LauncherProvider {
       this.#served.clear();
       for (const vm of vms) this.#served.set(vm.uid, vm);
       this.#listed = true;
+      await this.#collectContainerDisks();
       this.#setConnected();
       for (const vm of vms) {
         if (vm.state === "exited") this.#o.exited(vm.uid, vm.why ?? "the launcher ended");

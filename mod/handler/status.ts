@@ -8,6 +8,7 @@
  * @module
  */
 import {
+  type ClaimInfo,
   ConditionReason,
   ConditionType,
   isFinalPhase,
@@ -65,6 +66,8 @@ export interface StatusInput {
   podAddresses?: ReadonlyMap<string, PodAddresses>;
   /** The hotplugged volumes mounted into the launcher now, by name. */
   hotplugMounted?: ReadonlySet<string>;
+  /** Pod-less mode: the claim info of the hotplugged volumes found on this host, by name. */
+  hotplugClaims?: ReadonlyMap<string, ClaimInfo>;
   /** The launcher's SELinux label (`none` without SELinux), once known. */
   selinuxContext?: string;
 }
@@ -229,6 +232,8 @@ export interface VolumeStatusOptions {
   hotplugMounted?: ReadonlySet<string>;
   /** The handler stands in for virt-controller (pod-less mode): it owns the entries too. */
   standsInForController?: boolean;
+  /** With `standsInForController`: the claim info of hotplugged volumes, by name. */
+  hotplugClaims?: ReadonlyMap<string, ClaimInfo>;
 }
 
 /**
@@ -271,6 +276,8 @@ export function volumeStatusFromDomain(
     const next: VolumeStatus = { ...entry, target: targets.get(entry.name) ?? "" };
     if (entry.hotplugVolume) {
       if (owner && !inSpec.has(entry.name) && !next.target) continue;
+      const claim = owner ? options.hotplugClaims?.get(entry.name) : undefined;
+      if (claim && !next.persistentVolumeClaimInfo) next.persistentVolumeClaimInfo = claim;
       Object.assign(next, hotplugPhase(next, inSpec.has(entry.name), hotplugMounted));
     }
     byName.set(entry.name, next);
@@ -440,6 +447,7 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
     const volumes = volumeStatusFromDomain(vmi, domain, {
       hotplugMounted: input.hotplugMounted,
       standsInForController: input.standsInForController,
+      hotplugClaims: input.hotplugClaims,
     });
     if (volumes.length > 0) status.volumeStatus = volumes;
     else delete status.volumeStatus;

@@ -92,6 +92,12 @@ interface Hosted {
   stopping?: Promise<void>;
 }
 
+/** The stored containerDisks a VMI's domain reads, for its status (none: nothing). */
+function storedDisksOf(spec: HostedVmSpec): { containerDisks?: string[] } {
+  const files = Object.values(spec.containerDisks ?? {});
+  return files.length > 0 ? { containerDisks: files } : {};
+}
+
 /** Writes a file whole or not at all. */
 async function writeWhole(path: string, text: string): Promise<void> {
   await Deno.writeTextFile(`${path}.tmp`, text, { mode: 0o600 });
@@ -205,7 +211,14 @@ export class LauncherHost {
       this.#vms.set(spec.uid, {
         spec,
         started: Promise.resolve(),
-        status: { uid: spec.uid, state: "exited", socket: this.#socketOf(spec), code, why },
+        status: {
+          uid: spec.uid,
+          state: "exited",
+          socket: this.#socketOf(spec),
+          code,
+          why,
+          ...storedDisksOf(spec),
+        },
       });
       return;
     }
@@ -297,7 +310,12 @@ export class LauncherHost {
     const hosted: Hosted = {
       spec,
       instance,
-      status: { uid: spec.uid, state: "starting", socket: this.#socketOf(spec) },
+      status: {
+        uid: spec.uid,
+        state: "starting",
+        socket: this.#socketOf(spec),
+        ...storedDisksOf(spec),
+      },
       started: Promise.resolve(),
     };
     this.#vms.set(spec.uid, hosted);

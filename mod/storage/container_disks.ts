@@ -162,6 +162,55 @@ export class ContainerDiskStore {
     }
   }
 
+  /**
+   * Removes the stored disks whose image is gone from the image directory or now names
+   * another manifest (the image was replaced), unless one of `inUse` (the files running
+   * VMIs read) is theirs or one is being stored. A disk of an image still there is kept
+   * for the next VMI, as the kubelet keeps an image. Returns the files removed.
+   */
+  async collect(inUse: ReadonlySet<string>): Promise<string[]> {
+    const removed: string[] = [];
+    let entries: Deno.DirEntry[];
+    try {
+      entries = await Array.fromAsync(Deno.readDir(this.#o.storeDir));
+    } catch (error) {
+      if (error instanceof Deno.errors.NotFound) return removed;
+      throw error;
+    }
+    const current = new Map<string, string | undefined>();
+    for (const entry of entries) {
+      const match = /^([0-9a-f]{64})\.json$/.exec(entry.name);
+      if (!entry.isFile || !match || this.#pending.has(match[1])) continue;
+      const meta = join(this.#o.storeDir, entry.name);
+      const file = join(this.#o.storeDir, `${match[1]}.img`);
+      if (inUse.has(file)) continue;
+      let stored: { image?: string; manifest?: string };
+      try {
+        stored = JSON.parse(await Deno.readTextFile(meta));
+      } catch {
+        continue; // being written, or not ours: left alone
+      }
+      if (typeof stored.image !== "string") continue;
+      if (!current.has(stored.image)) {
+        const source = await this.#open(stored.image).catch(() => undefined);
+        try {
+          current.set(stored.image, await source?.manifestDigest().catch(() => undefined));
+        } finally {
+          source?.close();
+        }
+      }
+      if (current.get(stored.image) === stored.manifest) continue;
+      await Deno.remove(file).catch(() => {});
+      await Deno.remove(meta).catch(() => {});
+      removed.push(file);
+      log.info("containerDisk removed from the store: its image is gone or replaced", {
+        image: stored.image,
+        file,
+      });
+    }
+    return removed;
+  }
+
   /** Writes the disk's bytes to `target`; returns its path in the image. */
   async #extract(
     image: string,

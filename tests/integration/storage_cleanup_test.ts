@@ -2,8 +2,8 @@
  * Per-VMI cleanup in pod-less mode: 50 VMIs, each with a containerDisk from an OCI image
  * (its qcow2 overlay), an emptyDisk and a cloud-init ISO that holds its user data, are
  * created and deleted; afterwards nothing of theirs is left under the handler's state and
- * run directories (only the image store the next VMI reuses), and no mount of theirs in
- * the host's mount table. libvirt's test driver stands in for QEMU: every file is still
+ * run directories (only the image store the next VMI reuses, and only while its image is
+ * there), and no mount of theirs in the host's mount table. libvirt's test driver stands in for QEMU: every file is still
  * made and removed by the handler and its launcher host.
  */
 import assert from "node:assert/strict";
@@ -92,7 +92,18 @@ Deno.test("storage cleanup: 50 VMIs with containerDisk, emptyDisk and cloud-init
       uids.every((uid) => during.some((p) => p.includes(uid))),
       "each VMI had files of its own (the check below can fail)",
     );
-    await Promise.all(names.map((n) => deleteVmi(client, "default", n)));
+    const storedDisks = async () =>
+      (await tree(join(h.stateDir, "containerdisks"))).filter((p) => p.endsWith(".img"));
+    assert.equal((await storedDisks()).length, 1, `one stored disk for all ${COUNT} VMIs`);
+    // The user removes the image: its stored disk stays while a VMI reads it, and goes with
+    // the last of them.
+    for (const entry of Deno.readDirSync(join(h.stateDir, "images"))) {
+      await Deno.remove(join(h.stateDir, "images", entry.name), { recursive: true });
+    }
+    await deleteVmi(client, "default", names[0]);
+    await waitFor("the first VMI gone", async () => !(await getVmi(client, "default", names[0])));
+    assert.equal((await storedDisks()).length, 1, "kept: 49 VMIs still read it");
+    await Promise.all(names.slice(1).map((n) => deleteVmi(client, "default", n)));
     await waitFor(
       "every VMI gone",
       async () => {
@@ -124,9 +135,6 @@ Deno.test("storage cleanup: 50 VMIs with containerDisk, emptyDisk and cloud-init
     }
     assert.deepEqual(left, [], "files left by deleted VMIs");
     assert.deepEqual(mountsBelow(h.dir), [], "mounts left below the handler's directories");
-    const store = (await tree(join(h.stateDir, "containerdisks"))).filter((p) =>
-      p.endsWith(".img")
-    );
-    assert.equal(store.length, 1, `one stored disk for all ${COUNT} VMIs: ${store}`);
+    assert.deepEqual(await storedDisks(), [], "its image is gone and no VMI reads it");
   });
 });

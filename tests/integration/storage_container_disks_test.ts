@@ -168,3 +168,33 @@ Deno.test("containerDisk store: images that are no usable containerDisk are refu
     );
   });
 });
+
+Deno.test("containerDisk store: collect() removes the disks of images replaced or removed that no VMI reads, and keeps the rest", async () => {
+  await withStore(async (dir, store) => {
+    await image(dir, "example.org/kept:1", { "disk/root.img": ["-f", "raw", "@", "1M"] });
+    await image(dir, "example.org/replaced:1", { "disk/root.img": ["-f", "raw", "@", "1M"] });
+    await image(dir, "example.org/removed:1", { "disk/root.img": ["-f", "raw", "@", "1M"] });
+    await image(dir, "example.org/read:1", { "disk/root.img": ["-f", "raw", "@", "1M"] });
+    const kept = (await store.disk("example.org/kept:1"))!.file;
+    const replaced = (await store.disk("example.org/replaced:1"))!.file;
+    const removed = (await store.disk("example.org/removed:1"))!.file;
+    const read = (await store.disk("example.org/read:1"))!.file;
+    // A new version under the same name (a different manifest), one image gone, and one
+    // gone while a VMI still reads its disk.
+    const archive = (name: string) => join(dir, "images", `${imageFileName(name)}.tar`);
+    await Deno.remove(archive("example.org/replaced:1"));
+    await image(dir, "example.org/replaced:1", { "disk/root.img": ["-f", "raw", "@", "2M"] });
+    await Deno.remove(archive("example.org/removed:1"));
+    await Deno.remove(archive("example.org/read:1"));
+    const gone = await store.collect(new Set([read]));
+    assert.deepEqual(gone.sort(), [removed, replaced].sort());
+    const exists = (f: string) => Deno.stat(f).then(() => true, () => false);
+    assert.equal(await exists(kept), true, "its image is still there: kept for the next VMI");
+    assert.equal(await exists(read), true, "a VMI reads it");
+    assert.equal(await exists(replaced), false);
+    assert.equal(await exists(replaced.replace(/\.img$/, ".json")), false);
+    assert.deepEqual(await store.collect(new Set()), [read], "once no VMI reads it, it goes");
+    const again = await store.disk("example.org/replaced:1");
+    assert.equal((await Deno.stat(again!.file)).size, 2 << 20, "the new version is stored anew");
+  });
+});

@@ -221,6 +221,9 @@ Deno.test("pod-less hotplug through KubeVirt's virt-api: a filesystem and a bloc
     );
     assert.equal(ready.target, "sda");
     assert.deepEqual(ready.hotplugVolume, {});
+    assert.equal(ready.persistentVolumeClaimInfo?.claimName, "fs1");
+    assert.equal(ready.persistentVolumeClaimInfo?.volumeMode, "Filesystem");
+    assert.deepEqual(ready.persistentVolumeClaimInfo?.capacity, { storage: "16Mi" });
     assert.deepEqual((await domainDisks(domain)).get("ua-fs1"), [
       "file",
       join(fsDir, "disk.img"),
@@ -234,6 +237,7 @@ Deno.test("pod-less hotplug through KubeVirt's virt-api: a filesystem and a bloc
       return e?.phase === "Ready" ? e : undefined;
     }, 60_000);
     assert.equal(blk.target, "sdb");
+    assert.equal(blk.persistentVolumeClaimInfo?.volumeMode, "Block");
     assert.deepEqual((await domainDisks(domain)).get("ua-blk1"), ["block", blockNode, "sdb"]);
 
     // A claim whose volume is outside the root: a SyncFailed Event naming the field, the

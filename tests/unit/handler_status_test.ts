@@ -388,7 +388,10 @@ Deno.test("computeStatus() in pod-less mode writes a hotplugged claim's entry it
   ) => {
     const v = vmi("Running", volumes);
     v.status!.volumeStatus = entries;
-    const i = input(LifeCycle.Running, undefined, { hotplugMounted: new Set(found) });
+    const i = input(LifeCycle.Running, undefined, {
+      hotplugMounted: new Set(found),
+      hotplugClaims: new Map(found.map((n) => [n, { claimName: "c", volumeMode: "Block" }])),
+    });
     i.domain!.spec.devices.disks = [
       { alias: { name: "ua-root" }, target: { dev: "vda" }, source: { file: "/r/disk.qcow2" } },
       ...(attached
@@ -403,8 +406,10 @@ Deno.test("computeStatus() in pod-less mode writes a hotplugged claim's entry it
     ["root", undefined, "vda"],
   ]);
   assert.deepEqual(pending[0].hotplugVolume, {});
+  assert.equal(pending[0].persistentVolumeClaimInfo, undefined, "not found yet");
   const found = run(spec, pending, ["hp"], false)!;
   assert.equal(found[0].phase, "MountedToPod");
+  assert.deepEqual(found[0].persistentVolumeClaimInfo, { claimName: "c", volumeMode: "Block" });
   const ready = run(spec, found, ["hp"], true)!;
   assert.deepEqual([ready[0].phase, ready[0].target], ["Ready", "sda"]);
   const removed = { volumes: [spec.volumes[0]] };

@@ -44,6 +44,8 @@ export interface HostedVmStatus {
   code?: number;
   /** For `exited`: why. */
   why?: string;
+  /** The stored containerDisk files the VMI's domain reads (pod-less mode's store). */
+  containerDisks?: string[];
 }
 
 /** Options of `runLauncherHost`. */
