@@ -34,7 +34,7 @@ import {
   validateVmi,
 } from "./converter.ts";
 import { el, renderXml } from "./_xml.ts";
-import { letQemuReach, prepareForQemuUser, type QemuUser } from "./_qemu_user.ts";
+import { letQemuReach, prepareForQemuUser, type QemuUser } from "./qemu_user.ts";
 import { domainFromXml, type VmiRef } from "./_domain_reader.ts";
 import { domainStatsToKubevirt } from "./_domain_stats.ts";
 import type { ConnectionKeeper } from "./_connection_keeper.ts";

@@ -60,7 +60,7 @@ import {
   writeAll,
 } from "./host_protocol/mod.ts";
 
-import { grantKvm, type QemuUser, qemuUserOfCapabilities } from "./_qemu_user.ts";
+import { grantKvm, type QemuUser, qemuUserOfCapabilities } from "./qemu_user.ts";
 
 const log = getLogger("launcher", "host");
 

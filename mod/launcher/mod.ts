@@ -65,7 +65,7 @@ export {
   parseVmiJson,
   type VmiRef,
 } from "./domain_manager.ts";
-export type { QemuUser } from "./_qemu_user.ts";
+export type { QemuUser } from "./qemu_user.ts";
 export {
   type InvolvedObject,
   isTransientNotifyError,

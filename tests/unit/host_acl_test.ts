@@ -7,7 +7,7 @@ import {
   modeAllows,
   withUserAccess,
 } from "../../mod/host/acl.ts";
-import { prepareForQemuUser, qemuUserOfCapabilities } from "../../mod/launcher/_qemu_user.ts";
+import { prepareForQemuUser, qemuUserOfCapabilities } from "../../mod/launcher/qemu_user.ts";
 
 const U = 0xffffffff;
 

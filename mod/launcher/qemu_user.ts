@@ -7,7 +7,7 @@
  * @module
  */
 import { dirname } from "node:path";
-import { grantUserAccess, modeAllows } from "../host/acl.ts";
+import { grantUserAccess, modeAllows } from "../host/mod.ts";
 import { getLogger } from "../log/mod.ts";
 
 const log = getLogger("launcher", "qemu-user");
