@@ -14,6 +14,10 @@
  *   to QEMU's user; KubeVirt's launcher attaches it to the running domain once the volume's
  *   phase is `MountedToPod`.
  *
+ * A block claim's device node is made in the launcher's hotplug directory and let into its
+ * devices cgroup: `devices.allow` under cgroup v1, and under cgroup v2 a device program of
+ * the launcher's rules plus the device in place of the one attached (`device_cgroup_v2.ts`).
+ *
  * A volume gone from the spec (`removevolume`) is unmounted once the launcher has detached
  * it, and the file removed. What is mounted is recorded first
  * (`<run dir>/hotplug-volume-mounts/<vmi uid>.json`), so a restarted handler neither mounts
@@ -41,6 +45,7 @@ import {
 import { type VirtualMachineInstance, vmiKey } from "../api/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import { DISK_IMAGE, QEMU_USER } from "../storage/mod.ts";
+import { type DeviceRule, LAUNCHER_DEVICE_RULES, setDeviceRules } from "./device_cgroup_v2.ts";
 
 const log = getLogger("handler", "hotplug");
 
@@ -154,7 +159,7 @@ export class HotplugMounts {
         };
         await this.#write(uid, record);
         try {
-          giveBlockDevice(launcherPid, volume, device);
+          giveBlockDevice(launcherPid, volume, device, Object.values(record.devices ?? {}));
         } catch (error) {
           await this.#unmountVolumes(launcherPid, [volume], launcherStart, record.devices)
             .catch(() => {});
@@ -249,8 +254,10 @@ export class HotplugMounts {
     devices: Record<string, string> = {},
   ): Promise<void> {
     if (launcherStart === undefined || processStartTime(launcherPid) !== launcherStart) return;
+    const remaining = Object.entries(devices).filter(([v]) => !volumes.includes(v))
+      .map(([, d]) => d);
     for (const v of volumes) {
-      if (devices[v] !== undefined) takeBlockDevice(launcherPid, v, devices[v]);
+      if (devices[v] !== undefined) takeBlockDevice(launcherPid, v, devices[v], remaining);
     }
     const files = volumes.filter((v) => devices[v] === undefined);
     if (files.length === 0) return;
@@ -336,21 +343,33 @@ function deviceName(rdev: bigint): string {
   return `${major}:${minor}`;
 }
 
-/** The launcher's devices cgroup (v1) directory, from `/proc/<pid>/cgroup`. */
-function devicesCgroup(pid: number): string {
-  const line = Deno.readTextFileSync(`/proc/${pid}/cgroup`).split("\n")
-    .find((l) => l.split(":")[1]?.split(",").includes("devices"));
-  if (!line) {
-    throw new Error(
-      `process ${pid} has no devices cgroup (cgroup v2 device rules are not supported yet)`,
-    );
+/**
+ * Which cgroup holds a process's device rules, from its `/proc/<pid>/cgroup`: its devices
+ * controller's (v1, also on a hybrid host) or, with none, its cgroup v2 one (whose rules
+ * are an eBPF program). The path is relative to the hierarchy's root.
+ */
+export function deviceCgroupOf(procCgroup: string): { version: 1 | 2; path: string } {
+  const lines = procCgroup.split("\n");
+  const v1 = lines.find((l) => l.split(":")[1]?.split(",").includes("devices"));
+  if (v1) return { version: 1, path: v1.split(":").slice(2).join(":") };
+  const v2 = lines.find((l) => l.startsWith("0::"));
+  if (!v2) throw new Error("the process is in no devices cgroup, v1 or v2");
+  const path = v2.slice(3);
+  if (path.startsWith("/..")) {
+    throw new Error(`its cgroup "${path}" is outside the handler's cgroup namespace`);
   }
+  return { version: 2, path };
+}
+
+/** The launcher's device cgroup directory in the host's tree, and its version. */
+function launcherDeviceCgroup(pid: number): { version: 1 | 2; dir: string } {
+  const { version, path } = deviceCgroupOf(Deno.readTextFileSync(`/proc/${pid}/cgroup`));
   // The path is the host's (cgroup v1 gives containers no cgroup namespace), so it is
   // looked up in the host's cgroup tree, through PID 1's root: a handler in a pod has only
   // its own container's cgroup at /sys/fs/cgroup. Where PID 1's root cannot be opened
   // (a sandbox's), the handler runs on the host and its own tree is the host's.
-  const path = line.split(":").slice(2).join(":");
-  return `${hostDevicesCgroups()}${path === "/" ? "" : path}`;
+  const root = version === 1 ? hostDevicesCgroups() : hostUnifiedCgroups();
+  return { version, dir: `${root}${path === "/" ? "" : path}` };
 }
 
 let devicesCgroupRoot: string | undefined;
@@ -369,6 +388,65 @@ function hostDevicesCgroups(): string {
   return devicesCgroupRoot;
 }
 
+let unifiedRoot: string | undefined;
+
+/**
+ * The host's cgroup2 hierarchy (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on a hybrid
+ * host), from PID 1's mount table and through its root where that can be opened, as the
+ * v1 tree above.
+ */
+function hostUnifiedCgroups(): string {
+  if (unifiedRoot === undefined) {
+    let viaInit = true;
+    let table: string;
+    try {
+      table = Deno.readTextFileSync("/proc/1/mountinfo");
+      Deno.statSync("/proc/1/root/sys/fs/cgroup");
+    } catch {
+      viaInit = false;
+      table = Deno.readTextFileSync("/proc/self/mountinfo");
+    }
+    const line = table.split("\n").find((l) => l.split(" - ")[1]?.startsWith("cgroup2 "));
+    if (!line) throw new Error("the host mounts no cgroup2 hierarchy for the launcher's devices");
+    unifiedRoot = `${viaInit ? "/proc/1/root" : ""}${line.split(" ")[4]}`;
+  }
+  return unifiedRoot;
+}
+
+/**
+ * The device rules of a launcher under cgroup v2: KubeVirt's defaults, each block device
+ * the kubelet put in the launcher's `/dev` (its block claims), and the hotplugged ones.
+ */
+function launcherDeviceRules(pid: number, hotplugged: readonly string[]): DeviceRule[] {
+  const rules = [...LAUNCHER_DEVICE_RULES];
+  const block = (name: string) => {
+    const [major, minor] = name.split(":").map(Number);
+    rules.push({ type: "b", major, minor, access: "rwm" });
+  };
+  const dev = `/proc/${pid}/root/dev`;
+  for (const entry of Deno.readDirSync(dev)) {
+    const info = Deno.lstatSync(`${dev}/${entry.name}`); // the entry itself, never a link's target
+    if (info.isBlockDevice && info.rdev !== null) block(deviceName(BigInt(info.rdev)));
+  }
+  hotplugged.forEach(block);
+  return rules;
+}
+
+/** Lets the launcher's cgroup use the block `device` (`major:minor`) of `hotplugged`. */
+function allowBlockDevice(pid: number, device: string, hotplugged: readonly string[]): void {
+  const cgroup = launcherDeviceCgroup(pid);
+  if (cgroup.version === 1) {
+    Deno.writeTextFileSync(`${cgroup.dir}/devices.allow`, `b ${device} rwm`);
+  } else setDeviceRules(cgroup.dir, launcherDeviceRules(pid, hotplugged));
+}
+
+/** Shuts the block `device` out of the launcher's cgroup; `remaining` stay allowed. */
+function denyBlockDevice(pid: number, device: string, remaining: readonly string[]): void {
+  const cgroup = launcherDeviceCgroup(pid);
+  if (cgroup.version === 1) Deno.writeTextFileSync(`${cgroup.dir}/devices.deny`, `b ${device} rwm`);
+  else setDeviceRules(cgroup.dir, launcherDeviceRules(pid, remaining));
+}
+
 /**
  * Makes `<volume>` in the launcher's hotplug directory the block device node of `device`
  * (inside the launcher's root, no symlink followed), lets the launcher's cgroup use it and
@@ -378,6 +456,7 @@ function giveBlockDevice(
   pid: number,
   volume: string,
   device: { rdev: bigint; mode: number },
+  hotplugged: readonly string[],
 ): void {
   const dir = openDirectoryInRoot(`/proc/${pid}/root`, LAUNCHER_HOTPLUG_DIR);
   try {
@@ -388,10 +467,7 @@ function giveBlockDevice(
       const id = identityBeneath(dir.path, volume);
       if ((id.mode & S_IFMT) !== S_IFBLK || id.rdev !== device.rdev) throw error;
     }
-    Deno.writeTextFileSync(
-      `${devicesCgroup(pid)}/devices.allow`,
-      `b ${deviceName(device.rdev)} rwm`,
-    );
+    allowBlockDevice(pid, deviceName(device.rdev), hotplugged);
     chownBeneath(dir.path, volume, QEMU_USER, QEMU_USER);
   } finally {
     dir.release();
@@ -399,7 +475,12 @@ function giveBlockDevice(
 }
 
 /** Removes a block volume's node from the launcher and shuts its device out of its cgroup. */
-function takeBlockDevice(pid: number, volume: string, device: string): void {
+function takeBlockDevice(
+  pid: number,
+  volume: string,
+  device: string,
+  remaining: readonly string[],
+): void {
   try {
     const dir = openDirectoryInRoot(`/proc/${pid}/root`, LAUNCHER_HOTPLUG_DIR);
     try {
@@ -409,7 +490,7 @@ function takeBlockDevice(pid: number, volume: string, device: string): void {
     } finally {
       dir.release();
     }
-    Deno.writeTextFileSync(`${devicesCgroup(pid)}/devices.deny`, `b ${device} rwm`);
+    denyBlockDevice(pid, device, remaining);
   } catch (error) {
     // The launcher ended meanwhile: its cgroup and root are gone with it.
     if (processStartTime(pid) !== undefined) throw error;
