@@ -175,7 +175,8 @@ export class Handler implements Runnable {
           imageDir: options.imageDir ?? join(config.stateDir, "images"),
           storeDir: join(config.stateDir, "containerdisks"),
         }),
-        claims: (ref) => resolveHostClaim(client, ref, options.hostDiskRoot),
+        claims: (ref) =>
+          resolveHostClaim(client, ref, { root: options.hostDiskRoot, node: config.nodeName }),
       })
       : new PodLaunchers({
         nodeName: config.nodeName,

@@ -158,6 +158,8 @@ export class PodlessLaunchers implements LauncherProvider {
   readonly #spawner: LauncherSpawner;
   /** What the host serves, as it last said. */
   readonly #served = new Map<string, HostedVmStatus>();
+  /** The stored containerDisks of VMIs being started, by UID (not served yet). */
+  readonly #starting = new Map<string, string[]>();
   /** The hotplugged claims found on this host, by VMI UID and volume name. */
   readonly #hostClaims = new Map<string, Map<string, HostClaim>>();
   /** Keys to wake once the host is connected. */
@@ -233,6 +235,8 @@ export class PodlessLaunchers implements LauncherProvider {
     }
     // The images first: one that is not there fails the sync before anything is served.
     const containerDisks = await this.#o.containerDisks?.prepare(vmi) ?? {};
+    // Until the host serves it, the store's collector learns of its disks from here.
+    this.#starting.set(uid, Object.values(containerDisks));
     const socketDir = this.#socketDir(uid);
     const socket = join(socketDir, SocketNames.Launcher);
     await this.#o.ghosts.add({
@@ -257,10 +261,16 @@ export class PodlessLaunchers implements LauncherProvider {
       ...(this.#o.networks && hasPodNetwork(vmi) ? { netns: this.#o.networks.netnsPath(uid) } : {}),
       ...(Object.keys(containerDisks).length > 0 ? { containerDisks } : {}),
     };
-    const { status, synced } = sync
-      ? await client.startAndSync(spec, JSON.stringify(sync.vmi), LAUNCHER_TIMEOUTS.sync)
-      : { status: await client.start(spec), synced: undefined };
-    this.#served.set(uid, status);
+    let started;
+    try {
+      started = sync
+        ? await client.startAndSync(spec, JSON.stringify(sync.vmi), LAUNCHER_TIMEOUTS.sync)
+        : { status: await client.start(spec), synced: undefined };
+    } finally {
+      this.#starting.delete(uid);
+    }
+    const { status, synced } = started;
+    this.#served.set(uid, { ...status, containerDisks: Object.values(containerDisks) });
     if (status.state === "exited") this.#o.exited(uid, status.why ?? "the launcher ended");
     return synced ? { socket: status.socket, synced } : { socket: status.socket };
   }
@@ -305,7 +315,8 @@ export class PodlessLaunchers implements LauncherProvider {
     const uid = vmi.metadata.uid!;
     const found = this.#hostClaims.get(uid) ?? new Map<string, HostClaim>();
     for (const { name, claim, field } of wanted) {
-      if (found.has(name)) continue;
+      // Known already, for this claim (a volume removed and added back may name another).
+      if (found.get(name)?.claimInfo.claimName === claim) continue;
       const resolve = this.#o.claims;
       if (!resolve) throw new VolumeError(field, "this host cannot hotplug claims");
       try {
@@ -329,7 +340,10 @@ export class PodlessLaunchers implements LauncherProvider {
   /** Removes the stored containerDisks of replaced or removed images no served VMI reads. */
   async #collectContainerDisks(): Promise<void> {
     if (!this.#o.containerDisks || !this.#listed) return;
-    const inUse = new Set([...this.#served.values()].flatMap((vm) => vm.containerDisks ?? []));
+    const inUse = new Set([
+      ...[...this.#served.values()].flatMap((vm) => vm.containerDisks ?? []),
+      ...[...this.#starting.values()].flat(),
+    ]);
     await this.#o.containerDisks.collect(inUse).catch((error) =>
       log.warn("Cannot collect the containerDisk store: {error}", { error: String(error) })
     );

@@ -192,9 +192,13 @@ export class ContainerDiskStore {
       }
       if (typeof stored.image !== "string") continue;
       if (!current.has(stored.image)) {
-        const source = await this.#open(stored.image).catch(() => undefined);
+        // Gone: no image of that name; an image there whose manifest cannot be read is kept.
+        let source: OciSource | undefined;
         try {
-          current.set(stored.image, await source?.manifestDigest().catch(() => undefined));
+          source = await this.#open(stored.image);
+          current.set(stored.image, source ? await source.manifestDigest() : undefined);
+        } catch {
+          current.set(stored.image, stored.manifest);
         } finally {
           source?.close();
         }

@@ -60,7 +60,31 @@ interface Volume {
     capacity?: Record<string, string>;
     local?: { path?: string };
     hostPath?: { path?: string };
+    nodeAffinity?: {
+      required?: {
+        nodeSelectorTerms?: {
+          matchExpressions?: { key?: string; operator?: string; values?: string[] }[];
+        }[];
+      };
+    };
   };
+}
+
+/**
+ * Whether a local volume's required node affinity picks `node` by its host name label: some
+ * term must name it (`kubernetes.io/hostname In [...node...]`) and ask for nothing else,
+ * since no other label of this host is known here.
+ */
+function pinnedTo(volume: Volume, node: string): boolean {
+  const terms = volume.spec?.nodeAffinity?.required?.nodeSelectorTerms ?? [];
+  return terms.some((term) => {
+    const expressions = term.matchExpressions ?? [];
+    return expressions.length > 0 &&
+      expressions.every((e) =>
+        e.key === "kubernetes.io/hostname" && e.operator === "In" &&
+        (e.values ?? []).includes(node)
+      );
+  });
 }
 
 async function getOrUndefined<T>(client: ClaimReader, url: string): Promise<T | undefined> {
@@ -78,15 +102,17 @@ function isInside(root: string, candidate: string): boolean {
 }
 
 /**
- * Finds the claim `namespace/name` on this host beneath `root`. Throws
+ * Finds the claim `namespace/name` on this host (`node`) beneath `root`. Throws
  * {@linkcode HostClaimError} naming what is missing or wrong: no such claim, not bound,
- * a volume of another kind or outside `root`, a symbolic link, no `disk.img`, no device.
+ * a volume of another kind, a local volume of another node, a path outside `root`, a
+ * symbolic link, no `disk.img`, no device.
  */
 export async function resolveHostClaim(
   client: ClaimReader,
   ref: { namespace: string; name: string },
-  root: string | undefined,
+  host: { root: string | undefined; node: string },
 ): Promise<HostClaim> {
+  const root = host.root;
   const quoted = `"${ref.namespace}/${ref.name}"`;
   if (!root) {
     throw new HostClaimError(
@@ -125,6 +151,12 @@ export async function resolveHostClaim(
       `claim ${quoted} is not bound: PersistentVolume "${volumeName}" is reserved for ${
         claimRef?.name ? `"${claimRef.namespace}/${claimRef.name}"` : "no claim"
       }`,
+    );
+  }
+  // A local volume is one node's disk: on another node the same path is something else.
+  if (volume.spec?.local && !pinnedTo(volume, host.node)) {
+    throw new HostClaimError(
+      `claim ${quoted}: local PersistentVolume "${volumeName}" is not pinned to this node "${host.node}" (spec.nodeAffinity)`,
     );
   }
   const where = volume.spec?.local?.path ?? volume.spec?.hostPath?.path;

@@ -50,7 +50,7 @@ const virsh = (...args: string[]) => run("virsh", "-c", "qemu:///system", ...arg
 /** A local PersistentVolume at `path` on `node` and its claim, bound to each other. */
 async function claim(
   client: KubeClient,
-  o: { ns: string; name: string; node: string; path: string; block?: boolean },
+  o: { ns: string; name: string; node: string; path: string; block?: boolean; pinnedTo?: string },
 ): Promise<void> {
   const mode = o.block ? "Block" : "Filesystem";
   const volume = `${o.ns}-${o.name}`;
@@ -67,7 +67,11 @@ async function claim(
       nodeAffinity: {
         required: {
           nodeSelectorTerms: [{
-            matchExpressions: [{ key: "kubernetes.io/hostname", operator: "In", values: [o.node] }],
+            matchExpressions: [{
+              key: "kubernetes.io/hostname",
+              operator: "In",
+              values: [o.pinnedTo ?? o.node],
+            }],
           }],
         },
       },
@@ -125,7 +129,7 @@ async function domainDisks(domain: string): Promise<Map<string, string[]>> {
   return disks;
 }
 
-Deno.test("pod-less hotplug through KubeVirt's virt-api: a filesystem and a block claim under the host disk root are attached to the running domain and detached on removal; one outside the root fails the sync by its field", async () => {
+Deno.test("pod-less hotplug through KubeVirt's virt-api: a filesystem and a block claim under the host disk root are attached to the running domain and detached on removal; one outside the root or pinned to another node fails the sync by its field", async () => {
   const uri = await ensureLibvirtd();
   const kubevirtDir = await buildKubevirt();
   const cluster = await startCluster({ podNetwork: true });
@@ -185,6 +189,8 @@ Deno.test("pod-less hotplug through KubeVirt's virt-api: a filesystem and a bloc
     await claim(client, { ns, name: "fs1", node, path: fsDir });
     await claim(client, { ns, name: "blk1", node, path: blockNode, block: true });
     await claim(client, { ns, name: "out1", node, path: outside });
+    // Another node's local volume: its path here is not its disk.
+    await claim(client, { ns, name: "away1", node, path: fsDir, pinnedTo: "another-node" });
 
     const h = await startHandlerProcess({
       kubeconfig: handlerKubeconfig,
@@ -242,20 +248,29 @@ Deno.test("pod-less hotplug through KubeVirt's virt-api: a filesystem and a bloc
 
     // A claim whose volume is outside the root: a SyncFailed Event naming the field, the
     // guest running on with the disks it had.
-    await addVolume(cluster.kubeconfigPath, ns, "vm1", "out1");
-    const refusal = await waitFor(
-      "the refusal of out1",
-      async () =>
-        (await eventsFor(client, ns, "vm1")).find((e) =>
-          e.reason === "SyncFailed" && e.message.includes("out1")
-        ),
-      60_000,
-    );
+    /** Adds `name` and waits for the SyncFailed Event that refuses it. */
+    const refused = async (name: string) => {
+      await addVolume(cluster.kubeconfigPath, ns, "vm1", name);
+      return await waitFor(
+        `the refusal of ${name}`,
+        async () =>
+          (await eventsFor(client, ns, "vm1")).find((e) =>
+            e.reason === "SyncFailed" && e.message.includes(name)
+          ),
+        60_000,
+      );
+    };
+    const refusal = await refused("out1");
     assert.match(refusal.message, /spec\.volumes\[\d\]\.persistentVolumeClaim\.claimName/);
     assert.match(refusal.message, /outside the host disk root/);
     assert.equal((await getVmi(client, ns, "vm1"))?.status?.phase, "Running");
     assert.equal((await domainDisks(domain)).has("ua-out1"), false);
     await removeVolume(cluster.kubeconfigPath, ns, "vm1", "out1");
+    await waitFor("out1 to leave the status", async () => !(await entry("out1")), 60_000);
+    const away = await refused("away1");
+    assert.match(away.message, /not pinned to this node/);
+    assert.equal((await domainDisks(domain)).has("ua-away1"), false);
+    await removeVolume(cluster.kubeconfigPath, ns, "vm1", "away1");
 
     // Removal: the disks leave the domain, the entries the status; the rest is as before.
     started = performance.now();
@@ -264,7 +279,7 @@ Deno.test("pod-less hotplug through KubeVirt's virt-api: a filesystem and a bloc
     await waitFor("the hotplugged disks to be detached", async () => {
       const v = await getVmi(client, ns, "vm1");
       const names = (v?.status?.volumeStatus ?? []).map((s) => s.name);
-      return !names.some((n) => ["fs1", "blk1", "out1"].includes(n));
+      return !names.some((n) => ["fs1", "blk1", "out1", "away1"].includes(n));
     }, 60_000);
     console.log(`both detached ${Math.round(performance.now() - started)} ms after removevolume`);
     assert.deepEqual(await domainDisks(domain), before);
