@@ -1433,32 +1433,52 @@ function pointerOf(buf: Uint8Array<ArrayBuffer>): bigint {
 
 /**
  * Loads a cgroup device program (`BPF_PROG_LOAD`, `BPF_PROG_TYPE_CGROUP_DEVICE`) of
- * `instructions` (8 bytes each); returns its descriptor. The verifier's log is in the error.
+ * `instructions` (8 bytes each); returns its descriptor. A program the verifier refuses is
+ * loaded once more with its log, which the error then carries (a log asked for always could
+ * fill up, ENOSPC, on a long program the verifier accepts).
  */
 export function loadDeviceProgram(instructions: Uint8Array): number {
   const insns = new Uint8Array(instructions);
   const license = cpath("Apache-2.0");
-  const log = new Uint8Array(16_384);
-  const attr = new Uint8Array(BPF_ATTR_SIZE);
-  const view = new DataView(attr.buffer);
-  view.setUint32(0, BPF_PROG_TYPE_CGROUP_DEVICE, true);
-  view.setUint32(4, insns.byteLength / 8, true);
-  view.setBigUint64(8, pointerOf(insns), true);
-  view.setBigUint64(16, pointerOf(license), true);
-  view.setUint32(24, 1, true); // log_level
-  view.setUint32(28, log.byteLength, true);
-  view.setBigUint64(32, pointerOf(log), true);
-  view.setUint32(68, BPF_CGROUP_DEVICE, true); // expected_attach_type
-  try {
-    return bpf(BPF_PROG_LOAD, attr, "Cannot load a cgroup device program");
-  } catch (error) {
-    const text = new TextDecoder().decode(log.subarray(0, log.indexOf(0))).trim();
-    if (error instanceof ErrnoError && text) {
-      throw new ErrnoError(`${error.action}: ${text}`, error.errno, error.description);
+  const load = (log?: Uint8Array<ArrayBuffer>) => {
+    const attr = new Uint8Array(BPF_ATTR_SIZE);
+    const view = new DataView(attr.buffer);
+    view.setUint32(0, BPF_PROG_TYPE_CGROUP_DEVICE, true);
+    view.setUint32(4, insns.byteLength / 8, true);
+    view.setBigUint64(8, pointerOf(insns), true);
+    view.setBigUint64(16, pointerOf(license), true);
+    if (log) {
+      view.setUint32(24, 1, true); // log_level
+      view.setUint32(28, log.byteLength, true);
+      view.setBigUint64(32, pointerOf(log), true);
     }
-    throw error;
-  } finally {
-    keepAlive(insns, license, log);
+    view.setUint32(68, BPF_CGROUP_DEVICE, true); // expected_attach_type
+    try {
+      return bpf(BPF_PROG_LOAD, attr, "Cannot load a cgroup device program");
+    } finally {
+      keepAlive(insns, license, ...(log ? [log] : []));
+    }
+  };
+  try {
+    return load();
+  } catch (error) {
+    if (!(error instanceof ErrnoError) || error.code !== "EACCES" && error.code !== "EINVAL") {
+      throw error;
+    }
+    const log = new Uint8Array(65_536);
+    try {
+      return load(log);
+    } catch (again) {
+      const text = new TextDecoder().decode(log.subarray(0, log.indexOf(0))).trim();
+      if (again instanceof ErrnoError && text) {
+        throw new ErrnoError(
+          `${again.action}: ${text.slice(-2000)}`,
+          again.errno,
+          again.description,
+        );
+      }
+      throw again;
+    }
   }
 }
 

@@ -36,17 +36,21 @@ export interface DeviceRule {
 }
 
 /**
- * The rules every launcher gets: mknod of any device (the runtime's), `/dev/null`, `zero`,
- * `full`, `random`, `urandom`, `tty`, `console`, `ptmx` and the pseudo-terminals, and the
- * devices KubeVirt's device plugins give a launcher (`/dev/kvm`, `/dev/net/tun`,
- * `/dev/vhost-net`).
+ * The rules every launcher gets: `/dev/null`, `zero`, `full`, `random`, `urandom`, `tty`,
+ * `console`, `ptmx` and the pseudo-terminals, and the devices KubeVirt's device plugins give
+ * a launcher (`/dev/kvm`, `/dev/net/tun`, `/dev/vhost-net`, `/dev/vhost-vsock`). As in
+ * KubeVirt's rules, no mknod: the handler makes the launcher's device nodes from outside,
+ * and a launcher that could make any node could point one at a host disk.
  */
 export const LAUNCHER_DEVICE_RULES: readonly DeviceRule[] = [
-  { type: "c", major: "*", minor: "*", access: "m" },
-  { type: "b", major: "*", minor: "*", access: "m" },
   ...[3, 5, 7, 8, 9].map((minor) => ({ type: "c" as const, major: 1, minor, access: "rwm" })),
   ...[0, 1, 2].map((minor) => ({ type: "c" as const, major: 5, minor, access: "rwm" })),
-  ...[232, 200, 238].map((minor) => ({ type: "c" as const, major: 10, minor, access: "rwm" })),
+  ...[232, 200, 238, 241].map((minor) => ({
+    type: "c" as const,
+    major: 10,
+    minor,
+    access: "rwm",
+  })),
   ...Array.from({ length: 16 }, (_, i) => ({
     type: "c" as const,
     major: 136 + i,

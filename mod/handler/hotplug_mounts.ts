@@ -44,7 +44,7 @@ import {
 } from "../../ffi/mod.ts";
 import { type VirtualMachineInstance, vmiKey } from "../api/mod.ts";
 import { getLogger } from "../log/mod.ts";
-import { DISK_IMAGE, QEMU_USER } from "../storage/mod.ts";
+import { DISK_IMAGE, isHotplugVolume, QEMU_USER } from "../storage/mod.ts";
 import { type DeviceRule, LAUNCHER_DEVICE_RULES, setDeviceRules } from "./device_cgroup_v2.ts";
 
 const log = getLogger("handler", "hotplug");
@@ -84,6 +84,13 @@ function attached(
     if (!podUid || !inSpec.has(s.name)) return [];
     return [{ volume: s.name, podUid, block: s.persistentVolumeClaimInfo?.volumeMode === "Block" }];
   });
+}
+
+/** The VMI's own claims (not hotplugged), whose device nodes the kubelet put in the launcher's `/dev`. */
+function ownBlockClaims(vmi: VirtualMachineInstance): string[] {
+  return (vmi.spec.volumes ?? []).filter((v) =>
+    (v.persistentVolumeClaim || v.dataVolume) && !isHotplugVolume(vmi, v)
+  ).map((v) => v.name);
 }
 
 /** Mounts and unmounts the hotplugged volumes of launcher pods; see the module doc. */
@@ -159,7 +166,10 @@ export class HotplugMounts {
         };
         await this.#write(uid, record);
         try {
-          giveBlockDevice(launcherPid, volume, device, Object.values(record.devices ?? {}));
+          giveBlockDevice(launcherPid, volume, device, {
+            claims: ownBlockClaims(vmi),
+            hotplugged: Object.values(record.devices ?? {}),
+          });
         } catch (error) {
           await this.#unmountVolumes(launcherPid, [volume], launcherStart, record.devices)
             .catch(() => {});
@@ -214,7 +224,13 @@ export class HotplugMounts {
     const inSpec = new Set((vmi.spec.volumes ?? []).map((v) => v.name));
     const gone = record.volumes.filter((v) => !inSpec.has(v));
     if (gone.length === 0) return;
-    await this.#unmountVolumes(record.launcherPid, gone, record.launcherStart, record.devices);
+    await this.#unmountVolumes(
+      record.launcherPid,
+      gone,
+      record.launcherStart,
+      record.devices,
+      ownBlockClaims(vmi),
+    );
     const devices = Object.fromEntries(
       Object.entries(record.devices ?? {}).filter(([v]) => inSpec.has(v)),
     );
@@ -252,12 +268,15 @@ export class HotplugMounts {
     volumes: string[],
     launcherStart = processStartTime(launcherPid),
     devices: Record<string, string> = {},
+    claims: readonly string[] = [],
   ): Promise<void> {
     if (launcherStart === undefined || processStartTime(launcherPid) !== launcherStart) return;
     const remaining = Object.entries(devices).filter(([v]) => !volumes.includes(v))
       .map(([, d]) => d);
     for (const v of volumes) {
-      if (devices[v] !== undefined) takeBlockDevice(launcherPid, v, devices[v], remaining);
+      if (devices[v] !== undefined) {
+        takeBlockDevice(launcherPid, v, devices[v], { claims, hotplugged: remaining });
+      }
     }
     const files = volumes.filter((v) => devices[v] === undefined);
     if (files.length === 0) return;
@@ -414,37 +433,62 @@ function hostUnifiedCgroups(): string {
 }
 
 /**
- * The device rules of a launcher under cgroup v2: KubeVirt's defaults, each block device
- * the kubelet put in the launcher's `/dev` (its block claims), and the hotplugged ones.
+ * The device rules of a launcher under cgroup v2: KubeVirt's defaults, the device of each
+ * of the VMI's own block claims (`/dev/<volume>`, which the kubelet made; looked at inside
+ * the launcher's root, no symlink followed, and nothing else of its `/dev`), and the
+ * hotplugged ones.
  */
-function launcherDeviceRules(pid: number, hotplugged: readonly string[]): DeviceRule[] {
+function launcherDeviceRules(
+  pid: number,
+  claims: readonly string[],
+  hotplugged: readonly string[],
+): DeviceRule[] {
   const rules = [...LAUNCHER_DEVICE_RULES];
   const block = (name: string) => {
     const [major, minor] = name.split(":").map(Number);
     rules.push({ type: "b", major, minor, access: "rwm" });
   };
-  const dev = `/proc/${pid}/root/dev`;
-  for (const entry of Deno.readDirSync(dev)) {
-    const info = Deno.lstatSync(`${dev}/${entry.name}`); // the entry itself, never a link's target
-    if (info.isBlockDevice && info.rdev !== null) block(deviceName(BigInt(info.rdev)));
+  if (claims.length > 0) {
+    const dev = openDirectoryInRoot(`/proc/${pid}/root`, "/dev");
+    try {
+      for (const claim of claims) {
+        let id;
+        try {
+          id = identityBeneath(dev.path, claim);
+        } catch {
+          continue; // a filesystem claim, or none
+        }
+        if ((id.mode & S_IFMT) === S_IFBLK) block(deviceName(id.rdev));
+      }
+    } finally {
+      dev.release();
+    }
   }
   hotplugged.forEach(block);
   return rules;
 }
 
 /** Lets the launcher's cgroup use the block `device` (`major:minor`) of `hotplugged`. */
-function allowBlockDevice(pid: number, device: string, hotplugged: readonly string[]): void {
+function allowBlockDevice(
+  pid: number,
+  device: string,
+  devices: { claims: readonly string[]; hotplugged: readonly string[] },
+): void {
   const cgroup = launcherDeviceCgroup(pid);
   if (cgroup.version === 1) {
     Deno.writeTextFileSync(`${cgroup.dir}/devices.allow`, `b ${device} rwm`);
-  } else setDeviceRules(cgroup.dir, launcherDeviceRules(pid, hotplugged));
+  } else setDeviceRules(cgroup.dir, launcherDeviceRules(pid, devices.claims, devices.hotplugged));
 }
 
 /** Shuts the block `device` out of the launcher's cgroup; `remaining` stay allowed. */
-function denyBlockDevice(pid: number, device: string, remaining: readonly string[]): void {
+function denyBlockDevice(
+  pid: number,
+  device: string,
+  devices: { claims: readonly string[]; hotplugged: readonly string[] },
+): void {
   const cgroup = launcherDeviceCgroup(pid);
   if (cgroup.version === 1) Deno.writeTextFileSync(`${cgroup.dir}/devices.deny`, `b ${device} rwm`);
-  else setDeviceRules(cgroup.dir, launcherDeviceRules(pid, remaining));
+  else setDeviceRules(cgroup.dir, launcherDeviceRules(pid, devices.claims, devices.hotplugged));
 }
 
 /**
@@ -456,7 +500,7 @@ function giveBlockDevice(
   pid: number,
   volume: string,
   device: { rdev: bigint; mode: number },
-  hotplugged: readonly string[],
+  devices: { claims: readonly string[]; hotplugged: readonly string[] },
 ): void {
   const dir = openDirectoryInRoot(`/proc/${pid}/root`, LAUNCHER_HOTPLUG_DIR);
   try {
@@ -467,7 +511,7 @@ function giveBlockDevice(
       const id = identityBeneath(dir.path, volume);
       if ((id.mode & S_IFMT) !== S_IFBLK || id.rdev !== device.rdev) throw error;
     }
-    allowBlockDevice(pid, deviceName(device.rdev), hotplugged);
+    allowBlockDevice(pid, deviceName(device.rdev), devices);
     chownBeneath(dir.path, volume, QEMU_USER, QEMU_USER);
   } finally {
     dir.release();
@@ -479,7 +523,7 @@ function takeBlockDevice(
   pid: number,
   volume: string,
   device: string,
-  remaining: readonly string[],
+  remaining: { claims: readonly string[]; hotplugged: readonly string[] },
 ): void {
   try {
     const dir = openDirectoryInRoot(`/proc/${pid}/root`, LAUNCHER_HOTPLUG_DIR);

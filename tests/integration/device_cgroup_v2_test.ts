@@ -7,7 +7,15 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { close, O_DIRECTORY, O_RDONLY, open, queryDevicePrograms } from "../../ffi/mod.ts";
+import {
+  attachDeviceProgram,
+  close,
+  loadDeviceProgram,
+  O_DIRECTORY,
+  O_RDONLY,
+  open,
+  queryDevicePrograms,
+} from "../../ffi/mod.ts";
 import {
   deviceFilterProgram,
   LAUNCHER_DEVICE_RULES,
@@ -78,17 +86,33 @@ Deno.test("setDeviceRules() replaces a cgroup's device program and the kernel le
   try {
     await run("truncate", "-s", "1M", backing);
     loop = (await run("losetup", "--find", "--show", backing)).trim();
-    const minor = Number(Deno.statSync(loop).rdev! & 0xff) |
-      Number((BigInt(Deno.statSync(loop).rdev!) >> 12n) & ~0xffn);
-    // As a container runtime leaves it: one program, /dev/null only.
-    setDeviceRules(cgroup, [{ type: "c", major: 1, minor: 3, access: "rwm" }]);
+    const rdev = BigInt(Deno.statSync(loop).rdev!);
+    const major = Number(((rdev >> 8n) & 0xfffn) | ((rdev >> 32n) & ~0xfffn));
+    const minor = Number((rdev & 0xffn) | ((rdev >> 12n) & ~0xffn));
+    // As a container runtime may leave it: one program, /dev/null only, attached without
+    // ALLOW_MULTI (the old way; runc's is ALLOW_MULTI, which the later steps replace).
+    const first = loadDeviceProgram(
+      deviceFilterProgram([{ type: "c", major: 1, minor: 3, access: "rwm" }]),
+    );
+    const cgroupFd = open(cgroup, O_RDONLY | O_DIRECTORY);
+    try {
+      attachDeviceProgram(cgroupFd, first, { flags: 0 });
+    } finally {
+      close(cgroupFd);
+      close(first);
+    }
     assert.equal(programCount(cgroup), 1);
     assert.equal(await opens(cgroup, "/dev/null"), true);
     assert.equal(await opens(cgroup, loop), false, "the block device is shut out");
     assert.equal(await opens(cgroup, "/dev/zero"), false);
 
+    // Replacing one attached without ALLOW_MULTI keeps it that way: still one program.
+    setDeviceRules(cgroup, [{ type: "c", major: 1, minor: 3, access: "rwm" }]);
+    assert.equal(programCount(cgroup), 1);
+    assert.equal(await opens(cgroup, "/dev/null"), true);
+
     // The launcher's rules and the hotplugged block device.
-    const block = { type: "b" as const, major: 7, minor, access: "rwm" };
+    const block = { type: "b" as const, major, minor, access: "rwm" };
     setDeviceRules(cgroup, [...LAUNCHER_DEVICE_RULES, block]);
     assert.equal(programCount(cgroup), 1, "replaced, not added");
     assert.equal(await opens(cgroup, loop), true, "the hotplugged device opens");
