@@ -628,7 +628,10 @@ export class VmiController {
       if (this.#d.provider.standsInForController && podNetworkPlan(vmi).length > 0) {
         await this.#afterStart(vmi, await this.#d.provider.podNetwork(vmi));
       }
-      return DONE;
+      if (!hotplugUnsettled(vmi)) return DONE;
+      // A volume added or removed while no handler ran is not in the domain yet (or still
+      // is): that one change is carried out now.
+      this.#synced.set(uid, "");
     }
     if (alive && this.#synced.get(uid) === spec) return DONE;
     this.#topology ??= hostTopology();
@@ -742,6 +745,18 @@ function hasHotplugVolumes(vmi: VirtualMachineInstance): boolean {
     (vmi.spec.volumes ?? []).some((v) =>
       v.persistentVolumeClaim?.hotpluggable || v.dataVolume?.hotpluggable
     );
+}
+
+/**
+ * Whether a hotplugged volume waits for the launcher: one in the spec that is not `Ready`,
+ * or one out of the spec whose disk the domain still has (a target in its status).
+ */
+export function hotplugUnsettled(vmi: VirtualMachineInstance): boolean {
+  const inSpec = new Set((vmi.spec.volumes ?? []).map((v) => v.name));
+  return (vmi.status?.volumeStatus ?? []).some((s) =>
+    s.hotplugVolume !== undefined &&
+    (inSpec.has(s.name) ? s.phase !== "Ready" : s.target !== "")
+  );
 }
 
 /** The phases of the VMI's hotplugged volumes, as text (part of what a sync is for). */

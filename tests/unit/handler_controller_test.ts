@@ -231,3 +231,40 @@ Deno.test("domainEvent() counts a domain with a deletion timestamp as gone (a la
   assert.equal(s.controller.domains.size, 0, "no domain is left for the VMI");
   assert.equal(s.queue.len(), 1, "its key is queued");
 });
+
+Deno.test("hotplugUnsettled() is true while a hotplugged volume waits for the launcher: in the spec and not Ready, or out of it with a target", async () => {
+  const { hotplugUnsettled } = await import("../../mod/handler/controller.ts");
+  const vmi = (volumes: string[], statuses: Record<string, unknown>[]) =>
+    ({
+      metadata: { name: "v", namespace: "d", uid: "u" },
+      spec: { domain: { devices: {} }, volumes: volumes.map((name) => ({ name })) },
+      status: { volumeStatus: statuses },
+    }) as unknown as Parameters<typeof hotplugUnsettled>[0];
+  const hp = (name: string, phase: string, target = "") => ({
+    name,
+    phase,
+    target,
+    hotplugVolume: {},
+  });
+  assert.equal(
+    hotplugUnsettled(
+      vmi(["root", "hp"], [{ name: "root", target: "vda" }, hp("hp", "Ready", "sda")]),
+    ),
+    false,
+  );
+  assert.equal(
+    hotplugUnsettled(vmi(["hp"], [hp("hp", "MountedToPod")])),
+    true,
+    "added, not attached",
+  );
+  assert.equal(
+    hotplugUnsettled(vmi([], [hp("hp", "Ready", "sda")])),
+    true,
+    "removed, still attached",
+  );
+  assert.equal(
+    hotplugUnsettled(vmi([], [hp("hp", "UnMountedFromPod")])),
+    false,
+    "removed and detached",
+  );
+});
