@@ -85,9 +85,17 @@ export function withUserAccess(
   }
   const next = entries.filter((e) => e !== user && e !== mask);
   next.push({ tag: USER, perm: (user?.perm ?? 0) | perm, id: uid });
-  const groupClass = entries.filter((e) => e.tag === GROUP_OBJ || e.tag === GROUP)
-    .reduce((bits, e) => bits | e.perm, 0);
-  next.push({ tag: MASK, perm: (mask?.perm ?? groupClass) | perm, id: UNDEFINED_ID });
+  const others = entries.filter((e) =>
+    e.tag === GROUP_OBJ || e.tag === GROUP || (e.tag === USER && e !== user)
+  ).reduce((bits, e) => bits | e.perm, 0);
+  // The mask limits every entry of the group class: widening it past the ACL's own mask
+  // would widen another entry's access too, which is refused.
+  if (mask && (perm & ~mask.perm & others) !== 0) {
+    throw new Error(
+      `Cannot grant user ${uid} access by ACL: the mask would let other entries through too`,
+    );
+  }
+  next.push({ tag: MASK, perm: (mask?.perm ?? others) | perm, id: UNDEFINED_ID });
   return next;
 }
 

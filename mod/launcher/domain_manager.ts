@@ -377,7 +377,8 @@ export class DomainManager {
     const dirs = [this.#converter.runDir, this.#converter.diskDir];
     for (const dir of dirs) await Deno.mkdir(dir, { recursive: true, mode: 0o750 });
     prepareForQemuUser(this.#converter.qemuUser, {
-      dirs,
+      writable: [this.#converter.runDir],
+      readable: [this.#converter.diskDir],
       files: Object.values(this.#converter.containerDisks ?? {}),
     });
   }

@@ -35,7 +35,9 @@ export function qemuUserOfCapabilities(capabilitiesXml: string): QemuUser | unde
 
 /** Lets `user` search every folder above `path` (an ACL entry where the mode does not). */
 function grantSearchAbove(path: string, user: QemuUser): void {
-  for (let dir = dirname(path);; dir = dirname(dir)) {
+  // The folders QEMU passes through are those of the real path (a symlink on the way is
+  // followed by QEMU too, and is not what gets the entry).
+  for (let dir = dirname(Deno.realPathSync(path));; dir = dirname(dir)) {
     const info = Deno.statSync(dir);
     if (!modeAllows(info, user.uid, user.gid, 1) && grantUserAccess(dir, user, 1)) {
       log.info("QEMU's user may search a folder above its files", { path: dir, uid: user.uid });
@@ -45,23 +47,27 @@ function grantSearchAbove(path: string, user: QemuUser): void {
 }
 
 /**
- * Prepares a VMI's folders for QEMU's `user`: each of `dirs` (made already) becomes the
- * user's group's, open to that group (QEMU makes sockets in the run folder and opens what
- * libvirt hands it in the disk folder), and every folder above them and above `files` (a
- * containerDisk's stored image) lets the user search. Nothing for root.
+ * Prepares a VMI's folders for QEMU's `user`: each becomes the user's group's, `writable`
+ * ones open to that group (QEMU makes its console and VNC sockets in the run folder) and
+ * `readable` ones searchable and readable only (in the disk folder libvirt hands QEMU each
+ * file; another VM's QEMU, the same user, must not add or remove files there); every
+ * folder above them and above `files` (a containerDisk's stored image) lets the user
+ * search. Nothing for root.
  */
 export function prepareForQemuUser(
   user: QemuUser | undefined,
-  paths: { dirs: readonly string[]; files?: readonly string[] },
+  paths: { writable: readonly string[]; readable: readonly string[]; files?: readonly string[] },
 ): void {
   if (!user || user.uid === 0) return;
-  for (const dir of paths.dirs) {
+  const prepare = (dir: string, mode: number) => {
     const info = Deno.lstatSync(dir);
     if (!info.isDirectory) throw new Error(`Cannot prepare "${dir}" for QEMU: not a folder`);
     if (info.gid !== user.gid) Deno.chownSync(dir, null, user.gid);
-    if (((info.mode ?? 0) & 0o777) !== 0o770) Deno.chmodSync(dir, 0o770);
+    if (((info.mode ?? 0) & 0o777) !== mode) Deno.chmodSync(dir, mode);
     grantSearchAbove(dir, user);
-  }
+  };
+  for (const dir of paths.writable) prepare(dir, 0o770);
+  for (const dir of paths.readable) prepare(dir, 0o750);
   for (const file of paths.files ?? []) grantSearchAbove(file, user);
 }
 

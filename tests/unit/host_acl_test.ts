@@ -42,6 +42,16 @@ Deno.test("withUserAccess() adds the user's bits and a mask that lets them throu
   assert.equal(withUserAccess(granted, 107, 6), undefined);
   const more = withUserAccess(granted, 107, 1)!;
   assert.equal(more.find((e) => e.tag === 2)!.perm, 7);
+  // A mask that holds another entry back is not widened for us.
+  const held = [
+    { tag: 1, perm: 6, id: U },
+    { tag: 8, perm: 6, id: 50 },
+    { tag: 4, perm: 0, id: U },
+    { tag: 0x10, perm: 4, id: U },
+    { tag: 0x20, perm: 0, id: U },
+  ];
+  assert.throws(() => withUserAccess(held, 107, 6), /mask would let other entries through/);
+  assert.ok(withUserAccess(held, 107, 4), "what the mask lets through already is fine");
 });
 
 Deno.test("grantUserAccess() lets only that user in by an ACL entry, leaves owner and group alone, and refuses a symlink", async () => {
@@ -93,11 +103,15 @@ Deno.test("prepareForQemuUser() gives the VMI's folders to QEMU's group and lets
     const run = `${top}/a/run`;
     await Deno.mkdir(run, { recursive: true, mode: 0o750 });
     await Deno.chmod(`${top}/a`, 0o700);
-    prepareForQemuUser({ uid: 0, gid: 0 }, { dirs: [run] });
+    const disks = `${top}/a/disks`;
+    await Deno.mkdir(disks, { mode: 0o750 });
+    prepareForQemuUser({ uid: 0, gid: 0 }, { writable: [run], readable: [disks] });
     assert.equal(Deno.statSync(run).mode! & 0o777, 0o750, "root: untouched");
-    prepareForQemuUser({ uid: 107, gid: 107 }, { dirs: [run] });
+    prepareForQemuUser({ uid: 107, gid: 107 }, { writable: [run], readable: [disks] });
     const info = Deno.statSync(run);
     assert.deepEqual([info.gid, info.mode! & 0o777], [107, 0o770]);
+    const disksInfo = Deno.statSync(disks);
+    assert.deepEqual([disksInfo.gid, disksInfo.mode! & 0o777], [107, 0o750], "no writes there");
     for (const above of [`${top}/a`, top]) {
       const acl = decodeAcl(getXattrBytes(above, "system.posix_acl_access")!);
       assert.ok(acl.some((e) => e.tag === 2 && e.id === 107 && (e.perm & 1) === 1), above);
