@@ -430,11 +430,6 @@ class Preparer {
 }
 
 /**
- * Creates the files the VMI's volumes need under `options.diskDir` and finds its EFI
- * firmware. Idempotent: overlays and empty disks that exist are kept (they hold guest
- * writes); cloud-init ISOs are rewritten. Throws the converter's typed errors.
- */
-/**
  * Prepares the VMI's volume `name` alone, for a disk hotplugged into its running domain:
  * nothing else of the VMI (firmware, other volumes) is touched.
  */
@@ -451,6 +446,11 @@ export async function prepareVolume(
   return await new Preparer(vmi, options).volume(list[index], index);
 }
 
+/**
+ * Creates the files the VMI's volumes need under `options.diskDir` and finds its EFI
+ * firmware. Idempotent: overlays and empty disks that exist are kept (they hold guest
+ * writes); cloud-init ISOs are rewritten. Throws the converter's typed errors.
+ */
 export async function prepareVolumes(
   vmi: VirtualMachineInstance,
   options: PrepareOptions,

@@ -74,6 +74,23 @@ export async function createTinyDisk(dir: string, sizeMiB = 16): Promise<string>
   return path;
 }
 
+/** Ends the private virtlogd of `pidFile`, if the PID there is still that daemon. */
+function stopLogd(pidFile: string): void {
+  let pid: number;
+  let comm: string;
+  try {
+    pid = Number(Deno.readTextFileSync(pidFile).trim());
+    comm = Deno.readTextFileSync(`/proc/${pid}/comm`);
+  } catch {
+    return; // never started, or gone
+  }
+  if (Number.isInteger(pid) && pid > 1 && comm.startsWith("virtnode-virtlo")) {
+    try {
+      Deno.kill(pid, "SIGTERM");
+    } catch { /* gone */ }
+  }
+}
+
 /** A libvirtd of a test's own, beside the machine's (see {@linkcode startPrivateLibvirtd}). */
 export interface PrivateLibvirtd {
   /** The URI to connect to: the daemon's socket, reached through its root. */
@@ -148,8 +165,12 @@ export async function startPrivateLibvirtd(
   child.status.then(() => exited = true);
   while (!(await Deno.lstat(socket).then(() => true, () => false))) {
     if (exited || Date.now() > deadline) {
+      try {
+        child.kill("SIGKILL");
+      } catch { /* gone */ }
       const out = await output.catch(() => undefined);
       const text = out ? new TextDecoder().decode(out.stderr) : "";
+      stopLogd(sub("virtlogd.pid"));
       await Deno.remove(dir, { recursive: true }).catch(() => {});
       throw new Error(
         `Cannot start a private libvirtd: ${exited ? "it exited" : "no socket"}: ${text}`,
@@ -175,17 +196,11 @@ export async function startPrivateLibvirtd(
         await virsh("destroy", name.trim());
         await virsh("undefine", "--nvram", name.trim());
       }
-      const logd = Number((await Deno.readTextFile(sub("virtlogd.pid")).catch(() => "")).trim());
       try {
         child.kill("SIGTERM");
       } catch { /* gone */ }
       await output.catch(() => undefined);
-      const comm = await Deno.readTextFile(`/proc/${logd}/comm`).catch(() => "");
-      if (Number.isInteger(logd) && logd > 1 && comm.startsWith("virtnode-virtlo")) {
-        try {
-          Deno.kill(logd, "SIGTERM");
-        } catch { /* gone */ }
-      }
+      stopLogd(sub("virtlogd.pid"));
       await Deno.remove(dir, { recursive: true }).catch(() => {});
     },
   };
