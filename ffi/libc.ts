@@ -986,14 +986,8 @@ export function createFileBeneath(
  * followed), as text without a trailing NUL; undefined when the file has no such attribute.
  */
 export function getXattr(path: string, name: string): string | undefined {
-  const buf = new Uint8Array(4096);
-  const n = Number(c().lgetxattr(cpath(path), cpath(name), buf, BigInt(buf.length)));
-  if (n < 0) {
-    const error = errnoError(`Cannot read ${name} of "${path}"`);
-    if (error.code === "ENODATA") return undefined;
-    throw error;
-  }
-  return new TextDecoder().decode(buf.subarray(0, n)).replace(/\0+$/, "");
+  const bytes = getXattrBytes(path, name);
+  return bytes && new TextDecoder().decode(bytes).replace(/\0+$/, "");
 }
 
 /**
