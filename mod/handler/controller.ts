@@ -30,6 +30,7 @@ import type {
   StatusWriter,
   WorkQueue,
 } from "../kube/mod.ts";
+import { isHotplugVolume } from "../storage/mod.ts";
 import { aborted } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import { decideSync, type SyncDecision } from "./decide.ts";
@@ -742,9 +743,7 @@ export class VmiController {
 /** Whether the VMI has a hotplugged volume, in its status or (not written there yet) its spec. */
 function hasHotplugVolumes(vmi: VirtualMachineInstance): boolean {
   return (vmi.status?.volumeStatus ?? []).some((s) => s.hotplugVolume) ||
-    (vmi.spec.volumes ?? []).some((v) =>
-      v.persistentVolumeClaim?.hotpluggable || v.dataVolume?.hotpluggable
-    );
+    (vmi.spec.volumes ?? []).some((v) => isHotplugVolume(vmi, v));
 }
 
 /**

@@ -29,6 +29,7 @@ import {
   type PhaseDecision,
   vmiPhaseFromDomain,
 } from "../domain/mod.ts";
+import { isHotplugVolume } from "../storage/mod.ts";
 import type { PodAddresses } from "../network/mod.ts";
 
 /** KubeVirt's reason on `Synchronized=False`. */
@@ -265,8 +266,7 @@ export function volumeStatusFromDomain(
   const entries = [...vmi.status?.volumeStatus ?? []];
   if (owner) {
     for (const v of vmi.spec.volumes ?? []) {
-      const hotplugged = v.persistentVolumeClaim?.hotpluggable || v.dataVolume?.hotpluggable;
-      if (hotplugged && !entries.some((e) => e.name === v.name)) {
+      if (isHotplugVolume(vmi, v) && !entries.some((e) => e.name === v.name)) {
         entries.push({ name: v.name, target: "", hotplugVolume: {}, phase: "Pending" });
       }
     }
