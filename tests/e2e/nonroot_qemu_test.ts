@@ -10,6 +10,7 @@ import { useCluster } from "../../deploy/cluster/cluster.ts";
 import { getXattrBytes, removeXattr, setXattrBytes } from "../../ffi/mod.ts";
 import { decodeAcl } from "../../mod/host/acl.ts";
 import { kvmUsable } from "../../mod/host/mod.ts";
+import { runText } from "../helpers/command.ts";
 import { startPrivateLibvirtd } from "../helpers/libvirtd.ts";
 import { guestVmi, httpGet, installTestGuest } from "../helpers/guest.ts";
 import {
@@ -123,12 +124,9 @@ Deno.test("pod-less mode with QEMU as user 107 (not root): the test guest boots 
     assert.match(answer, /ip=10\.0\.2\.2/);
     const targets = (running.status?.volumeStatus ?? []).map((s) => s.name).sort();
     assert.deepEqual(targets, ["boot", "cloudinit", "scratch"]);
-    const xml = await new Deno.Command("virsh", {
-      args: ["-c", libvirtd.uri, "dumpxml", `${ns}_guest`],
-      stdout: "piped",
-    }).output();
+    const xml = await runText("virsh", "-c", libvirtd.uri, "dumpxml", `${ns}_guest`);
     assert.match(
-      new TextDecoder().decode(xml.stdout),
+      xml,
       new RegExp(`<domain type='${kvmUsable() ? "kvm" : "qemu"}'`),
       "KVM where the machine has it, for QEMU's user too",
     );

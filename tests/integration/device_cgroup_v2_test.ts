@@ -21,6 +21,7 @@ import {
   LAUNCHER_DEVICE_RULES,
   setDeviceRules,
 } from "../../mod/handler/device_cgroup_v2.ts";
+import { runText as run } from "../helpers/command.ts";
 
 /** Where the machine mounts cgroup2 (from the mount table). */
 function cgroup2Mount(): string {
@@ -29,18 +30,6 @@ function cgroup2Mount(): string {
     if (right?.startsWith("cgroup2 ")) return left.split(" ")[4];
   }
   throw new Error("this machine mounts no cgroup2 hierarchy (checked /proc/self/mountinfo)");
-}
-
-async function run(...command: string[]): Promise<string> {
-  const out = await new Deno.Command(command[0], {
-    args: command.slice(1),
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  if (!out.success) {
-    throw new Error(`${command.join(" ")}: ${new TextDecoder().decode(out.stderr)}`);
-  }
-  return new TextDecoder().decode(out.stdout);
 }
 
 /** Whether a process that joins `cgroup` first may open `device` for reading, or writing. */

@@ -31,19 +31,7 @@ import {
   waitFor,
   waitForPhase,
 } from "../helpers/handler_process.ts";
-
-async function run(...command: string[]): Promise<string> {
-  const out = await new Deno.Command(command[0], {
-    args: command.slice(1),
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  const text = new TextDecoder().decode(out.stdout);
-  if (!out.success) {
-    throw new Error(`${command.join(" ")}: ${new TextDecoder().decode(out.stderr)}`);
-  }
-  return text;
-}
+import { runText as run } from "../helpers/command.ts";
 
 const virsh = (...args: string[]) => run("virsh", "-c", "qemu:///system", ...args);
 
