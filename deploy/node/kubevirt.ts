@@ -238,6 +238,13 @@ export async function startKubevirt(
       conn.close();
       return true;
     });
+    // The apiserver proxies subresources.kubevirt.io only once its availability check has
+    // marked the APIService Available; until then a call answers 503. A discovery read
+    // through the apiserver is the same path virtctl's calls take.
+    await waitUntil(api, READY_TIMEOUT_MS, async () => {
+      await kubectl(cluster, ["get", "--raw", "/apis/subresources.kubevirt.io/v1"]);
+      return true;
+    });
     if (controller) {
       await waitUntil(controller, READY_TIMEOUT_MS, async () => {
         const holder = await kubectl(cluster, [
