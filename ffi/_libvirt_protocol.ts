@@ -91,6 +91,9 @@ export interface WorkerOps {
   domainDetachDevice(uuid: string, xml: string, flags: number): void;
   domainReboot(uuid: string, flags: number): void;
   domainAgentCommand(uuid: string, command: string, timeout: number, flags: number): string;
+  domainFsFreeze(uuid: string): number;
+  domainFsThaw(uuid: string): number;
+  domainScreenshot(uuid: string, screen: number): { mime: string; data: Uint8Array };
 }
 
 /** Name of a worker operation. */

@@ -71,6 +71,14 @@ export const LIBVIRT_SYMBOLS = {
   virDomainReboot: { parameters: [P, U], result: I },
   virDomainAttachDeviceFlags: { parameters: [P, B, U], result: I },
   virDomainDetachDeviceFlags: { parameters: [P, B, U], result: I },
+  virDomainFSFreeze: { parameters: [P, P, U, U], result: I },
+  virDomainFSThaw: { parameters: [P, P, U, U], result: I },
+  virDomainScreenshot: { parameters: [P, P, U, U], result: P },
+  virStreamNew: { parameters: [P, U], result: P },
+  virStreamRecv: { parameters: [P, B, "usize"], result: I },
+  virStreamFinish: { parameters: [P], result: I },
+  virStreamAbort: { parameters: [P], result: I },
+  virStreamFree: { parameters: [P], result: I },
 } as const;
 
 /** libc's `free`, for strings and arrays libvirt hands back. */

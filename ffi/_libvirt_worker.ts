@@ -116,6 +116,9 @@ function domainRef(dom: Deno.PointerObject): DomainRef {
 }
 
 /** Looks up a domain, runs `fn` and frees the domain object again. */
+/** The largest screenshot read from a stream (a 4K frame as PPM is 24 MiB). */
+const SCREENSHOT_LIMIT = 64 * 1024 * 1024;
+
 function withDomain<T>(uuid: string, fn: (dom: Deno.PointerObject) => T): T {
   const s = vir();
   const dom = checkPtr(s.virDomainLookupByUUIDString(connection(), cstr(uuid)));
@@ -406,6 +409,47 @@ const ops: WorkerOps = {
   },
   domainReboot(uuid, flags) {
     withDomain(uuid, (d) => checkInt(vir().virDomainReboot(d, flags)));
+  },
+  domainFsFreeze(uuid) {
+    return withDomain(uuid, (d) => checkInt(vir().virDomainFSFreeze(d, null, 0, 0)));
+  },
+  domainFsThaw(uuid) {
+    return withDomain(uuid, (d) => checkInt(vir().virDomainFSThaw(d, null, 0, 0)));
+  },
+  domainScreenshot(uuid, screen) {
+    const s = vir();
+    const stream = checkPtr(s.virStreamNew(connection(), 0));
+    let finished = false;
+    try {
+      const mime = withDomain(uuid, (d) => takeString(s.virDomainScreenshot(d, stream, screen, 0)));
+      const chunks: Uint8Array[] = [];
+      let size = 0;
+      const buffer = new Uint8Array(256 * 1024);
+      for (;;) {
+        const n = checkInt(s.virStreamRecv(stream, buffer, BigInt(buffer.length)));
+        if (n === 0) break;
+        if (size + n > SCREENSHOT_LIMIT) {
+          throw new Failure({
+            kind: "internal",
+            message: `the screenshot is larger than ${SCREENSHOT_LIMIT} bytes`,
+          });
+        }
+        chunks.push(buffer.slice(0, n));
+        size += n;
+      }
+      checkInt(s.virStreamFinish(stream));
+      finished = true;
+      const data = new Uint8Array(size);
+      let at = 0;
+      for (const c of chunks) {
+        data.set(c, at);
+        at += c.length;
+      }
+      return { mime, data };
+    } finally {
+      if (!finished) s.virStreamAbort(stream);
+      s.virStreamFree(stream);
+    }
   },
   domainAgentCommand(uuid, command, timeout, flags) {
     if (qemu === null && qemuLoadError === null) {

@@ -380,6 +380,35 @@ export class Domain {
     );
   }
 
+  /**
+   * Freezes the guest's filesystems through its agent (`virDomainFSFreeze`, all mount
+   * points); resolves to the number frozen.
+   */
+  async fsFreeze(): Promise<number> {
+    return await this.#call(
+      "domainFsFreeze",
+      [this.uuid],
+      this.#action("freeze the filesystems of"),
+    );
+  }
+
+  /** Thaws the guest's filesystems (`virDomainFSThaw`); resolves to the number thawed. */
+  async fsThaw(): Promise<number> {
+    return await this.#call("domainFsThaw", [this.uuid], this.#action("thaw the filesystems of"));
+  }
+
+  /**
+   * Takes a picture of the guest's `screen` (`virDomainScreenshot` read through a stream):
+   * the image and its MIME type as the hypervisor made it (QEMU: PPM).
+   */
+  async screenshot(screen = 0): Promise<{ mime: string; data: Uint8Array }> {
+    return await this.#call(
+      "domainScreenshot",
+      [this.uuid, screen],
+      this.#action("take a screenshot of"),
+    );
+  }
+
   /** Asks the guest to reboot. */
   async reboot(flags = 0): Promise<void> {
     await this.#call("domainReboot", [this.uuid, flags], this.#action("reboot"));

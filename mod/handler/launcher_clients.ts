@@ -80,6 +80,13 @@ export const LAUNCHER_TIMEOUTS = {
   ping: 5_000,
 };
 
+/** The response field that holds each guest query's JSON. */
+const GUEST_QUERY_FIELDS = {
+  GetGuestInfo: "guestInfoResponse",
+  GetUsers: "guestUserListResponse",
+  GetFilesystems: "guestFilesystemsResponse",
+} as const;
+
 /** A VMI request; options empty unless given, as KubeVirt's cmd client sends them. */
 function encodeVmi(vmi: VirtualMachineInstance, options: VirtualMachineOptions = {}): VMIRequest {
   return { vmi: { vmiJson: new TextEncoder().encode(JSON.stringify(vmi)) }, options };
@@ -303,6 +310,72 @@ export class LauncherClient {
   /** Resumes a paused domain. */
   unpauseVirtualMachine(vmi: VirtualMachineInstance): Promise<void> {
     return this.#vmiCall("UnpauseVirtualMachine", vmi, LAUNCHER_TIMEOUTS.short);
+  }
+  /** Pauses the running domain. */
+  pauseVirtualMachine(vmi: VirtualMachineInstance): Promise<void> {
+    return this.#vmiCall("PauseVirtualMachine", vmi, LAUNCHER_TIMEOUTS.short);
+  }
+  /** Asks the guest to reboot (through its agent or ACPI). */
+  softRebootVirtualMachine(vmi: VirtualMachineInstance): Promise<void> {
+    return this.#vmiCall("SoftRebootVirtualMachine", vmi, LAUNCHER_TIMEOUTS.short);
+  }
+  /** Resets the domain like a reset button. */
+  resetVirtualMachine(vmi: VirtualMachineInstance): Promise<void> {
+    return this.#vmiCall("ResetVirtualMachine", vmi, LAUNCHER_TIMEOUTS.short);
+  }
+  /** Thaws the guest's filesystems. */
+  unfreezeVirtualMachine(vmi: VirtualMachineInstance): Promise<void> {
+    return this.#vmiCall("UnfreezeVirtualMachine", vmi, LAUNCHER_TIMEOUTS.short);
+  }
+  /** Freezes the guest's filesystems; the launcher thaws them itself after the timeout (0: never). */
+  async freezeVirtualMachine(vmi: VirtualMachineInstance, unfreezeTimeoutSeconds: number) {
+    const res = await this.#call<
+      { vmi: VMIRequest["vmi"]; unfreezeTimeoutSeconds: number },
+      Response
+    >(
+      "FreezeVirtualMachine",
+      { vmi: encodeVmi(vmi).vmi, unfreezeTimeoutSeconds },
+      LAUNCHER_TIMEOUTS.sync,
+    );
+    if (!res.success) {
+      throw new LauncherCallError("FreezeVirtualMachine", res.message || "no message");
+    }
+  }
+  /** A picture of the guest's screen and its MIME type. */
+  async getScreenshot(vmi: VirtualMachineInstance): Promise<{ mime: string; data: Uint8Array }> {
+    const res = await this.#call<
+      VMIRequest,
+      { response?: Response; mime?: string; data?: Uint8Array }
+    >(
+      "GetScreenshot",
+      encodeVmi(vmi),
+      LAUNCHER_TIMEOUTS.short,
+    );
+    if (!res.response?.success) {
+      throw new LauncherCallError("GetScreenshot", res.response?.message || "no message");
+    }
+    return { mime: res.mime ?? "", data: res.data ?? new Uint8Array() };
+  }
+  /**
+   * What the guest agent reports (`GetGuestInfo`, `GetUsers`, `GetFilesystems`): the JSON
+   * the launcher sends, parsed.
+   */
+  async guestQuery(method: "GetGuestInfo" | "GetUsers" | "GetFilesystems"): Promise<unknown> {
+    const field = GUEST_QUERY_FIELDS[method];
+    const res = await this.#call<Record<string, never>, Record<string, unknown>>(
+      method,
+      {},
+      LAUNCHER_TIMEOUTS.short,
+    );
+    const response = res.response as Response | undefined;
+    if (response && !response.success) throw new LauncherCallError(method, response.message);
+    const json = res[field];
+    if (typeof json !== "string" || json === "") return method === "GetGuestInfo" ? {} : [];
+    try {
+      return JSON.parse(json);
+    } catch (error) {
+      throw new LauncherCallError(method, `the launcher sent no JSON: ${(error as Error).message}`);
+    }
   }
   /** The domain the launcher has, or undefined when it has none. */
   async getDomain(): Promise<Domain | undefined> {

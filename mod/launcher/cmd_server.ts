@@ -64,7 +64,23 @@ export type CmdBackend = Pick<
   | "guestInfo"
   | "guestUsers"
   | "guestFilesystems"
+  | "freeze"
+  | "unfreeze"
+  | "screenshot"
 >;
+
+/** `kubevirt.cmd.v1.FreezeRequest`. */
+interface FreezeRequest {
+  vmi?: { vmiJson?: Uint8Array };
+  unfreezeTimeoutSeconds?: number;
+}
+
+/** `kubevirt.cmd.v1.ScreenshotResponse`. */
+interface ScreenshotResponse {
+  response: Response;
+  mime: string;
+  data: Uint8Array;
+}
 
 /** `kubevirt.cmd.v1.GuestUserListResponse`: `guestUserListResponse` is a JSON array. */
 interface GuestUserListResponse {
@@ -160,6 +176,15 @@ function buildHandlers(backend: CmdBackend): Record<string, Handler> {
       (json) => backend.softReboot(json),
     ),
     ResetVirtualMachine: command("ResetVirtualMachine", (json) => backend.reset(json)),
+    FreezeVirtualMachine: safe<FreezeRequest, Response>("FreezeVirtualMachine", async (request) => {
+      await backend.freeze(request.vmi?.vmiJson ?? null, request.unfreezeTimeoutSeconds ?? 0);
+      return ok();
+    }, failed),
+    UnfreezeVirtualMachine: command("UnfreezeVirtualMachine", (json) => backend.unfreeze(json)),
+    GetScreenshot: safe<VMIRequest, ScreenshotResponse>("GetScreenshot", async (request) => {
+      const shot = await backend.screenshot(vmiJsonOf(request));
+      return { response: ok(), mime: shot.mime, data: shot.data };
+    }, (error) => ({ response: failed(error), mime: "", data: new Uint8Array() })),
     Ping: safe("Ping", () => Promise.resolve(ok()), failed),
     GetDomain: safe<unknown, DomainResponse>("GetDomain", async () => {
       const domain = await backend.getDomain();

@@ -156,6 +156,8 @@ export class DomainManager {
   readonly #keeper: ConnectionKeeper | undefined;
   #lock: Promise<unknown> = Promise.resolve();
   #stopRequested = false;
+  /** The thaw that follows a freeze nobody undid in time. */
+  #safetyThaw: ReturnType<typeof setTimeout> | undefined;
 
   /** Creates the manager; no libvirt call happens yet. */
   constructor(options: DomainManagerOptions) {
@@ -490,6 +492,98 @@ export class DomainManager {
       "error",
       false,
     );
+  }
+
+  /**
+   * Freezes the guest's filesystems through its agent, as KubeVirt's launcher does before a
+   * snapshot: already frozen is done; otherwise `virDomainFSFreeze`, and unless
+   * `unfreezeTimeoutSeconds` is 0 a thaw of its own after that long, in case no unfreeze
+   * ever comes (a later freeze or unfreeze replaces it).
+   */
+  freeze(
+    vmiJson: Uint8Array | string | null | undefined,
+    unfreezeTimeoutSeconds: number,
+  ): Promise<void> {
+    return this.#withDomain(
+      "freeze",
+      vmiJson,
+      async (domain, state) => {
+        if (state.status !== LifeCycle.Running) {
+          throw new Error(`domain is ${state.status}, not Running`);
+        }
+        if (await this.#fsFreezeStatus(domain) === "frozen") return;
+        await domain.fsFreeze();
+        this.#cancelSafetyThaw();
+        if (unfreezeTimeoutSeconds > 0) {
+          const timer = setTimeout(() => {
+            this.#safetyThaw = undefined;
+            log.warn("No unfreeze came in time: thawing the guest's filesystems", {
+              ...this.vmi,
+              unfreezeTimeoutSeconds,
+            });
+            this.unfreeze(undefined).catch((error) =>
+              log.error("Cannot thaw the guest's filesystems", {
+                ...this.vmi,
+                error: detail(error),
+              })
+            );
+          }, unfreezeTimeoutSeconds * 1000);
+          Deno.unrefTimer(timer);
+          this.#safetyThaw = timer;
+        }
+      },
+      "error",
+      false,
+    );
+  }
+
+  /** Thaws the guest's filesystems; thawed already is done. */
+  unfreeze(vmiJson: Uint8Array | string | null | undefined): Promise<void> {
+    this.#cancelSafetyThaw();
+    return this.#withDomain(
+      "unfreeze",
+      vmiJson,
+      async (domain) => {
+        if (await this.#fsFreezeStatus(domain) === "thawed") return;
+        await domain.fsThaw();
+      },
+      "error",
+      false,
+    );
+  }
+
+  #cancelSafetyThaw(): void {
+    if (this.#safetyThaw !== undefined) clearTimeout(this.#safetyThaw);
+    this.#safetyThaw = undefined;
+  }
+
+  /** `frozen` or `thawed` as the agent says (`guest-fsfreeze-status`); undefined when it cannot. */
+  async #fsFreezeStatus(domain: LibvirtDomain): Promise<string | undefined> {
+    const reply = await this.#askAgent(domain, "guest-fsfreeze-status");
+    if (reply === undefined) return undefined;
+    try {
+      const status = (JSON.parse(reply) as { return?: unknown }).return;
+      return typeof status === "string" ? status : undefined;
+    } catch {
+      return undefined;
+    }
+  }
+
+  /** A picture of the guest's primary screen, as libvirt takes it (QEMU: PPM). */
+  screenshot(vmiJson?: Uint8Array | string | null): Promise<{ mime: string; data: Uint8Array }> {
+    let shot: { mime: string; data: Uint8Array } | undefined;
+    return this.#withDomain(
+      "take a screenshot of",
+      vmiJson,
+      async (domain, state) => {
+        if (!isDomainActive(state.status)) {
+          throw new Error(`domain is ${state.status}, not active`);
+        }
+        shot = await domain.screenshot(0);
+      },
+      "error",
+      false,
+    ).then(() => shot!);
   }
 
   /**
