@@ -20,6 +20,7 @@ import {
   V8_FLAGS,
 } from "./mod/config/mod.ts";
 import { getLogger, setupLogging } from "./mod/log/mod.ts";
+import type { TlsMaterial } from "./mod/rest/mod.ts";
 
 /** virtnode's own version, from deno.json. */
 export const VERSION: string = denoJson.version;
@@ -67,6 +68,14 @@ function absoluteDir(value: string): string {
     throw new InvalidArgumentError("allowed: an absolute path without '..'");
   }
   return value;
+}
+
+function portNumber(value: string): number {
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < 0 || n > 65535) {
+    throw new InvalidArgumentError("allowed: a port from 0 to 65535 (0: any free one)");
+  }
+  return n;
 }
 
 function hostPort(value: string): string {
@@ -187,8 +196,65 @@ function handlerCommand(program: Command): void {
       "virtnode0",
     )
     .option("--cni-bin-dir <dir>", "pod-less mode: the CNI plugins", absoluteDir, "/usr/lib/cni")
+    .option(
+      "--console-server-port <port>",
+      "serve the REST API virt-api calls (console, VNC, pause, guest info) on this port, mutual TLS (KubeVirt: 8186)",
+      portNumber,
+    )
+    .option("--console-server-address <host>", "address of the REST API", "0.0.0.0")
+    .option(
+      "--server-cert-dir <dir>",
+      "the REST API's certificate and key (tls.crt, tls.key)",
+      absoluteDir,
+      "/etc/virt-handler/servercertificates",
+    )
+    .option(
+      "--client-ca-file <file>",
+      "CA bundle REST clients' certificates must chain to (instead of the CA ConfigMap)",
+      absoluteDir,
+    )
+    .option(
+      "--ca-configmap <namespace/name>",
+      "ConfigMap whose ca-bundle REST clients' certificates must chain to (watched)",
+      "kubevirt/kubevirt-ca",
+    )
     .action(async (opts, command: Command) => {
       const config = loadConfig(command, "virt-handler");
+      let rest:
+        | { hostname: string; port: number; tls: TlsMaterial; caConfigMap?: string }
+        | undefined;
+      if (opts.consoleServerPort !== undefined) {
+        if (opts.healthAddress.endsWith(`:${opts.consoleServerPort}`)) {
+          console.error(
+            `virtnode handler: --health-address ${opts.healthAddress} and --console-server-port ${opts.consoleServerPort} need different ports`,
+          );
+          Deno.exit(EXIT_USAGE);
+        }
+        if (!/^[^/\s]+\/[^/\s]+$/.test(opts.caConfigmap)) {
+          console.error(
+            `virtnode handler: --ca-configmap ${opts.caConfigmap}: expected namespace/name`,
+          );
+          Deno.exit(EXIT_USAGE);
+        }
+        const { TlsMaterial } = await import("./mod/rest/mod.ts");
+        const tls = new TlsMaterial({
+          certFile: `${opts.serverCertDir}/tls.crt`,
+          keyFile: `${opts.serverCertDir}/tls.key`,
+          caFile: opts.clientCaFile,
+        });
+        try {
+          await tls.load();
+        } catch (error) {
+          console.error(`virtnode handler: ${(error as Error).message}`);
+          Deno.exit(EXIT_USAGE);
+        }
+        rest = {
+          hostname: opts.consoleServerAddress,
+          port: opts.consoleServerPort,
+          tls,
+          caConfigMap: opts.clientCaFile ? undefined : opts.caConfigmap,
+        };
+      }
       const podNetwork = {
         bridge: opts.podNetworkBridge,
         subnets: String(opts.podNetworkCidr).split(",").map((c: string) => c.trim()).filter(
@@ -219,6 +285,7 @@ function handlerCommand(program: Command): void {
       const globals = ["--log-level", config.logLevel, "--log-format", "json"];
       const handler = await Handler.create(config, client, {
         healthAddress: opts.healthAddress,
+        rest,
         workers: opts.workers,
         podsDir: opts.kubeletPodsDir,
         imageDir: opts.imageDir,

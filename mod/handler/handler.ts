@@ -19,6 +19,7 @@ import {
   type VirtualMachineInstance,
   type VirtualMachineInstanceStatus,
   VMI_RESOURCE,
+  vmiKey,
 } from "../api/mod.ts";
 import type { Config } from "../config/mod.ts";
 import {
@@ -26,6 +27,7 @@ import {
   Expectations,
   Informer,
   type KubeClient,
+  type KubeObject,
   StatusWriter,
   WorkQueue,
 } from "../kube/mod.ts";
@@ -35,6 +37,7 @@ import { type PodlessNetworkConfig, PodlessNetworks, PodNetworks } from "../netw
 import { ContainerDiskStore, resolveHostClaim } from "../storage/mod.ts";
 import { NetnsRunner } from "../../ffi/mod.ts";
 import { getLogger } from "../log/mod.ts";
+import { type RestBackend, RestServer, type TlsMaterial } from "../rest/mod.ts";
 import { VmiController } from "./controller.ts";
 import { GhostRecordStore } from "./ghost_records.ts";
 import { LauncherClients } from "./launcher_clients.ts";
@@ -50,6 +53,11 @@ const log = getLogger("handler");
 export const DOMAIN_RESYNC_MS = 5 * 60_000;
 /** Launchers asked for their domain at once while re-adopting. */
 const ADOPT_CONCURRENCY = 32;
+
+/** The part of a ConfigMap the handler reads (the client CA bundle). */
+interface ConfigMap extends KubeObject {
+  data?: Record<string, string>;
+}
 
 /** Options of {@linkcode Handler.create} beyond the shared configuration. */
 export interface HandlerOptions {
@@ -72,6 +80,12 @@ export interface HandlerOptions {
   podsDir?: string;
   /** Resync of every launcher's domain; {@linkcode DOMAIN_RESYNC_MS} unless told. */
   resyncMs?: number;
+  /**
+   * The REST server (console, VNC, lifecycle, guest queries) for virt-api: where it
+   * listens, its TLS material, and the ConfigMap (`namespace/name`, key `ca-bundle`) of
+   * the client CA bundle unless the material has a CA file. None when absent.
+   */
+  rest?: { hostname?: string; port?: number; tls: TlsMaterial; caConfigMap?: string };
   /**
    * Pod-less mode: the VMs' pod network (node bridge and address ranges; the CNI plugins
    * make it). Without it a pod-less VMI with a pod-network interface is refused.
@@ -116,6 +130,9 @@ export class Handler implements Runnable {
   readonly #scheduler?: PodlessScheduler;
   /** The worker thread that enters pods' network namespaces (started on first use). */
   readonly #netns: NetnsRunner;
+  /** The REST server, when the handler serves one (for tests). */
+  rest?: RestServer;
+  readonly #client: KubeClient;
   #ready = false;
   #started = performance.now();
   #adopted = 0;
@@ -127,6 +144,7 @@ export class Handler implements Runnable {
     ghosts: GhostRecordStore,
   ) {
     this.#config = config;
+    this.#client = client;
     this.#options = options;
     this.#ghosts = ghosts;
     const paths = handlerPaths(config);
@@ -287,9 +305,57 @@ export class Handler implements Runnable {
     if (this.#options.healthAddress) {
       parts.push(healthServer(this.#options.healthAddress, () => this.#ready));
     }
+    if (this.#options.rest) parts.push(...this.#restParts(this.#options.rest));
     await runStages([[controller, resync], parts], signal);
     this.#netns.close();
     log.info("Handler stopped");
+  }
+
+  /** The REST server, its TLS material's watch and, if it comes from one, the CA ConfigMap's. */
+  #restParts(rest: NonNullable<HandlerOptions["rest"]>): Runnable[] {
+    const provider = this.#provider;
+    const launchers = this.#launchers;
+    const backend: RestBackend = {
+      vmi: (namespace, name) => {
+        const vmi = this.informer.get(`${namespace}/${name}`);
+        return vmi?.status?.nodeName === this.#config.nodeName ? vmi : undefined;
+      },
+      launcher: async (vmi) => {
+        const socket = await provider.socketOf(vmi);
+        if (!socket) throw new Error(`VMI ${vmiKey(vmi.metadata)} has no launcher on this node`);
+        return launchers.getOrCreate(vmi.metadata.uid!, socket);
+      },
+      openSocket: (vmi, name) => provider.openPrivateSocket(vmi, name),
+      record: (vmi, type, reason, message) => {
+        this.#recorder.record(vmi, type, reason, message).catch((error) =>
+          log.warn("Cannot record event: {error}", { error })
+        );
+      },
+    };
+    const server = new RestServer({
+      hostname: rest.hostname,
+      port: rest.port,
+      tls: rest.tls,
+      backend,
+    });
+    this.rest = server;
+    const parts: Runnable[] = [
+      server,
+      runnable("rest-tls", (signal) => rest.tls.watch(signal)),
+    ];
+    if (rest.caConfigMap) {
+      const [namespace, name] = rest.caConfigMap.split("/");
+      const configMaps = new Informer<ConfigMap>(this.#client, {
+        path: `/api/v1/namespaces/${namespace}/configmaps`,
+        fieldSelector: `metadata.name=${name}`,
+        onError: (error) =>
+          log.warn("CA ConfigMap watch interrupted, retrying: {error}", { error }),
+      });
+      const take = (cm: ConfigMap) => rest.tls.setCaBundle(cm.data?.["ca-bundle"] ?? "");
+      configMaps.addHandlers({ onAdd: take, onUpdate: (_old, cm) => take(cm) });
+      parts.push(configMaps);
+    }
+    return parts;
   }
 
   /** Asks every launcher a ghost record names for its domain; returns how many answered. */

@@ -19,6 +19,7 @@ import type { PodNetworkTarget } from "../network/mod.ts";
 import type { Runnable } from "../lifecycle/mod.ts";
 import type { GhostRecordStore } from "./ghost_records.ts";
 import type { DialResolver } from "./launcher_clients.ts";
+import type { BeneathSocket } from "../../ffi/mod.ts";
 
 /** Records an Event about the VMI whose disks are being prepared. */
 export type DiskEventRecorder = (
@@ -96,6 +97,11 @@ export interface LauncherProvider extends Runnable {
    * status entries itself (pod-less mode; virt-controller writes it otherwise).
    */
   hotplugClaims?(uid: string): ReadonlyMap<string, ClaimInfo>;
+  /**
+   * Opens a socket of the VMI's private directory (`virt-serial0`, `virt-vnc`) without
+   * following a link on the way; throws a clear error when there is none.
+   */
+  openPrivateSocket(vmi: VirtualMachineInstance, name: string): Promise<BeneathSocket>;
   /** The root of the VMI's launcher (`/proc/<pid>/root`), where there is one to look in. */
   launcherRoot(vmi: VirtualMachineInstance): Promise<string | undefined>;
   /** Takes back the hotplugged volumes gone from the spec, once the launcher detached them. */

@@ -20,11 +20,12 @@ import {
   Paths,
   SocketNames,
   type VirtualMachineInstance,
+  vmiPrivateDir,
 } from "../api/mod.ts";
 import type { PodNetworkTarget } from "../network/mod.ts";
 import { aborted } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
-import { openDirectoryInRoot, openSocketBeneath } from "../../ffi/mod.ts";
+import { type BeneathSocket, openDirectoryInRoot, openSocketBeneath } from "../../ffi/mod.ts";
 import { NotifyPipes } from "./notify_pipes.ts";
 import { ContainerDiskMounts } from "./container_disk_mounts.ts";
 import { HotplugMounts } from "./hotplug_mounts.ts";
@@ -254,6 +255,22 @@ export class PodLaunchers implements LauncherProvider {
   /** Filesystem claims as the host disks KubeVirt's launcher reads (`replaceClaimsByHostDisks`). */
   forLauncher(vmi: VirtualMachineInstance): VirtualMachineInstance {
     return replaceClaimsByHostDisks(vmi);
+  }
+
+  /**
+   * Opens `name` in the VMI's `/var/run/kubevirt-private/<uid>` inside its launcher's root
+   * (the launcher found from its socket's peer credentials), never through a link out of it.
+   */
+  async openPrivateSocket(vmi: VirtualMachineInstance, name: string): Promise<BeneathSocket> {
+    const socket = await this.socketOf(vmi);
+    if (!socket) throw new Error("the VMI has no launcher on this node yet");
+    const pid = this.#pipes.launcherPid(socket);
+    const dir = openDirectoryInRoot(`/proc/${pid}/root`, vmiPrivateDir(vmi.metadata.uid!));
+    try {
+      return openSocketBeneath(dir.path, name);
+    } finally {
+      dir.release();
+    }
   }
 
   /**

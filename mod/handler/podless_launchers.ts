@@ -50,6 +50,7 @@ import { LauncherSpawner } from "./launcher_spawner.ts";
 import { dialDirectly, type DialResolver, LAUNCHER_TIMEOUTS } from "./launcher_clients.ts";
 import { LauncherHostClient } from "./launcher_host_client.ts";
 import { gracePeriodSeconds } from "./_vmi.ts";
+import { type BeneathSocket, openSocketBeneath } from "../../ffi/mod.ts";
 
 const log = getLogger("handler", "podless");
 
@@ -347,6 +348,11 @@ export class PodlessLaunchers implements LauncherProvider {
     await this.#o.containerDisks.collect(inUse).catch((error) =>
       log.warn("Cannot collect the containerDisk store: {error}", { error: String(error) })
     );
+  }
+
+  /** Opens `name` in the VMI's run directory, never through a link. */
+  openPrivateSocket(vmi: VirtualMachineInstance, name: string): Promise<BeneathSocket> {
+    return Promise.resolve(openSocketBeneath(this.#o.runRoot, `${vmi.metadata.uid}/${name}`));
   }
 
   /** None: virtnode's launcher host runs in the node's root. */

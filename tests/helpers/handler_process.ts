@@ -31,6 +31,8 @@ export interface HandlerProcessOptions {
   podNetwork?: TestPodNetwork;
   /** Pod-less mode: the only directory host disks (and hotplugged claims) may use. */
   hostDiskRoot?: string;
+  /** More `handler` options, appended as they are. */
+  extraArgs?: string[];
 }
 
 /** A pod-less pod network for one test handler: its own node bridge and /24. */
@@ -124,6 +126,8 @@ export interface HandlerArgsOptions {
   podNetwork?: TestPodNetwork;
   /** Pod-less mode: `--host-disk-root`. */
   hostDiskRoot?: string;
+  /** More `handler` options, appended as they are. */
+  extraArgs?: string[];
 }
 
 /**
@@ -167,6 +171,7 @@ export function handlerArgs(o: HandlerArgsOptions): string[] {
       ]),
     "--health-address",
     `127.0.0.1:${o.port}`,
+    ...(o.extraArgs ?? []),
   ];
 }
 

@@ -67,6 +67,7 @@ function doubles(standsInForController = true): Doubles {
     hotplug: () => Promise.resolve(),
     hotplugMounted: () => Promise.resolve(new Set<string>()),
     launcherRoot: () => Promise.resolve(undefined),
+    openPrivateSocket: () => Promise.reject(new Error("no sockets in this test")),
     unplug: () => Promise.resolve(),
     podNetwork: () => Promise.resolve(undefined),
     releasePodNetwork: () => {
