@@ -15,7 +15,8 @@
 #                 the disk's first sector and lists the disks in /www/disks,
 #               - serves /www with busybox httpd on ports 80 and 8080, and answers
 #                 http://<guest>/cgi-bin/echo with the request's remote address,
-#               - prints "virtnode-guest: ready ip=<address>" on the serial console.
+#               - prints "virtnode-guest: ready ip=<address>" on the serial console,
+#               - runs a shell on the serial console.
 #
 # The guest needs nothing writable: the boot disk can be attached read-only. It boots under
 # KVM or software emulation (TCG) alike. Cached by key (this script and the package
@@ -134,7 +135,8 @@ echo "virtnode-guest: disks $(tr '\n' ';' </www/disks)"
 httpd -p 80 -h /www
 httpd -p 8080 -h /www
 echo "virtnode-guest: serving http on ports 80 and 8080"
-while :; do sleep 3600; done
+# A shell on the serial console (the console tests type into it); one that ends is replaced.
+while :; do sh </dev/ttyS0 >/dev/ttyS0 2>&1; sleep 1; done
 INIT
 
 # udhcpc's script: apply the lease, record it, say so on the console.

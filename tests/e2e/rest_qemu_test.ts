@@ -1,0 +1,189 @@
+/**
+ * The handler's REST server with QEMU (pod-less): a client playing virt-api, with its
+ * client certificate, types into the test guest's serial console through the console
+ * WebSocket and reads the shell's answer; the VNC WebSocket gets QEMU's RFB greeting, a
+ * second VNC client takes over unless the first one's session is to be preserved (then
+ * 503); a screenshot comes back as QEMU's PNG (PPM where QEMU is older); pause and unpause move the VMI's Paused
+ * condition; guest queries and a freeze of a guest without an agent fail clearly. After
+ * 100 console sessions, and clients that vanish without a close, the handler holds as
+ * many descriptors as before.
+ */
+import assert from "node:assert/strict";
+import { useCluster } from "../../deploy/cluster/cluster.ts";
+import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
+import { ensureLibvirtd } from "../helpers/libvirtd.ts";
+import { guestVmi, installTestGuest } from "../helpers/guest.ts";
+import {
+  createVmi,
+  deleteVmi,
+  eventsFor,
+  freePort,
+  getVmi,
+  kubeClient,
+  startHandlerProcess,
+  waitFor,
+  waitForPhase,
+} from "../helpers/handler_process.ts";
+import {
+  makeCertificates,
+  openWebSocket,
+  restRequest,
+  type RestTarget,
+  type WsSession,
+} from "../helpers/rest_client.ts";
+
+/** A guest booting under software emulation takes its time on a busy 2-core machine. */
+const BOOT_MS = 180_000;
+
+function paused(vmi: VirtualMachineInstance | undefined): boolean {
+  return (vmi?.status?.conditions ?? []).some((c) => c.type === "Paused" && c.status === "True");
+}
+
+function fdCount(pid: number): number {
+  return [...Deno.readDirSync(`/proc/${pid}/fd`)].length;
+}
+
+/** Types a command the shell answers with a line the typed text does not contain. */
+async function askShell(ws: WsSession, n: number, timeoutMs = 10_000): Promise<void> {
+  const before = new TextDecoder().decode(ws.received()).length;
+  ws.send(`echo virtnode-answer-$((${n} * 7))\n`);
+  await ws.waitFor((t) => t.slice(before).includes(`virtnode-answer-${n * 7}`), timeoutMs);
+}
+
+Deno.test("REST+QEMU (pod-less): the console WebSocket reaches the guest's shell and back, VNC greets with RFB (one session at a time), screenshots, pause/unpause, clear errors without an agent, no descriptor left after 100 sessions", async () => {
+  const uri = await ensureLibvirtd();
+  const cluster = await useCluster();
+  const client = await kubeClient(cluster.kubeconfigPath);
+  const id = crypto.randomUUID().slice(0, 8);
+  const ns = `restq-${id}`;
+  const node = `restq-node-${id}`;
+  await client.request("POST", "/api/v1/namespaces", { metadata: { name: ns } });
+  const dir = await Deno.makeTempDir({ prefix: "virtnode-restq-" });
+  await installTestGuest(`${dir}/state/images`);
+  const certs = await makeCertificates(dir);
+  const port = freePort();
+  const h = await startHandlerProcess({
+    kubeconfig: cluster.handlerKubeconfigPath,
+    nodeName: node,
+    libvirtUri: uri,
+    dir,
+    extraArgs: [
+      "--console-server-port",
+      String(port),
+      "--console-server-address",
+      "127.0.0.1",
+      "--server-cert-dir",
+      certs.serverDir,
+      "--client-ca-file",
+      certs.caFile,
+    ],
+  });
+  const sessions: WsSession[] = [];
+  try {
+    const good: RestTarget = { port, ca: certs.ca, client: certs.client };
+    const base = `/v1/namespaces/${ns}/virtualmachineinstances/vm1`;
+    // No network: the guest's console is all this test needs.
+    const vmi = guestVmi("vm1", node, { namespace: ns, binding: "masquerade" });
+    const devices = vmi.spec.domain.devices as Record<string, unknown>;
+    delete devices.interfaces;
+    devices.autoattachPodInterface = false;
+    delete (vmi.spec as Record<string, unknown>).networks;
+    await createVmi(client, vmi);
+    await waitForPhase(client, ns, "vm1", "Running", BOOT_MS);
+
+    // The console: the guest's shell answers what is typed.
+    const consoleWs = await openWebSocket(good, `${base}/console`);
+    sessions.push(consoleWs);
+    assert.equal(consoleWs.status, 101, consoleWs.refusal);
+    await waitFor(
+      "the guest's shell to answer",
+      async () => {
+        await askShell(consoleWs, 6, 3_000);
+        return true;
+      },
+      BOOT_MS,
+      0,
+    );
+    await consoleWs.close();
+
+    // VNC: QEMU's RFB greeting; a second client takes over, unless asked to preserve.
+    const vnc = await openWebSocket(good, `${base}/vnc`);
+    sessions.push(vnc);
+    assert.equal(vnc.status, 101, vnc.refusal);
+    await vnc.waitFor((t) => t.startsWith("RFB 003.008\n"));
+    const preserve = await openWebSocket(good, `${base}/vnc?preserveSession=true`);
+    assert.equal(preserve.status, 503);
+    assert.match(preserve.refusal, /Active VNC connection\. Request denied\./);
+    const second = await openWebSocket(good, `${base}/vnc`);
+    sessions.push(second);
+    assert.equal(second.status, 101, second.refusal);
+    await second.waitFor((t) => t.startsWith("RFB 003.008\n"));
+    await waitFor("the first VNC session to be closed", () => vnc.closed(), 5_000);
+    await second.close();
+
+    const shot = await restRequest(good, "GET", `${base}/vnc/screenshot`);
+    assert.equal(shot.status, 200, new TextDecoder().decode(shot.body));
+    // libvirt asks QEMU for PNG where it can (QEMU 7.1 and later), PPM otherwise.
+    const magic = [...shot.body.subarray(0, 4)];
+    if (shot.headers["content-type"] === "image/png") {
+      assert.deepEqual(magic, [0x89, 0x50, 0x4e, 0x47]);
+    } else {
+      assert.equal(shot.headers["content-type"], "image/x-portable-pixmap");
+      assert.deepEqual(magic.slice(0, 2), [0x50, 0x36]);
+    }
+    assert.ok(shot.body.length > 100, `a ${shot.body.length}-byte screenshot`);
+
+    // Pause and unpause.
+    assert.equal((await restRequest(good, "PUT", `${base}/pause`)).status, 202);
+    await waitFor("the Paused condition", async () => paused(await getVmi(client, ns, "vm1")));
+    assert.equal((await restRequest(good, "PUT", `${base}/unpause`)).status, 202);
+    await waitFor(
+      "the Paused condition to go",
+      async () => !paused(await getVmi(client, ns, "vm1")),
+    );
+
+    // No guest agent: clear errors.
+    const info = await restRequest(good, "GET", `${base}/guestosinfo`);
+    assert.equal(info.status, 409);
+    const freeze = await restRequest(good, "PUT", `${base}/freeze`, `{"unfreezeTimeout":"1m"}`);
+    assert.equal(freeze.status, 400);
+    assert.match(new TextDecoder().decode(freeze.body), /agent/i);
+    await waitFor(
+      "the FreezeError event",
+      async () => (await eventsFor(client, ns, "vm1")).some((e) => e.reason === "FreezeError"),
+    );
+
+    // 100 sessions, some ended by a close frame, some by clients that just vanish; then
+    // the console still works and the handler holds no more descriptors than before.
+    const pid = h.child.pid;
+    const before = fdCount(pid);
+    for (let i = 0; i < 100; i++) {
+      const ws = await openWebSocket(good, `${base}/console`);
+      assert.equal(ws.status, 101, ws.refusal);
+      if (i % 10 === 0) await askShell(ws, i);
+      if (i % 2 === 0) await ws.close();
+      else ws.destroy();
+    }
+    const last = await openWebSocket(good, `${base}/console`);
+    sessions.push(last);
+    await askShell(last, 1000);
+    await last.close();
+    await waitFor(
+      `the handler's descriptors to return to ${before}`,
+      () => fdCount(pid) <= before,
+      10_000,
+    );
+  } catch (error) {
+    console.error(await Deno.readTextFile(h.logFile).catch(() => ""));
+    throw error;
+  } finally {
+    for (const s of sessions) s.destroy();
+    await deleteVmi(client, ns, "vm1");
+    await waitFor("vm1 to go", async () => !(await getVmi(client, ns, "vm1")), 60_000).catch(
+      () => {},
+    );
+    await h.kill();
+    await client.request("DELETE", `/api/v1/namespaces/${ns}`).catch(() => {});
+    await Deno.remove(dir, { recursive: true }).catch(() => {});
+  }
+});
