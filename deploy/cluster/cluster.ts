@@ -188,6 +188,18 @@ export async function buildKubevirt(): Promise<string> {
   return await runBuildScript(KUBEVIRT_BUILD_SCRIPT, "KubeVirt's test peers");
 }
 
+/**
+ * Runs `deploy/kubevirt/build_virtctl.sh` (a no-op when cached) and returns the path of
+ * KubeVirt's `virtctl` built from the same module version.
+ */
+export async function buildVirtctl(): Promise<string> {
+  const dir = await runBuildScript(
+    new URL("../kubevirt/build_virtctl.sh", import.meta.url).pathname,
+    "KubeVirt's virtctl",
+  );
+  return `${dir}/virtctl`;
+}
+
 /** Runs build.sh (a no-op when its cache holds the binaries) and returns the binary directory. */
 function buildBinaries(): Promise<string> {
   return runBuildScript(BUILD_SCRIPT, "the control plane");

@@ -75,7 +75,7 @@ interface Container {
 interface PodSpec {
   hostNetwork?: boolean;
   containers: Container[];
-  volumes: { name: string; hostPath?: { path: string } }[];
+  volumes: { name: string; hostPath?: { path: string }; secret?: { secretName: string } }[];
 }
 
 function daemonSetPod(): PodSpec {
@@ -95,7 +95,12 @@ Deno.test("the DaemonSet propagates no mount back to the host and mounts only wh
       `${m.mountPath}: ${m.mountPropagation}`,
     );
   }
-  const hostPaths = pod.volumes.map((v) => v.hostPath?.path).sort();
+  const hostPaths = pod.volumes.filter((v) => v.hostPath).map((v) => v.hostPath?.path).sort();
+  // Beside the host's directories, only the REST API's certificate Secret.
+  assert.deepEqual(
+    pod.volumes.filter((v) => !v.hostPath).map((v) => v.secret?.secretName),
+    ["kubevirt-virt-handler-server-certs"],
+  );
   assert.deepEqual(hostPaths, [
     "/var/lib/kubelet/device-plugins",
     "/var/lib/kubelet/pods",

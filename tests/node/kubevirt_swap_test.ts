@@ -19,7 +19,7 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { buildKubevirt, startCluster } from "../../deploy/cluster/cluster.ts";
+import { buildKubevirt, buildVirtctl, startCluster } from "../../deploy/cluster/cluster.ts";
 import {
   launcherImage,
   startNode,
@@ -68,6 +68,7 @@ interface Vmi {
     nodeName?: string;
     activePods?: Record<string, string>;
     phaseTransitionTimestamps?: { phase: string }[];
+    conditions?: { type: string; status: string }[];
   };
 }
 interface NodeObject {
@@ -320,6 +321,10 @@ async function journey(handler: Handler): Promise<void> {
       const table = await kubectl(kc, ["get", "vmi", name]);
       assert.ok(table.includes(ip), `the IP column of ${name}: ${table}`);
       step(`${name}: lease ${lease.ip} by DHCP, HTTP answered on the pod IP ${ip}`);
+      if (binding === "masquerade") {
+        await virtctlJourney({ kc, name, getVmi, step });
+        assert.ok(await httpGet(`http://${ip}/dhcp`), `${name} answers HTTP after virtctl`);
+      }
     }
     for (const binding of bindings) {
       await kubectl(kc, ["delete", "vmi", `vm-${binding}`, "--wait=true", "--timeout=120s"]);
@@ -414,6 +419,118 @@ Deno.test(
   "node: the same journey with KubeVirt's own virt-handler DaemonSet, the yardstick",
   () => journey("virt-handler"),
 );
+
+/**
+ * KubeVirt's virtctl against a running guest, through KubeVirt's virt-api and the node's
+ * handler (its REST API on the handler pod's IP, mutual TLS with virt-api's certificate):
+ * `pause vmi` and `unpause vmi` move the Paused condition, `console` reaches the guest's
+ * shell and brings its answer back, `vnc --proxy-only` gives QEMU's RFB greeting.
+ */
+async function virtctlJourney(o: {
+  kc: string;
+  name: string;
+  getVmi: (name: string) => Promise<Vmi | undefined>;
+  step: (what: string) => void;
+}): Promise<void> {
+  const virtctl = await buildVirtctl();
+  const paused = async () =>
+    (await o.getVmi(o.name))?.status?.conditions?.some((c) =>
+      c.type === "Paused" && c.status === "True"
+    ) === true;
+  await command(virtctl, ["--kubeconfig", o.kc, "pause", "vmi", o.name]);
+  await waitFor(`${o.name} Paused`, paused, 60_000);
+  await command(virtctl, ["--kubeconfig", o.kc, "unpause", "vmi", o.name]);
+  await waitFor(`${o.name} no longer Paused`, async () => !(await paused()), 60_000);
+  o.step(`${o.name}: virtctl pause and unpause through virt-api`);
+
+  const consoleStarted = performance.now();
+  const console_ = new Deno.Command(virtctl, {
+    args: ["--kubeconfig", o.kc, "console", o.name],
+    stdin: "piped",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  let seen = "";
+  const reading = (async () => {
+    for await (const chunk of console_.stdout) seen += new TextDecoder().decode(chunk);
+  })();
+  const stderr = new Response(console_.stderr).text();
+  const writer = console_.stdin.getWriter();
+  try {
+    await waitFor(
+      `${o.name}'s shell answering on virtctl console`,
+      async () => {
+        await writer.write(new TextEncoder().encode("echo virtnode-answer-$((6 * 7))\n"));
+        await new Promise((r) => setTimeout(r, 1_000));
+        return seen.includes("virtnode-answer-42");
+      },
+      60_000,
+      0,
+    );
+  } catch (error) {
+    console_.kill("SIGKILL");
+    await console_.status;
+    throw new Error(`virtctl console: ${await stderr}; output ${JSON.stringify(seen)}`, {
+      cause: error,
+    });
+  }
+  const consoleMs = performance.now() - consoleStarted;
+  console_.kill("SIGKILL");
+  await console_.status;
+  await reading.catch(() => {});
+  await writer.close().catch(() => {});
+  o.step(`${o.name}: virtctl console answered in ${(consoleMs / 1000).toFixed(2)} s`);
+
+  const vnc = new Deno.Command(virtctl, {
+    args: ["--kubeconfig", o.kc, "vnc", "--proxy-only", "--port", "0", o.name],
+    stdin: "null",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  const vncErr = new Response(vnc.stderr).text();
+  try {
+    // virtctl prints {"port": N} once it listens.
+    let printed = "";
+    const reader = vnc.stdout.getReader();
+    const port = await waitFor(
+      "virtctl vnc to print its port",
+      async () => {
+        const { value } = await reader.read();
+        printed += new TextDecoder().decode(value ?? new Uint8Array());
+        return Number(/"port":\s*(\d+)/.exec(printed)?.[1]) || undefined;
+      },
+      30_000,
+      0,
+    );
+    reader.releaseLock();
+    const conn = await Deno.connect({ hostname: "127.0.0.1", port });
+    try {
+      const greeting = new Uint8Array(12);
+      let got = 0;
+      await waitFor(
+        "QEMU's RFB greeting through virtctl vnc",
+        async () => {
+          const n = await conn.read(greeting.subarray(got));
+          got += n ?? 0;
+          return got === 12;
+        },
+        30_000,
+        0,
+      );
+      assert.equal(new TextDecoder().decode(greeting), "RFB 003.008\n");
+    } finally {
+      conn.close();
+    }
+  } catch (error) {
+    vnc.kill("SIGKILL");
+    await vnc.status;
+    throw new Error(`virtctl vnc: ${await vncErr}`, { cause: error });
+  }
+  vnc.kill("SIGKILL");
+  await vnc.status;
+  await vnc.stdout.cancel().catch(() => {});
+  o.step(`${o.name}: virtctl vnc --proxy-only greeted with RFB 003.008`);
+}
 
 /**
  * Persistent volumes, as a user has them: a local PersistentVolume of a directory on the
