@@ -203,6 +203,10 @@ function handlerCommand(program: Command): void {
     )
     .option("--console-server-address <host>", "address of the REST API", "0.0.0.0")
     .option(
+      "--health-tls",
+      "serve /healthz, /readyz and /metrics over TLS with --server-cert-dir's certificate (as virt-handler serves 8443)",
+    )
+    .option(
       "--server-cert-dir <dir>",
       "the REST API's certificate and key (tls.crt, tls.key)",
       absoluteDir,
@@ -223,6 +227,21 @@ function handlerCommand(program: Command): void {
       let rest:
         | { hostname: string; port: number; tls: TlsMaterial; caConfigMap?: string }
         | undefined;
+      const serverCerts = async () => {
+        const { TlsMaterial } = await import("./mod/rest/mod.ts");
+        const tls = new TlsMaterial({
+          certFile: `${opts.serverCertDir}/tls.crt`,
+          keyFile: `${opts.serverCertDir}/tls.key`,
+          caFile: opts.clientCaFile,
+        });
+        try {
+          await tls.load();
+        } catch (error) {
+          console.error(`virtnode handler: ${(error as Error).message}`);
+          Deno.exit(EXIT_USAGE);
+        }
+        return tls;
+      };
       if (opts.consoleServerPort !== undefined) {
         if (opts.healthAddress.endsWith(`:${opts.consoleServerPort}`)) {
           console.error(
@@ -236,18 +255,7 @@ function handlerCommand(program: Command): void {
           );
           Deno.exit(EXIT_USAGE);
         }
-        const { TlsMaterial } = await import("./mod/rest/mod.ts");
-        const tls = new TlsMaterial({
-          certFile: `${opts.serverCertDir}/tls.crt`,
-          keyFile: `${opts.serverCertDir}/tls.key`,
-          caFile: opts.clientCaFile,
-        });
-        try {
-          await tls.load();
-        } catch (error) {
-          console.error(`virtnode handler: ${(error as Error).message}`);
-          Deno.exit(EXIT_USAGE);
-        }
+        const tls = await serverCerts();
         rest = {
           hostname: opts.consoleServerAddress,
           port: opts.consoleServerPort,
@@ -255,6 +263,7 @@ function handlerCommand(program: Command): void {
           caConfigMap: opts.clientCaFile ? undefined : opts.caConfigmap,
         };
       }
+      const healthTls = opts.healthTls ? rest?.tls ?? await serverCerts() : undefined;
       const podNetwork = {
         bridge: opts.podNetworkBridge,
         subnets: String(opts.podNetworkCidr).split(",").map((c: string) => c.trim()).filter(
@@ -286,6 +295,7 @@ function handlerCommand(program: Command): void {
       const handler = await Handler.create(config, client, {
         healthAddress: opts.healthAddress,
         rest,
+        healthTls,
         workers: opts.workers,
         podsDir: opts.kubeletPodsDir,
         imageDir: opts.imageDir,

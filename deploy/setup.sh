@@ -135,6 +135,8 @@ kubevirt_bin=$(bash deploy/kubevirt/build.sh)
 echo "$kubevirt_bin"
 step "KubeVirt's virtctl, the node tier's client of virt-api (deploy/kubevirt/build_virtctl.sh; cached)"
 bash deploy/kubevirt/build_virtctl.sh
+step "promtool from Debian's prometheus package, which checks the handler's metrics (deploy/promtool.sh; cached)"
+bash deploy/promtool.sh
 step "The test node's kubelet, scheduler, controller manager and kube-proxy (deploy/node/build.sh; cached)"
 bash deploy/node/build.sh
 step "The test node's launcher image root: Debian 12, libvirt, QEMU, KubeVirt's virt-launcher (deploy/node/images.sh; cached)"

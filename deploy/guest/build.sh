@@ -5,8 +5,8 @@
 #
 #   vmlinuz   Debian 12's kernel (linux-image-<abi>-amd64, fetched with apt-get download
 #             and unpacked, never installed)
-#   initrd    a busybox (busybox-static) initramfs with the kernel's virtio and e1000
-#             modules and an /init that
+#   initrd    a busybox (busybox-static) initramfs with the kernel's virtio (balloon too:
+#             its memory statistics) and e1000 modules and an /init that
 #               - brings up the first network interface, asks for a DHCPv4 lease with
 #                 busybox's udhcpc and applies it (address, routes, MTU, DNS, search
 #                 list, host name; classless routes too),
@@ -36,6 +36,7 @@ MODULES=(
   drivers/virtio/virtio_pci_modern_dev.ko
   drivers/virtio/virtio_pci_legacy_dev.ko
   drivers/virtio/virtio_pci.ko
+  drivers/virtio/virtio_balloon.ko
   net/core/failover.ko
   drivers/net/net_failover.ko
   drivers/net/virtio_net.ko

@@ -27,6 +27,7 @@ import type {
   EventRecorder,
   Expectations,
   Informer,
+  QueueStats,
   StatusWriter,
   WorkQueue,
 } from "../kube/mod.ts";
@@ -223,6 +224,14 @@ export class VmiController {
     await Promise.all(workers);
   }
 
+  /** Syncs done since start, by outcome (the handler's metrics). */
+  readonly syncs = { success: 0, error: 0 };
+
+  /** The work queue's counters and timings (the handler's metrics). */
+  queueStats(): QueueStats {
+    return this.#d.queue.stats();
+  }
+
   /** The worker loop: the only code that takes keys from, and puts them back on, the queue. */
   async #worker(): Promise<void> {
     const q = this.#d.queue;
@@ -231,6 +240,7 @@ export class VmiController {
       if (key === undefined) return;
       try {
         const result = await this.reconcile(key);
+        this.syncs.success++;
         q.forget(key);
         if (result.kind === "requeueAfter") {
           log.debug("Requeue {key} after {ms} ms: {reason}", { key, ...result });
@@ -238,6 +248,7 @@ export class VmiController {
         }
       } catch (error) {
         log.error("Sync of {key} failed, retrying with backoff: {error}", { key, error });
+        this.syncs.error++;
         q.addRateLimited(key);
       } finally {
         q.done(key);

@@ -28,6 +28,7 @@ import {
   Informer,
   type KubeClient,
   type KubeObject,
+  restClientStats,
   StatusWriter,
   WorkQueue,
 } from "../kube/mod.ts";
@@ -38,6 +39,13 @@ import { ContainerDiskStore, resolveHostClaim } from "../storage/mod.ts";
 import { NetnsRunner } from "../../ffi/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import { type RestBackend, RestServer, type TlsMaterial } from "../rest/mod.ts";
+import {
+  addHandlerSamples,
+  addVmiSamples,
+  Exposition,
+  type GuestFilesystemStat,
+  TEXT_CONTENT_TYPE,
+} from "../metrics/mod.ts";
 import { VmiController } from "./controller.ts";
 import { GhostRecordStore } from "./ghost_records.ts";
 import { LauncherClients } from "./launcher_clients.ts";
@@ -51,6 +59,12 @@ const log = getLogger("handler");
 
 /** Every launcher's domain is asked for again this often (KubeVirt's resync). */
 export const DOMAIN_RESYNC_MS = 5 * 60_000;
+/** How long one `/metrics` scrape may take asking the launchers (KubeVirt's 10 s). */
+export const METRICS_BUDGET_MS = 10_000;
+/** Scrapes of `/metrics` served at once (virt-handler's default). */
+const MAX_METRICS_REQUESTS = 3;
+/** Launchers asked for their statistics at once during a scrape. */
+const METRICS_CONCURRENCY = 8;
 /** Launchers asked for their domain at once while re-adopting. */
 const ADOPT_CONCURRENCY = 32;
 
@@ -86,6 +100,8 @@ export interface HandlerOptions {
    * the client CA bundle unless the material has a CA file. None when absent.
    */
   rest?: { hostname?: string; port?: number; tls: TlsMaterial; caConfigMap?: string };
+  /** Serve the health endpoints and `/metrics` over TLS with this certificate. */
+  healthTls?: TlsMaterial;
   /**
    * Pod-less mode: the VMs' pod network (node bridge and address ranges; the CNI plugins
    * make it). Without it a pod-less VMI with a pod-network interface is refused.
@@ -303,12 +319,74 @@ export class Handler implements Runnable {
     const parts: Runnable[] = [this.informer, notify, this.#launchers, this.#provider];
     if (this.#scheduler) parts.push(this.#scheduler);
     if (this.#options.healthAddress) {
-      parts.push(healthServer(this.#options.healthAddress, () => this.#ready));
+      parts.push(healthServer(this.#options.healthAddress, {
+        ready: () => this.#ready,
+        metrics: () => this.metrics(),
+        tls: this.#options.healthTls,
+      }));
     }
     if (this.#options.rest) parts.push(...this.#restParts(this.#options.rest));
     await runStages([[controller, resync], parts], signal);
     this.#netns.close();
     log.info("Handler stopped");
+  }
+
+  /**
+   * One scrape of `/metrics`: the handler's own families, then each Running VMI's domain
+   * statistics (and its guest filesystems where an agent is connected), asked of the
+   * launchers {@linkcode METRICS_CONCURRENCY} at a time within `budgetMs`. A VMI whose
+   * launcher does not answer in time is left out of this scrape, not reported as 0.
+   */
+  async metrics(budgetMs = METRICS_BUDGET_MS): Promise<string> {
+    const exp = new Exposition();
+    addHandlerSamples(exp, {
+      ready: this.#ready,
+      syncs: this.controller.syncs,
+      queue: this.controller.queueStats(),
+      requests: restClientStats.requests(),
+      latencies: restClientStats.latencies(),
+    });
+    const deadline = performance.now() + budgetMs;
+    const vmis = this.informer.list().filter((v) =>
+      v.status?.nodeName === this.#config.nodeName && v.status?.phase === "Running"
+    );
+    const results: (undefined | { stats: Record<string, unknown>; fs: GuestFilesystemStat[] })[] =
+      vmis.map(() => undefined);
+    let next = 0;
+    const worker = async () => {
+      while (next < vmis.length) {
+        const i = next++;
+        const vmi = vmis[i];
+        const left = deadline - performance.now();
+        if (left <= 0) return;
+        try {
+          const socket = await this.#provider.socketOf(vmi);
+          if (!socket) continue;
+          const client = this.#launchers.getOrCreate(vmi.metadata.uid!, socket);
+          const stats = await client.getDomainStats(left);
+          if (!stats) continue;
+          const agent = (vmi.status?.conditions ?? []).some((c) =>
+            c.type === "AgentConnected" && c.status === "True"
+          );
+          const fs = agent && deadline > performance.now()
+            ? (await client.guestQuery("GetFilesystems").catch(() => [])) as GuestFilesystemStat[]
+            : [];
+          results[i] = { stats, fs: Array.isArray(fs) ? fs : [] };
+        } catch (error) {
+          log.debug("No statistics of {name} for this scrape: {error}", {
+            namespace: vmi.metadata.namespace,
+            name: vmi.metadata.name,
+            error,
+          });
+        }
+      }
+    };
+    await Promise.all(Array.from({ length: METRICS_CONCURRENCY }, worker));
+    vmis.forEach((vmi, i) => {
+      const r = results[i];
+      if (r) addVmiSamples(exp, vmi, r.stats, r.fs);
+    });
+    return exp.toString();
   }
 
   /** The REST server, its TLS material's watch and, if it comes from one, the CA ConfigMap's. */
@@ -386,19 +464,52 @@ export class Handler implements Runnable {
   }
 }
 
-/** `/healthz` (alive) and `/readyz` (`ready()`) on `address`, until the signal aborts. */
-function healthServer(address: string, ready: () => boolean): Runnable {
+/**
+ * `/healthz` (alive), `/readyz` (`ready()`) and `/metrics` on `address` until the signal
+ * aborts; over TLS with `tls`'s certificate when given (served anew when it changes).
+ */
+function healthServer(
+  address: string,
+  o: { ready: () => boolean; metrics: () => Promise<string>; tls?: TlsMaterial },
+): Runnable {
   const [hostname, port] = splitHostPort(address);
-  return runnable("health", async (signal) => {
-    const server = Deno.serve({ hostname, port, onListen: () => {} }, (req) => {
-      const path = new URL(req.url).pathname;
-      if (path === "/healthz") return new Response("ok\n");
-      if (path === "/readyz") {
-        return ready() ? new Response("ok\n") : new Response("not ready\n", { status: 503 });
+  let scraping = 0;
+  const handler = async (req: Request) => {
+    const path = new URL(req.url).pathname;
+    if (path === "/healthz") return new Response("ok\n");
+    if (path === "/readyz") {
+      return o.ready() ? new Response("ok\n") : new Response("not ready\n", { status: 503 });
+    }
+    if (path === "/metrics") {
+      if (req.method !== "GET") return new Response("method not allowed\n", { status: 405 });
+      // As virt-handler's default --max-metric-requests: more scrapes at once are refused.
+      if (scraping >= MAX_METRICS_REQUESTS) {
+        return new Response("too many metrics requests at once\n", { status: 503 });
       }
-      return new Response("not found\n", { status: 404 });
+      scraping++;
+      try {
+        return new Response(await o.metrics(), { headers: { "Content-Type": TEXT_CONTENT_TYPE } });
+      } finally {
+        scraping--;
+      }
+    }
+    return new Response("not found\n", { status: 404 });
+  };
+  return runnable("health", async (signal) => {
+    const serve = () => {
+      const material = o.tls?.serverMaterial();
+      return Deno.serve({ hostname, port, onListen: () => {}, ...material }, handler);
+    };
+    let server = serve();
+    let changing = Promise.resolve();
+    o.tls?.onChange(() => {
+      changing = changing.then(async () => {
+        await server.shutdown();
+        if (!signal.aborted) server = serve();
+      });
     });
     await aborted(signal);
+    await changing;
     await server.shutdown();
   });
 }

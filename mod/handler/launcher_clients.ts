@@ -377,6 +377,34 @@ export class LauncherClient {
       throw new LauncherCallError(method, `the launcher sent no JSON: ${(error as Error).message}`);
     }
   }
+  /**
+   * The domain's statistics as the launcher reports them (KubeVirt's `DomainStats` JSON,
+   * parsed); undefined when it has no domain.
+   */
+  async getDomainStats(
+    timeoutMs = LAUNCHER_TIMEOUTS.short,
+  ): Promise<Record<string, unknown> | undefined> {
+    const res = await this.#call<
+      Record<string, never>,
+      { response?: Response; domainStats?: string }
+    >(
+      "GetDomainStats",
+      {},
+      timeoutMs,
+    );
+    if (res.response && !res.response.success) {
+      throw new LauncherCallError("GetDomainStats", res.response.message);
+    }
+    if (!res.domainStats) return undefined;
+    try {
+      return JSON.parse(res.domainStats);
+    } catch (error) {
+      throw new LauncherCallError(
+        "GetDomainStats",
+        `the launcher sent no JSON: ${(error as Error).message}`,
+      );
+    }
+  }
   /** The domain the launcher has, or undefined when it has none. */
   async getDomain(): Promise<Domain | undefined> {
     const res = await this.#call<Record<string, never>, DomainResponse>(

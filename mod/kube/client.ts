@@ -16,7 +16,8 @@
  */
 
 import { detailOf, KubeApiError, KubeConfigError, KubeConnectionError } from "./errors.ts";
-import { Transport } from "./_https.ts";
+import { Transport, type TransportResponse } from "./_https.ts";
+import { restClientStats } from "./rest_stats.ts";
 
 const SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount";
 const DEFAULT_TIMEOUT_MS = 30_000;
@@ -158,7 +159,25 @@ export class KubeClient {
     }
     try {
       for (let attempt = 1;; attempt++) {
-        const res = await this.#transport.send(new URL(url), method, headers, payload, signal);
+        const started = performance.now();
+        let res: TransportResponse;
+        try {
+          res = await this.#transport.send(new URL(url), method, headers, payload, signal);
+        } catch (error) {
+          restClientStats.record({
+            method,
+            url: new URL(url),
+            code: "<error>",
+            seconds: (performance.now() - started) / 1000,
+          });
+          throw error;
+        }
+        restClientStats.record({
+          method,
+          url: new URL(url),
+          code: String(res.status),
+          seconds: (performance.now() - started) / 1000,
+        });
         const text = res.text;
         // 429 means the request was not processed (e.g. a CRD's storage still
         // initialising): wait as told and retry within the timeout, as client-go does.

@@ -51,6 +51,9 @@ export {
   defaultControllerRateLimiter,
   ItemExponentialRateLimiter,
   MaxOfRateLimiter,
+  QUEUE_DURATION_BUCKETS,
+  type QueueHistogram,
+  type QueueStats,
   type RateLimiter,
   WorkQueue,
   type WorkQueueOptions,
@@ -75,3 +78,11 @@ export {
   splitKey,
   type WatchEvent,
 } from "./types.ts";
+export {
+  describeRequest,
+  REST_LATENCY_BUCKETS,
+  RestClientStats,
+  restClientStats,
+  type RestLatency,
+  type RestRequestCount,
+} from "./rest_stats.ts";

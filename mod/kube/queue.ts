@@ -133,9 +133,68 @@ export interface WorkQueueOptions<K> {
   rateLimiter?: RateLimiter<K>;
 }
 
+/** The bucket bounds of the queue's histograms, seconds (client-go's: 10 ns to 10 s). */
+export const QUEUE_DURATION_BUCKETS: readonly number[] = Array.from(
+  { length: 10 },
+  (_, i) => Number((1e-8 * 10 ** i).toPrecision(1)),
+);
+
+/** A histogram's counts: `counts[i]` observations at most `bounds[i]`, `overflow` above. */
+export interface QueueHistogram {
+  /** Upper bounds, seconds. */
+  bounds: readonly number[];
+  /** Observations per bucket (not cumulative). */
+  counts: number[];
+  /** Observations above the last bound. */
+  overflow: number;
+  /** Sum of the observations, seconds. */
+  sum: number;
+}
+
+function newHistogram(): QueueHistogram {
+  return {
+    bounds: QUEUE_DURATION_BUCKETS,
+    counts: QUEUE_DURATION_BUCKETS.map(() => 0),
+    overflow: 0,
+    sum: 0,
+  };
+}
+
+function observe(h: QueueHistogram, seconds: number): void {
+  h.sum += seconds;
+  const i = h.bounds.findIndex((b) => seconds <= b);
+  if (i < 0) h.overflow++;
+  else h.counts[i]++;
+}
+
+/** What a queue reports about itself (client-go's workqueue metrics). */
+export interface QueueStats {
+  /** Keys waiting now. */
+  depth: number;
+  /** Adds since start. */
+  adds: number;
+  /** Rate-limited re-adds since start. */
+  retries: number;
+  /** Time keys waited before a worker took them. */
+  queueDuration: QueueHistogram;
+  /** Time workers held keys. */
+  workDuration: QueueHistogram;
+  /** Seconds of work in progress, summed over the keys held now. */
+  unfinishedWorkSeconds: number;
+  /** Seconds the longest-held key has been held. */
+  longestRunningSeconds: number;
+}
+
 /** A deduplicating, rate-limited queue of keys; see the module doc for the rules. */
 export class WorkQueue<K = string> {
   readonly #rateLimiter: RateLimiter<K>;
+  /** When each queued key was added, and each held key taken (ms), for the stats. */
+  readonly #addedAt = new Map<K, number>();
+  readonly #takenAt = new Map<K, number>();
+  #adds = 0;
+  #retries = 0;
+  readonly #queueDuration = newHistogram();
+  readonly #workDuration = newHistogram();
   /** Keys waiting to be handed out, in order. */
   #queue: K[] = [];
   /** Keys that need processing (queued, or re-added while processing). */
@@ -158,6 +217,8 @@ export class WorkQueue<K = string> {
   /** Adds `key` now (no-op if it is already queued, or after shutdown). */
   add(key: K): void {
     if (this.#shuttingDown || this.#dirty.has(key)) return;
+    this.#adds++;
+    if (!this.#addedAt.has(key)) this.#addedAt.set(key, performance.now());
     this.#dirty.add(key);
     if (this.#processing.has(key)) return;
     this.#enqueue(key);
@@ -169,6 +230,7 @@ export class WorkQueue<K = string> {
     if (getter) {
       this.#dirty.delete(key);
       this.#processing.add(key);
+      this.#taken(key);
       getter(key);
       return;
     }
@@ -189,14 +251,47 @@ export class WorkQueue<K = string> {
     if (key !== undefined) {
       this.#dirty.delete(key);
       this.#processing.add(key);
+      this.#taken(key);
       return Promise.resolve(key);
     }
     if (this.#shuttingDown) return Promise.resolve(undefined);
     return new Promise((resolve) => this.#getters.push(resolve));
   }
 
+  #taken(key: K): void {
+    const now = performance.now();
+    const added = this.#addedAt.get(key);
+    this.#addedAt.delete(key);
+    if (added !== undefined) observe(this.#queueDuration, (now - added) / 1000);
+    this.#takenAt.set(key, now);
+  }
+
+  /** The queue's counters and timings now. */
+  stats(): QueueStats {
+    const now = performance.now();
+    let unfinished = 0;
+    let longest = 0;
+    for (const at of this.#takenAt.values()) {
+      const seconds = (now - at) / 1000;
+      unfinished += seconds;
+      longest = Math.max(longest, seconds);
+    }
+    return {
+      depth: this.#queue.length,
+      adds: this.#adds,
+      retries: this.#retries,
+      queueDuration: structuredClone(this.#queueDuration),
+      workDuration: structuredClone(this.#workDuration),
+      unfinishedWorkSeconds: unfinished,
+      longestRunningSeconds: longest,
+    };
+  }
+
   /** Marks `key` finished; if it was added meanwhile it goes back into the queue. */
   done(key: K): void {
+    const taken = this.#takenAt.get(key);
+    this.#takenAt.delete(key);
+    if (taken !== undefined) observe(this.#workDuration, (performance.now() - taken) / 1000);
     this.#processing.delete(key);
     // A key added before shutdown while a worker held it is still handed out (as client-go).
     if (this.#dirty.has(key)) this.#enqueue(key);
@@ -227,6 +322,7 @@ export class WorkQueue<K = string> {
 
   /** Adds `key` after the delay the rate limiter gives it (backoff on repeated failures). */
   addRateLimited(key: K): void {
+    this.#retries++;
     this.addAfter(key, this.#rateLimiter.when(key));
   }
 

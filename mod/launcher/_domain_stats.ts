@@ -32,8 +32,28 @@ function count(params: Params, key: string): number {
   return num(params[key]) ?? 0;
 }
 
-/** The statistics of one domain as KubeVirt's `DomainStats` JSON value. */
-export function domainStatsToKubevirt(stats: DomainStats): Json {
+/**
+ * The VMI names of a domain's disks and interfaces by their target device (`vda`, the
+ * tap's name), from the `ua-<name>` aliases the converter gives them.
+ */
+export function deviceAliases(xml: string): Map<string, string> {
+  const aliases = new Map<string, string>();
+  for (const m of xml.matchAll(/<(disk|interface)\b[\s\S]*?<\/\1>/g)) {
+    const target = /<target dev='([^']+)'/.exec(m[0])?.[1];
+    const alias = /<alias name='ua-([^']+)'/.exec(m[0])?.[1];
+    if (target && alias) aliases.set(target, alias);
+  }
+  return aliases;
+}
+
+/**
+ * The statistics of one domain as KubeVirt's `DomainStats` JSON value; `aliases` names
+ * drives and interfaces by their VMI names ({@linkcode deviceAliases}).
+ */
+export function domainStatsToKubevirt(
+  stats: DomainStats,
+  aliases: ReadonlyMap<string, string> = new Map(),
+): Json {
   const p = stats.params;
   const cpu = fill({}, p, "cpu.", { time: "Time", user: "User", system: "System" });
   const memory = fill({}, p, "balloon.", {
@@ -62,7 +82,9 @@ export function domainStatsToKubevirt(stats: DomainStats): Json {
   }
   const nets = [];
   for (let i = 0; i < count(p, "net.count"); i++) {
-    nets.push(fill({}, p, `net.${i}.`, {
+    const name = p[`net.${i}.name`];
+    const alias = typeof name === "string" ? aliases.get(name) : undefined;
+    nets.push(fill({ Alias: alias ?? "", AliasSet: alias !== undefined }, p, `net.${i}.`, {
       name: "Name",
       "rx.bytes": "RxBytes",
       "rx.pkts": "RxPkts",
@@ -76,7 +98,9 @@ export function domainStatsToKubevirt(stats: DomainStats): Json {
   }
   const blocks = [];
   for (let i = 0; i < count(p, "block.count"); i++) {
-    blocks.push(fill({ Alias: "" }, p, `block.${i}.`, {
+    const name = p[`block.${i}.name`];
+    const alias = typeof name === "string" ? aliases.get(name) : undefined;
+    blocks.push(fill({ Alias: alias ?? "" }, p, `block.${i}.`, {
       name: "Name",
       backingIndex: "BackingIndex",
       path: "Path",
@@ -108,4 +132,46 @@ export function domainStatsToKubevirt(stats: DomainStats): Json {
     DirtyRate: null,
     Load: null,
   };
+}
+
+/** One interface's counters in `/proc/net/dev`, from the interface's side. */
+export interface NetDevCounters {
+  /** Bytes received. */
+  rxBytes: number;
+  /** Packets received. */
+  rxPackets: number;
+  /** Receive errors. */
+  rxErrors: number;
+  /** Received packets dropped. */
+  rxDropped: number;
+  /** Bytes sent. */
+  txBytes: number;
+  /** Packets sent. */
+  txPackets: number;
+  /** Transmit errors. */
+  txErrors: number;
+  /** Packets to send dropped. */
+  txDropped: number;
+}
+
+/** `/proc/net/dev` by interface name. */
+export function parseNetDev(text: string): Map<string, NetDevCounters> {
+  const out = new Map<string, NetDevCounters>();
+  for (const line of text.split("\n").slice(2)) {
+    const colon = line.indexOf(":");
+    if (colon < 0) continue;
+    const f = line.slice(colon + 1).trim().split(/\s+/).map(Number);
+    if (f.length < 12 || f.some((n) => !Number.isFinite(n))) continue;
+    out.set(line.slice(0, colon).trim(), {
+      rxBytes: f[0],
+      rxPackets: f[1],
+      rxErrors: f[2],
+      rxDropped: f[3],
+      txBytes: f[8],
+      txPackets: f[9],
+      txErrors: f[10],
+      txDropped: f[11],
+    });
+  }
+  return out;
 }

@@ -36,7 +36,7 @@ import {
 import { el, renderXml } from "./_xml.ts";
 import { letQemuReach, prepareForQemuUser, type QemuUser } from "./qemu_user.ts";
 import { domainFromXml, type VmiRef } from "./_domain_reader.ts";
-import { domainStatsToKubevirt } from "./_domain_stats.ts";
+import { deviceAliases, domainStatsToKubevirt, parseNetDev } from "./_domain_stats.ts";
 import type { ConnectionKeeper } from "./_connection_keeper.ts";
 import {
   emptyGuestAgentInfo,
@@ -156,6 +156,8 @@ export class DomainManager {
   readonly #keeper: ConnectionKeeper | undefined;
   #lock: Promise<unknown> = Promise.resolve();
   #stopRequested = false;
+  /** The VMI's pod interfaces and their taps in the pod, as the last sync planned them. */
+  #netPlans: { name: string; tap: string }[] = [];
   /** The thaw that follows a freeze nobody undid in time. */
   #safetyThaw: ReturnType<typeof setTimeout> | undefined;
 
@@ -357,6 +359,7 @@ export class DomainManager {
   /** The guest's side of its pod network: DHCP servers, and what its interfaces open. */
   async #prepareNetwork(vmi: VirtualMachineInstance): Promise<Record<string, PreparedInterface>> {
     const plans = podNetworkPlan(vmi);
+    this.#netPlans = plans.map((p) => ({ name: p.name, tap: p.tap }));
     if (plans.length === 0) return {};
     const network = this.#converter.network;
     if (!network) {
@@ -626,13 +629,74 @@ export class DomainManager {
         () => this.#conn.getAllDomainStats(),
       );
       const mine = all.find((s) => s.name === this.domainName);
-      return mine ? domainStatsToKubevirt(mine) : undefined;
+      if (!mine) return undefined;
+      // Drives and interfaces go by their VMI names (the `ua-` aliases), as KubeVirt's do.
+      const domain = await this.lookup().catch(() => undefined);
+      const xml = domain ? await domain.getXMLDesc().catch(() => "") : "";
+      const stats = domainStatsToKubevirt(mine, deviceAliases(xml));
+      await this.#podNetStats(stats);
+      return stats;
     } catch (error) {
       if (error instanceof LauncherCommandError) throw error;
       throw new LauncherCommandError("get statistics of", this.vmiKey, detail(error), {
         cause: error,
       });
     }
+  }
+
+  /**
+   * Pod-less mode: the host's libvirtd cannot count traffic on taps that moved into the
+   * VM's pod namespace, so their counters are read there (`/proc/net/dev` as a thread of
+   * the namespace sees it), from the guest's side as libvirt gives them (the tap's
+   * transmit is the guest's receive).
+   */
+  async #podNetStats(stats: Record<string, unknown>): Promise<void> {
+    const network = this.#converter.network;
+    if (!network?.netns || this.#netPlans.length === 0) return;
+    // libvirt still names the tap (by its host name) but gives no counters for it.
+    const known =
+      (Array.isArray(stats.Net) ? stats.Net as { Alias?: string; RxBytesSet?: boolean }[] : [])
+        .filter((n) => n.RxBytesSet === true);
+    const missing = this.#netPlans.filter((p) => !known.some((n) => n.Alias === p.name));
+    if (missing.length === 0) return;
+    let dev: string;
+    try {
+      [dev] = await network.runner.run(network.netns, [{
+        op: "readFile",
+        path: "/proc/thread-self/net/dev",
+      }]) as string[];
+    } catch (error) {
+      log.debug("Cannot read the pod's interface counters", { ...this.vmi, error: detail(error) });
+      return;
+    }
+    const counters = parseNetDev(dev);
+    const added = missing.flatMap((p) => {
+      const c = counters.get(p.tap);
+      if (!c) return [];
+      return [{
+        NameSet: true,
+        Name: p.tap,
+        AliasSet: true,
+        Alias: p.name,
+        RxBytesSet: true,
+        RxBytes: c.txBytes,
+        RxPktsSet: true,
+        RxPkts: c.txPackets,
+        RxErrsSet: true,
+        RxErrs: c.txErrors,
+        RxDropSet: true,
+        RxDrop: c.txDropped,
+        TxBytesSet: true,
+        TxBytes: c.rxBytes,
+        TxPktsSet: true,
+        TxPkts: c.rxPackets,
+        TxErrsSet: true,
+        TxErrs: c.rxErrors,
+        TxDropSet: true,
+        TxDrop: c.rxDropped,
+      }];
+    });
+    stats.Net = [...known, ...added];
   }
 
   /** The hypervisor (QEMU) version, `major.minor.release`. */

@@ -74,3 +74,4 @@ export {
   NotifyError,
   type NotifyTimeouts,
 } from "./notify_client.ts";
+export { deviceAliases, type NetDevCounters, parseNetDev } from "./_domain_stats.ts";

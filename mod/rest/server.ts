@@ -197,7 +197,9 @@ export class RestServer implements Runnable {
     if (!tls.hasCa()) {
       log.info("REST server waits for the client CA bundle");
       await new Promise<void>((resolve) => {
-        tls.onChange(() => resolve());
+        tls.onChange(() => {
+          if (tls.hasCa()) resolve();
+        });
         signal.addEventListener("abort", () => resolve(), { once: true });
       });
       if (signal.aborted) {

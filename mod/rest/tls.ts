@@ -118,14 +118,21 @@ export class TlsMaterial {
     return { cert: this.#cert, key: this.#key, ca: this.#ca() };
   }
 
+  /**
+   * The server's certificate and key alone, for a server that asks no client for one
+   * (the metrics); these files change too, and {@linkcode onChange} says when.
+   */
+  serverMaterial(): { cert: string; key: string } {
+    return { cert: this.#cert, key: this.#key };
+  }
+
   /** Calls `listener` with each new context. */
   onChange(listener: (context: TlsContext) => void): void {
     this.#listeners.push(listener);
   }
 
   #changed(): void {
-    if (!this.hasCa()) return;
-    const context = this.context();
+    const context = { cert: this.#cert, key: this.#key, ca: this.#ca() };
     for (const l of this.#listeners) l(context);
   }
 

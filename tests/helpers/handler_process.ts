@@ -33,6 +33,8 @@ export interface HandlerProcessOptions {
   hostDiskRoot?: string;
   /** More `handler` options, appended as they are. */
   extraArgs?: string[];
+  /** The health endpoints speak TLS (`--health-tls`) with a certificate of this CA. */
+  healthCa?: string;
 }
 
 /** A pod-less pod network for one test handler: its own node bridge and /24. */
@@ -196,7 +198,10 @@ export async function startHandlerProcess(opts: HandlerProcessOptions): Promise<
   pump(child.stdout);
   pump(child.stderr);
   log.close();
-  const health = `http://127.0.0.1:${port}`;
+  const health = `${opts.healthCa ? "https" : "http"}://127.0.0.1:${port}`;
+  const httpClient = opts.healthCa
+    ? Deno.createHttpClient({ caCerts: [opts.healthCa] })
+    : undefined;
   let exited = false;
   child.status.then(() => (exited = true));
   if (!opts.noWait) {
@@ -204,11 +209,12 @@ export async function startHandlerProcess(opts: HandlerProcessOptions): Promise<
       if (exited) {
         throw new Error(`handler exited early; log:\n${await Deno.readTextFile(logFile)}`);
       }
-      const r = await fetch(`${health}/readyz`).catch(() => undefined);
+      const r = await fetch(`${health}/readyz`, { client: httpClient }).catch(() => undefined);
       await r?.body?.cancel();
       return r?.status === 200;
     }, 60_000);
   }
+  httpClient?.close();
   return {
     dir,
     stateDir,

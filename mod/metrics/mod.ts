@@ -1,0 +1,22 @@
+/**
+ * The handler's Prometheus metrics: the text format, the `kubevirt_vmi_*` families of each
+ * VMI's domain statistics, and the handler's own families.
+ *
+ * @module
+ */
+export {
+  Exposition,
+  type FamilySpec,
+  Histogram,
+  type Labels,
+  type MetricType,
+  sanitizeLabelName,
+  TEXT_CONTENT_TYPE,
+} from "./exposition.ts";
+export { addVmiSamples, type GuestFilesystemStat, VMI_FAMILIES, vmiLabels } from "./vmi_metrics.ts";
+export {
+  addHandlerSamples,
+  HANDLER_FAMILIES,
+  type HandlerSnapshot,
+  VMI_QUEUE_NAME,
+} from "./handler_metrics.ts";
