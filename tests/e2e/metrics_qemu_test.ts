@@ -13,6 +13,7 @@ import {
   createVmi,
   deleteVmi,
   getVmi,
+  killLaunchers,
   kubeClient,
   removeTestPodNetwork,
   startHandlerProcess,
@@ -248,8 +249,11 @@ Deno.test("metrics+QEMU (pod-less): a TLS scrape with ten running guests passes 
       return left.every((v) => !v);
     }, 120_000).catch(() => {});
     await h.kill();
+    killLaunchers(h.stateDir);
     await removeTestPodNetwork(network);
     await client.request("DELETE", `/api/v1/namespaces/${ns}`).catch(() => {});
     await Deno.remove(dir, { recursive: true }).catch(() => {});
+    client.close();
+    await cluster.stop();
   }
 });

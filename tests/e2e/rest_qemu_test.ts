@@ -19,6 +19,7 @@ import {
   eventsFor,
   freePort,
   getVmi,
+  killLaunchers,
   kubeClient,
   startHandlerProcess,
   waitFor,
@@ -183,7 +184,10 @@ Deno.test("REST+QEMU (pod-less): the console WebSocket reaches the guest's shell
       () => {},
     );
     await h.kill();
+    killLaunchers(h.stateDir);
     await client.request("DELETE", `/api/v1/namespaces/${ns}`).catch(() => {});
     await Deno.remove(dir, { recursive: true }).catch(() => {});
+    client.close();
+    await cluster.stop();
   }
 });

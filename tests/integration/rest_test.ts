@@ -15,6 +15,7 @@ import {
   deleteVmi,
   freePort,
   getVmi,
+  killLaunchers,
   kubeClient,
   startHandlerProcess,
   testVmi,
@@ -168,7 +169,10 @@ Deno.test("REST server (pod-less, test driver): mutual TLS refuses every wrong c
   } finally {
     listener.close();
     await h.kill();
+    killLaunchers(h.stateDir);
     await client.request("DELETE", `/api/v1/namespaces/${ns}`).catch(() => {});
     await Deno.remove(dir, { recursive: true }).catch(() => {});
+    client.close();
+    await cluster.stop();
   }
 });
