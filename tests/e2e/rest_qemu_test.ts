@@ -29,6 +29,7 @@ import {
   makeCertificates,
   openWebSocket,
   restRequest,
+  restServerArgs,
   type RestTarget,
   type WsSession,
 } from "../helpers/rest_client.ts";
@@ -68,16 +69,7 @@ Deno.test("REST+QEMU (pod-less): the console WebSocket reaches the guest's shell
     nodeName: node,
     libvirtUri: uri,
     dir,
-    extraArgs: [
-      "--console-server-port",
-      String(port),
-      "--console-server-address",
-      "127.0.0.1",
-      "--server-cert-dir",
-      certs.serverDir,
-      "--client-ca-file",
-      certs.caFile,
-    ],
+    extraArgs: restServerArgs(certs, port),
   });
   const sessions: WsSession[] = [];
   try {

@@ -151,6 +151,20 @@ export async function makeCertificates(parent: string): Promise<TestCertificates
   };
 }
 
+/** The handler options that serve its REST API on loopback `port` with `certs`. */
+export function restServerArgs(certs: TestCertificates, port: number): string[] {
+  return [
+    "--console-server-port",
+    String(port),
+    "--console-server-address",
+    "127.0.0.1",
+    "--server-cert-dir",
+    certs.serverDir,
+    "--client-ca-file",
+    certs.caFile,
+  ];
+}
+
 /** Where a REST client connects and as whom. */
 export interface RestTarget {
   port: number;

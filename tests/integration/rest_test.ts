@@ -26,6 +26,7 @@ import {
   makeCertificates,
   openWebSocket,
   restRequest,
+  restServerArgs,
   type RestTarget,
 } from "../helpers/rest_client.ts";
 
@@ -52,16 +53,7 @@ Deno.test("REST server (pod-less, test driver): mutual TLS refuses every wrong c
     nodeName: node,
     libvirtUri: "test:///default",
     dir,
-    extraArgs: [
-      "--console-server-port",
-      String(port),
-      "--console-server-address",
-      "127.0.0.1",
-      "--server-cert-dir",
-      certs.serverDir,
-      "--client-ca-file",
-      certs.caFile,
-    ],
+    extraArgs: restServerArgs(certs, port),
   });
   const outside = join(dir, "outside.sock");
   const listener = Deno.listen({ transport: "unix", path: outside });
