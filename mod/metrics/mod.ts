@@ -7,7 +7,6 @@
 export {
   Exposition,
   type FamilySpec,
-  Histogram,
   type Labels,
   type MetricType,
   sanitizeLabelName,
