@@ -454,6 +454,10 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
     // A hotplugged volume not attached yet: its mount (or unmount) is looked for again soon.
     if (volumes.some((v) => v.hotplugVolume && !v.target)) requeue = true;
     if (domain.status.osInfo?.name) status.guestOSInfo = { ...domain.status.osInfo };
+    // As KubeVirt's handler: "frozen" is shown, "thawed" clears it, unknown leaves it.
+    const freeze = domain.status.fsFreezeStatus?.status;
+    if (freeze === "thawed") delete status.fsFreezeStatus;
+    else if (freeze) status.fsFreezeStatus = freeze;
     if (input.selinuxContext !== undefined) status.selinuxContext = input.selinuxContext;
   }
   return { status, phaseChange, requeue };

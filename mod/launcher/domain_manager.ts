@@ -17,6 +17,7 @@ import { isFinalPhase, type VirtualMachineInstance, vmiKey, VmiPhase } from "../
 import {
   type Domain,
   domainNameOf,
+  type DomainOsInfo,
   type DomainState,
   domainStateFromLibvirt,
   isDomainActive,
@@ -40,8 +41,10 @@ import { deviceAliases, domainStatsToKubevirt, parseNetDev } from "./_domain_sta
 import type { ConnectionKeeper } from "./_connection_keeper.ts";
 import {
   emptyGuestAgentInfo,
+  fsFreezeStatusFromAgent,
   guestAgentInfoFromAgent,
   guestFilesystemsFromAgent,
+  guestOsInfoFromAgent,
   guestUsersFromAgent,
 } from "./guest_agent.ts";
 import { getLogger } from "../log/mod.ts";
@@ -160,6 +163,14 @@ export class DomainManager {
   #netPlans: { name: string; tap: string }[] = [];
   /** The thaw that follows a freeze nobody undid in time. */
   #safetyThaw: ReturnType<typeof setTimeout> | undefined;
+  /**
+   * What the guest agent last told: the guest OS and whether its filesystems are frozen,
+   * carried in the domain's status (the handler's `status.guestOSInfo` and
+   * `status.fsFreezeStatus` follow it), as KubeVirt's launcher carries its agent poller's.
+   */
+  #agentInfo: { osInfo?: DomainOsInfo; fsFreezeStatus?: string } = {};
+  /** Hears of a change of {@linkcode DomainManager.#agentInfo} (the instance re-sends the domain). */
+  #onAgentInfo: () => void = () => {};
 
   /** Creates the manager; no libvirt call happens yet. */
   constructor(options: DomainManagerOptions) {
@@ -168,6 +179,38 @@ export class DomainManager {
     this.#conn = options.connection;
     this.#converter = options.converter;
     this.#keeper = options.keeper;
+  }
+
+  /** Sets who hears that the agent's findings changed (the domain is then sent again). */
+  set onAgentInfo(listener: () => void) {
+    this.#onAgentInfo = listener;
+  }
+
+  /**
+   * Asks the guest agent for the guest OS and the filesystems' freeze state, on the agent
+   * connecting or a launcher taking a running domain back; returns whether either changed.
+   * No agent, or one that does not answer, changes nothing.
+   */
+  async refreshAgentInfo(): Promise<boolean> {
+    const domain = await this.#agentDomain();
+    if (!domain) return false;
+    const osInfo = guestOsInfoFromAgent(await this.#askAgent(domain, "guest-get-osinfo"));
+    const freeze = fsFreezeStatusFromAgent(
+      await this.#askAgent(domain, "guest-fsfreeze-status"),
+    );
+    const next = {
+      osInfo: osInfo.name ? osInfo : this.#agentInfo.osInfo,
+      fsFreezeStatus: freeze ?? this.#agentInfo.fsFreezeStatus,
+    };
+    const changed = JSON.stringify(next) !== JSON.stringify(this.#agentInfo);
+    this.#agentInfo = next;
+    return changed;
+  }
+
+  #setFreezeStatus(status: string): void {
+    if (this.#agentInfo.fsFreezeStatus === status) return;
+    this.#agentInfo = { ...this.#agentInfo, fsFreezeStatus: status };
+    this.#onAgentInfo();
   }
 
   /** `namespace/name`. */
@@ -514,8 +557,10 @@ export class DomainManager {
         if (state.status !== LifeCycle.Running) {
           throw new Error(`domain is ${state.status}, not Running`);
         }
-        if (await this.#fsFreezeStatus(domain) === "frozen") return;
+        if (await this.#fsFreezeStatus(domain) === "frozen") return this.#setFreezeStatus("frozen");
         await domain.fsFreeze();
+        // What the agent says now: a guest with nothing it can freeze stays thawed.
+        this.#setFreezeStatus(await this.#fsFreezeStatus(domain) ?? "frozen");
         this.#cancelSafetyThaw();
         if (unfreezeTimeoutSeconds > 0) {
           const timer = setTimeout(() => {
@@ -547,8 +592,9 @@ export class DomainManager {
       "unfreeze",
       vmiJson,
       async (domain) => {
-        if (await this.#fsFreezeStatus(domain) === "thawed") return;
+        if (await this.#fsFreezeStatus(domain) === "thawed") return this.#setFreezeStatus("thawed");
         await domain.fsThaw();
+        this.#setFreezeStatus(await this.#fsFreezeStatus(domain) ?? "thawed");
       },
       "error",
       false,
@@ -562,14 +608,7 @@ export class DomainManager {
 
   /** `frozen` or `thawed` as the agent says (`guest-fsfreeze-status`); undefined when it cannot. */
   async #fsFreezeStatus(domain: LibvirtDomain): Promise<string | undefined> {
-    const reply = await this.#askAgent(domain, "guest-fsfreeze-status");
-    if (reply === undefined) return undefined;
-    try {
-      const status = (JSON.parse(reply) as { return?: unknown }).return;
-      return typeof status === "string" ? status : undefined;
-    } catch {
-      return undefined;
-    }
+    return fsFreezeStatusFromAgent(await this.#askAgent(domain, "guest-fsfreeze-status"));
   }
 
   /** A picture of the guest's primary screen, as libvirt takes it (QEMU: PPM). */
@@ -600,7 +639,15 @@ export class DomainManager {
         if (!domain) return undefined;
         const info = await domain.getState();
         const xml = await domain.getXMLDesc();
-        return domainFromXml(this.vmi, xml, domainStateFromLibvirt(info.state, info.reason));
+        const found = domainFromXml(
+          this.vmi,
+          xml,
+          domainStateFromLibvirt(info.state, info.reason),
+        );
+        const { osInfo, fsFreezeStatus } = this.#agentInfo;
+        if (osInfo) found.status.osInfo = { ...osInfo };
+        if (fsFreezeStatus) found.status.fsFreezeStatus = { status: fsFreezeStatus };
+        return found;
       });
     } catch (error) {
       if (error instanceof LauncherCommandError) throw error;
@@ -751,7 +798,8 @@ export class DomainManager {
    * their fields out.
    *
    * KubeVirt's launcher answers from what its agent poller cached; this one asks the agent
-   * on each call (no cache, no poller yet: issue 18), one command at a time.
+   * on each call, one command at a time (the REST route is called on a user's request; a
+   * poller would keep every guest's agent busy for answers nobody asked for).
    */
   async guestInfo(): Promise<object> {
     const domain = await this.#agentDomain();
@@ -771,7 +819,7 @@ export class DomainManager {
   /**
    * The users logged in to the guest (`guest-get-users`) as KubeVirt's
    * `VirtualMachineInstanceGuestOSUser` list (`GuestOSUser` of `guest_agent.ts`); empty
-   * when no agent answers. Asked on each call, not cached (issue 18).
+   * when no agent answers. Asked on each call, not cached.
    */
   async guestUsers(): Promise<object[]> {
     const domain = await this.#agentDomain();
@@ -781,7 +829,7 @@ export class DomainManager {
   /**
    * The guest's mounted filesystems (`guest-get-fsinfo`) as KubeVirt's
    * `VirtualMachineInstanceFileSystem` list (`GuestFileSystem` of `guest_agent.ts`); empty
-   * when no agent answers. Asked on each call, not cached (issue 18).
+   * when no agent answers. Asked on each call, not cached.
    */
   async guestFilesystems(): Promise<object[]> {
     const domain = await this.#agentDomain();

@@ -100,8 +100,11 @@ function eventLabel(event: DomainEvent): string {
 /** What the event forwarder needs from the domain manager. */
 export type ForwardedDomain = Pick<
   DomainManager,
-  "vmi" | "domainName" | "getDomain" | "nonExistentDomain"
+  "vmi" | "domainName" | "getDomain" | "nonExistentDomain" | "refreshAgentInfo"
 >;
+
+/** libvirt's VIR_CONNECT_DOMAIN_EVENT_AGENT_LIFECYCLE_STATE_CONNECTED. */
+const AGENT_CONNECTED = 1;
 
 /** Turns libvirt events of one domain into notify events, one at a time, in order. */
 export class EventForwarder {
@@ -137,6 +140,32 @@ export class EventForwarder {
         error: error instanceof Error ? error.message : String(error),
       });
     });
+  }
+
+  /**
+   * Sends the domain again as MODIFIED, after the launcher's own view of it changed (the
+   * guest agent's findings: a freeze, a thaw), in order with the libvirt events.
+   */
+  refresh(): void {
+    this.#chain = this.#chain.then(() => this.#forward(undefined)).catch((error) => {
+      log.error("Cannot forward domain event", {
+        ...this.#manager.vmi,
+        error: error instanceof Error ? error.message : String(error),
+      });
+    });
+  }
+
+  /**
+   * Asks the guest agent again (a launcher taking a running domain back: the agent had
+   * connected before) and sends the domain when its answers changed anything. After the
+   * events queued so far; never rejects.
+   */
+  refreshAgent(): Promise<void> {
+    const run = this.#chain.then(async () => {
+      if (await this.#manager.refreshAgentInfo()) await this.#forward(undefined);
+    });
+    this.#chain = run.catch(() => {});
+    return this.#chain;
   }
 
   /**
@@ -212,23 +241,28 @@ export class EventForwarder {
     });
   }
 
-  async #forward(event: DomainEvent): Promise<void> {
+  /** Sends the domain as `event` left it; no event: as the launcher's view changed it. */
+  async #forward(event: DomainEvent | undefined): Promise<void> {
+    // A guest agent that just connected is asked what it knows before the domain goes out.
+    if (event?.type === "agentLifecycle" && event.state === AGENT_CONNECTED) {
+      await this.#manager.refreshAgentInfo().catch(() => false);
+    }
     let domain = await this.#manager.getDomain();
     let type: DomainEventType = DomainEventType.Modified;
     if (!domain) {
       domain = this.#manager.nonExistentDomain();
-      if (event.type === "lifecycle" && event.event === EVENT_UNDEFINED) {
+      if (event?.type === "lifecycle" && event.event === EVENT_UNDEFINED) {
         type = DomainEventType.Deleted;
       }
-    } else if (event.type === "lifecycle" && event.event === EVENT_DEFINED && event.detail === 0) {
+    } else if (event?.type === "lifecycle" && event.event === EVENT_DEFINED && event.detail === 0) {
       type = DomainEventType.Added;
     }
-    const proven = stateFromEvent(event);
+    const proven = event ? stateFromEvent(event) : undefined;
     if (proven) domain.status = { ...domain.status, ...proven };
     const state = { status: domain.status.status, reason: domain.status.reason };
     log.info("Domain event", {
       ...this.#manager.vmi,
-      event: eventLabel(event),
+      event: event ? eventLabel(event) : "guest agent",
       status: state.status,
       reason: state.reason,
     });

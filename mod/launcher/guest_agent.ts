@@ -178,10 +178,30 @@ export function guestFilesystemsFromAgent(reply: string | undefined): GuestFileS
   });
 }
 
+/** The guest OS from a `guest-get-osinfo` reply; empty when it is not one. */
+export function guestOsInfoFromAgent(reply: string | undefined): GuestOsInfo {
+  const os = objectReturn(reply);
+  return compact({
+    name: text(os.name),
+    kernelRelease: text(os["kernel-release"]),
+    version: text(os.version),
+    prettyName: text(os["pretty-name"]),
+    versionId: text(os["version-id"]),
+    kernelVersion: text(os["kernel-version"]),
+    machine: text(os.machine),
+    id: text(os.id),
+  });
+}
+
+/** `frozen` or `thawed` from a `guest-fsfreeze-status` reply; undefined when it is not one. */
+export function fsFreezeStatusFromAgent(reply: string | undefined): string | undefined {
+  const status = agentReturn(reply);
+  return status === "frozen" || status === "thawed" ? status : undefined;
+}
+
 /** GetGuestInfo's object from the agent's replies; the `guest-info` reply is required. */
 export function guestAgentInfoFromAgent(replies: GuestAgentReplies): GuestAgentInfo {
   const info = objectReturn(replies.info);
-  const os = objectReturn(replies.osInfo);
   const zone = objectReturn(replies.timezone);
   const commands = (Array.isArray(info.supported_commands) ? info.supported_commands : [])
     .filter(isObject)
@@ -193,16 +213,7 @@ export function guestAgentInfoFromAgent(replies: GuestAgentReplies): GuestAgentI
     guestAgentVersion: text(info.version),
     supportedCommands: commands.length > 0 ? commands : undefined,
     hostname: text(objectReturn(replies.hostName)["host-name"]),
-    os: compact({
-      name: text(os.name),
-      kernelRelease: text(os["kernel-release"]),
-      version: text(os.version),
-      prettyName: text(os["pretty-name"]),
-      versionId: text(os["version-id"]),
-      kernelVersion: text(os["kernel-version"]),
-      machine: text(os.machine),
-      id: text(os.id),
-    }),
+    os: guestOsInfoFromAgent(replies.osInfo),
     timezone: typeof zone.offset === "number"
       ? `${text(zone.zone) ?? ""}, ${Math.trunc(zone.offset)}`
       : undefined,

@@ -90,6 +90,7 @@ export class LauncherInstance {
       if (this.#stopping || this.manager.stopRequested) return;
       this.#end({ kind: "died", state });
     });
+    this.manager.onAgentInfo = () => this.forwarder.refresh();
   }
 
   /** The libvirt domain's name. */
@@ -112,9 +113,14 @@ export class LauncherInstance {
     this.forwarder.handle(event);
   }
 
-  /** Re-reads the domain and reports a change (see {@linkcode EventForwarder.resync}). */
-  resync(why: "reconnect" | "adopt" = "reconnect"): Promise<void> {
-    return this.forwarder.resync(why);
+  /**
+   * Re-reads the domain and reports a change (see {@linkcode EventForwarder.resync}); a
+   * domain taken back has its guest agent asked again afterwards, off the adoption's path
+   * (see {@linkcode EventForwarder.refreshAgent}).
+   */
+  async resync(why: "reconnect" | "adopt" = "reconnect"): Promise<void> {
+    await this.forwarder.resync(why);
+    if (why === "adopt") this.forwarder.refreshAgent();
   }
 
   /**

@@ -68,6 +68,25 @@ Deno.test("computeStatus() reports the domain's machine type in status.machine, 
   assert.deepEqual(computeStatus(before, input(LifeCycle.Running)).status.machine, { type: "q35" });
 });
 
+Deno.test("computeStatus() carries the agent's guest OS and freeze state: frozen shown, thawed cleared, unknown kept", () => {
+  const frozen = input(LifeCycle.Running);
+  frozen.domain!.status.osInfo = { name: "virtnode test guest", id: "virtnode-guest" };
+  frozen.domain!.status.fsFreezeStatus = { status: "frozen" };
+  const r = computeStatus(vmi("Running"), frozen);
+  assert.deepEqual(r.status.guestOSInfo, { name: "virtnode test guest", id: "virtnode-guest" });
+  assert.equal(r.status.fsFreezeStatus, "frozen");
+  const unknown = input(LifeCycle.Running);
+  const kept = computeStatus({ ...vmi("Running"), status: r.status }, unknown).status;
+  assert.equal(kept.fsFreezeStatus, "frozen");
+  assert.equal(kept.guestOSInfo?.name, "virtnode test guest");
+  const thawed = input(LifeCycle.Running);
+  thawed.domain!.status.fsFreezeStatus = { status: "thawed" };
+  assert.equal(
+    computeStatus({ ...vmi("Running"), status: r.status }, thawed).status.fsFreezeStatus,
+    undefined,
+  );
+});
+
 Deno.test("computeStatus() is idempotent: recomputing its own result changes nothing, even later", () => {
   const first = computeStatus(vmi("Scheduled"), input(LifeCycle.Running));
   const again = computeStatus(

@@ -53,13 +53,26 @@ function recordingSink(): EventSink & { sent: { type: DomainEventType; domain: D
 }
 
 /** A manager whose domain's agent channel is whatever `current.agentState` says now. */
-function fakeManager(current: { agentState: string }): ForwardedDomain {
+function fakeManager(
+  current: { agentState: string; osName?: string; agentAsked?: number },
+): ForwardedDomain {
+  let known: string | undefined;
   return {
     vmi: VMI,
     domainName: DOMAIN_REF.name,
-    getDomain: () => Promise.resolve(runningDomain(current.agentState)),
+    getDomain: () => {
+      const domain = runningDomain(current.agentState);
+      if (known) domain.status.osInfo = { name: known };
+      return Promise.resolve(domain);
+    },
     nonExistentDomain: () =>
       newDomain(VMI, { status: LifeCycle.NoState, reason: StateChangeReason.NonExistent }),
+    refreshAgentInfo: () => {
+      current.agentAsked = (current.agentAsked ?? 0) + 1;
+      const changed = current.osName !== known;
+      known = current.osName;
+      return Promise.resolve(changed);
+    },
   };
 }
 
@@ -88,6 +101,38 @@ Deno.test("EventForwarder sends the domain again when the guest agent connects a
     `${DomainEventType.Modified}:disconnected`,
   ]);
   assert.equal(sink.sent[0].domain.status.status, LifeCycle.Running);
+});
+
+Deno.test("EventForwarder asks a guest agent that connects what it knows before sending the domain, and only then", async () => {
+  const current = { agentState: "connected", osName: "virtnode test guest", agentAsked: 0 };
+  const sink = recordingSink();
+  const forwarder = new EventForwarder(fakeManager(current), sink, () => {});
+  forwarder.handle(agentEvent(1));
+  await forwarder.idle();
+  assert.equal(current.agentAsked, 1);
+  assert.equal(sink.sent[0].domain.status.osInfo?.name, "virtnode test guest");
+  current.agentState = "disconnected";
+  forwarder.handle(agentEvent(2));
+  await forwarder.idle();
+  assert.equal(current.agentAsked, 1, "a disconnect asks no agent");
+  assert.equal(sink.sent.length, 2);
+});
+
+Deno.test("EventForwarder.refresh() sends the domain again; refreshAgent() sends it only when the agent's answers changed", async () => {
+  const current = { agentState: "connected", osName: "one" };
+  const sink = recordingSink();
+  const forwarder = new EventForwarder(fakeManager(current), sink, () => {});
+  forwarder.refresh();
+  await forwarder.idle();
+  assert.deepEqual(agentStatesSent(sink), [`${DomainEventType.Modified}:connected`]);
+  await forwarder.refreshAgent();
+  assert.equal(sink.sent.length, 2);
+  assert.equal(sink.sent[1].domain.status.osInfo?.name, "one");
+  await forwarder.refreshAgent();
+  assert.equal(sink.sent.length, 2, "unchanged answers send nothing");
+  current.osName = "two";
+  await forwarder.refreshAgent();
+  assert.equal(sink.sent[2].domain.status.osInfo?.name, "two");
 });
 
 Deno.test("EventForwarder leaves out another domain's agent events", async () => {

@@ -2,9 +2,11 @@ import assert from "node:assert/strict";
 import {
   agentReturn,
   emptyGuestAgentInfo,
+  fsFreezeStatusFromAgent,
   GUEST_INFO_LIST_LIMIT,
   guestAgentInfoFromAgent,
   guestFilesystemsFromAgent,
+  guestOsInfoFromAgent,
   guestUsersFromAgent,
 } from "../../mod/launcher/guest_agent.ts";
 
@@ -146,4 +148,32 @@ Deno.test("a reply that is not the agent's {return} reads as absent, not as an e
 
 Deno.test("emptyGuestAgentInfo() keeps the keys Go always writes: an empty os, fsInfo without disks", () => {
   assert.equal(JSON.stringify(emptyGuestAgentInfo()), '{"os":{},"fsInfo":{"disks":[]}}');
+});
+
+Deno.test("guestOsInfoFromAgent() maps guest-get-osinfo; fsFreezeStatusFromAgent() knows frozen and thawed only", () => {
+  const os = JSON.stringify({
+    return: {
+      name: "virtnode test guest",
+      "kernel-release": "6.1.0-28-amd64",
+      "pretty-name": "virtnode test guest",
+      "version-id": "1",
+      machine: "x86_64",
+      id: "virtnode-guest",
+      version: "",
+    },
+  });
+  assert.deepEqual(guestOsInfoFromAgent(os), {
+    name: "virtnode test guest",
+    kernelRelease: "6.1.0-28-amd64",
+    prettyName: "virtnode test guest",
+    versionId: "1",
+    machine: "x86_64",
+    id: "virtnode-guest",
+  });
+  assert.deepEqual(guestOsInfoFromAgent(undefined), {});
+  assert.equal(fsFreezeStatusFromAgent('{"return":"frozen"}'), "frozen");
+  assert.equal(fsFreezeStatusFromAgent('{"return":"thawed"}'), "thawed");
+  assert.equal(fsFreezeStatusFromAgent('{"return":"melting"}'), undefined);
+  assert.equal(fsFreezeStatusFromAgent('{"error":{"class":"GenericError"}}'), undefined);
+  assert.equal(fsFreezeStatusFromAgent(undefined), undefined);
 });
