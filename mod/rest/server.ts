@@ -6,7 +6,7 @@
  * | GET `console`, GET `vnc` (`?preserveSession=true`) | WebSocket (`plain.kubevirt.io`) bridged to the launcher's `virt-serial0` / `virt-vnc` |
  * | GET `vnc/screenshot` | the guest's screen, in the launcher's image type |
  * | PUT `pause`, `unpause`, `softreboot`, `reset`, `freeze` (`{"unfreezeTimeout": "5m"}`), `unfreeze` | 202 |
- * | GET `guestosinfo`, `userlist`, `filesystemlist` | the guest agent's answer, JSON |
+ * | GET `guestosinfo`, `userlist`, `filesystemlist` | the guest agent's answer, JSON (the lists as KubeVirt's `{"metadata":{},"items":[...]}`) |
  *
  * The answers follow KubeVirt's handler: a VMI that is not this node's is 404 `VMI
  * <namespace>/<name> does not exist`; a launcher that cannot be reached or fails is 500
@@ -335,6 +335,8 @@ export class RestServer implements Runnable {
         } catch (error) {
           throw new RouteError(500, errorMessage(error));
         }
+        // KubeVirt's handler wraps the two lists in a list object (its ListMeta is empty).
+        if (action !== "guestosinfo") answer = { metadata: {}, items: answer };
         res.writeHead(200, { "Content-Type": "application/json" });
         res.end(JSON.stringify(answer));
         return;
