@@ -16,6 +16,13 @@
 #               - serves /www with busybox httpd on ports 80 and 8080, and answers
 #                 http://<guest>/cgi-bin/echo with the request's remote address,
 #               - prints "virtnode-guest: ready ip=<address>" on the serial console,
+#               - mounts the boot disk read-only at /boot and an ext2 filesystem on a RAM
+#                 disk (brd) at /data, mounted by the ext4 driver, which can freeze (FAT
+#                 cannot): real filesystems for the agent to list and freeze,
+#               - runs QEMU's guest agent (qemu-guest-agent and the libraries it links,
+#                 from Debian's packages, fetched and unpacked, never installed) on the
+#                 org.qemu.guest_agent.0 port when the domain has one; the guest has an
+#                 /etc/os-release and one logged-in user, "virtnode" on ttyS0, in utmp,
 #               - runs a shell on the serial console.
 #
 # The guest needs nothing writable: the boot disk can be attached read-only. It boots under
@@ -43,7 +50,22 @@ MODULES=(
   drivers/net/ethernet/intel/e1000/e1000.ko
   drivers/char/virtio_console.ko
   drivers/block/virtio_blk.ko
+  fs/fat/fat.ko
+  fs/fat/vfat.ko
+  fs/nls/nls_cp437.ko
+  fs/nls/nls_ascii.ko
+  fs/nls/nls_utf8.ko
+  lib/crc16.ko
+  fs/mbcache.ko
+  fs/jbd2/jbd2.ko
+  crypto/crc32c_generic.ko
+  fs/ext4/ext4.ko
+  drivers/block/brd.ko
 )
+
+# QEMU's guest agent and the packages whose libraries it links (checked below: every
+# library it loads must come from these).
+AGENT_PACKAGES=(qemu-guest-agent libglib2.0-0 libnuma1 libudev1 liburing2 libpcre2-8-0 libc6)
 
 kernel_package=$(apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-[0-9].*-amd64\)$/\1/p' | head -1)
 [[ -n $kernel_package ]] || {
@@ -59,11 +81,21 @@ for tool in busybox syslinux mformat mcopy gzip; do
 done
 busybox_version=$(dpkg-query -W -f='${Version}' busybox-static)
 syslinux_version=$(dpkg-query -W -f='${Version}' syslinux)
+agent_versions=()
+for package in "${AGENT_PACKAGES[@]}"; do
+  version=$(apt-cache policy "$package" | sed -n 's/^ *Candidate: //p')
+  [[ -n $version && $version != "(none)" ]] || {
+    echo "guest/build.sh: Cannot find the package $package (apt-get update?)" >&2
+    exit 1
+  }
+  agent_versions+=("$package=$version")
+done
 
 key=$(
   {
     sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1
     echo "$kernel_package $kernel_version busybox-static $busybox_version syslinux $syslinux_version"
+    echo "${agent_versions[*]}"
   } | sha256sum | cut -c1-16
 )
 cache=${VIRTNODE_CACHE:-$HOME/.cache/virtnode}/guest
@@ -77,11 +109,36 @@ log "fetching $kernel_package $kernel_version (apt-get download)"
 (cd "$work" && apt-get download -qq "$kernel_package=$kernel_version" 2>/dev/null)
 dpkg-deb -x "$work"/"$kernel_package"_*.deb "$work/kernel"
 abi=${kernel_package#linux-image-}
+log "fetching the guest agent: ${agent_versions[*]} (apt-get download)"
+mkdir -p "$work/agent-debs"
+(cd "$work/agent-debs" && apt-get download -qq "${agent_versions[@]}" 2>/dev/null)
+for deb in "$work"/agent-debs/*.deb; do dpkg-deb -x "$deb" "$work/agent"; done
 
 log "initramfs: busybox $busybox_version, ${#MODULES[@]} modules"
 root=$work/root
 mkdir -p "$root"/{bin,dev,proc,sys,etc,www/cgi-bin,lib/modules,tmp,run}
 cp /bin/busybox "$root/bin/busybox"
+# The agent and, resolved against the unpacked packages alone, every library it loads.
+mkdir -p "$root"/{usr/sbin,lib/x86_64-linux-gnu,lib64,var,boot}
+ln -s ../run "$root/var/run"
+cp "$work/agent/usr/sbin/qemu-ga" "$root/usr/sbin/qemu-ga"
+libs=$work/agent/lib/x86_64-linux-gnu:$work/agent/usr/lib/x86_64-linux-gnu
+while read -r name arrow path _; do
+  [[ $arrow == "=>" ]] || continue
+  [[ $path == "$work/agent/"* ]] || {
+    echo "guest/build.sh: qemu-ga loads $name from $path, outside ${AGENT_PACKAGES[*]}" >&2
+    exit 1
+  }
+  cp -L "$path" "$root/lib/x86_64-linux-gnu/$name"
+done < <(LD_LIBRARY_PATH=$libs ldd "$root/usr/sbin/qemu-ga")
+cp -L "$work/agent/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" "$root/lib64/ld-linux-x86-64.so.2"
+cat >"$root/etc/os-release" <<'OSRELEASE'
+PRETTY_NAME="virtnode test guest"
+NAME="virtnode test guest"
+VERSION_ID="1"
+VERSION="1"
+ID=virtnode-guest
+OSRELEASE
 for module in "${MODULES[@]}"; do
   cp "$work/kernel/lib/modules/$abi/kernel/$module" "$root/lib/modules/"
   basename "$module" >>"$root/etc/modules"
@@ -136,6 +193,49 @@ echo "virtnode-guest: disks $(tr '\n' ';' </www/disks)"
 httpd -p 80 -h /www
 httpd -p 8080 -h /www
 echo "virtnode-guest: serving http on ports 80 and 8080"
+# The boot disk (FAT) read-only at /boot, and a RAM disk's filesystem at /data: the agent
+# lists both and freezes /data (the kernel cannot freeze FAT).
+for dir in /sys/block/vd*; do
+  [ -e "$dir" ] || continue
+  mount -t vfat -o ro "/dev/${dir##*/}" /boot 2>/dev/null && break
+done
+mkdir -p /data
+mke2fs -q /dev/ram0 2>/dev/null && mount -t ext4 /dev/ram0 /data &&
+  echo "virtnode-guest: /data on a RAM disk"
+# One logged-in user for the agent's guest-get-users: a USER_PROCESS record of glibc's
+# 384-byte struct utmp for "virtnode" on ttyS0, logged in now.
+field() { printf '%s' "$1"; dd if=/dev/zero bs=1 count=$(($2 - ${#1})) 2>/dev/null; }
+le32() {
+  v=$1
+  for byte in 0 1 2 3; do printf "\\$(printf %03o $((v & 255)))"; v=$((v >> 8)); done
+}
+{
+  printf '\007\000\000\000'
+  le32 $$
+  field ttyS0 32
+  field S0 4
+  field virtnode 32
+  field "" 256
+  le32 0
+  le32 0
+  le32 "$(date +%s)"
+  le32 0
+  field "" 36
+} >/run/utmp
+# The agent's port appears once the host has told the console driver about it, which can
+# come after this point on a busy host: looked for in the background for up to 30 s.
+(
+  for tries in $(seq 300); do
+    for port in /sys/class/virtio-ports/*; do
+      [ "$(cat "$port/name" 2>/dev/null)" = org.qemu.guest_agent.0 ] || continue
+      /usr/sbin/qemu-ga -m virtio-serial -p "/dev/${port##*/}" -t /run -f /run/qemu-ga.pid -d &&
+        echo "virtnode-guest: guest agent on ${port##*/}"
+      exit 0
+    done
+    sleep 0.1
+  done
+  echo "virtnode-guest: no guest agent port"
+) &
 # A shell on the serial console (the console tests type into it); one that ends is replaced.
 while :; do sh </dev/ttyS0 >/dev/ttyS0 2>&1; sleep 1; done
 INIT
@@ -226,6 +326,7 @@ cp "$work/initrd" "$out.tmp/initrd"
 echo "$kernel_package $kernel_version" >"$out.tmp/versions"
 echo "busybox-static $busybox_version" >>"$out.tmp/versions"
 echo "syslinux $syslinux_version" >>"$out.tmp/versions"
+printf '%s\n' "${agent_versions[@]}" >>"$out.tmp/versions"
 rm -rf "$out"
 mv "$out.tmp" "$out"
 log "built: $out ($(du -h "$out/guest.img" | cut -f1))"

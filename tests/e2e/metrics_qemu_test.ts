@@ -1,8 +1,9 @@
 /**
  * The handler's `/metrics` with QEMU (pod-less): ten test guests on the pod network, a
  * scrape over TLS as Prometheus makes it of virt-handler's port, checked by promtool (from
- * Debian's prometheus package), and every family a guest without an agent and without a
- * migration can have present with a sample for each VMI, with KubeVirt's labels.
+ * Debian's prometheus package), and every family a guest without a migration can have
+ * present with a sample for each VMI, with KubeVirt's labels (the filesystem families from
+ * the test guest's agent).
  */
 import assert from "node:assert/strict";
 import https from "node:https";
@@ -61,6 +62,9 @@ const PER_VMI_FAMILIES = [
   "kubevirt_vmi_network_transmit_errors_total",
   "kubevirt_vmi_network_receive_packets_dropped_total",
   "kubevirt_vmi_network_transmit_packets_dropped_total",
+  // The test guest's agent lists its /boot and /data filesystems.
+  "kubevirt_vmi_filesystem_capacity_bytes",
+  "kubevirt_vmi_filesystem_used_bytes",
   "kubevirt_vmi_network_traffic_bytes_total",
 ];
 
@@ -115,7 +119,7 @@ function samplesOf(text: string): Map<string, string[]> {
   return families;
 }
 
-Deno.test("metrics+QEMU (pod-less): a TLS scrape with ten running guests passes promtool check metrics, with each guest's CPU, vCPU, memory, storage and network families and the handler's own", async () => {
+Deno.test("metrics+QEMU (pod-less): a TLS scrape with ten running guests passes promtool check metrics, with each guest's CPU, vCPU, memory, storage, network and filesystem families and the handler's own", async () => {
   const promtool =
     (await runText("bash", new URL("../../deploy/promtool.sh", import.meta.url).pathname))
       .trim().split("\n").at(-1)!;
@@ -231,6 +235,11 @@ Deno.test("metrics+QEMU (pod-less): a TLS scrape with ten running guests passes 
       l.includes('name="vm3"')
     )!;
     assert.match(drive, /drive="boot"/);
+    const bootFs = samples.get("kubevirt_vmi_filesystem_capacity_bytes")!.find((l) =>
+      l.includes('name="vm3"') && l.includes('mount_point="/boot"')
+    )!;
+    assert.match(bootFs, /file_system_type="vfat"/);
+    assert.ok(Number(bootFs.split(" ").at(-1)) > 1_000_000, bootFs);
     assert.ok(Number(drive.split(" ").at(-1)) > 0, `the guest read its boot disk: ${drive}`);
     assert.match(
       samples.get("kubevirt_virt_handler_ready_status")![0],

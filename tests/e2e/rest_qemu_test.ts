@@ -4,7 +4,10 @@
  * WebSocket and reads the shell's answer; the VNC WebSocket gets QEMU's RFB greeting, a
  * second VNC client takes over unless the first one's session is to be preserved (then
  * 503); a screenshot comes back as QEMU's PNG (PPM where QEMU is older); pause and unpause move the VMI's Paused
- * condition; guest queries and a freeze of a guest without an agent fail clearly. After
+ * condition. The test guest's agent (QEMU's qemu-ga) connects: the VMI shows AgentConnected
+ * and the guest's OS, the guest info, user and filesystem routes answer with what the guest
+ * has, and a freeze and an unfreeze show in `status.fsFreezeStatus`. With the agent stopped
+ * inside the guest, guest queries and a freeze fail clearly. After
  * 100 console sessions, and clients that vanish without a close, the handler holds as
  * many descriptors as before.
  */
@@ -19,6 +22,7 @@ import {
   eventsFor,
   freePort,
   getVmi,
+  hostLogOf,
   killLaunchers,
   kubeClient,
   startHandlerProcess,
@@ -41,6 +45,16 @@ function paused(vmi: VirtualMachineInstance | undefined): boolean {
   return (vmi?.status?.conditions ?? []).some((c) => c.type === "Paused" && c.status === "True");
 }
 
+function agentConnected(vmi: VirtualMachineInstance | undefined): boolean {
+  return (vmi?.status?.conditions ?? []).some((c) =>
+    c.type === "AgentConnected" && c.status === "True"
+  );
+}
+
+function json(body: Uint8Array): Record<string, unknown> {
+  return JSON.parse(new TextDecoder().decode(body));
+}
+
 function fdCount(pid: number): number {
   return [...Deno.readDirSync(`/proc/${pid}/fd`)].length;
 }
@@ -52,7 +66,7 @@ async function askShell(ws: WsSession, n: number, timeoutMs = 10_000): Promise<v
   await ws.waitFor((t) => t.slice(before).includes(`virtnode-answer-${n * 7}`), timeoutMs);
 }
 
-Deno.test("REST+QEMU (pod-less): the console WebSocket reaches the guest's shell and back, VNC greets with RFB (one session at a time), screenshots, pause/unpause, clear errors without an agent, no descriptor left after 100 sessions", async () => {
+Deno.test("REST+QEMU (pod-less): the console WebSocket reaches the guest's shell and back, VNC greets with RFB (one session at a time), screenshots, pause/unpause, the guest agent's OS, users, filesystems and freeze, clear errors once it stops, no descriptor left after 100 sessions", async () => {
   const uri = await ensureLibvirtd();
   const cluster = await useCluster();
   const client = await kubeClient(cluster.kubeconfigPath);
@@ -135,7 +149,73 @@ Deno.test("REST+QEMU (pod-less): the console WebSocket reaches the guest's shell
       async () => !paused(await getVmi(client, ns, "vm1")),
     );
 
-    // No guest agent: clear errors.
+    // The guest agent: connected, and the guest's OS in the VMI's status.
+    await waitFor(
+      "AgentConnected and status.guestOSInfo",
+      async () => {
+        const now = await getVmi(client, ns, "vm1");
+        return agentConnected(now) && now?.status?.guestOSInfo?.id === "virtnode-guest";
+      },
+      BOOT_MS,
+    );
+    const guestInfo = await restRequest(good, "GET", `${base}/guestosinfo`);
+    assert.equal(guestInfo.status, 200, new TextDecoder().decode(guestInfo.body));
+    const about = json(guestInfo.body) as {
+      guestAgentVersion?: string;
+      os?: { id?: string; prettyName?: string; kernelRelease?: string };
+      userList?: { userName: string }[];
+      fsInfo?: { disks: { mountPoint: string; fileSystemType: string }[] };
+      supportedCommands?: { name: string }[];
+    };
+    assert.match(about.guestAgentVersion ?? "", /^\d+\.\d+/);
+    assert.equal(about.os?.id, "virtnode-guest");
+    assert.equal(about.os?.prettyName, "virtnode test guest");
+    assert.match(about.os?.kernelRelease ?? "", /-amd64$/);
+    assert.ok(about.supportedCommands?.some((c) => c.name === "guest-fsfreeze-freeze"));
+    assert.deepEqual(about.userList?.map((u) => u.userName), ["virtnode"]);
+    assert.ok(
+      about.fsInfo?.disks.some((d) => d.mountPoint === "/boot" && d.fileSystemType === "vfat"),
+      JSON.stringify(about.fsInfo),
+    );
+    const users = await restRequest(good, "GET", `${base}/userlist`);
+    assert.equal(users.status, 200);
+    const userList = json(users.body) as { metadata: unknown; items: { userName: string }[] };
+    assert.deepEqual(userList.metadata, {});
+    assert.deepEqual(userList.items.map((u) => u.userName), ["virtnode"]);
+    const filesystems = await restRequest(good, "GET", `${base}/filesystemlist`);
+    assert.equal(filesystems.status, 200);
+    const fsList = json(filesystems.body) as {
+      items: { mountPoint: string; fileSystemType: string; totalBytes: number }[];
+    };
+    const boot = fsList.items.find((f) => f.mountPoint === "/boot");
+    assert.equal(boot?.fileSystemType, "vfat");
+    assert.ok((boot?.totalBytes ?? 0) > 1_000_000, JSON.stringify(boot));
+    assert.equal(fsList.items.find((f) => f.mountPoint === "/data")?.fileSystemType, "ext4");
+
+    // Freeze and unfreeze, seen in status.fsFreezeStatus.
+    const frozen = await restRequest(good, "PUT", `${base}/freeze`, `{"unfreezeTimeout":"1m"}`);
+    assert.equal(frozen.status, 202, new TextDecoder().decode(frozen.body));
+    await waitFor(
+      "status.fsFreezeStatus frozen",
+      async () => (await getVmi(client, ns, "vm1"))?.status?.fsFreezeStatus === "frozen",
+    );
+    assert.equal((await restRequest(good, "PUT", `${base}/unfreeze`)).status, 202);
+    await waitFor(
+      "status.fsFreezeStatus to clear",
+      async () => (await getVmi(client, ns, "vm1"))?.status?.fsFreezeStatus === undefined,
+    );
+
+    // The agent stopped inside the guest: AgentConnected goes, and clear errors.
+    const stopAgent = await openWebSocket(good, `${base}/console`);
+    sessions.push(stopAgent);
+    assert.equal(stopAgent.status, 101, stopAgent.refusal);
+    stopAgent.send("kill $(cat /run/qemu-ga.pid)\n");
+    await askShell(stopAgent, 3);
+    await stopAgent.close();
+    await waitFor(
+      "AgentConnected to go",
+      async () => !agentConnected(await getVmi(client, ns, "vm1")),
+    );
     const info = await restRequest(good, "GET", `${base}/guestosinfo`);
     assert.equal(info.status, 409);
     const freeze = await restRequest(good, "PUT", `${base}/freeze`, `{"unfreezeTimeout":"1m"}`);
@@ -168,6 +248,10 @@ Deno.test("REST+QEMU (pod-less): the console WebSocket reaches the guest's shell
     );
   } catch (error) {
     console.error(await Deno.readTextFile(h.logFile).catch(() => ""));
+    const hostLog = await Promise.resolve().then(() => hostLogOf(h.stateDir)).catch(() => "");
+    if (hostLog) {
+      console.error((await Deno.readTextFile(hostLog).catch(() => "")).slice(-20_000));
+    }
     throw error;
   } finally {
     for (const s of sessions) s.destroy();
