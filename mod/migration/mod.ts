@@ -1,0 +1,6 @@
+/**
+ * Live migration between two handlers: the TLS migration proxy.
+ *
+ * @module
+ */
+export * from "./proxy.ts";

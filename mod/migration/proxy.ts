@@ -1,0 +1,406 @@
+/**
+ * The migration proxy between two handlers, as KubeVirt's virt-handler runs it:
+ *
+ *     source launcher's libvirt -> unix socket (source handler) -> TCP + mutual TLS
+ *       -> TCP listener (target handler) -> unix socket in the target launcher
+ *
+ * The target handler opens one TLS listener on a free port for each of the target
+ * launcher's sockets (libvirt's own, then one per direct-migration port: 49152 for memory,
+ * 49153 for block migration) and publishes `{<node port>: <launcher port>}` in the VMI's
+ * `status.migrationState.targetDirectMigrationNodePorts` (0 stands for libvirt's socket).
+ * The source handler opens, for each of those, a unix socket
+ * `<base>/migrationproxy/<uid>[-<port>]-source.sock` whose connections it carries to the
+ * target's node port. Bytes are copied both ways with backpressure; when either side of a
+ * connection ends, both go.
+ *
+ * TLS follows KubeVirt's rules: the target serves the handler's server certificate and
+ * lets in only a client certificate that chains to the CA bundle, is valid, allows client
+ * authentication and is named `kubevirt.io:system:client:virt-handler` or
+ * `...:migration`; the source presents the handler's client certificate and accepts only a
+ * server certificate that chains to the bundle, allows server authentication and is named
+ * `kubevirt.io:system:node:virt-handler` (no host name is checked: KubeVirt's node
+ * certificates carry none). A connection that fails any of this carries no byte.
+ *
+ * @module
+ */
+import net from "node:net";
+import tls from "node:tls";
+import { dirname, join } from "node:path";
+import { getLogger } from "../log/mod.ts";
+
+const log = getLogger("migration", "proxy");
+
+/** libvirt's port for the guest's memory in a direct migration (KubeVirt's). */
+export const LIBVIRT_DIRECT_MIGRATION_PORT = 49152;
+/** libvirt's port for the disks in a block migration (KubeVirt's). */
+export const LIBVIRT_BLOCK_MIGRATION_PORT = 49153;
+
+/** The common names a migration client may have (KubeVirt's default `--migration-cn-types`). */
+export const MIGRATION_CLIENT_NAMES = [
+  "kubevirt.io:system:client:virt-handler",
+  "kubevirt.io:system:client:migration",
+] as const;
+/** The common name a target handler's certificate must have. */
+export const MIGRATION_SERVER_NAME = "kubevirt.io:system:node:virt-handler";
+
+/** The ports libvirt migrates through: memory, and the disks' too for a block migration. */
+export function migrationPorts(blockMigration: boolean): number[] {
+  return blockMigration
+    ? [LIBVIRT_DIRECT_MIGRATION_PORT, LIBVIRT_BLOCK_MIGRATION_PORT]
+    : [LIBVIRT_DIRECT_MIGRATION_PORT];
+}
+
+/** `<id>` for libvirt's connection (port 0), `<id>-<port>` for a direct-migration port. */
+export function proxyKey(id: string, port: number): string {
+  return port === 0 ? id : `${id}-${port}`;
+}
+
+/** The source's unix socket for `key` under `baseDir`. */
+export function sourceUnixFile(baseDir: string, key: string): string {
+  return join(baseDir, "migrationproxy", `${key}-source.sock`);
+}
+
+/** PEM material of one side. */
+export interface ProxyTls {
+  /** The certificate chain presented. */
+  cert: string;
+  /** Its key. */
+  key: string;
+  /** The CA bundle the peer is verified against. */
+  ca: string;
+}
+
+/** A socket in the target launcher, opened where it lies (beneath the launcher's root). */
+export interface ProxyTarget {
+  /** The launcher's port this socket serves: 0 for libvirt, else a direct-migration port. */
+  port: number;
+  /** A path to connect to now; `release` once connected. */
+  open(): Promise<{ path: string; release(): void }>;
+}
+
+/** Options of {@linkcode MigrationProxyManager}. */
+export interface MigrationProxyOptions {
+  /** The target side's TLS: the handler's server certificate and the client CA. */
+  serverTls: () => ProxyTls;
+  /** The source side's TLS: the handler's client certificate and the CA. */
+  clientTls: () => ProxyTls;
+  /** Address the target listeners bind; all addresses unless told. */
+  bindAddress?: string;
+  /** Owner of the source sockets (the user the launcher's libvirt runs as), if not root. */
+  socketOwner?: { uid: number; gid: number };
+}
+
+/** Why a peer's certificate is refused, or undefined when it is let in. */
+export function refusePeer(
+  peer: tls.PeerCertificate | undefined,
+  names: readonly string[],
+): string | undefined {
+  const cn = peer?.subject?.CN;
+  if (!cn) return "the peer presented no certificate";
+  const name = Array.isArray(cn) ? cn[0] : cn;
+  return names.includes(name)
+    ? undefined
+    : `the peer certificate's common name "${name}" is not allowed`;
+}
+
+/** Copies both ways with backpressure; when either side ends or fails, both are closed. */
+function join2(a: net.Socket, b: net.Socket, done: () => void): void {
+  let finished = false;
+  const finish = () => {
+    if (finished) return;
+    finished = true;
+    a.destroy();
+    b.destroy();
+    done();
+  };
+  for (const [from, to] of [[a, b], [b, a]] as const) {
+    from.on("data", (chunk: Uint8Array) => {
+      if (!to.write(chunk)) {
+        from.pause();
+        to.once("drain", () => from.resume());
+      }
+    });
+    from.on("end", finish);
+    from.on("close", finish);
+    from.on("error", finish);
+  }
+}
+
+interface Running {
+  close(): Promise<void>;
+}
+
+/** A target listener: TLS on a free port, each connection carried to `target`. */
+class TargetProxy implements Running {
+  readonly server: tls.Server;
+  readonly #connections = new Set<net.Socket>();
+  port = 0;
+
+  constructor(key: string, readonly launcherPort: number, target: ProxyTarget, material: ProxyTls) {
+    // The material as it is when the migration begins: a listener lives for one migration.
+    this.server = tls.createServer({
+      requestCert: true,
+      rejectUnauthorized: true,
+      minVersion: "TLSv1.2",
+      cert: material.cert,
+      key: material.key,
+      ca: material.ca,
+    }, (client) => {
+      const why = refusePeer(client.getPeerCertificate(), MIGRATION_CLIENT_NAMES);
+      if (why) {
+        log.warn("Migration connection refused: {why}", { key, why });
+        client.destroy();
+        return;
+      }
+      this.#connections.add(client);
+      client.pause();
+      target.open().then((opened) => {
+        const inner = net.connect({ path: opened.path });
+        inner.once("connect", () => {
+          opened.release();
+          client.resume();
+        });
+        inner.once("error", () => opened.release());
+        join2(client, inner, () => this.#connections.delete(client));
+      }).catch((error) => {
+        log.warn("Cannot open the target launcher's socket: {error}", { key, error });
+        client.destroy();
+        this.#connections.delete(client);
+      });
+    });
+    this.server.on("tlsClientError", (error) => {
+      log.warn("Migration TLS handshake refused: {error}", { key, error: error.message });
+    });
+  }
+
+  async listen(host: string): Promise<number> {
+    await new Promise<void>((resolve, reject) => {
+      this.server.once("error", reject);
+      this.server.listen(0, host, () => {
+        this.server.off("error", reject);
+        resolve();
+      });
+    });
+    this.port = (this.server.address() as net.AddressInfo).port;
+    return this.port;
+  }
+
+  close(): Promise<void> {
+    for (const c of this.#connections) c.destroy();
+    this.#connections.clear();
+    return new Promise((resolve) => this.server.close(() => resolve()));
+  }
+}
+
+/** The longest path a unix socket address holds (`sun_path`, less its terminating NUL). */
+const MAX_UNIX_PATH = 107;
+
+/** A source listener: a unix socket, each connection carried over TLS to `host:port`. */
+class SourceProxy implements Running {
+  readonly server: net.Server;
+  readonly #connections = new Set<net.Socket>();
+
+  constructor(
+    readonly path: string,
+    host: string,
+    port: number,
+    material: () => ProxyTls,
+    key: string,
+  ) {
+    this.server = net.createServer((local) => {
+      this.#connections.add(local);
+      local.pause();
+      let m: ProxyTls;
+      try {
+        m = material();
+      } catch (error) {
+        log.warn("No client certificate for the migration: {error}", { key, error });
+        local.destroy();
+        return;
+      }
+      const remote = tls.connect({
+        host,
+        port,
+        cert: m.cert,
+        key: m.key,
+        ca: m.ca,
+        minVersion: "TLSv1.2",
+        // The chain is verified against the CA; KubeVirt's node certificates name no host,
+        // so the common name is what is checked.
+        checkServerIdentity: (_host, peer) => {
+          const why = refusePeer(peer, [MIGRATION_SERVER_NAME]);
+          return why ? new Error(why) : undefined;
+        },
+      });
+      this.#connections.add(remote);
+      remote.once("secureConnect", () => local.resume());
+      remote.once("error", (error) => {
+        log.warn("Migration connection to {target} failed: {error}", {
+          key,
+          target: `${host}:${port}`,
+          error: error.message,
+        });
+      });
+      join2(local, remote, () => {
+        this.#connections.delete(local);
+        this.#connections.delete(remote);
+      });
+    });
+  }
+
+  async listen(owner?: { uid: number; gid: number }): Promise<void> {
+    const length = new TextEncoder().encode(this.path).length;
+    if (length > MAX_UNIX_PATH) {
+      throw new Error(
+        `the migration socket path "${this.path}" is ${length} bytes, more than a unix socket takes (${MAX_UNIX_PATH})`,
+      );
+    }
+    await Deno.mkdir(dirname(this.path), { recursive: true, mode: 0o755 });
+    await Deno.remove(this.path).catch(() => {});
+    await new Promise<void>((resolve, reject) => {
+      this.server.once("error", reject);
+      this.server.listen(this.path, () => {
+        this.server.off("error", reject);
+        resolve();
+      });
+    });
+    await Deno.chmod(this.path, 0o600);
+    if (owner) await Deno.chown(this.path, owner.uid, owner.gid);
+  }
+
+  async close(): Promise<void> {
+    for (const c of this.#connections) c.destroy();
+    this.#connections.clear();
+    await new Promise<void>((resolve) => this.server.close(() => resolve()));
+    await Deno.remove(this.path).catch(() => {});
+  }
+}
+
+/** Every migration's proxies on this node, by key (the VMI's UID); see the module doc. */
+export class MigrationProxyManager {
+  readonly #o: MigrationProxyOptions;
+  readonly #targets = new Map<string, { proxies: TargetProxy[]; ports: string }>();
+  readonly #sources = new Map<string, { proxies: SourceProxy[]; spec: string }>();
+  #shuttingDown = false;
+
+  /** A manager with no proxy open. */
+  constructor(options: MigrationProxyOptions) {
+    this.#o = options;
+  }
+
+  /**
+   * Opens a TLS listener for each of the target launcher's sockets (no-op when `key` has
+   * them for the same ports already); all or none: a failure closes those opened.
+   */
+  async startTargetListener(key: string, targets: ProxyTarget[]): Promise<void> {
+    if (this.#shuttingDown) throw new Error("the handler is shutting down: no new migration");
+    const wanted = JSON.stringify(targets.map((t) => t.port).sort((a, b) => a - b));
+    const current = this.#targets.get(key);
+    if (current?.ports === wanted) return;
+    if (current) await this.stopTargetListener(key);
+    const material = this.#o.serverTls();
+    const proxies: TargetProxy[] = [];
+    try {
+      for (const target of targets) {
+        const proxy = new TargetProxy(key, target.port, target, material);
+        proxies.push(proxy);
+        await proxy.listen(this.#o.bindAddress ?? "0.0.0.0");
+      }
+    } catch (error) {
+      await Promise.all(proxies.map((p) => p.close()));
+      throw error;
+    }
+    this.#targets.set(key, { proxies, ports: wanted });
+    log.info("Migration target listeners open", {
+      key,
+      ports: JSON.stringify(this.targetListenerPorts(key)),
+    });
+  }
+
+  /** `{<node port>: <launcher port>}` of `key`'s target listeners (empty without). */
+  targetListenerPorts(key: string): Record<string, number> {
+    const ports: Record<string, number> = {};
+    for (const proxy of this.#targets.get(key)?.proxies ?? []) {
+      ports[String(proxy.port)] = proxy.launcherPort;
+    }
+    return ports;
+  }
+
+  /** Closes `key`'s target listeners and their connections. */
+  async stopTargetListener(key: string): Promise<void> {
+    const current = this.#targets.get(key);
+    if (!current) return;
+    this.#targets.delete(key);
+    await Promise.all(current.proxies.map((p) => p.close()));
+  }
+
+  /**
+   * Opens the source's unix sockets under `baseDir` for `targetPorts` (the target's
+   * `{<node port>: <launcher port>}`) to `targetAddress`; no-op when open for the same.
+   */
+  async startSourceListener(
+    key: string,
+    targetAddress: string,
+    targetPorts: Record<string, number>,
+    baseDir: string,
+  ): Promise<void> {
+    if (this.#shuttingDown) throw new Error("the handler is shutting down: no new migration");
+    const spec = JSON.stringify([targetAddress, Object.entries(targetPorts).sort(), baseDir]);
+    const current = this.#sources.get(key);
+    if (current?.spec === spec) return;
+    if (current) await this.stopSourceListener(key);
+    const proxies: SourceProxy[] = [];
+    try {
+      for (const [nodePort, launcherPort] of Object.entries(targetPorts)) {
+        const port = Number(nodePort);
+        if (!Number.isInteger(port) || port <= 0 || port > 65535) {
+          throw new Error(`the target published an invalid port "${nodePort}"`);
+        }
+        const proxy = new SourceProxy(
+          sourceUnixFile(baseDir, proxyKey(key, launcherPort)),
+          targetAddress,
+          port,
+          this.#o.clientTls,
+          key,
+        );
+        proxies.push(proxy);
+        await proxy.listen(this.#o.socketOwner);
+      }
+    } catch (error) {
+      await Promise.all(proxies.map((p) => p.close()));
+      throw error;
+    }
+    this.#sources.set(key, { proxies, spec });
+    log.info("Migration source sockets open", { key, target: targetAddress });
+  }
+
+  /** The source's unix sockets of `key`. */
+  sourceListenerFiles(key: string): string[] {
+    return (this.#sources.get(key)?.proxies ?? []).map((p) => p.path);
+  }
+
+  /** Closes `key`'s source sockets, removes their files and ends their connections. */
+  async stopSourceListener(key: string): Promise<void> {
+    const current = this.#sources.get(key);
+    if (!current) return;
+    this.#sources.delete(key);
+    await Promise.all(current.proxies.map((p) => p.close()));
+  }
+
+  /** How many listeners are open, source and target. */
+  openListenerCount(): number {
+    let n = 0;
+    for (const t of this.#targets.values()) n += t.proxies.length;
+    for (const s of this.#sources.values()) n += s.proxies.length;
+    return n;
+  }
+
+  /** Refuses new migrations and closes every listener. */
+  async shutdown(): Promise<void> {
+    this.#shuttingDown = true;
+    await Promise.all([
+      ...[...this.#targets.keys()].map((k) => this.stopTargetListener(k)),
+      ...[...this.#sources.keys()].map((k) => this.stopSourceListener(k)),
+    ]);
+  }
+}
