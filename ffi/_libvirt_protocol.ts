@@ -94,7 +94,27 @@ export interface WorkerOps {
   domainFsFreeze(uuid: string): number;
   domainFsThaw(uuid: string): number;
   domainScreenshot(uuid: string, screen: number): { mime: string; data: Uint8Array };
+  domainMigrateToURI3(
+    uuid: string,
+    dconnuri: string,
+    params: MigrateParam[],
+    flags: number,
+  ): void;
+  domainJobStats(
+    uuid: string,
+    flags: number,
+  ): { type: number; params: Record<string, TypedParamValue> };
+  domainAbortJob(uuid: string): void;
+  domainMigrateSetMaxDowntime(uuid: string, milliseconds: number): void;
+  domainMigrateStartPostCopy(uuid: string): void;
 }
+
+/**
+ * One migration parameter (`VIR_MIGRATE_PARAM_*`): a string value is a string parameter
+ * (several of one name make a list, as `migrate_disks`), a bigint an unsigned long long
+ * (`bandwidth`), a number an int (`parallel.connections`).
+ */
+export type MigrateParam = [name: string, value: string | bigint | number];
 
 /** Name of a worker operation. */
 export type OpName = keyof WorkerOps;

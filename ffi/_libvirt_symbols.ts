@@ -79,6 +79,17 @@ export const LIBVIRT_SYMBOLS = {
   virStreamFinish: { parameters: [P], result: I },
   virStreamAbort: { parameters: [P], result: I },
   virStreamFree: { parameters: [P], result: I },
+
+  // Migration.
+  virDomainMigrateToURI3: { parameters: [P, B, P, U, U], result: I },
+  virDomainGetJobStats: { parameters: [P, B, B, B, U], result: I },
+  virDomainAbortJob: { parameters: [P], result: I },
+  virDomainMigrateSetMaxDowntime: { parameters: [P, "u64", U], result: I },
+  virDomainMigrateStartPostCopy: { parameters: [P, U], result: I },
+  virTypedParamsAddString: { parameters: [B, B, B, B, B], result: I },
+  virTypedParamsAddULLong: { parameters: [B, B, B, B, "u64"], result: I },
+  virTypedParamsAddInt: { parameters: [B, B, B, B, I], result: I },
+  virTypedParamsFree: { parameters: [P, I], result: "void" },
 } as const;
 
 /** libc's `free`, for strings and arrays libvirt hands back. */

@@ -416,6 +416,63 @@ const ops: WorkerOps = {
   domainFsThaw(uuid) {
     return withDomain(uuid, (d) => checkInt(vir().virDomainFSThaw(d, null, 0, 0)));
   },
+  domainMigrateToURI3(uuid, dconnuri, params, flags) {
+    const s = vir();
+    const list = new BigUint64Array(1);
+    const count = new Int32Array(1);
+    const max = new Int32Array(1);
+    try {
+      for (const [name, value] of params) {
+        if (typeof value === "string") {
+          checkInt(s.virTypedParamsAddString(list, count, max, cstr(name), cstr(value)));
+        } else if (typeof value === "bigint") {
+          checkInt(s.virTypedParamsAddULLong(list, count, max, cstr(name), value));
+        } else {
+          checkInt(s.virTypedParamsAddInt(list, count, max, cstr(name), value));
+        }
+      }
+      const pointer = Deno.UnsafePointer.create(list[0]);
+      withDomain(
+        uuid,
+        (d) => checkInt(s.virDomainMigrateToURI3(d, cstr(dconnuri), pointer, count[0], flags)),
+      );
+    } finally {
+      const pointer = Deno.UnsafePointer.create(list[0]);
+      if (pointer !== null) s.virTypedParamsFree(pointer, count[0]);
+    }
+  },
+  domainJobStats(uuid, flags) {
+    const s = vir();
+    const type = new Int32Array(1);
+    const list = new BigUint64Array(1);
+    const count = new Int32Array(1);
+    withDomain(uuid, (d) => checkInt(s.virDomainGetJobStats(d, type, list, count, flags)));
+    const pointer = Deno.UnsafePointer.create(list[0]);
+    const params: Record<string, TypedParamValue> = {};
+    if (pointer === null) return { type: type[0], params };
+    try {
+      const view = new Deno.UnsafePointerView(pointer);
+      for (let i = 0; i < count[0]; i++) {
+        const [k, v] = readTypedParam(view, i * TYPED_PARAM_SIZE);
+        params[k] = v;
+      }
+    } finally {
+      s.virTypedParamsFree(pointer, count[0]);
+    }
+    return { type: type[0], params };
+  },
+  domainAbortJob(uuid) {
+    withDomain(uuid, (d) => checkInt(vir().virDomainAbortJob(d)));
+  },
+  domainMigrateSetMaxDowntime(uuid, milliseconds) {
+    withDomain(
+      uuid,
+      (d) => checkInt(vir().virDomainMigrateSetMaxDowntime(d, BigInt(milliseconds), 0)),
+    );
+  },
+  domainMigrateStartPostCopy(uuid) {
+    withDomain(uuid, (d) => checkInt(vir().virDomainMigrateStartPostCopy(d, 0)));
+  },
   domainScreenshot(uuid, screen) {
     const s = vir();
     const stream = checkPtr(s.virStreamNew(connection(), 0));

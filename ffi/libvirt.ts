@@ -37,6 +37,7 @@ import { WorkerPool } from "./worker_pool.ts";
 import type {
   DomainRef,
   HostCpuQuery,
+  MigrateParam,
   OpName,
   RawDomainStats,
   TypedParamValue,
@@ -69,7 +70,7 @@ import {
   VIR_DOMAIN_UNDEFINE_NVRAM,
 } from "./libvirt_constants.ts";
 
-export type { DomainRef, HostCpuQuery, RawDomainStats, TypedParamValue };
+export type { DomainRef, HostCpuQuery, MigrateParam, RawDomainStats, TypedParamValue };
 
 /** Options of {@linkcode openLibvirt}. */
 export interface OpenOptions {
@@ -406,6 +407,54 @@ export class Domain {
       "domainScreenshot",
       [this.uuid, screen],
       this.#action("take a screenshot of"),
+    );
+  }
+
+  /**
+   * Migrates the domain (`virDomainMigrateToURI3`) to the libvirt at `dconnuri` (peer to
+   * peer: the source's libvirt connects there itself), with the `VIR_MIGRATE_PARAM_*`
+   * `params` and `VIR_MIGRATE_*` `flags`; resolves once the migration is over. It holds a
+   * call worker throughout: {@linkcode Domain.jobStats} and {@linkcode Domain.abortJob}
+   * meanwhile run on another.
+   */
+  async migrateToURI3(dconnuri: string, params: MigrateParam[], flags: number): Promise<void> {
+    await this.#call(
+      "domainMigrateToURI3",
+      [this.uuid, dconnuri, params, flags],
+      this.#action("migrate"),
+    );
+  }
+
+  /**
+   * The domain's job now (`virDomainGetJobStats`; with `VIR_DOMAIN_JOB_STATS_COMPLETED`,
+   * the last one that ended): its
+   * `VIR_DOMAIN_JOB_*` type and its statistics (`data_total`, `data_remaining`,
+   * `memory_dirty_rate`, ...).
+   */
+  async jobStats(flags = 0): Promise<{ type: number; params: Record<string, TypedParamValue> }> {
+    return await this.#call("domainJobStats", [this.uuid, flags], this.#action("get the job of"));
+  }
+
+  /** Aborts the domain's job, such as a migration (`virDomainAbortJob`). */
+  async abortJob(): Promise<void> {
+    await this.#call("domainAbortJob", [this.uuid], this.#action("abort the job of"));
+  }
+
+  /** Sets how long the guest may be paused at a migration's end (`virDomainMigrateSetMaxDowntime`). */
+  async migrateSetMaxDowntime(milliseconds: number): Promise<void> {
+    await this.#call(
+      "domainMigrateSetMaxDowntime",
+      [this.uuid, milliseconds],
+      this.#action("set the migration downtime of"),
+    );
+  }
+
+  /** Switches a running migration to post-copy (`virDomainMigrateStartPostCopy`). */
+  async migrateStartPostCopy(): Promise<void> {
+    await this.#call(
+      "domainMigrateStartPostCopy",
+      [this.uuid],
+      this.#action("start post-copy migration of"),
     );
   }
 

@@ -102,3 +102,46 @@ export const VIR_DOMAIN_STATS_BLOCK = 1 << 5;
 export const VIR_CONNECT_BASELINE_CPU_EXPAND_FEATURES = 1 << 0;
 /** `virConnectBaselineCPUFlags`: drop non-migratable features. */
 export const VIR_CONNECT_BASELINE_CPU_MIGRATABLE = 1 << 1;
+
+/** `virDomainMigrateFlags`: live migration (the guest runs meanwhile). */
+export const VIR_MIGRATE_LIVE = 1 << 0;
+/** `virDomainMigrateFlags`: the source libvirt connects to the destination itself. */
+export const VIR_MIGRATE_PEER2PEER = 1 << 1;
+/** `virDomainMigrateFlags`: the data goes through libvirt's own connection. */
+export const VIR_MIGRATE_TUNNELLED = 1 << 2;
+/** `virDomainMigrateFlags`: the destination keeps the domain defined. */
+export const VIR_MIGRATE_PERSIST_DEST = 1 << 3;
+/** `virDomainMigrateFlags`: the source's definition goes once the migration succeeded. */
+export const VIR_MIGRATE_UNDEFINE_SOURCE = 1 << 4;
+/** `virDomainMigrateFlags`: the guest stays paused on the destination. */
+export const VIR_MIGRATE_PAUSED = 1 << 5;
+/** `virDomainMigrateFlags`: disks are copied whole (block migration). */
+export const VIR_MIGRATE_NON_SHARED_DISK = 1 << 6;
+/** `virDomainMigrateFlags`: disks are copied, their shared backing files not. */
+export const VIR_MIGRATE_NON_SHARED_INC = 1 << 7;
+/** `virDomainMigrateFlags`: migrate even if libvirt calls it unsafe (disk caches). */
+export const VIR_MIGRATE_UNSAFE = 1 << 9;
+/** `virDomainMigrateFlags`: slow the guest's vCPUs down when it dirties memory too fast. */
+export const VIR_MIGRATE_AUTO_CONVERGE = 1 << 13;
+/** `virDomainMigrateFlags`: allow switching to post-copy. */
+export const VIR_MIGRATE_POSTCOPY = 1 << 15;
+/** `virDomainMigrateFlags`: several connections for the memory. */
+export const VIR_MIGRATE_PARALLEL = 1 << 17;
+
+/** `virDomainGetJobStatsFlags`: the statistics of the job that completed last. */
+export const VIR_DOMAIN_JOB_STATS_COMPLETED = 1 << 0;
+/** `virDomainGetJobStatsFlags`: keep them for a later call. */
+export const VIR_DOMAIN_JOB_STATS_KEEP_COMPLETED = 1 << 1;
+
+/** `virDomainJobType`: no job. */
+export const VIR_DOMAIN_JOB_NONE = 0;
+/** `virDomainJobType`: a job with a known end. */
+export const VIR_DOMAIN_JOB_BOUNDED = 1;
+/** `virDomainJobType`: a job without a known end (a migration of a running guest). */
+export const VIR_DOMAIN_JOB_UNBOUNDED = 2;
+/** `virDomainJobType`: the job completed. */
+export const VIR_DOMAIN_JOB_COMPLETED = 3;
+/** `virDomainJobType`: the job failed. */
+export const VIR_DOMAIN_JOB_FAILED = 4;
+/** `virDomainJobType`: the job was cancelled. */
+export const VIR_DOMAIN_JOB_CANCELLED = 5;

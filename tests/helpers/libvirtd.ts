@@ -97,12 +97,15 @@ export interface PrivateLibvirtd {
   uri: string;
   /** The daemon's PID. */
   pid: number;
+  /** The host's path of the daemon's `/run/libvirt` (its socket is `libvirt-sock` there). */
+  runDir: string;
   /** Destroys and undefines every guest it has, then ends it and its virtlogd. */
   stop(): Promise<void>;
 }
 
 /**
- * Starts a libvirtd whose QEMU runs as `user`:`group` (numeric, e.g. KubeVirt's 107), in a
+ * Starts a libvirtd whose QEMU runs as `user`:`group` (numeric, e.g. KubeVirt's 107; with
+ * `hostUuid`, as a host of that UUID, so that two of them migrate between each other), in a
  * mount namespace of its own: its `/etc/libvirt` (a copy of the machine's with its own
  * qemu.conf), `/run/libvirt`, `/var/lib/libvirt`, `/var/cache/libvirt` and
  * `/var/log/libvirt` are folders of a temporary directory, so it shares no state, socket or
@@ -111,7 +114,7 @@ export interface PrivateLibvirtd {
  * sweep, which spares the machine's shared daemons, catches them if a test leaves them.
  */
 export async function startPrivateLibvirtd(
-  options: { user: number; group: number },
+  options: { user: number; group: number; hostUuid?: string },
 ): Promise<PrivateLibvirtd> {
   const dir = await Deno.makeTempDir({ prefix: "virtnode-libvirtd-" });
   // QEMU's user walks into /var/lib/libvirt and /var/cache/libvirt (capability probes, the
@@ -125,6 +128,13 @@ export async function startPrivateLibvirtd(
     if (entry.isFile && entry.name !== "qemu.conf") {
       await Deno.copyFile(`/etc/libvirt/${entry.name}`, sub(`etc/${entry.name}`));
     }
+  }
+  // A host of its own to libvirt: two daemons with the machine's UUID refuse to migrate
+  // between them ("migrate guest to the same host").
+  if (options.hostUuid) {
+    await Deno.writeTextFile(sub("etc/libvirtd.conf"), `\nhost_uuid = "${options.hostUuid}"\n`, {
+      append: true,
+    });
   }
   await Deno.writeTextFile(
     sub("etc/qemu.conf"),
@@ -190,6 +200,7 @@ export async function startPrivateLibvirtd(
   return {
     uri,
     pid: child.pid,
+    runDir: sub("run"),
     async stop() {
       for (const name of (await virsh("list", "--all", "--name")).split("\n")) {
         if (!name.trim()) continue;
