@@ -153,6 +153,8 @@ class TargetProxy implements Running {
         return;
       }
       this.#connections.add(client);
+      // As Go's sockets are: libvirt's small RPCs and QEMU's last round go out at once.
+      client.setNoDelay(true);
       client.pause();
       target.open().then((opened) => {
         const inner = net.connect({ path: opened.path });
@@ -233,6 +235,7 @@ class SourceProxy implements Running {
         },
       });
       this.#connections.add(remote);
+      remote.setNoDelay(true);
       remote.once("secureConnect", () => local.resume());
       remote.once("error", (error) => {
         log.warn("Migration connection to {target} failed: {error}", {

@@ -39,6 +39,7 @@ import {
   type RunMarks,
 } from "./_breakdown.ts";
 import { type BenchHandler, killLaunchers, launcherPids, spawnHandler } from "./_handler.ts";
+import { migrationBench } from "./_migration.ts";
 import { pidAlive } from "../helpers/handler_process.ts";
 import {
   type Environment,
@@ -91,6 +92,7 @@ const USAGE = `Usage: deno task bench [flags]
   --qemu-burst N          scenario 8: QEMU VMIs created at once, then idle (20)
   --node-vmis N           scenario 9: VMIs created at once on the real node, per agent (50)
   --node-launchers N      scenario 9: virtnode launchers started at once for per-VM figures (10)
+  --migration-runs N      scenario 10: migrations each way, through the proxy and straight (5)
   --floor-samples N       samples of each floor (50)
   --only LIST             run only these scenarios, e.g. --only 1,3,6
   --handler-log-level L   --log-level of the handler and its launchers (info)
@@ -111,6 +113,7 @@ interface Options {
   qemuBurst: number;
   nodeVmis: number;
   nodeLaunchers: number;
+  migrationRuns: number;
   floorSamples: number;
   only: Set<number>;
   logLevel: string;
@@ -134,6 +137,7 @@ function parseOptions(args: string[]): Options {
       "qemu-burst": { type: "string" },
       "node-vmis": { type: "string" },
       "node-launchers": { type: "string" },
+      "migration-runs": { type: "string" },
       "floor-samples": { type: "string" },
       only: { type: "string" },
       "handler-log-level": { type: "string", default: "info" },
@@ -172,6 +176,7 @@ function parseOptions(args: string[]): Options {
     qemuBurst: int("qemu-burst", values["qemu-burst"], q ? 3 : 20),
     nodeVmis: int("node-vmis", values["node-vmis"], q ? 3 : 50),
     nodeLaunchers: int("node-launchers", values["node-launchers"], q ? 2 : 10),
+    migrationRuns: int("migration-runs", values["migration-runs"], q ? 1 : 5),
     floorSamples: int("floor-samples", values["floor-samples"], q ? 10 : 50),
     only,
     logLevel: values["handler-log-level"]!,
@@ -1066,6 +1071,20 @@ async function run(opts: Options, started: number): Promise<void> {
       }
     });
 
+    // 10: a live migration through the proxy, beside the same one straight.
+    await scenario(
+      ctx,
+      10,
+      `live migration × ${opts.migrationRuns} through the proxy`,
+      async () => {
+        live.qemuUsed = true;
+        const r = await migrationBench(opts.migrationRuns, log);
+        ctx.json.migration = r.json;
+        ctx.rows.push(...r.rows);
+        ctx.notes.push(...r.notes);
+      },
+    );
+
     // 9: beside KubeVirt's own binaries on a real node.
     await scenario(
       ctx,
@@ -1280,7 +1299,7 @@ async function writeReport(env: Environment, ctx: Ctx, durationS: number): Promi
 }
 
 /** Every scenario's number. */
-const ALL_SCENARIOS = [1, 2, 3, 4, 5, 6, 7, 8, 9];
+const ALL_SCENARIOS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
 /** What `--quick` runs unless told: scenario 9 starts two control planes and nodes. */
 const QUICK_SCENARIOS = ALL_SCENARIOS.filter((n) => n !== 9);
 const README = new URL("../../README.md", import.meta.url).pathname;

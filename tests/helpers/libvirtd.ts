@@ -173,7 +173,9 @@ export async function startPrivateLibvirtd(
   const deadline = Date.now() + 15_000;
   let exited = false;
   child.status.then(() => exited = true);
-  while (!(await Deno.lstat(socket).then(() => true, () => false))) {
+  // Looked for where the daemon makes it, not through its root: until the script's mounts
+  // are done, that root still shows the machine's libvirtd's socket.
+  while (!(await Deno.lstat(sub("run/libvirt-sock")).then(() => true, () => false))) {
     if (exited || Date.now() > deadline) {
       try {
         child.kill("SIGKILL");
