@@ -67,7 +67,15 @@ export type CmdBackend = Pick<
   | "freeze"
   | "unfreeze"
   | "screenshot"
+  | "migrate"
+  | "cancelMigration"
 >;
+
+/** `kubevirt.cmd.v1.MigrationRequest`: the VMI and KubeVirt's `MigrationOptions` as JSON. */
+interface MigrationRequest {
+  vmi?: { vmiJson?: Uint8Array };
+  options?: Uint8Array;
+}
 
 /** `kubevirt.cmd.v1.FreezeRequest`. */
 interface FreezeRequest {
@@ -181,6 +189,18 @@ function buildHandlers(backend: CmdBackend): Record<string, Handler> {
       return ok();
     }, failed),
     UnfreezeVirtualMachine: command("UnfreezeVirtualMachine", (json) => backend.unfreeze(json)),
+    MigrateVirtualMachine: safe<MigrationRequest, Response>(
+      "MigrateVirtualMachine",
+      async (request) => {
+        await backend.migrate(request.vmi?.vmiJson ?? null, request.options ?? null);
+        return ok();
+      },
+      failed,
+    ),
+    CancelVirtualMachineMigration: command(
+      "CancelVirtualMachineMigration",
+      (json) => backend.cancelMigration(json),
+    ),
     GetScreenshot: safe<VMIRequest, ScreenshotResponse>("GetScreenshot", async (request) => {
       const shot = await backend.screenshot(vmiJsonOf(request));
       return { response: ok(), mime: shot.mime, data: shot.data };

@@ -50,6 +50,12 @@ import {
 import { getLogger } from "../log/mod.ts";
 import { kvmUsable } from "../host/mod.ts";
 import {
+  DEFAULT_MIGRATION_SOCKET_DIR,
+  migrationDataGiB,
+  parseMigrationOptions,
+  SourceMigration,
+} from "./migration_source.ts";
+import {
   type GuestNetworkEnv,
   podNetworkPlan,
   type PreparedInterface,
@@ -106,6 +112,11 @@ export interface DomainManagerOptions {
    * the reconnect (up to {@linkcode RECONNECT_WAIT_MS}) and runs once more.
    */
   keeper?: ConnectionKeeper;
+  /**
+   * Where the handler's migration proxy sockets are, as this launcher's libvirt sees
+   * them (`<dir>/migrationproxy/`); KubeVirt's `/var/run/kubevirt` unless told.
+   */
+  migrationSocketDir?: string;
 }
 
 /**
@@ -169,8 +180,11 @@ export class DomainManager {
    * `status.fsFreezeStatus` follow it), as KubeVirt's launcher carries its agent poller's.
    */
   #agentInfo: { osInfo?: DomainOsInfo; fsFreezeStatus?: string } = {};
-  /** Hears of a change of {@linkcode DomainManager.#agentInfo} (the instance re-sends the domain). */
-  #onAgentInfo: () => void = () => {};
+  /** Hears of a change of what the launcher adds to the domain (the instance re-sends it). */
+  #onChange: () => void = () => {};
+  /** The live migration from here, once one was asked for. */
+  #migration: SourceMigration | undefined;
+  readonly #migrationSocketDir: string;
 
   /** Creates the manager; no libvirt call happens yet. */
   constructor(options: DomainManagerOptions) {
@@ -179,11 +193,15 @@ export class DomainManager {
     this.#conn = options.connection;
     this.#converter = options.converter;
     this.#keeper = options.keeper;
+    this.#migrationSocketDir = options.migrationSocketDir ?? DEFAULT_MIGRATION_SOCKET_DIR;
   }
 
-  /** Sets who hears that the agent's findings changed (the domain is then sent again). */
-  set onAgentInfo(listener: () => void) {
-    this.#onAgentInfo = listener;
+  /**
+   * Sets who hears that what the launcher adds to the domain changed (the guest agent's
+   * findings, a migration's progress): the domain is then sent again.
+   */
+  set onChange(listener: () => void) {
+    this.#onChange = listener;
   }
 
   /**
@@ -210,7 +228,7 @@ export class DomainManager {
   #setFreezeStatus(status: string): void {
     if (this.#agentInfo.fsFreezeStatus === status) return;
     this.#agentInfo = { ...this.#agentInfo, fsFreezeStatus: status };
-    this.#onAgentInfo();
+    this.#onChange();
   }
 
   /** `namespace/name`. */
@@ -611,6 +629,85 @@ export class DomainManager {
     return fsFreezeStatusFromAgent(await this.#askAgent(domain, "guest-fsfreeze-status"));
   }
 
+  /**
+   * Starts migrating the running domain to the target that the VMI's
+   * `status.migrationState` names, through the handler's proxy sockets (see
+   * `migration_source.ts`), and returns once it runs; its progress and outcome come with
+   * the domain as KubeVirt's migration metadata. A second call for the same migration
+   * changes nothing; one for another while one runs is refused.
+   */
+  migrate(
+    vmiJson: Uint8Array | string | null | undefined,
+    optionsJson: Uint8Array | string | null | undefined,
+  ): Promise<void> {
+    return this.#run("migrate", async () => {
+      const vmi = this.#checkVmi("migrate", vmiJson) as VirtualMachineInstance;
+      let options;
+      try {
+        options = parseMigrationOptions(optionsJson);
+      } catch (error) {
+        throw new LauncherCommandError("migrate", this.vmiKey, detail(error));
+      }
+      const migrationUid = vmi.status?.migrationState?.migrationUid;
+      if (!migrationUid) {
+        throw new LauncherCommandError(
+          "migrate",
+          this.vmiKey,
+          "the VMI's status.migrationState names no migrationUid",
+        );
+      }
+      const current = this.#migration;
+      if (current && current.metadata.uid === migrationUid) return;
+      if (current && !current.over) {
+        throw new LauncherCommandError(
+          "migrate",
+          this.vmiKey,
+          `migration ${current.metadata.uid} is still running`,
+        );
+      }
+      const domain = await this.lookup();
+      if (!domain) {
+        throw new LauncherCommandError(
+          "migrate",
+          this.vmiKey,
+          `domain "${this.domainName}" not found`,
+        );
+      }
+      const info = await domain.getState();
+      const state = domainStateFromLibvirt(info.state, info.reason);
+      if (state.status !== LifeCycle.Running && state.status !== LifeCycle.Paused) {
+        throw new LauncherCommandError(
+          "migrate",
+          this.vmiKey,
+          `domain is ${state.status}, not Running`,
+        );
+      }
+      log.info("Starting live migration", { ...this.vmi, migration: migrationUid });
+      this.#migration = new SourceMigration(domain, {
+        vmiUid: vmi.metadata.uid ?? this.vmi.uid ?? "",
+        migrationUid,
+        options,
+        dataGiB: migrationDataGiB(vmi),
+        socketDir: this.#migrationSocketDir,
+        onChange: () => this.#onChange(),
+      });
+      this.#onChange();
+    }, false);
+  }
+
+  /** Aborts the running migration (`CancelVirtualMachineMigration`); none running: nothing. */
+  cancelMigration(vmiJson: Uint8Array | string | null | undefined): Promise<void> {
+    return this.#run("cancel the migration of", async () => {
+      this.#checkVmi("cancel the migration of", vmiJson);
+      await this.#migration?.cancel();
+    }, false);
+  }
+
+  /** Resolves once the migration started last is over (none: at once). */
+  migrationDone(): Promise<void> {
+    return this.#migration?.done ?? Promise.resolve();
+  }
+
   /** A picture of the guest's primary screen, as libvirt takes it (QEMU: PPM). */
   screenshot(vmiJson?: Uint8Array | string | null): Promise<{ mime: string; data: Uint8Array }> {
     let shot: { mime: string; data: Uint8Array } | undefined;
@@ -647,6 +744,7 @@ export class DomainManager {
         const { osInfo, fsFreezeStatus } = this.#agentInfo;
         if (osInfo) found.status.osInfo = { ...osInfo };
         if (fsFreezeStatus) found.status.fsFreezeStatus = { status: fsFreezeStatus };
+        if (this.#migration) found.spec.metadata.kubevirt.migration = this.#migration.metadata;
         return found;
       });
     } catch (error) {

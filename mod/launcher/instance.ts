@@ -54,6 +54,8 @@ export interface LauncherInstanceOptions {
   gracePeriodSeconds: number;
   /** Converter settings. */
   converter: ConverterSettings;
+  /** Where the handler's migration proxy sockets are (KubeVirt's `/var/run/kubevirt`). */
+  migrationSocketDir?: string;
 }
 
 async function currentState(manager: DomainManager): Promise<DomainState | undefined> {
@@ -84,13 +86,14 @@ export class LauncherInstance {
       connection: options.connection,
       keeper: options.keeper,
       converter: options.converter,
+      migrationSocketDir: options.migrationSocketDir,
     });
     this.#ended = new Promise((resolve) => this.#end = resolve);
     this.forwarder = new EventForwarder(this.manager, options.sink, (state) => {
       if (this.#stopping || this.manager.stopRequested) return;
       this.#end({ kind: "died", state });
     });
-    this.manager.onAgentInfo = () => this.forwarder.refresh();
+    this.manager.onChange = () => this.forwarder.refresh();
   }
 
   /** The libvirt domain's name. */

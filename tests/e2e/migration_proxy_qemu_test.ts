@@ -12,6 +12,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { VIR_DOMAIN_JOB_STATS_COMPLETED } from "../../ffi/mod.ts";
 import { MigrationProxyManager } from "../../mod/migration/mod.ts";
+import { DomainManager } from "../../mod/launcher/domain_manager.ts";
 import { testGuestImage } from "../helpers/guest.ts";
 import {
   guestAgentAnswers,
@@ -111,6 +112,96 @@ Deno.test("migration through the proxy (QEMU, two libvirtds): the running test g
     );
   } finally {
     for (const m of managers) await m.shutdown();
+    await nodes?.stop();
+    await Deno.remove(dir, { recursive: true }).catch(() => {});
+  }
+});
+
+Deno.test("migration by the launcher (QEMU, two libvirtds): MigrateVirtualMachine's domain manager migrates the guest through the proxy and reports KubeVirt's migration metadata; a cancelled one fails with abortStatus Succeeded and the guest stays", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "virtnode-migl-" });
+  const certs = await makeCertificates(dir);
+  const server: KeyPair = {
+    cert: await Deno.readTextFile(join(certs.serverDir, "tls.crt")),
+    key: await Deno.readTextFile(join(certs.serverDir, "tls.key")),
+  };
+  const guestDir = join(await testGuestImage(), "..");
+  const proxy = () =>
+    new MigrationProxyManager({
+      serverTls: () => ({ ...server, ca: certs.ca }),
+      clientTls: () => ({ ...certs.client, ca: certs.ca }),
+      bindAddress: "127.0.0.1",
+    });
+  const target = proxy();
+  const source = proxy();
+  const name = `vm-${crypto.randomUUID().slice(0, 6)}`;
+  const uid = crypto.randomUUID();
+  let nodes: MigrationNodes | undefined;
+  try {
+    nodes = await startMigrationNodes();
+    const { a, b } = nodes;
+    const domainName = `default_${name}`;
+    await (await a.conn.defineXML(migrationGuestXml(domainName, uid, guestDir))).start();
+    await waitUntil("the guest's agent", () => guestAgentAnswers(a.conn, domainName), 180_000);
+    let changes = 0;
+    const manager = new DomainManager({
+      vmi: { namespace: "default", name, uid },
+      connection: a.conn,
+      converter: { runDir: join(dir, "run"), diskDir: join(dir, "disks") },
+      // Inside the source libvirtd, its /run/libvirt holds the proxy's sockets.
+      migrationSocketDir: "/run/libvirt",
+    });
+    manager.onChange = () => changes++;
+    const vmiJson = (migrationUid: string) =>
+      JSON.stringify({
+        apiVersion: "kubevirt.io/v1",
+        kind: "VirtualMachineInstance",
+        metadata: { namespace: "default", name, uid },
+        spec: { domain: { devices: {}, memory: { guest: "128Mi" } } },
+        status: { migrationState: { migrationUid } },
+      });
+    await target.startTargetListener(uid, migrationTargets(b, uid));
+    await source.startSourceListener(uid, "127.0.0.1", target.targetListenerPorts(uid), a.run);
+
+    // Bad options are refused before anything moves.
+    await assert.rejects(
+      manager.migrate(vmiJson("m0"), '{"ProgressTimeout":"soon"}'),
+      /ProgressTimeout must be a whole number/,
+    );
+    await assert.rejects(manager.migrate(vmiJson(""), "{}"), /names no migrationUid/);
+
+    // A migration cancelled at once: it fails, aborted, and the guest stays.
+    await manager.migrate(vmiJson("m1"), '{"Bandwidth":"1Mi"}');
+    await manager.cancelMigration(vmiJson("m1"));
+    await manager.migrationDone();
+    const cancelled = (await manager.getDomain())!.spec.metadata.kubevirt.migration!;
+    assert.equal(cancelled.uid, "m1");
+    assert.equal(cancelled.failed, true);
+    assert.equal(cancelled.abortStatus, "Succeeded");
+    assert.ok(cancelled.endTimestamp);
+    assert.equal((await manager.getDomain())!.status.status, "Running");
+    assert.ok(await guestAgentAnswers(a.conn, domainName), "the guest still answers on the source");
+
+    // The real one: the guest moves; the metadata says it is over and did not fail.
+    await manager.migrate(vmiJson("m2"), "{}");
+    await manager.migrate(vmiJson("m2"), "{}"); // the same again: nothing new
+    await manager.migrationDone();
+    const domain = await manager.getDomain();
+    const done = domain!.spec.metadata.kubevirt.migration!;
+    assert.equal(done.uid, "m2");
+    assert.equal(done.failed ?? false, false, done.failureReason ?? "");
+    assert.ok(done.startTimestamp && done.endTimestamp);
+    assert.equal(done.mode, "PreCopy");
+    assert.equal(domain!.status.status, "Shutoff");
+    assert.equal(domain!.status.reason, "Migrated");
+    await waitUntil(
+      "the guest's agent on the target",
+      () => guestAgentAnswers(b.conn, domainName),
+      30_000,
+    );
+    assert.ok(changes >= 4, `the domain was sent again on each change (${changes})`);
+  } finally {
+    await source.shutdown();
+    await target.shutdown();
     await nodes?.stop();
     await Deno.remove(dir, { recursive: true }).catch(() => {});
   }

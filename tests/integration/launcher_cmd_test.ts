@@ -210,16 +210,25 @@ Deno.test("launcher cmd server: lifecycle over the real socket", grpcTest, async
     );
 
     await t.step("an unimplemented RPC answers UNIMPLEMENTED naming it", async () => {
-      const error = await h.client.vmiCall("MigrateVirtualMachine", testVmi("vm-cmd")).then(
+      const error = await h.client.vmiCall("SyncMigrationTarget", testVmi("vm-cmd")).then(
         () => assert.fail("expected UNIMPLEMENTED"),
         (e: grpc.ServiceError) => e,
       );
       assert.equal(error.code, 12);
-      assert.match(error.details, /MigrateVirtualMachine/);
+      assert.match(error.details, /SyncMigrationTarget/);
       const other = await h.client.call("GetSEVInfo").catch((e: grpc.ServiceError) => e);
       assert.equal((other as grpc.ServiceError).code, 12);
       assert.match((other as grpc.ServiceError).details, /GetSEVInfo/);
     });
+
+    await t.step(
+      "MigrateVirtualMachine for a VMI with no migration in its status fails clearly",
+      async () => {
+        const r = await h.client.vmiCall("MigrateVirtualMachine", testVmi("vm-cmd"));
+        assert.equal(r.success, false);
+        assert.match(r.message, /^Cannot migrate VMI "default\/vm-cmd": .*names no migrationUid/);
+      },
+    );
 
     await t.step(
       "bad input is answered with a clear error and the server keeps serving",
