@@ -779,6 +779,9 @@ export class DomainManager {
       const domain = await this.lookup().catch(() => undefined);
       const xml = domain ? await domain.getXMLDesc().catch(() => "") : "";
       const stats = domainStatsToKubevirt(mine, deviceAliases(xml));
+      // A migration from here: its progress, as the monitor last saw it.
+      const job = this.#migration?.jobInfo;
+      if (job) stats.MigrateDomainJobInfo = job;
       await this.#podNetStats(stats);
       return stats;
     } catch (error) {

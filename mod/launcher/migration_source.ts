@@ -184,6 +184,33 @@ export interface MigrationMetadata {
   mode?: string;
 }
 
+/**
+ * KubeVirt's `DomainJobInfo` (the migration part of `GetDomainStats`) from libvirt's job
+ * statistics: data total, processed and remaining, the memory's transfer rate, and the
+ * dirty rate in bytes per second (pages per second times the page size).
+ */
+export function jobInfoToKubevirt(params: Record<string, unknown>): Record<string, unknown> {
+  const n = (key: string) => typeof params[key] === "number" ? params[key] as number : undefined;
+  const out: Record<string, unknown> = {};
+  for (
+    const [field, key] of [
+      ["DataTotal", "data_total"],
+      ["DataProcessed", "data_processed"],
+      ["MemoryBps", "memory_bps"],
+      ["DataRemaining", "data_remaining"],
+    ] as const
+  ) {
+    const v = n(key);
+    out[`${field}Set`] = v !== undefined;
+    out[field] = v ?? 0;
+  }
+  const rate = n("memory_dirty_rate");
+  const page = n("memory_page_size");
+  out.MemDirtyRateSet = rate !== undefined && page !== undefined;
+  out.MemDirtyRate = rate !== undefined && page !== undefined ? rate * page : 0;
+  return out;
+}
+
 function now(): string {
   return new Date().toISOString().replace(/\.\d+Z$/, "Z");
 }
@@ -197,6 +224,7 @@ export class SourceMigration {
   #metadata: MigrationMetadata;
   #over = false;
   #abortReason: string | undefined;
+  #job: Record<string, unknown> | undefined;
 
   /**
    * Starts migrating `domain` for the VMI `vmiUid` (migration `migrationUid`) through the
@@ -244,6 +272,14 @@ export class SourceMigration {
     return this.#over;
   }
 
+  /**
+   * The job's statistics at the monitor's last look, as KubeVirt's `DomainJobInfo`; none
+   * once the migration is over (KubeVirt's launcher empties them then too).
+   */
+  get jobInfo(): Record<string, unknown> | undefined {
+    return this.#over ? undefined : this.#job;
+  }
+
   /** Asks libvirt to abort the migration (`CancelVirtualMachineMigration`). */
   async cancel(): Promise<void> {
     if (this.#over) return;
@@ -286,6 +322,7 @@ export class SourceMigration {
       try {
         const job = await this.#domain.jobStats();
         if (!this.#over && job.type === VIR_DOMAIN_JOB_UNBOUNDED) {
+          this.#job = jobInfoToKubevirt(job.params);
           const remaining = Number(job.params.data_remaining ?? 0);
           const action = this.#monitor.look(remaining, Date.now());
           if (action.kind === "abort") {

@@ -39,8 +39,11 @@ export async function migrationBench(
   runs: number,
   log: (line: string) => void,
 ): Promise<{ rows: Row[]; notes: string[]; json: MigrationBench }> {
-  const dir = await Deno.makeTempDir({ prefix: "virtnode-bench-mig-" });
   const nodes = await startMigrationNodes();
+  const dir = await Deno.makeTempDir({ prefix: "virtnode-bench-mig-" }).catch(async (error) => {
+    await nodes.stop();
+    throw error;
+  });
   const proxies: MigrationProxyManager[] = [];
   const json: MigrationBench = {
     proxyMs: [],

@@ -13,6 +13,9 @@ import { join } from "node:path";
 import { VIR_DOMAIN_JOB_STATS_COMPLETED } from "../../ffi/mod.ts";
 import { MigrationProxyManager } from "../../mod/migration/mod.ts";
 import { DomainManager } from "../../mod/launcher/domain_manager.ts";
+import { addVmiSamples, Exposition } from "../../mod/metrics/mod.ts";
+import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
+import { runText } from "../helpers/command.ts";
 import { testGuestImage } from "../helpers/guest.ts";
 import {
   guestAgentAnswers,
@@ -169,8 +172,68 @@ Deno.test("migration by the launcher (QEMU, two libvirtds): MigrateVirtualMachin
     );
     await assert.rejects(manager.migrate(vmiJson(""), "{}"), /names no migrationUid/);
 
-    // A migration cancelled at once: it fails, aborted, and the guest stays.
-    await manager.migrate(vmiJson("m1"), '{"Bandwidth":"1Mi"}');
+    // A migration that cannot end: the guest rewrites 8 MiB over and over (started through
+    // its agent), faster than 16 MiB/s can follow, and may pause for 1 ms only. Its
+    // progress is in GetDomainStats, as KubeVirt's MigrateDomainJobInfo (the dirty rate
+    // once the first pass is done), and becomes the migration families of /metrics.
+    const guest = await a.conn.lookupByName(domainName);
+    const churn = JSON.parse(
+      await guest.agentCommand(
+        JSON.stringify({
+          execute: "guest-exec",
+          arguments: {
+            path: "/bin/sh",
+            arg: ["-c", "while :; do head -c 8388608 /dev/urandom >/tmp/churn; done"],
+          },
+        }),
+        5,
+      ),
+    ).return.pid as number;
+    await manager.migrate(vmiJson("m1"), '{"Bandwidth":"16Mi"}');
+    await guest.migrateSetMaxDowntime(1);
+    let stats: Record<string, unknown> | undefined;
+    await waitUntil("the migration's progress in the domain statistics", async () => {
+      stats = await manager.getDomainStats();
+      const job = stats?.MigrateDomainJobInfo as Record<string, boolean> | undefined;
+      return job?.DataTotalSet === true && job?.MemDirtyRateSet === true;
+    }, 60_000);
+    const exp = new Exposition();
+    addVmiSamples(
+      exp,
+      JSON.parse(vmiJson("m1")) as VirtualMachineInstance,
+      stats!,
+    );
+    const text = exp.toString();
+    for (
+      const family of [
+        "kubevirt_vmi_migration_data_total_bytes",
+        "kubevirt_vmi_migration_data_remaining_bytes",
+        "kubevirt_vmi_migration_data_processed_bytes",
+        "kubevirt_vmi_migration_dirty_memory_rate_bytes",
+        "kubevirt_vmi_migration_memory_transfer_rate_bytes",
+      ]
+    ) {
+      assert.match(text, new RegExp(`^${family}\\{[^}]*name="${name}"[^}]*\\} \\d`, "m"), family);
+    }
+    const promtool =
+      (await runText("bash", new URL("../../deploy/promtool.sh", import.meta.url).pathname))
+        .trim().split("\n").at(-1)!;
+    const check = new Deno.Command(promtool, {
+      args: ["check", "metrics"],
+      stdin: "piped",
+      stdout: "piped",
+      stderr: "piped",
+    }).spawn();
+    const writer = check.stdin.getWriter();
+    await writer.write(new TextEncoder().encode(text));
+    await writer.close();
+    const checked = await check.output();
+    assert.ok(
+      checked.success,
+      new TextDecoder().decode(checked.stdout) + new TextDecoder().decode(checked.stderr),
+    );
+
+    // Cancelled: it fails, aborted, and the guest stays.
     await manager.cancelMigration(vmiJson("m1"));
     await manager.migrationDone();
     const cancelled = (await manager.getDomain())!.spec.metadata.kubevirt.migration!;
@@ -181,7 +244,16 @@ Deno.test("migration by the launcher (QEMU, two libvirtds): MigrateVirtualMachin
     assert.equal((await manager.getDomain())!.status.status, "Running");
     assert.ok(await guestAgentAnswers(a.conn, domainName), "the guest still answers on the source");
 
-    // The real one: the guest moves; the metadata says it is over and did not fail.
+    // The real one, with the guest quiet again: it moves; the metadata says it is over and
+    // did not fail.
+    await guest.agentCommand(
+      JSON.stringify({
+        execute: "guest-exec",
+        arguments: { path: "/bin/kill", arg: [String(churn)] },
+      }),
+      5,
+    );
+    await guest.migrateSetMaxDowntime(300); // QEMU keeps the limit: back to its default
     await manager.migrate(vmiJson("m2"), "{}");
     await manager.migrate(vmiJson("m2"), "{}"); // the same again: nothing new
     await manager.migrationDone();
@@ -199,6 +271,11 @@ Deno.test("migration by the launcher (QEMU, two libvirtds): MigrateVirtualMachin
       30_000,
     );
     assert.ok(changes >= 4, `the domain was sent again on each change (${changes})`);
+    assert.equal(
+      (await manager.getDomainStats().catch(() => undefined))?.MigrateDomainJobInfo ?? null,
+      null,
+      "no migration progress once it is over",
+    );
   } finally {
     await source.shutdown();
     await target.shutdown();
