@@ -360,13 +360,9 @@ export class VmiController {
     }
 
     if (vmiExists) {
-      // After a cleanup the launcher is gone for good, not still starting: a VMI it left
-      // without a domain (its guest died unseen, e.g. while the handler was down) is Failed,
-      // and its finalizer can come off, instead of waiting for a launcher that never comes.
-      const cleanedUp = decision.action === "cleanup" && syncError === undefined;
       const requeue = await this.#updateStatus(vmi, {
         domain: domainSeen,
-        launcher: cleanedUp && launcher === "notReady" ? "unresponsive" : launcher,
+        launcher,
         nodeName: this.#d.nodeName,
         standsInForController: this.#d.provider.standsInForController,
         gracePeriodApplied,
