@@ -8,6 +8,7 @@
 import assert from "node:assert/strict";
 import https from "node:https";
 import { useCluster } from "../../deploy/cluster/cluster.ts";
+import { promtoolCheck } from "../helpers/promtool.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
 import { guestVmi, installTestGuest } from "../helpers/guest.ts";
 import {
@@ -22,7 +23,6 @@ import {
   waitFor,
 } from "../helpers/handler_process.ts";
 import { makeCertificates } from "../helpers/rest_client.ts";
-import { runText } from "../helpers/command.ts";
 
 const BOOT_MS = 240_000;
 const COUNT = 10;
@@ -120,9 +120,6 @@ function samplesOf(text: string): Map<string, string[]> {
 }
 
 Deno.test("metrics+QEMU (pod-less): a TLS scrape with ten running guests passes promtool check metrics, with each guest's CPU, vCPU, memory, storage, network and filesystem families and the handler's own", async () => {
-  const promtool =
-    (await runText("bash", new URL("../../deploy/promtool.sh", import.meta.url).pathname))
-      .trim().split("\n").at(-1)!;
   const uri = await ensureLibvirtd();
   const cluster = await useCluster();
   const client = await kubeClient(cluster.kubeconfigPath);
@@ -191,22 +188,6 @@ Deno.test("metrics+QEMU (pod-less): a TLS scrape with ten running guests passes 
       throw new Error(`Families missing a guest: ${missing.join(", ")}`, { cause: error });
     });
 
-    const promtoolCheck = async (input: string) => {
-      const check = new Deno.Command(promtool, {
-        args: ["check", "metrics"],
-        stdin: "piped",
-        stdout: "piped",
-        stderr: "piped",
-      }).spawn();
-      const writer = check.stdin.getWriter();
-      await writer.write(new TextEncoder().encode(input));
-      await writer.close();
-      const out = await check.output();
-      return {
-        ok: out.success,
-        complaints: new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr),
-      };
-    };
     // KubeVirt names a VMI label `kubernetes_vmi_label_<label>` with only `.`, `/` and `-`
     // replaced, so `kubevirt.io/nodeName` (on every VMI) keeps its capital, which promtool's
     // lint calls camelCase; virt-handler's own scrape draws the same complaint. The scrape

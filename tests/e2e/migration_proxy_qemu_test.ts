@@ -15,7 +15,7 @@ import { MigrationProxyManager } from "../../mod/migration/mod.ts";
 import { DomainManager } from "../../mod/launcher/domain_manager.ts";
 import { addVmiSamples, Exposition } from "../../mod/metrics/mod.ts";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
-import { runText } from "../helpers/command.ts";
+import { promtoolCheck } from "../helpers/promtool.ts";
 import { testGuestImage } from "../helpers/guest.ts";
 import {
   guestAgentAnswers,
@@ -215,23 +215,8 @@ Deno.test("migration by the launcher (QEMU, two libvirtds): MigrateVirtualMachin
     ) {
       assert.match(text, new RegExp(`^${family}\\{[^}]*name="${name}"[^}]*\\} \\d`, "m"), family);
     }
-    const promtool =
-      (await runText("bash", new URL("../../deploy/promtool.sh", import.meta.url).pathname))
-        .trim().split("\n").at(-1)!;
-    const check = new Deno.Command(promtool, {
-      args: ["check", "metrics"],
-      stdin: "piped",
-      stdout: "piped",
-      stderr: "piped",
-    }).spawn();
-    const writer = check.stdin.getWriter();
-    await writer.write(new TextEncoder().encode(text));
-    await writer.close();
-    const checked = await check.output();
-    assert.ok(
-      checked.success,
-      new TextDecoder().decode(checked.stdout) + new TextDecoder().decode(checked.stderr),
-    );
+    const checked = await promtoolCheck(text);
+    assert.ok(checked.ok, checked.complaints);
 
     // Cancelled: it fails, aborted, and the guest stays.
     await manager.cancelMigration(vmiJson("m1"));
