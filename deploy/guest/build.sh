@@ -223,18 +223,22 @@ le32() {
   field "" 36
 } >/run/utmp
 # The agent's port appears once the host has told the console driver about it, which can
-# come after this point on a busy host: looked for in the background for up to 30 s.
+# come well after this point on a busy host under emulation: looked for in the background
+# for as long as the guest runs (said once on the console after 30 s without it; a domain
+# without the channel never has the port).
 (
-  for tries in $(seq 300); do
+  tries=0
+  while :; do
     for port in /sys/class/virtio-ports/*; do
       [ "$(cat "$port/name" 2>/dev/null)" = org.qemu.guest_agent.0 ] || continue
       /usr/sbin/qemu-ga -m virtio-serial -p "/dev/${port##*/}" -t /run -f /run/qemu-ga.pid -d &&
-        echo "virtnode-guest: guest agent on ${port##*/}"
+        echo "virtnode-guest: guest agent on ${port##*/} after $((tries / 10)) s"
       exit 0
     done
-    sleep 0.1
+    tries=$((tries + 1))
+    [ "$tries" = 300 ] && echo "virtnode-guest: no guest agent port yet after 30 s"
+    if [ "$tries" -lt 300 ]; then sleep 0.1; else sleep 1; tries=$((tries + 9)); fi
   done
-  echo "virtnode-guest: no guest agent port"
 ) &
 # A shell on the serial console (the console tests type into it); one that ends is replaced.
 while :; do sh </dev/ttyS0 >/dev/ttyS0 2>&1; sleep 1; done

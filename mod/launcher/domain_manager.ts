@@ -225,6 +225,11 @@ export class DomainManager {
     return changed;
   }
 
+  /** Whether the guest agent told the guest's OS (since this launcher took the domain). */
+  get agentAnswered(): boolean {
+    return this.#agentInfo.osInfo !== undefined;
+  }
+
   #setFreezeStatus(status: string): void {
     if (this.#agentInfo.fsFreezeStatus === status) return;
     this.#agentInfo = { ...this.#agentInfo, fsFreezeStatus: status };

@@ -9,6 +9,7 @@ import type { DomainEvent } from "../../ffi/mod.ts";
 import {
   type Domain,
   type DomainState,
+  GUEST_AGENT_CHANNEL,
   isDomainDown,
   LifeCycle,
   StateChangeReason,
@@ -100,11 +101,24 @@ function eventLabel(event: DomainEvent): string {
 /** What the event forwarder needs from the domain manager. */
 export type ForwardedDomain = Pick<
   DomainManager,
-  "vmi" | "domainName" | "getDomain" | "nonExistentDomain" | "refreshAgentInfo"
+  "vmi" | "domainName" | "getDomain" | "nonExistentDomain" | "refreshAgentInfo" | "agentAnswered"
 >;
 
 /** libvirt's VIR_CONNECT_DOMAIN_EVENT_AGENT_LIFECYCLE_STATE_CONNECTED. */
 const AGENT_CONNECTED = 1;
+
+/**
+ * How long after a connected guest agent left the launcher without the guest's OS (it did
+ * not answer in time: a guest still starting its services, or paused right then) it is
+ * asked again; doubled each time up to the last, and asked so while it stays connected.
+ */
+export const AGENT_RETRY_MS: readonly number[] = [1_000, 2_000, 4_000, 8_000, 16_000, 30_000];
+
+function agentChannelConnected(domain: Domain): boolean {
+  return domain.spec.devices.channels.some((channel) =>
+    channel.target?.name === GUEST_AGENT_CHANNEL && channel.target.state === "connected"
+  );
+}
 
 /** Turns libvirt events of one domain into notify events, one at a time, in order. */
 export class EventForwarder {
@@ -114,6 +128,9 @@ export class EventForwarder {
   #chain: Promise<void> = Promise.resolve();
   #last: { type: DomainEventType; state: DomainState } | undefined;
   readonly #waiters = new Set<() => void>();
+  #agentRetry: ReturnType<typeof setTimeout> | undefined;
+  #agentAttempt = 0;
+  #agentRetryStopped = false;
 
   /** Forwards `manager`'s events to `sink`; `onDown` hears of a domain that went down. */
   constructor(
@@ -163,9 +180,59 @@ export class EventForwarder {
   refreshAgent(): Promise<void> {
     const run = this.#chain.then(async () => {
       if (await this.#manager.refreshAgentInfo()) await this.#forward(undefined);
+      else await this.#followAgent(await this.#manager.getDomain());
     });
     this.#chain = run.catch(() => {});
     return this.#chain;
+  }
+
+  /** Whether a connected guest agent that has not answered yet is to be asked again. */
+  get agentRetryPending(): boolean {
+    return this.#agentRetry !== undefined;
+  }
+
+  /** Asks a silent guest agent no more (the instance ended). */
+  stopAgentRetry(): void {
+    this.#agentRetryStopped = true;
+    clearTimeout(this.#agentRetry);
+    this.#agentRetry = undefined;
+  }
+
+  /**
+   * Keeps asking a connected guest agent that has not told the guest's OS yet (see
+   * {@linkcode AGENT_RETRY_MS}); stops once it answered, disconnected or the domain went.
+   */
+  #followAgent(domain: Domain | undefined): void {
+    const waiting = domain !== undefined && agentChannelConnected(domain) &&
+      !this.#manager.agentAnswered;
+    if (!waiting || this.#agentRetryStopped) {
+      clearTimeout(this.#agentRetry);
+      this.#agentRetry = undefined;
+      this.#agentAttempt = 0;
+      return;
+    }
+    if (this.#agentRetry !== undefined) return;
+    const delay = AGENT_RETRY_MS[Math.min(this.#agentAttempt, AGENT_RETRY_MS.length - 1)];
+    this.#agentAttempt++;
+    this.#agentRetry = setTimeout(() => {
+      this.#agentRetry = undefined;
+      this.#chain = this.#chain.then(async () => {
+        if (this.#agentRetryStopped) return;
+        log.debug("Asking the guest agent again", {
+          ...this.#manager.vmi,
+          attempt: this.#agentAttempt,
+        });
+        if (await this.#manager.refreshAgentInfo()) await this.#forward(undefined);
+        else this.#followAgent(await this.#manager.getDomain());
+      }).catch((error) => {
+        log.error("Cannot ask the guest agent again", {
+          ...this.#manager.vmi,
+          error: error instanceof Error ? error.message : String(error),
+        });
+      });
+    }, delay);
+    // A launcher process ends when its guest does, whatever is still to be asked.
+    Deno.unrefTimer(this.#agentRetry);
   }
 
   /**
@@ -245,9 +312,11 @@ export class EventForwarder {
   async #forward(event: DomainEvent | undefined): Promise<void> {
     // A guest agent that just connected is asked what it knows before the domain goes out.
     if (event?.type === "agentLifecycle" && event.state === AGENT_CONNECTED) {
+      this.#agentAttempt = 0;
       await this.#manager.refreshAgentInfo().catch(() => false);
     }
     let domain = await this.#manager.getDomain();
+    this.#followAgent(domain);
     let type: DomainEventType = DomainEventType.Modified;
     if (!domain) {
       domain = this.#manager.nonExistentDomain();

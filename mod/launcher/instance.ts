@@ -94,6 +94,7 @@ export class LauncherInstance {
       this.#end({ kind: "died", state });
     });
     this.manager.onChange = () => this.forwarder.refresh();
+    this.#ended.then(() => this.forwarder.stopAgentRetry());
   }
 
   /** The libvirt domain's name. */

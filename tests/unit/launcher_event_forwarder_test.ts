@@ -54,10 +54,13 @@ function recordingSink(): EventSink & { sent: { type: DomainEventType; domain: D
 
 /** A manager whose domain's agent channel is whatever `current.agentState` says now. */
 function fakeManager(
-  current: { agentState: string; osName?: string; agentAsked?: number },
+  current: { agentState: string; osName?: string; agentAsked?: number; silentAsks?: number },
 ): ForwardedDomain {
   let known: string | undefined;
   return {
+    get agentAnswered() {
+      return known !== undefined;
+    },
     vmi: VMI,
     domainName: DOMAIN_REF.name,
     getDomain: () => {
@@ -69,6 +72,10 @@ function fakeManager(
       newDomain(VMI, { status: LifeCycle.NoState, reason: StateChangeReason.NonExistent }),
     refreshAgentInfo: () => {
       current.agentAsked = (current.agentAsked ?? 0) + 1;
+      if ((current.silentAsks ?? 0) > 0) {
+        current.silentAsks!--;
+        return Promise.resolve(false);
+      }
       const changed = current.osName !== known;
       known = current.osName;
       return Promise.resolve(changed);
@@ -116,6 +123,51 @@ Deno.test("EventForwarder asks a guest agent that connects what it knows before 
   await forwarder.idle();
   assert.equal(current.agentAsked, 1, "a disconnect asks no agent");
   assert.equal(sink.sent.length, 2);
+});
+
+Deno.test("EventForwarder asks a connected guest agent that did not answer again, until it does, and stops once it disconnects", async () => {
+  const current = {
+    agentState: "connected",
+    osName: "virtnode test guest",
+    agentAsked: 0,
+    silentAsks: 2,
+  };
+  const sink = recordingSink();
+  const forwarder = new EventForwarder(fakeManager(current), sink, () => {});
+  forwarder.handle(agentEvent(1));
+  await forwarder.idle();
+  assert.equal(current.agentAsked, 1);
+  assert.equal(sink.sent[0].domain.status.osInfo, undefined);
+  assert.ok(forwarder.agentRetryPending, "a silent agent is asked again");
+  // 1 s, then 2 s later: the third ask is answered and the domain goes out with the OS.
+  const deadline = Date.now() + 6_000;
+  while (sink.sent.length < 2 && Date.now() < deadline) {
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    await forwarder.idle();
+  }
+  assert.equal(current.agentAsked, 3);
+  assert.equal(sink.sent[1].domain.status.osInfo?.name, "virtnode test guest");
+  assert.ok(!forwarder.agentRetryPending, "an agent that answered is not asked again");
+
+  // A silent agent that disconnects is not asked again either.
+  const other = { agentState: "connected", osName: "x", agentAsked: 0, silentAsks: 100 };
+  const quiet = new EventForwarder(fakeManager(other), recordingSink(), () => {});
+  quiet.handle(agentEvent(1));
+  await quiet.idle();
+  assert.ok(quiet.agentRetryPending);
+  other.agentState = "disconnected";
+  quiet.handle(agentEvent(2));
+  await quiet.idle();
+  assert.ok(!quiet.agentRetryPending);
+  assert.equal(other.agentAsked, 1);
+
+  // Nor one of an instance that ended.
+  const third = { agentState: "connected", osName: "x", agentAsked: 0, silentAsks: 100 };
+  const ended = new EventForwarder(fakeManager(third), recordingSink(), () => {});
+  ended.handle(agentEvent(1));
+  await ended.idle();
+  ended.stopAgentRetry();
+  assert.ok(!ended.agentRetryPending);
 });
 
 Deno.test("EventForwarder.refresh() sends the domain again; refreshAgent() sends it only when the agent's answers changed", async () => {
