@@ -360,9 +360,15 @@ export class VmiController {
     }
 
     if (vmiExists) {
-      const requeue = await this.#updateStatus(vmi, {
+      // Pod-less, after a cleanup the launcher is gone for good, not still starting: a VMI
+      // it left without a domain (its guest died unseen, e.g. while the handler was down)
+      // is Failed, as virt-controller fails a VMI whose pod went, and its finalizer comes
+      // off, instead of the VMI waiting for a launcher that never comes.
+      const cleanedUp = decision.action === "cleanup" && syncError === undefined &&
+        this.#d.provider.standsInForController;
+      const { requeue, phase } = await this.#updateStatus(vmi, {
         domain: domainSeen,
-        launcher,
+        launcher: cleanedUp && launcher === "notReady" ? "unresponsive" : launcher,
         nodeName: this.#d.nodeName,
         standsInForController: this.#d.provider.standsInForController,
         gracePeriodApplied,
@@ -376,7 +382,9 @@ export class VmiController {
         hotplugClaims: this.#d.provider.hotplugClaims?.(vmi.metadata.uid!),
       });
       result = sooner(result, requeue);
-      if (syncError === undefined && domainSeen === undefined) await this.#releaseFinalizer(vmi);
+      if (syncError === undefined && domainSeen === undefined) {
+        await this.#releaseFinalizer(vmi, phase);
+      }
     }
     if (syncError !== undefined) {
       if (vmiExists) this.#record(vmi, "Warning", EventReason.SyncFailed, describe(syncError));
@@ -465,17 +473,19 @@ export class VmiController {
    * its domain is gone, the finalizer virt-api put on it comes off, so a deleted VMI
    * goes away.
    */
-  async #releaseFinalizer(vmi: VirtualMachineInstance): Promise<void> {
+  async #releaseFinalizer(vmi: VirtualMachineInstance, written?: VmiPhase): Promise<void> {
     if (!this.#d.provider.standsInForController) return;
     const current = this.#d.informer.get(vmiKey(vmi.metadata));
     if (!current || current.metadata.uid !== vmi.metadata.uid) return;
-    if (!isFinalPhase(current.status?.phase)) return;
+    // The phase this sync wrote counts before its watch echo brings it to the cache.
+    const phase = isFinalPhase(written) ? written : current.status?.phase;
+    if (!isFinalPhase(phase)) return;
     if (await this.#d.statusWriter.removeFinalizer(current, Finalizers.VirtualMachineInstance)) {
       log.info("Finalizer {finalizer} removed: the VMI is {phase} and its domain is gone", {
         key: vmiKey(vmi.metadata),
         uid: vmi.metadata.uid,
         finalizer: Finalizers.VirtualMachineInstance,
-        phase: current.status?.phase,
+        phase,
       });
     }
   }
@@ -513,7 +523,10 @@ export class VmiController {
   }
 
   /** Writes the computed status; asks to look again while the launcher is not ready. */
-  async #updateStatus(vmi: VirtualMachineInstance, input: StatusInput): Promise<ReconcileResult> {
+  async #updateStatus(
+    vmi: VirtualMachineInstance,
+    input: StatusInput,
+  ): Promise<{ requeue: ReconcileResult; phase?: VmiPhase }> {
     let change: ReturnType<typeof computeStatus>["phaseChange"];
     let requeue = false;
     let volumeEvents: ReturnType<typeof volumePhaseEvents> = [];
@@ -540,9 +553,12 @@ export class VmiController {
         to: change.to,
       });
     }
-    return requeue
-      ? requeueAfter(this.#d.provider.notReadyRequeueMs, "the launcher is not ready yet")
-      : DONE;
+    return {
+      requeue: requeue
+        ? requeueAfter(this.#d.provider.notReadyRequeueMs, "the launcher is not ready yet")
+        : DONE,
+      phase: written ? change?.to : undefined,
+    };
   }
 
   /**

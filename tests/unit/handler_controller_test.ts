@@ -27,6 +27,8 @@ interface Doubles {
   };
   calls: string[];
   cache: Map<string, VirtualMachineInstance>;
+  /** The statuses written, when the double writes (`writes`). */
+  statuses: NonNullable<VirtualMachineInstance["status"]>[];
 }
 
 function vmi(phase: string): VirtualMachineInstance {
@@ -39,8 +41,9 @@ function vmi(phase: string): VirtualMachineInstance {
   } as VirtualMachineInstance;
 }
 
-function doubles(standsInForController = true): Doubles {
+function doubles(standsInForController = true, writes = false): Doubles {
   const calls: string[] = [];
+  const statuses: Doubles["statuses"] = [];
   const cache = new Map<string, VirtualMachineInstance>();
   const handlers: Doubles["handlers"] = {};
   let ghost: GhostRecord | undefined = {
@@ -94,8 +97,11 @@ function doubles(standsInForController = true): Doubles {
         mutate: (s: NonNullable<VirtualMachineInstance["status"]>) => unknown,
       ) => {
         calls.push("status.update");
-        mutate(structuredClone(current.status ?? {}));
-        return Promise.resolve({ written: false });
+        const before = structuredClone(current.status ?? {});
+        const after = (mutate(structuredClone(before)) ?? before) as typeof before;
+        const changed = JSON.stringify(after) !== JSON.stringify(before);
+        if (writes && changed) statuses.push(after);
+        return Promise.resolve({ written: writes && changed });
       },
       removeFinalizer: (current: VirtualMachineInstance, finalizer: string) => {
         calls.push(`removeFinalizer ${finalizer}`);
@@ -129,7 +135,15 @@ function doubles(standsInForController = true): Doubles {
       },
     },
   } as unknown as ControllerDeps;
-  return { controller: new VmiController(deps), expectations, queue, handlers, calls, cache };
+  return {
+    controller: new VmiController(deps),
+    expectations,
+    queue,
+    handlers,
+    calls,
+    cache,
+    statuses,
+  };
 }
 
 Deno.test("reconcile() of a deleted VMI cleans up and prunes its domain and expectations", async () => {
@@ -269,3 +283,31 @@ Deno.test("hotplugUnsettled() is true while a hotplugged volume waits for the la
     "removed and detached",
   );
 });
+
+for (const podless of [true, false]) {
+  Deno.test(
+    `reconcile() of a deleted Running VMI left without a domain or launcher (its guest died unseen) ${
+      podless
+        ? "makes it Failed and removes the finalizer in the same sync, pod-less"
+        : "leaves both to virt-controller"
+    }`,
+    async () => {
+      const s = doubles(podless, true);
+      const v = vmi("Running");
+      v.metadata.finalizers = ["kubevirt.io/foregroundDeleteVirtualMachine"];
+      v.metadata.deletionTimestamp = "2026-12-03T00:00:00Z";
+      s.cache.set(KEY, v);
+      await s.controller.reconcile(KEY);
+      assert.deepEqual(
+        s.statuses.map((st) => st.phase).filter((phase) => phase === "Failed"),
+        podless ? ["Failed"] : [],
+        "the phase written",
+      );
+      assert.deepEqual(
+        s.calls.filter((c) => c.startsWith("removeFinalizer")),
+        podless ? ["removeFinalizer kubevirt.io/foregroundDeleteVirtualMachine"] : [],
+      );
+      s.queue.shutDown();
+    },
+  );
+}
