@@ -78,6 +78,7 @@ export interface WorkerOps {
   lookupByUUID(uuid: string): DomainRef;
   listAll(flags: number): RawDomainSummary[];
   allDomainStats(stats: number, flags: number): RawDomainStats[];
+  domainStats(uuid: string, stats: number, flags: number): RawDomainStats | null;
   domainCreate(uuid: string, flags: number): void;
   domainState(uuid: string): [number, number];
   domainXML(uuid: string, flags: number): string;

@@ -49,6 +49,7 @@ export const LIBVIRT_SYMBOLS = {
   virConnectListAllDomains: { parameters: [P, B, U], result: I },
   virConnectGetAllDomainStats: { parameters: [P, U, B, U], result: I },
   virDomainStatsRecordListFree: { parameters: [P], result: "void" },
+  virDomainListGetStats: { parameters: [B, U, B, U], result: I },
 
   // Domains.
   virDomainDefineXML: { parameters: [P, B], result: P },

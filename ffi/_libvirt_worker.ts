@@ -119,6 +119,40 @@ function domainRef(dom: Deno.PointerObject): DomainRef {
 /** The largest screenshot read from a stream (a 4K frame as PPM is 24 MiB). */
 const SCREENSHOT_LIMIT = 64 * 1024 * 1024;
 
+/**
+ * The `n` records of a `virDomainStatsRecordPtr` list at `address`, read into plain
+ * objects; the list, its typed parameters and its domain objects are freed.
+ */
+function readStatsRecords(address: bigint, n: number): RawDomainStats[] {
+  const records = Deno.UnsafePointer.create(address);
+  if (records === null) return [];
+  const result: RawDomainStats[] = [];
+  try {
+    const list = new Deno.UnsafePointerView(records);
+    for (let i = 0; i < n; i++) {
+      const rec = list.getPointer(i * 8);
+      if (rec === null) break;
+      const rv = new Deno.UnsafePointerView(rec);
+      const dom = rv.getPointer(0);
+      const params = rv.getPointer(8);
+      const nparams = rv.getInt32(16);
+      const ref = dom === null ? { name: "", uuid: "" } : domainRef(dom);
+      const values: Record<string, TypedParamValue> = {};
+      if (params !== null) {
+        const pv = new Deno.UnsafePointerView(params);
+        for (let j = 0; j < nparams; j++) {
+          const [k, v] = readTypedParam(pv, j * TYPED_PARAM_SIZE);
+          values[k] = v;
+        }
+      }
+      result.push({ ...ref, params: values });
+    }
+  } finally {
+    vir().virDomainStatsRecordListFree(records);
+  }
+  return result;
+}
+
 function withDomain<T>(uuid: string, fn: (dom: Deno.PointerObject) => T): T {
   const s = vir();
   const dom = checkPtr(s.virDomainLookupByUUIDString(connection(), cstr(uuid)));
@@ -337,37 +371,18 @@ const ops: WorkerOps = {
     return result;
   },
   allDomainStats(stats, flags) {
-    const s = vir();
     const out = new BigUint64Array(1);
-    const n = checkInt(s.virConnectGetAllDomainStats(connection(), stats, out, flags));
-    const records = Deno.UnsafePointer.create(out[0]);
-    if (records === null) return [];
-    const result: RawDomainStats[] = [];
-    try {
-      const list = new Deno.UnsafePointerView(records);
-      for (let i = 0; i < n; i++) {
-        const rec = list.getPointer(i * 8);
-        if (rec === null) break;
-        const rv = new Deno.UnsafePointerView(rec);
-        const dom = rv.getPointer(0);
-        const params = rv.getPointer(8);
-        const nparams = rv.getInt32(16);
-        const ref = dom === null ? { name: "", uuid: "" } : domainRef(dom);
-        const values: Record<string, TypedParamValue> = {};
-        if (params !== null) {
-          const pv = new Deno.UnsafePointerView(params);
-          for (let j = 0; j < nparams; j++) {
-            const [k, v] = readTypedParam(pv, j * TYPED_PARAM_SIZE);
-            values[k] = v;
-          }
-        }
-        result.push({ ...ref, params: values });
-      }
-    } finally {
-      // Frees the records, their typed parameters and their domain objects.
-      s.virDomainStatsRecordListFree(records);
-    }
-    return result;
+    const n = checkInt(vir().virConnectGetAllDomainStats(connection(), stats, out, flags));
+    return readStatsRecords(out[0], n);
+  },
+  domainStats(uuid, stats, flags) {
+    return withDomain(uuid, (dom) => {
+      // A NULL-terminated array of the one domain.
+      const doms = new BigUint64Array([BigInt(Deno.UnsafePointer.value(dom)), 0n]);
+      const out = new BigUint64Array(1);
+      const n = checkInt(vir().virDomainListGetStats(doms, stats, out, flags));
+      return readStatsRecords(out[0], n)[0] ?? null;
+    });
   },
   domainCreate(uuid, flags) {
     withDomain(uuid, (d) => checkInt(vir().virDomainCreateWithFlags(d, flags)));

@@ -426,6 +426,18 @@ export class Domain {
   }
 
   /**
+   * This domain's statistics alone (`virDomainListGetStats`); `stats` 0 means all groups.
+   * `undefined` when libvirt returns no record for it.
+   */
+  async getStats(stats = 0, flags = 0): Promise<DomainStats | undefined> {
+    return (await this.#call(
+      "domainStats",
+      [this.uuid, stats, flags],
+      this.#action("get statistics of"),
+    )) ?? undefined;
+  }
+
+  /**
    * The domain's job now (`virDomainGetJobStats`; with `VIR_DOMAIN_JOB_STATS_COMPLETED`,
    * the last one that ended): its
    * `VIR_DOMAIN_JOB_*` type and its statistics (`data_total`, `data_remaining`,

@@ -774,15 +774,20 @@ export class DomainManager {
   /** The domain's statistics as KubeVirt's DomainStats JSON; `undefined` without a domain. */
   async getDomainStats(): Promise<Record<string, unknown> | undefined> {
     try {
-      const all = await this.#reconnecting(
-        "get statistics of",
-        () => this.#conn.getAllDomainStats(),
-      );
-      const mine = all.find((s) => s.name === this.domainName);
-      if (!mine) return undefined;
+      // This domain's statistics alone: a scrape of every VMI of a launcher host stays
+      // linear in its VMIs (all domains' statistics for each VMI would be quadratic).
+      const found = await this.#reconnecting("get statistics of", async () => {
+        const domain = await this.lookup();
+        const stats = domain ? await domain.getStats() : undefined;
+        return domain && stats ? { domain, stats } : undefined;
+      }).catch((error) => {
+        if (isNoDomain(error)) return undefined;
+        throw error;
+      });
+      if (!found) return undefined;
+      const { domain, stats: mine } = found;
       // Drives and interfaces go by their VMI names (the `ua-` aliases), as KubeVirt's do.
-      const domain = await this.lookup().catch(() => undefined);
-      const xml = domain ? await domain.getXMLDesc().catch(() => "") : "";
+      const xml = await domain.getXMLDesc().catch(() => "");
       const stats = domainStatsToKubevirt(mine, deviceAliases(xml));
       // A migration from here: its progress, as the monitor last saw it.
       const job = this.#migration?.jobInfo;

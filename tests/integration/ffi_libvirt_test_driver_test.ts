@@ -198,6 +198,19 @@ Deno.test("getAllDomainStats() turns typed parameters into a plain object", asyn
   });
 });
 
+Deno.test("Domain.getStats() returns the one domain's record, as the connection-wide call has it", async () => {
+  await withConnection(async (conn) => {
+    const dom = await conn.lookupByName("test");
+    const mine = await dom.getStats(VIR_DOMAIN_STATS_STATE);
+    assert.ok(mine);
+    assert.equal(mine.name, "test");
+    assert.equal(mine.uuid, dom.uuid);
+    const all = await conn.getAllDomainStats(VIR_DOMAIN_STATS_STATE);
+    assert.deepEqual(mine.params, all.find((s) => s.name === "test")?.params);
+    assert.equal(mine.params["state.state"], VIR_DOMAIN_RUNNING);
+  });
+});
+
 Deno.test("host calls report versions and capabilities", async () => {
   await withConnection(async (conn) => {
     const lib = await conn.getLibVersion();
