@@ -324,6 +324,11 @@ export class Handler implements Runnable {
         metrics: () => this.metrics(),
         tls: this.#options.healthTls,
       }));
+      // The REST server's watch reloads material it shares; material of its own is watched here.
+      const tls = this.#options.healthTls;
+      if (tls && tls !== this.#options.rest?.tls) {
+        parts.push(runnable("health-tls", (s) => tls.watch(s)));
+      }
     }
     if (this.#options.rest) parts.push(...this.#restParts(this.#options.rest));
     await runStages([[controller, resync], parts], signal);

@@ -10,6 +10,7 @@
 import https from "node:https";
 import { connect, type TLSSocket } from "node:tls";
 import { join } from "node:path";
+import { X509Certificate } from "node:crypto";
 import { runText } from "./command.ts";
 
 /** A certificate and its key, PEM. */
@@ -149,6 +150,82 @@ export async function makeCertificates(parent: string): Promise<TestCertificates
     expired: pair("expired", "client"),
     wrongName: pair("wrong"),
   };
+}
+
+/**
+ * Issues the handler a new server certificate and key (same CA and name) and moves them
+ * over the old ones in `serverDir`, as a rotated Secret's files change; returns the new
+ * certificate.
+ */
+export async function reissueServerCertificate(certs: TestCertificates): Promise<string> {
+  const dir = certs.dir;
+  await Deno.mkdir(join(dir, "next"), { recursive: true });
+  await openssl(
+    dir,
+    "req",
+    "-newkey",
+    "ec",
+    "-pkeyopt",
+    "ec_paramgen_curve:P-256",
+    "-nodes",
+    "-keyout",
+    "next/tls.key",
+    "-out",
+    "next/tls.csr",
+    "-subj",
+    "/CN=kubevirt.io:system:node:virt-handler",
+  );
+  await openssl(
+    dir,
+    "x509",
+    "-req",
+    "-in",
+    "next/tls.csr",
+    "-CA",
+    "ca.crt",
+    "-CAkey",
+    "ca.key",
+    "-CAcreateserial",
+    "-out",
+    "next/tls.crt",
+    "-days",
+    "1",
+    "-extfile",
+    "server.ext",
+  );
+  await Deno.rename(join(dir, "next", "tls.key"), join(certs.serverDir, "tls.key"));
+  await Deno.rename(join(dir, "next", "tls.crt"), join(certs.serverDir, "tls.crt"));
+  return await Deno.readTextFile(join(certs.serverDir, "tls.crt"));
+}
+
+/**
+ * The SHA-256 fingerprint of the certificate a TLS server on loopback `port` presents
+ * (as `AA:BB:…`), presenting `client` when given; undefined when no handshake completes.
+ */
+export function servedFingerprint(port: number, client?: KeyPair): Promise<string | undefined> {
+  return new Promise((resolve) => {
+    const socket: TLSSocket = connect({
+      host: "127.0.0.1",
+      port,
+      cert: client?.cert,
+      key: client?.key,
+      rejectUnauthorized: false,
+    }, () => {
+      const fingerprint = socket.getPeerCertificate()?.fingerprint256;
+      socket.destroy();
+      resolve(fingerprint || undefined);
+    });
+    socket.on("error", () => resolve(undefined));
+    socket.setTimeout(5_000, () => {
+      socket.destroy();
+      resolve(undefined);
+    });
+  });
+}
+
+/** The SHA-256 fingerprint of a PEM certificate, as {@linkcode servedFingerprint} has it. */
+export function pemFingerprint(pem: string): string {
+  return new X509Certificate(pem).fingerprint256;
 }
 
 /** The handler options that serve its REST API on loopback `port` with `certs`. */
