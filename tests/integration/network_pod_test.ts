@@ -81,6 +81,17 @@ async function snapshot(netns: string, podIp: string): Promise<unknown> {
   );
 }
 
+/**
+ * A pod as the cluster's network plugin left it, with IPv4 forwarding off: a new namespace
+ * takes the host's setting at its creation, which the other tests running beside this one
+ * change, so two pods made a moment apart could differ before any setup.
+ */
+async function plainPod(pods: PodlessNetworks, uid: string): Promise<string> {
+  const netns = await pods.ensure(uid);
+  await inNs(netns, "sh", "-c", "echo 0 >/proc/sys/net/ipv4/ip_forward");
+  return netns;
+}
+
 async function podIpOf(dir: string, uid: string): Promise<string> {
   return (await readNetworkState(`${dir}/cache/${uid}/default`)).podIP!;
 }
@@ -150,14 +161,14 @@ for (const binding of ["bridge", "masquerade"] as const) {
         : { bridge: {} };
       // The reference: one pass, start to end.
       const cleanUid = crypto.randomUUID();
-      const cleanNs = await pods.ensure(cleanUid);
+      const cleanNs = await plainPod(pods, cleanUid);
       const networks = new PodNetworks({ runner, cacheDir: `${dir}/cache` });
       await networks.setup(vmiFor(cleanUid, iface), target(cleanNs, `${dir}/private/${cleanUid}`));
       const reference = await snapshot(cleanNs, await podIpOf(dir, cleanUid));
       const lines = binding === "bridge" ? 17 : 7;
       for (let cut = 0; cut <= lines; cut++) {
         const uid = crypto.randomUUID();
-        const netns = await pods.ensure(uid);
+        const netns = await plainPod(pods, uid);
         const vmi = vmiFor(uid, iface);
         const where = target(netns, `${dir}/private/${uid}`);
         const dying = new PodNetworks({ runner: new DyingRunner(cut), cacheDir: `${dir}/cache` });
