@@ -292,7 +292,10 @@ function handlerCommand(program: Command): void {
       Deno.addSignalListener("SIGINT", () => stop.abort());
       const client = await kubeClientWithRetry(config, stop.signal);
       const globals = ["--log-level", config.logLevel, "--log-format", "json"];
+      // The labeller starts after the handler is built; its host model is read when asked.
+      const started: { labeller?: { readonly hostCpuModel: string | undefined } } = {};
       const handler = await Handler.create(config, client, {
+        hostCpuModel: () => started.labeller?.hostCpuModel,
         healthAddress: opts.healthAddress,
         rest,
         healthTls,
@@ -344,6 +347,7 @@ function handlerCommand(program: Command): void {
         labeller: opts.nodeLabeller ? {} : false,
         recorder: new EventRecorder(client, { host: config.nodeName, component: "node-labeller" }),
       });
+      started.labeller = services.labeller;
       // Unschedulable first, so no new VMI lands here while the handler drains.
       await runStages([...services.stages, [handler]], stop.signal);
       Deno.exit(0);

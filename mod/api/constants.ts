@@ -85,6 +85,11 @@ export const ConditionReason = {
   VirtIOFSNotMigratable: "VirtIOFSNotLiveMigratable",
   HostDeviceNotMigratable: "HostDeviceNotLiveMigratable",
   SEVNotMigratable: "SEVNotLiveMigratable",
+  SecureExecutionNotMigratable: "SecureExecutionNotLiveMigratable",
+  TDXNotMigratable: "TDXNotLiveMigratable",
+  NoTSCFrequencyNotMigratable: "NoTSCFrequencyNotLiveMigratable",
+  HypervPassthroughNotMigratable: "HypervPassthroughNotLiveMigratable",
+  PRNotMigratable: "PersistentReservationNotLiveMigratable",
   NotMigratable: "NotMigratable",
   // DataVolumesReady condition
   AllDVsReady: "AllDVsReady",

@@ -645,6 +645,12 @@ export interface VirtualMachineInstanceStatus {
   selinuxContext?: string;
   /** How a migration reaches the target: `Unix` (through the launchers' sockets). */
   migrationTransport?: string;
+  /** `LiveMigration`, or `BlockMigration` when some disk is local and copies along. */
+  migrationMethod?: "LiveMigration" | "BlockMigration";
+  /** What virt-controller chose for the VMI's placement, e.g. the TSC frequency in Hz. */
+  topologyHints?: { tscFrequency?: number };
+  /** The volumes a volume migration moved, by name. */
+  migratedVolumes?: { volumeName: string }[];
 }
 
 /** A `kubevirt.io/v1` VirtualMachineInstance. */

@@ -115,6 +115,11 @@ export interface ControllerDeps {
   workers?: number;
   /** Told once the workers run (the informer has listed). */
   onStarted?: () => void;
+  /**
+   * This node's host-model CPU as the labeller found it, if any; without one a host-model
+   * VMI is not LiveMigratable, as KubeVirt's handler decides.
+   */
+  hostCpuModel?: () => string | undefined;
 }
 
 interface ShutdownState {
@@ -380,6 +385,7 @@ export class VmiController {
           ? await this.#d.provider.hotplugMounted(vmi.metadata.uid!)
           : undefined,
         hotplugClaims: this.#d.provider.hotplugClaims?.(vmi.metadata.uid!),
+        migratable: { hostCpuModel: this.#d.hostCpuModel?.() },
       });
       result = sooner(result, requeue);
       if (syncError === undefined && domainSeen === undefined) {

@@ -90,6 +90,8 @@ export interface HandlerOptions {
   healthAddress?: string;
   /** Concurrent syncs (KubeVirt's handler threadiness). */
   workers?: number;
+  /** This node's host-model CPU, once the labeller read it (LiveMigratable of host-model VMIs). */
+  hostCpuModel?: () => string | undefined;
   /** The kubelet's pods directory (KubeVirt mode). */
   podsDir?: string;
   /** Resync of every launcher's domain; {@linkcode DOMAIN_RESYNC_MS} unless told. */
@@ -243,6 +245,7 @@ export class Handler implements Runnable {
       networks,
       workers: options.workers,
       onStarted: () => this.#onStarted(),
+      hostCpuModel: options.hostCpuModel,
     });
   }
 

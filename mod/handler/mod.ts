@@ -88,3 +88,11 @@ export {
   type StatusInput,
   SYNC_FAILED_REASON,
 } from "./status.ts";
+export {
+  ALLOW_POD_BRIDGE_MIGRATION_ANNOTATION,
+  joinBlockers,
+  type Migratability,
+  migratability,
+  type MigratableContext,
+  type MigrationBlocker,
+} from "./migratable.ts";

@@ -7,6 +7,7 @@
  *
  * @module
  */
+import { joinBlockers, migratability, type MigratableContext } from "./migratable.ts";
 import {
   type ClaimInfo,
   ConditionReason,
@@ -71,6 +72,8 @@ export interface StatusInput {
   hotplugClaims?: ReadonlyMap<string, ClaimInfo>;
   /** The launcher's SELinux label (`none` without SELinux), once known. */
   selinuxContext?: string;
+  /** What this node adds to whether a VMI can migrate (its host-model CPU). */
+  migratable?: MigratableContext;
 }
 
 /** The phase change a status update makes, for Events. */
@@ -122,35 +125,14 @@ export function removeCondition(conditions: VmiCondition[], type: string): VmiCo
     : conditions;
 }
 
-/** LiveMigratable=False when no specific blocker applies: virtnode cannot migrate yet. */
-const LIVE_MIGRATION_UNSUPPORTED = {
+/**
+ * `LiveMigratable` and `StorageLiveMigratable` say False with this when no KubeVirt reason
+ * applies: the handler does not take part in a migration yet.
+ */
+const MIGRATION_UNSUPPORTED = {
   reason: ConditionReason.NotMigratable,
   message: "live migration is not supported by virtnode yet",
 } as const;
-
-/**
- * Why a VMI cannot be live-migrated, for the reasons that apply to what our
- * converter produces; undefined when none of them does.
- */
-export function liveMigrationBlocker(
-  vmi: VirtualMachineInstance,
-): { reason: string; message: string } | undefined {
-  for (const v of vmi.spec.volumes ?? []) {
-    if (v.hostDisk && !v.hostDisk.shared) {
-      return {
-        reason: ConditionReason.DisksNotMigratable,
-        message: `cannot migrate VMI with non-shared HostDisk "${v.name}"`,
-      };
-    }
-  }
-  if (vmi.spec.domain?.cpu?.model === "host-passthrough") {
-    return {
-      reason: ConditionReason.CPUModeNotMigratable,
-      message: "cannot migrate VMI with host-passthrough CPU mode",
-    };
-  }
-  return undefined;
-}
 
 /**
  * Whether the guest agent is connected: the domain's guest agent channel is
@@ -414,11 +396,20 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
     : removeCondition(conditions, ConditionType.AgentConnected);
 
   if (status.phase === VmiPhase.Running || status.phase === VmiPhase.Scheduled) {
+    const verdict = migratability({ ...vmi, status }, input.migratable);
     conditions = setCondition(conditions, {
       type: ConditionType.LiveMigratable,
       status: "False",
-      ...(liveMigrationBlocker(vmi) ?? LIVE_MIGRATION_UNSUPPORTED),
+      ...(verdict.blockers[0] ?? MIGRATION_UNSUPPORTED),
     }, input.now);
+    conditions = setCondition(conditions, {
+      type: ConditionType.StorageLiveMigratable,
+      status: "False",
+      ...(verdict.storageBlockers.length > 0
+        ? { reason: ConditionReason.NotMigratable, message: joinBlockers(verdict.storageBlockers) }
+        : MIGRATION_UNSUPPORTED),
+    }, input.now);
+    status.migrationMethod = verdict.method;
   }
 
   if (input.standsInForController) {

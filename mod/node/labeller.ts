@@ -404,6 +404,11 @@ export class NodeLabeller {
     return this.#info;
   }
 
+  /** The host-model CPU of this node, once its capabilities were read; none without one. */
+  get hostCpuModel(): string | undefined {
+    return this.#info?.domain.hostModel?.name || undefined;
+  }
+
   /** The labels this node should carry, without touching the node. */
   async computeLabels(): Promise<ComputedLabels> {
     return computeNodeLabels(await this.info(), { obsoleteModels: this.#options.obsoleteModels });

@@ -10,7 +10,6 @@ import {
 import {
   computeStatus,
   guestAgentConnected,
-  liveMigrationBlocker,
   phaseChangeEvent,
   type StatusInput,
   SYNC_FAILED_REASON,
@@ -159,16 +158,36 @@ Deno.test("computeStatus() leaves Ready alone outside pod-less mode (virt-contro
   assert.equal(r.status.conditions!.find((c) => c.type === "Ready"), undefined);
 });
 
-Deno.test("liveMigrationBlocker() names non-shared hostDisks and host-passthrough CPUs", () => {
-  assert.equal(liveMigrationBlocker(vmi("Running")), undefined);
-  const disk = liveMigrationBlocker(
-    vmi("Running", { volumes: [{ name: "d", hostDisk: { path: "/x", type: "Disk" } }] }),
+Deno.test("computeStatus() writes LiveMigratable and StorageLiveMigratable with KubeVirt's first reason, and the migration method", () => {
+  const plain = computeStatus(vmi("Running"), input(LifeCycle.Running)).status;
+  const live = plain.conditions?.find((c) => c.type === "LiveMigratable");
+  assert.equal(live?.status, "False");
+  assert.equal(live?.reason, "NotMigratable");
+  assert.match(live?.message ?? "", /not supported by virtnode yet/);
+  assert.equal(plain.conditions?.find((c) => c.type === "StorageLiveMigratable")?.status, "False");
+  assert.equal(plain.migrationMethod, "LiveMigration");
+  const blocked = computeStatus(
+    vmi("Running", {
+      domain: { devices: { hostDevices: [{ name: "h", deviceName: "x" }] } },
+      volumes: [{ name: "d", hostDisk: { path: "/x", type: "Disk" } }],
+    }),
+    input(LifeCycle.Running),
+  ).status;
+  const byType = new Map(blocked.conditions?.map((c) => [c.type, c]));
+  assert.equal(byType.get("LiveMigratable")?.reason, "HostDeviceNotLiveMigratable");
+  assert.equal(byType.get("StorageLiveMigratable")?.reason, "NotMigratable");
+  assert.equal(
+    byType.get("StorageLiveMigratable")?.message,
+    "HostDeviceNotLiveMigratable: VMI uses a PCI host devices",
   );
-  assert.equal(disk?.reason, "DisksNotLiveMigratable");
-  const cpu = liveMigrationBlocker(
-    vmi("Running", { domain: { cpu: { model: "host-passthrough" }, devices: {} } }),
+  assert.equal(blocked.migrationMethod, "BlockMigration");
+  // Not before the VMI is scheduled here.
+  assert.equal(
+    computeStatus(vmi("Pending"), input()).status.conditions?.some((c) =>
+      c.type === "LiveMigratable"
+    ) ?? false,
+    false,
   );
-  assert.equal(cpu?.reason, "CPUModeLiveMigratable");
 });
 
 function runningDomain(channels: DomainChannel[], osName?: string): Domain {
@@ -242,9 +261,14 @@ Deno.test("computeStatus() never makes a VMI LiveMigratable: a specific blocker 
       "DisksNotLiveMigratable",
     ],
     [
-      "Running, host-passthrough CPU",
-      vmi("Running", { domain: { cpu: { model: "host-passthrough" }, devices: {} } }),
+      "Running, host-model CPU, the node has no host model",
+      vmi("Running", { domain: { cpu: { model: "host-model" }, devices: {} } }),
       "CPUModeLiveMigratable",
+    ],
+    [
+      "Running, host-passthrough CPU (KubeVirt lets it migrate)",
+      vmi("Running", { domain: { cpu: { model: "host-passthrough" }, devices: {} } }),
+      "NotMigratable",
     ],
     ["Succeeded", vmi("Succeeded"), undefined],
   ];
