@@ -107,7 +107,6 @@ export interface WorkerOps {
   ): { type: number; params: Record<string, TypedParamValue> };
   domainAbortJob(uuid: string): void;
   domainMigrateSetMaxDowntime(uuid: string, milliseconds: number): void;
-  domainMigrateSetMaxSpeed(uuid: string, mebibytesPerSecond: number): void;
   domainMigrateStartPostCopy(uuid: string): void;
 }
 

@@ -86,7 +86,6 @@ export const LIBVIRT_SYMBOLS = {
   virDomainGetJobStats: { parameters: [P, B, B, B, U], result: I },
   virDomainAbortJob: { parameters: [P], result: I },
   virDomainMigrateSetMaxDowntime: { parameters: [P, "u64", U], result: I },
-  virDomainMigrateSetMaxSpeed: { parameters: [P, "u64", U], result: I },
   virDomainMigrateStartPostCopy: { parameters: [P, U], result: I },
   virTypedParamsAddString: { parameters: [B, B, B, B, B], result: I },
   virTypedParamsAddULLong: { parameters: [B, B, B, B, "u64"], result: I },

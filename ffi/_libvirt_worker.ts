@@ -485,12 +485,6 @@ const ops: WorkerOps = {
       (d) => checkInt(vir().virDomainMigrateSetMaxDowntime(d, BigInt(milliseconds), 0)),
     );
   },
-  domainMigrateSetMaxSpeed(uuid, mebibytesPerSecond) {
-    withDomain(
-      uuid,
-      (d) => checkInt(vir().virDomainMigrateSetMaxSpeed(d, BigInt(mebibytesPerSecond), 0)),
-    );
-  },
   domainMigrateStartPostCopy(uuid) {
     withDomain(uuid, (d) => checkInt(vir().virDomainMigrateStartPostCopy(d, 0)));
   },

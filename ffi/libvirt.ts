@@ -461,18 +461,6 @@ export class Domain {
     );
   }
 
-  /**
-   * Caps a migration's bandwidth, in MiB/s (`virDomainMigrateSetMaxSpeed`); a running one
-   * follows the new cap at once.
-   */
-  async migrateSetMaxSpeed(mebibytesPerSecond: number): Promise<void> {
-    await this.#call(
-      "domainMigrateSetMaxSpeed",
-      [this.uuid, mebibytesPerSecond],
-      this.#action("set the migration bandwidth of"),
-    );
-  }
-
   /** Switches a running migration to post-copy (`virDomainMigrateStartPostCopy`). */
   async migrateStartPostCopy(): Promise<void> {
     await this.#call(
