@@ -69,6 +69,7 @@ export type CmdBackend = Pick<
   | "screenshot"
   | "migrate"
   | "cancelMigration"
+  | "prepareMigrationTarget"
 >;
 
 /** `kubevirt.cmd.v1.MigrationRequest`: the VMI and KubeVirt's `MigrationOptions` as JSON. */
@@ -196,6 +197,10 @@ function buildHandlers(backend: CmdBackend): Record<string, Handler> {
         return ok();
       },
       failed,
+    ),
+    SyncMigrationTarget: command(
+      "SyncMigrationTarget",
+      (json) => backend.prepareMigrationTarget(json),
     ),
     CancelVirtualMachineMigration: command(
       "CancelVirtualMachineMigration",

@@ -7,6 +7,7 @@
  * @module
  */
 
+import { join } from "node:path";
 import {
   type Connection,
   type Domain as LibvirtDomain,
@@ -698,6 +699,56 @@ export class DomainManager {
       });
       this.#onChange();
     }, false);
+  }
+
+  /**
+   * Readies this launcher as a migration's target (`SyncMigrationTarget`), as KubeVirt's
+   * launcher prepares its pod: the VMI must convert, and everything its domain will use
+   * here is made as a start would make it (folders, the guest's network side, disks:
+   * containerDisks, empty disks, cloud-init ISOs), but nothing is defined or started, since
+   * the domain comes with the migration. The folder of the migration's sockets is made for
+   * QEMU. A domain already active here (the migration arrived) is left alone; a source that
+   * cannot migrate over unix sockets is refused, as virtnode's proxy carries nothing else.
+   */
+  prepareMigrationTarget(vmiJson: Uint8Array | string | null | undefined): Promise<void> {
+    return this.#run("prepare the migration target of", async () => {
+      const raw = this.#checkVmi("prepare the migration target of", vmiJson);
+      const vmi: VirtualMachineInstance = validateVmi(raw);
+      checkVmiSemantics(vmi);
+      if (vmi.status?.migrationTransport !== "Unix") {
+        throw new LauncherCommandError(
+          "prepare the migration target of",
+          this.vmiKey,
+          `the source migrates over ${
+            vmi.status?.migrationTransport ? `"${vmi.status.migrationTransport}"` : "TCP"
+          }; virtnode's launcher takes migrations over unix sockets only ` +
+            `(status.migrationTransport "Unix")`,
+        );
+      }
+      const existing = await this.lookup();
+      if (existing) {
+        const info = await existing.getState();
+        if (isDomainActive(domainStateFromLibvirt(info.state, info.reason).status)) return;
+      }
+      await this.#prepareDirs();
+      const interfaces = await this.#prepareNetwork(vmi);
+      const { volumes, efi } = await convertVmiToDomainXml(raw, {
+        ...this.#converter,
+        domainType: this.#converter.domainType ?? (kvmUsable() ? "kvm" : "qemu"),
+        interfaces,
+      });
+      letQemuReach(this.#converter.qemuUser, [
+        ...Object.values(volumes).map((v) => v.path),
+        ...(efi ? [efi.nvram] : []),
+      ]);
+      const sockets = join(this.#migrationSocketDir, "migrationproxy");
+      await Deno.mkdir(sockets, { recursive: true, mode: 0o750 });
+      prepareForQemuUser(this.#converter.qemuUser, { writable: [sockets], readable: [] });
+      log.info("Prepared migration target", {
+        ...this.vmi,
+        migration: vmi.status?.migrationState?.migrationUid,
+      });
+    });
   }
 
   /** Aborts the running migration (`CancelVirtualMachineMigration`); none running: nothing. */

@@ -83,6 +83,7 @@ export async function runLauncher(
     sink,
     socketDir: options.socketDir,
     gracePeriodSeconds: options.gracePeriodSeconds,
+    migrationSocketDir: options.migrationSocketDir,
     converter: {
       runDir: options.runDir,
       diskDir: options.diskDir,

@@ -53,6 +53,7 @@ async function startHarness(name: string): Promise<Harness> {
     imageDir: join(dir, "images"),
     hostDiskRoot: join(dir, "hostdisks"),
     domainType: "qemu",
+    migrationSocketDir: join(dir, "share"),
   };
   await Deno.mkdir(options.hostDiskRoot!, { recursive: true });
   const abort = new AbortController();
@@ -210,12 +211,12 @@ Deno.test("launcher cmd server: lifecycle over the real socket", grpcTest, async
     );
 
     await t.step("an unimplemented RPC answers UNIMPLEMENTED naming it", async () => {
-      const error = await h.client.vmiCall("SyncMigrationTarget", testVmi("vm-cmd")).then(
+      const error = await h.client.vmiCall("SignalTargetPodCleanup", testVmi("vm-cmd")).then(
         () => assert.fail("expected UNIMPLEMENTED"),
         (e: grpc.ServiceError) => e,
       );
       assert.equal(error.code, 12);
-      assert.match(error.details, /SyncMigrationTarget/);
+      assert.match(error.details, /SignalTargetPodCleanup/);
       const other = await h.client.call("GetSEVInfo").catch((e: grpc.ServiceError) => e);
       assert.equal((other as grpc.ServiceError).code, 12);
       assert.match((other as grpc.ServiceError).details, /GetSEVInfo/);
@@ -330,6 +331,84 @@ Deno.test(
       assert.match(res.message, /spec\.volumes\[0\]/);
       assert.equal(await domainStatus(h.client), "none");
       assert.deepEqual(await h.client.call("Ping"), { success: true, message: "" });
+    } finally {
+      assert.equal(await stopHarness(h), 0);
+    }
+  },
+);
+
+Deno.test(
+  "launcher cmd server: SyncMigrationTarget readies the target's disks and socket folder without defining a domain; bad input and a non-unix source are refused",
+  grpcTest,
+  async () => {
+    const h = await startHarness("vm-target");
+    try {
+      const spec = {
+        domain: {
+          memory: { guest: "64Mi" },
+          devices: {
+            disks: [{ name: "scratch", disk: { bus: "virtio" } }, {
+              name: "init",
+              cdrom: { bus: "sata" },
+            }],
+          },
+        },
+        volumes: [
+          { name: "scratch", emptyDisk: { capacity: "16Mi" } },
+          { name: "init", cloudInitNoCloud: { userData: "#cloud-config\n" } },
+        ],
+      };
+      const target = (status: Record<string, unknown>) => ({
+        ...testVmi("vm-target"),
+        spec: { ...testVmi("vm-target").spec, ...spec },
+        status: { phase: "Running", migrationState: { migrationUid: "mig-1" }, ...status },
+      });
+
+      const tcp = await h.client.vmiCall("SyncMigrationTarget", target({}));
+      assert.equal(tcp.success, false);
+      assert.match(
+        tcp.message,
+        /^Cannot prepare the migration target of VMI "default\/vm-target": .*over TCP; .*unix sockets only/,
+      );
+
+      const bad = await h.client.vmiCall("SyncMigrationTarget", {
+        ...target({ migrationTransport: "Unix" }),
+        spec: { ...target({}).spec, volumes: [{ name: "scratch", emptyDisk: {} }] },
+      });
+      assert.equal(bad.success, false);
+      assert.match(
+        bad.message,
+        /^Cannot prepare the migration target of VMI "default\/vm-target": /,
+      );
+      assert.equal(await domainStatus(h.client), "none");
+
+      const ok = await h.client.vmiCall(
+        "SyncMigrationTarget",
+        target({ migrationTransport: "Unix" }),
+      );
+      assert.deepEqual(ok, { success: true, message: "" });
+      assert.equal(await domainStatus(h.client), "none", "the domain comes with the migration");
+      const made = (name: string) =>
+        [...Deno.readDirSync(join(h.options.diskDir, name))].filter((e) => e.isFile).map((e) =>
+          Deno.statSync(join(h.options.diskDir, name, e.name)).size
+        );
+      assert.ok(made("scratch").some((size) => size > 0), "the empty disk");
+      assert.ok(made("init").some((size) => size > 0), "the cloud-init ISO");
+      const sockets = await Deno.lstat(join(h.options.migrationSocketDir!, "migrationproxy"));
+      assert.ok(sockets.isDirectory);
+      assert.equal((sockets.mode ?? 0) & 0o007, 0, "no access for others");
+      // Asked again (the handler's next sync): the same answer, nothing else changes.
+      assert.deepEqual(
+        await h.client.vmiCall("SyncMigrationTarget", target({ migrationTransport: "Unix" })),
+        { success: true, message: "" },
+      );
+      // Another VMI's request is refused.
+      const other = await h.client.vmiCall("SyncMigrationTarget", {
+        ...target({ migrationTransport: "Unix" }),
+        metadata: { name: "someone-else", namespace: "default", uid: "x" },
+      });
+      assert.equal(other.success, false);
+      assert.match(other.message, /the request is for VMI "default\/someone-else"/);
     } finally {
       assert.equal(await stopHarness(h), 0);
     }

@@ -90,6 +90,7 @@ const everyOption: LauncherOptions = {
   hostDiskRoot: "/srv/disks",
   domainType: "qemu",
   ovmfDir: "/usr/share/OVMF",
+  migrationSocketDir: "/var/run/kubevirt-test",
 };
 
 Deno.test("formatLauncherArgs() round-trips every option through parseLauncherArgs()", () => {
@@ -105,9 +106,24 @@ Deno.test("formatLauncherArgs() round-trips the defaults the parser fills in", (
 });
 
 Deno.test("formatLauncherArgs() leaves out options that are not set", () => {
-  const { hostDiskRoot: _h, domainType: _d, ovmfDir: _o, notifySocket: _n, ...rest } = everyOption;
+  const {
+    hostDiskRoot: _h,
+    domainType: _d,
+    ovmfDir: _o,
+    notifySocket: _n,
+    migrationSocketDir: _m,
+    ...rest
+  } = everyOption;
   const args = formatLauncherArgs(rest);
-  for (const flag of ["--host-disk-root", "--domain-type", "--ovmf-dir", "--notify-socket"]) {
+  for (
+    const flag of [
+      "--host-disk-root",
+      "--domain-type",
+      "--ovmf-dir",
+      "--notify-socket",
+      "--migration-socket-dir",
+    ]
+  ) {
     assert.ok(!args.includes(flag), `${flag} in ${args.join(" ")}`);
   }
   assert.deepEqual(parseLauncherArgs(args), {
@@ -116,6 +132,7 @@ Deno.test("formatLauncherArgs() leaves out options that are not set", () => {
     domainType: undefined,
     ovmfDir: undefined,
     notifySocket: undefined,
+    migrationSocketDir: undefined,
   });
 });
 

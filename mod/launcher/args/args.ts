@@ -37,6 +37,11 @@ export interface LauncherOptions {
   domainType?: "kvm" | "qemu";
   /** Directory of the OVMF firmware files. */
   ovmfDir?: string;
+  /**
+   * Where the migration's sockets are (`<dir>/migrationproxy`); KubeVirt's share folder of
+   * the pod, `/var/run/kubevirt`, unless told (tests).
+   */
+  migrationSocketDir?: string;
 }
 
 /** A bad or missing command line argument. */
@@ -65,6 +70,7 @@ const FLAGS = [
   "--host-disk-root",
   "--domain-type",
   "--ovmf-dir",
+  "--migration-socket-dir",
 ] as const;
 type Flag = typeof FLAGS[number];
 
@@ -161,6 +167,7 @@ export function parseLauncherArgs(args: readonly string[]): LauncherOptions {
     hostDiskRoot: optionalPath("--host-disk-root"),
     domainType,
     ovmfDir: optionalPath("--ovmf-dir"),
+    migrationSocketDir: optionalPath("--migration-socket-dir"),
   };
 }
 
@@ -179,6 +186,7 @@ const FLAG_OF: Readonly<Record<keyof LauncherOptions, Flag>> = {
   hostDiskRoot: "--host-disk-root",
   domainType: "--domain-type",
   ovmfDir: "--ovmf-dir",
+  migrationSocketDir: "--migration-socket-dir",
 };
 
 /**
