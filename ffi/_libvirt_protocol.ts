@@ -89,6 +89,8 @@ export interface WorkerOps {
   domainResume(uuid: string): void;
   domainReset(uuid: string): void;
   domainAttachDevice(uuid: string, xml: string, flags: number): void;
+  domainUpdateDevice(uuid: string, xml: string, flags: number): void;
+  domainSetTime(uuid: string, seconds: number, nanoseconds: number): void;
   domainDetachDevice(uuid: string, xml: string, flags: number): void;
   domainReboot(uuid: string, flags: number): void;
   domainAgentCommand(uuid: string, command: string, timeout: number, flags: number): string;

@@ -72,6 +72,8 @@ export const LIBVIRT_SYMBOLS = {
   virDomainReboot: { parameters: [P, U], result: I },
   virDomainAttachDeviceFlags: { parameters: [P, B, U], result: I },
   virDomainDetachDeviceFlags: { parameters: [P, B, U], result: I },
+  virDomainUpdateDeviceFlags: { parameters: [P, B, U], result: I },
+  virDomainSetTime: { parameters: [P, "i64", U, U], result: I },
   virDomainFSFreeze: { parameters: [P, P, U, U], result: I },
   virDomainFSThaw: { parameters: [P, P, U, U], result: I },
   virDomainScreenshot: { parameters: [P, P, U, U], result: P },

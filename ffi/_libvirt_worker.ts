@@ -419,6 +419,15 @@ const ops: WorkerOps = {
   domainAttachDevice(uuid, xml, flags) {
     withDomain(uuid, (d) => checkInt(vir().virDomainAttachDeviceFlags(d, cstr(xml), flags)));
   },
+  domainUpdateDevice(uuid, xml, flags) {
+    withDomain(uuid, (d) => checkInt(vir().virDomainUpdateDeviceFlags(d, cstr(xml), flags)));
+  },
+  domainSetTime(uuid, seconds, nanoseconds) {
+    withDomain(
+      uuid,
+      (d) => checkInt(vir().virDomainSetTime(d, BigInt(seconds), nanoseconds, 0)),
+    );
+  },
   domainDetachDevice(uuid, xml, flags) {
     withDomain(uuid, (d) => checkInt(vir().virDomainDetachDeviceFlags(d, cstr(xml), flags)));
   },

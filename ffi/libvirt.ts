@@ -372,6 +372,30 @@ export class Domain {
     );
   }
 
+  /**
+   * Changes a device of the domain in place (`virDomainUpdateDeviceFlags`), e.g. an
+   * interface's link state; live and persistent unless told.
+   */
+  async updateDevice(xml: string, flags = VIR_DOMAIN_AFFECT_LIVE | VIR_DOMAIN_AFFECT_CONFIG) {
+    await this.#call(
+      "domainUpdateDevice",
+      [this.uuid, xml, flags],
+      this.#action("update a device of"),
+    );
+  }
+
+  /**
+   * Sets the guest's clock through its agent (`virDomainSetTime`) to `when` (the host's
+   * time unless told), to the nanosecond.
+   */
+  async setTime(when: { seconds: number; nanoseconds: number } = nowForGuest()): Promise<void> {
+    await this.#call(
+      "domainSetTime",
+      [this.uuid, when.seconds, when.nanoseconds],
+      this.#action("set the time of"),
+    );
+  }
+
   /** Removes a device from the domain (`virDomainDetachDeviceFlags`), live and persistent. */
   async detachDevice(xml: string, flags = VIR_DOMAIN_AFFECT_LIVE | VIR_DOMAIN_AFFECT_CONFIG) {
     await this.#call(
@@ -1007,4 +1031,10 @@ export class Connection {
  */
 export function openLibvirt(uri: string, options: OpenOptions = {}): Promise<Connection> {
   return Connection.open(uri, options);
+}
+
+/** The host's time now, whole seconds and nanoseconds since the epoch. */
+function nowForGuest(): { seconds: number; nanoseconds: number } {
+  const ms = Date.now();
+  return { seconds: Math.floor(ms / 1000), nanoseconds: (ms % 1000) * 1_000_000 };
 }
