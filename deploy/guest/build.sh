@@ -147,6 +147,8 @@ done
 cat >"$root/init" <<'INIT'
 #!/bin/busybox sh
 /bin/busybox --install -s /bin
+# qemu-ga sets the guest's clock (guest-set-time) only where /sbin/hwclock is.
+mkdir -p /sbin && ln -s /bin/busybox /sbin/hwclock
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev

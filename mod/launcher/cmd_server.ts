@@ -70,6 +70,7 @@ export type CmdBackend = Pick<
   | "migrate"
   | "cancelMigration"
   | "prepareMigrationTarget"
+  | "finalizeMigration"
 >;
 
 /** `kubevirt.cmd.v1.MigrationRequest`: the VMI and KubeVirt's `MigrationOptions` as JSON. */
@@ -201,6 +202,17 @@ function buildHandlers(backend: CmdBackend): Record<string, Handler> {
     SyncMigrationTarget: command(
       "SyncMigrationTarget",
       (json) => backend.prepareMigrationTarget(json),
+    ),
+    FinalizeVirtualMachineMigration: safe<VMIRequest, Response>(
+      "FinalizeVirtualMachineMigration",
+      async (request) => {
+        await backend.finalizeMigration(
+          request.vmi?.vmiJson ?? null,
+          request.options as Parameters<DomainManager["finalizeMigration"]>[1],
+        );
+        return ok();
+      },
+      failed,
     ),
     CancelVirtualMachineMigration: command(
       "CancelVirtualMachineMigration",

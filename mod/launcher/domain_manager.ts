@@ -35,7 +35,13 @@ import {
   prepareVolume,
   validateVmi,
 } from "./converter.ts";
-import { el, renderXml } from "./_xml.ts";
+import { el, renderXml, type XmlElement as RenderedElement } from "./_xml.ts";
+import {
+  child as xmlChild,
+  children as xmlChildren,
+  parseXml,
+  type XmlElement,
+} from "../xml/mod.ts";
 import { letQemuReach, prepareForQemuUser, type QemuUser } from "./qemu_user.ts";
 import { domainFromXml, type VmiRef } from "./_domain_reader.ts";
 import { deviceAliases, domainStatsToKubevirt, parseNetDev } from "./_domain_stats.ts";
@@ -185,6 +191,8 @@ export class DomainManager {
   #onChange: () => void = () => {};
   /** The live migration from here, once one was asked for. */
   #migration: SourceMigration | undefined;
+  /** The guest's clock was set after a migration (or is being set): once per launcher. */
+  #guestTimeSynced = false;
   readonly #migrationSocketDir: string;
 
   /** Creates the manager; no libvirt call happens yet. */
@@ -751,6 +759,86 @@ export class DomainManager {
     });
   }
 
+  /**
+   * Ends a migration on its target (`FinalizeVirtualMachineMigration`), as KubeVirt's
+   * launcher does: each interface the options name for `link-refresh` goes down and up
+   * again, so that its guest asks DHCP anew on the new node; then the guest's clock is set
+   * to the host's through its agent, once per launcher, in the background (every second
+   * for up to a minute while the agent does not answer).
+   */
+  finalizeMigration(
+    vmiJson: Uint8Array | string | null | undefined,
+    options?: { interfaceMigration?: Record<string, { method?: string } | null> } | null,
+  ): Promise<void> {
+    return this.#run("finalize the migration of", async () => {
+      this.#checkVmi("finalize the migration of", vmiJson);
+      const refresh = Object.entries(options?.interfaceMigration ?? {})
+        .filter(([, o]) => o?.method === "link-refresh").map(([name]) => name);
+      const domain = await this.lookup();
+      if (!domain) {
+        throw new LauncherCommandError(
+          "finalize the migration of",
+          this.vmiKey,
+          `domain "${this.domainName}" not found`,
+        );
+      }
+      if (refresh.length > 0) await this.#refreshLinks(domain, new Set(refresh));
+      this.#syncGuestTime(domain);
+    }, false);
+  }
+
+  async #refreshLinks(domain: LibvirtDomain, names: ReadonlySet<string>): Promise<void> {
+    const devices = xmlChild(parseXml(await domain.getXMLDesc()), "devices");
+    for (const iface of xmlChildren(devices, "interface")) {
+      const name = xmlChild(iface, "alias")?.attrs.name?.replace(/^ua-/, "");
+      if (name === undefined || !names.has(name)) continue;
+      const up = renderable(iface);
+      const down = {
+        ...up,
+        children: [
+          ...up.children.filter((c) => typeof c === "string" || c.name !== "link"),
+          el("link", { state: "down" }),
+        ],
+      };
+      await domain.updateDevice(renderXml(down));
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      await domain.updateDevice(renderXml(up));
+      log.info("Interface link refreshed", { ...this.vmi, interface: name });
+    }
+  }
+
+  #syncGuestTime(domain: LibvirtDomain): void {
+    if (this.#guestTimeSynced) return;
+    this.#guestTimeSynced = true;
+    const deadline = Date.now() + 60_000;
+    let last = "";
+    const attempt = async () => {
+      try {
+        await domain.setTime();
+        log.info("Guest time synced", { ...this.vmi });
+        return;
+      } catch (error) {
+        const code = error instanceof LibvirtError ? error.code : undefined;
+        if (
+          code === LIBVIRT_ERROR_CODES.VIR_ERR_OPERATION_UNSUPPORTED ||
+          code === LIBVIRT_ERROR_CODES.VIR_ERR_ARGUMENT_UNSUPPORTED ||
+          code === LIBVIRT_ERROR_CODES.VIR_ERR_NO_DOMAIN || code === undefined
+        ) {
+          log.warn("Cannot sync the guest's time", { ...this.vmi, error: detail(error) });
+          return;
+        }
+        last = detail(error);
+      }
+      if (Date.now() >= deadline) {
+        log.warn("Cannot sync the guest's time", { ...this.vmi, error: last });
+        return;
+      }
+      const timer = setTimeout(attempt, 1_000);
+      Deno.unrefTimer(timer);
+    };
+    void attempt();
+  }
+
   /** Aborts the running migration (`CancelVirtualMachineMigration`); none running: nothing. */
   cancelMigration(vmiJson: Uint8Array | string | null | undefined): Promise<void> {
     return this.#run("cancel the migration of", async () => {
@@ -999,4 +1087,15 @@ export class DomainManager {
       ? guestFilesystemsFromAgent(await this.#askAgent(domain, "guest-get-fsinfo"))
       : [];
   }
+}
+
+/** A parsed element as one the serializer writes back: its attributes, text and children. */
+function renderable(element: XmlElement): RenderedElement {
+  const text = element.text.trim();
+  return el(
+    element.name,
+    { ...element.attrs },
+    text ? text : undefined,
+    element.children.map(renderable),
+  );
 }

@@ -120,7 +120,7 @@ Deno.test("migration through the proxy (QEMU, two libvirtds): the running test g
   }
 });
 
-Deno.test("migration by the launcher (QEMU, two libvirtds): MigrateVirtualMachine's domain manager migrates the guest through the proxy and reports KubeVirt's migration metadata; a cancelled one fails with abortStatus Succeeded and the guest stays", async () => {
+Deno.test("migration by the launcher (QEMU, two libvirtds): MigrateVirtualMachine's domain manager migrates the guest through the proxy and reports KubeVirt's migration metadata; a cancelled one fails with abortStatus Succeeded and the guest stays; FinalizeVirtualMachineMigration on the target refreshes the interface's link and sets the guest's clock", async () => {
   const dir = await Deno.makeTempDir({ prefix: "virtnode-migl-" });
   const certs = await makeCertificates(dir);
   const server: KeyPair = {
@@ -248,6 +248,59 @@ Deno.test("migration by the launcher (QEMU, two libvirtds): MigrateVirtualMachin
       (await manager.getDomainStats().catch(() => undefined))?.MigrateDomainJobInfo ?? null,
       null,
       "no migration progress once it is over",
+    );
+
+    // On the target, FinalizeVirtualMachineMigration: the interface named for link-refresh
+    // goes down and up again, and the guest's clock, set a day back here, is set to the
+    // host's through its agent.
+    const moved = await b.conn.lookupByName(domainName);
+    const day = 86_400;
+    await moved.setTime({ seconds: Math.floor(Date.now() / 1000) - day, nanoseconds: 0 });
+    const guestClock = async () =>
+      Number(JSON.parse(await moved.agentCommand('{"execute":"guest-get-time"}', 5)).return) /
+      1e9;
+    assert.ok(Date.now() / 1000 - (await guestClock()) > day - 60, "the guest's clock is behind");
+    // What the manager asks of libvirt's device update, recorded on its way (libvirt's
+    // answer is the real one).
+    const updates: string[] = [];
+    const recording = new Proxy(b.conn, {
+      get(conn, key) {
+        if (key !== "lookupByName") return Reflect.get(conn, key, conn);
+        return async (domain: string) => {
+          const found = await conn.lookupByName(domain);
+          return new Proxy(found, {
+            get(d, k) {
+              const value = Reflect.get(d, k, d);
+              if (k !== "updateDevice") return typeof value === "function" ? value.bind(d) : value;
+              return async (xml: string, flags?: number) => {
+                await d.updateDevice(xml, flags);
+                updates.push(xml);
+              };
+            },
+          });
+        };
+      },
+    });
+    const targetManager = new DomainManager({
+      vmi: { namespace: "default", name, uid },
+      connection: recording,
+      converter: { runDir: join(dir, "run-b"), diskDir: join(dir, "disks-b") },
+    });
+    await targetManager.finalizeMigration(vmiJson("m2"), {
+      interfaceMigration: { default: { method: "link-refresh" } },
+    });
+    assert.equal(updates.length, 2, "down, then up");
+    assert.match(updates[0], /<alias name='ua-default'\/>[\s\S]*<link state='down'\/>/);
+    assert.doesNotMatch(updates[1], /<link/);
+    await waitUntil(
+      "the guest's clock set to the host's",
+      async () => Math.abs(Date.now() / 1000 - (await guestClock())) < 30,
+      30_000,
+    );
+    assert.doesNotMatch(await moved.getXMLDesc(), /<link state='down'\/>/, "the link is up");
+    await assert.rejects(
+      targetManager.finalizeMigration(vmiJson("m2").replace(`"${name}"`, '"other"'), {}),
+      /the request is for VMI "default\/other"/,
     );
   } finally {
     await source.shutdown();

@@ -65,6 +65,10 @@ export function migrationGuestXml(
     <channel type='unix'>
       <target type='virtio' name='org.qemu.guest_agent.0'/>
     </channel>
+    <interface type='user'>
+      <model type='virtio'/>
+      <alias name='ua-default'/>
+    </interface>
     <serial type='pty'><target port='0'/></serial>
     <console type='pty'><target type='serial' port='0'/></console>
     <memballoon model='none'/>

@@ -402,6 +402,16 @@ Deno.test(
         await h.client.vmiCall("SyncMigrationTarget", target({ migrationTransport: "Unix" })),
         { success: true, message: "" },
       );
+      // No domain arrived: there is nothing to finalize.
+      const early = await h.client.vmiCall(
+        "FinalizeVirtualMachineMigration",
+        target({ migrationTransport: "Unix" }),
+      );
+      assert.equal(early.success, false);
+      assert.match(
+        early.message,
+        /^Cannot finalize the migration of VMI "default\/vm-target": domain "default_vm-target" not found/,
+      );
       // Another VMI's request is refused.
       const other = await h.client.vmiCall("SyncMigrationTarget", {
         ...target({ migrationTransport: "Unix" }),
