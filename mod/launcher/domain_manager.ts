@@ -368,22 +368,31 @@ export class DomainManager {
         }
         if (isFinalPhase(vmi.status?.phase) || vmi.status?.phase === VmiPhase.Running) return;
       }
-      await this.#prepareDirs();
-      const interfaces = await this.#prepareNetwork(vmi);
-      const { xml, volumes, efi } = await convertVmiToDomainXml(raw, {
-        ...this.#converter,
-        domainType: this.#converter.domainType ?? (kvmUsable() ? "kvm" : "qemu"),
-        interfaces,
-      });
-      letQemuReach(this.#converter.qemuUser, [
-        ...Object.values(volumes).map((v) => v.path),
-        ...(efi ? [efi.nvram] : []),
-      ]);
+      const xml = await this.#prepareEnvironment(raw, vmi);
       const domain = await this.#conn.defineXML(xml);
       this.#stopRequested = false;
       await domain.start();
       log.info("Domain started", { ...this.vmi, domain: this.domainName });
     });
+  }
+
+  /**
+   * Makes what the VMI's domain uses here (folders, the guest's network side, its disks)
+   * and lets QEMU reach them; returns the domain's XML.
+   */
+  async #prepareEnvironment(raw: unknown, vmi: VirtualMachineInstance): Promise<string> {
+    await this.#prepareDirs();
+    const interfaces = await this.#prepareNetwork(vmi);
+    const { xml, volumes, efi } = await convertVmiToDomainXml(raw, {
+      ...this.#converter,
+      domainType: this.#converter.domainType ?? (kvmUsable() ? "kvm" : "qemu"),
+      interfaces,
+    });
+    letQemuReach(this.#converter.qemuUser, [
+      ...Object.values(volumes).map((v) => v.path),
+      ...(efi ? [efi.nvram] : []),
+    ]);
+    return xml;
   }
 
   /**
@@ -738,17 +747,7 @@ export class DomainManager {
         const info = await existing.getState();
         if (isDomainActive(domainStateFromLibvirt(info.state, info.reason).status)) return;
       }
-      await this.#prepareDirs();
-      const interfaces = await this.#prepareNetwork(vmi);
-      const { volumes, efi } = await convertVmiToDomainXml(raw, {
-        ...this.#converter,
-        domainType: this.#converter.domainType ?? (kvmUsable() ? "kvm" : "qemu"),
-        interfaces,
-      });
-      letQemuReach(this.#converter.qemuUser, [
-        ...Object.values(volumes).map((v) => v.path),
-        ...(efi ? [efi.nvram] : []),
-      ]);
+      await this.#prepareEnvironment(raw, vmi);
       const sockets = join(this.#migrationSocketDir, "migrationproxy");
       await Deno.mkdir(sockets, { recursive: true, mode: 0o750 });
       prepareForQemuUser(this.#converter.qemuUser, { writable: [sockets], readable: [] });
