@@ -36,6 +36,11 @@ export interface StatusWriterOptions {
   maxRetries?: number;
   /** Per-request timeout (default: the client's). */
   timeoutMs?: number;
+  /**
+   * The resource has a status subresource (a migration's does; a VMI's does not): status
+   * changes go to `<object>/status`, and only they.
+   */
+  statusSubresource?: boolean;
 }
 
 /** Outcome of {@linkcode StatusWriter.update}. */
@@ -121,6 +126,19 @@ export class StatusWriter<S extends object, T extends KubeObject & { status?: S 
    * when the object is gone) or {@linkcode StatusConflictError}.
    */
   async update(object: T, mutate: StatusMutation<S>): Promise<StatusWriteResult<T>> {
+    return await this.updateObject(object, (o) => {
+      const next = desiredStatus(o.status, mutate);
+      if (next !== undefined) o.status = next;
+    });
+  }
+
+  /**
+   * Like {@linkcode StatusWriter.update}, for a change beyond the status: `mutate` gets a
+   * copy of the whole object and may change its status, labels, annotations and
+   * finalizers (a migration moves a VMI's node label with its status). Nothing is sent
+   * when none of those changed.
+   */
+  async updateObject(object: T, mutate: (object: T) => T | void): Promise<StatusWriteResult<T>> {
     const maxRetries = this.#options.maxRetries ?? 5;
     const { namespace, name } = {
       namespace: object.metadata?.namespace,
@@ -131,16 +149,20 @@ export class StatusWriter<S extends object, T extends KubeObject & { status?: S 
     let requests = 0;
     let written = false;
     for (let attempt = 0;; attempt++) {
-      const desired = desiredStatus(current.status, mutate);
-      if (desired === undefined) return { written, object: current, requests };
-      const body = { ...current, status: desired };
+      const copy = structuredClone(current);
+      const desired = mutate(copy) ?? copy;
+      if (!changedBeyondSpec(current, desired)) return { written, object: current, requests };
       try {
         requests++;
         const before = current.status;
-        current = await this.#client.request<T>("PUT", path, body, {
+        const target = this.#options.statusSubresource ? `${path}/status` : path;
+        current = await this.#client.request<T>("PUT", target, desired, {
           timeoutMs: this.#options.timeoutMs,
         });
-        if (jsonEqual(current.status, before) && !jsonEqual(current.status, desired)) {
+        if (
+          !jsonEqual(before, desired.status) && jsonEqual(current.status, before) &&
+          !jsonEqual(current.status, desired.status)
+        ) {
           throw new StatusDroppedError(
             `Cannot update status of ${this.#options.plural} "${keyOf(namespace, name)}": ` +
               "the apiserver accepted the update but kept the old status. KubeVirt's " +
@@ -219,6 +241,19 @@ export class StatusWriter<S extends object, T extends KubeObject & { status?: S 
     if (namespace) p += `/namespaces/${encodeURIComponent(namespace)}`;
     return `${p}/${this.#options.plural}/${encodeURIComponent(name)}`;
   }
+}
+
+/** Whether `after` differs from `before` in what a status writer may change. */
+function changedBeyondSpec<T extends KubeObject & { status?: unknown }>(
+  before: T,
+  after: T,
+): boolean {
+  const m = (o: T) => ({
+    labels: o.metadata?.labels,
+    annotations: o.metadata?.annotations,
+    finalizers: o.metadata?.finalizers,
+  });
+  return !jsonEqual(before.status, after.status) || !jsonEqual(m(before), m(after));
 }
 
 function keyOf(namespace: string | undefined, name: string): string {
