@@ -71,6 +71,7 @@ export type CmdBackend = Pick<
   | "cancelMigration"
   | "prepareMigrationTarget"
   | "finalizeMigration"
+  | "signalTargetPodCleanup"
 >;
 
 /** `kubevirt.cmd.v1.MigrationRequest`: the VMI and KubeVirt's `MigrationOptions` as JSON. */
@@ -213,6 +214,10 @@ function buildHandlers(backend: CmdBackend): Record<string, Handler> {
         return ok();
       },
       failed,
+    ),
+    SignalTargetPodCleanup: command(
+      "SignalTargetPodCleanup",
+      (json) => backend.signalTargetPodCleanup(json),
     ),
     CancelVirtualMachineMigration: command(
       "CancelVirtualMachineMigration",

@@ -11,6 +11,7 @@ import { join } from "node:path";
 import {
   type Connection,
   type Domain as LibvirtDomain,
+  type DomainEvent,
   LIBVIRT_ERROR_CODES,
   LibvirtError,
 } from "../../ffi/mod.ts";
@@ -55,6 +56,7 @@ import {
   guestUsersFromAgent,
 } from "./guest_agent.ts";
 import { getLogger } from "../log/mod.ts";
+import { IncomingMigration } from "./migration_target.ts";
 import { kvmUsable } from "../host/mod.ts";
 import {
   DEFAULT_MIGRATION_SOCKET_DIR,
@@ -191,6 +193,8 @@ export class DomainManager {
   #onChange: () => void = () => {};
   /** The live migration from here, once one was asked for. */
   #migration: SourceMigration | undefined;
+  /** The live migration to here, once this launcher was readied as its target. */
+  #incoming: IncomingMigration | undefined;
   /** The guest's clock was set after a migration (or is being set): once per launcher. */
   #guestTimeSynced = false;
   readonly #migrationSocketDir: string;
@@ -747,6 +751,13 @@ export class DomainManager {
         const info = await existing.getState();
         if (isDomainActive(domainStateFromLibvirt(info.state, info.reason).status)) return;
       }
+      const migrationUid = vmi.status?.migrationState?.migrationUid ?? "";
+      if (this.#incoming?.uid !== migrationUid) {
+        this.#incoming = new IncomingMigration(migrationUid, {
+          onChange: () => this.#onChange(),
+          log: { ...this.vmi },
+        });
+      }
       await this.#prepareEnvironment(raw, vmi);
       const sockets = join(this.#migrationSocketDir, "migrationproxy");
       await Deno.mkdir(sockets, { recursive: true, mode: 0o750 });
@@ -838,6 +849,37 @@ export class DomainManager {
     void attempt();
   }
 
+  /**
+   * This launcher was readied as a migration's target and the migration has not ended here:
+   * a domain that goes down meanwhile is the failed migration's, which the handler cleans up.
+   */
+  get awaitingMigration(): boolean {
+    return this.#incoming !== undefined && !this.#incoming.ended;
+  }
+
+  /**
+   * Hears of a libvirt event of this domain before it is forwarded: a migration to here
+   * learns from them when it started and ended.
+   */
+  noteEvent(event: DomainEvent): void {
+    this.#incoming?.noteEvent(event, () => this.lookup());
+  }
+
+  /**
+   * `SignalTargetPodCleanup`: a failed migration's target is to be cleaned up. As KubeVirt's
+   * launcher, this only takes note; the handler (or, for a pod, virt-controller) ends it.
+   */
+  signalTargetPodCleanup(vmiJson: Uint8Array | string | null | undefined): Promise<void> {
+    return this.#run("signal the target cleanup of", () => {
+      const vmi = this.#checkVmi("signal the target cleanup of", vmiJson) as VirtualMachineInstance;
+      log.info("Signaled to clean up as a failed migration's target", {
+        ...this.vmi,
+        migration: vmi.status?.migrationState?.migrationUid,
+      });
+      return Promise.resolve();
+    }, false);
+  }
+
   /** Aborts the running migration (`CancelVirtualMachineMigration`); none running: nothing. */
   cancelMigration(vmiJson: Uint8Array | string | null | undefined): Promise<void> {
     return this.#run("cancel the migration of", async () => {
@@ -887,7 +929,8 @@ export class DomainManager {
         const { osInfo, fsFreezeStatus } = this.#agentInfo;
         if (osInfo) found.status.osInfo = { ...osInfo };
         if (fsFreezeStatus) found.status.fsFreezeStatus = { status: fsFreezeStatus };
-        if (this.#migration) found.spec.metadata.kubevirt.migration = this.#migration.metadata;
+        const migration = this.#migration?.metadata ?? this.#incoming?.metadata;
+        if (migration) found.spec.metadata.kubevirt.migration = migration;
         return found;
       });
     } catch (error) {

@@ -290,6 +290,7 @@ export class LauncherHost {
       sink: this.#sink,
       socketDir: spec.socketDir,
       gracePeriodSeconds: spec.gracePeriodSeconds,
+      migrationSocketDir: this.#o.migrationSocketDir,
       converter: {
         runDir: spec.runDir,
         diskDir: spec.diskDir,

@@ -91,6 +91,9 @@ export class LauncherInstance {
     this.#ended = new Promise((resolve) => this.#end = resolve);
     this.forwarder = new EventForwarder(this.manager, options.sink, (state) => {
       if (this.#stopping || this.manager.stopRequested) return;
+      // The guest went on on another node, or never arrived from one: the handler removes
+      // what is left here.
+      if (state.reason === StateChangeReason.Migrated || this.manager.awaitingMigration) return;
       this.#end({ kind: "died", state });
     });
     this.manager.onChange = () => this.forwarder.refresh();
@@ -114,6 +117,7 @@ export class LauncherInstance {
 
   /** Hands a libvirt event to the forwarder (events of other domains are ignored). */
   handle(event: DomainEvent): void {
+    this.manager.noteEvent(event);
     this.forwarder.handle(event);
   }
 

@@ -66,6 +66,11 @@ export interface LauncherHostOptions {
   ovmfDir?: string;
   /** Most libvirt call workers (V8 isolates of about 10 MB; two always run); 8 unless told. */
   maxWorkers?: number;
+  /**
+   * The folder of the handler's migration proxy sockets (`migrationproxy/` in it) as
+   * libvirtd and QEMU see it; KubeVirt's `/var/run/kubevirt` unless told.
+   */
+  migrationSocketDir?: string;
 }
 
 const DNS_LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
