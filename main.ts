@@ -21,6 +21,7 @@ import {
 } from "./mod/config/mod.ts";
 import { getLogger, setupLogging } from "./mod/log/mod.ts";
 import type { TlsMaterial } from "./mod/rest/mod.ts";
+import type { HandlerOptions } from "./mod/handler/mod.ts";
 
 /** virtnode's own version, from deno.json. */
 export const VERSION: string = denoJson.version;
@@ -156,6 +157,57 @@ function checkCommand(program: Command): void {
     });
 }
 
+/**
+ * The handler's live migration settings: the address its listeners are reached at, its
+ * server and client TLS material (the client certificate from `--client-cert-dir`; no
+ * files there: no migration, said once), and in pod-less mode where the proxy's sockets go
+ * and libvirtd's socket. Exits with a usage error for a bad address.
+ */
+async function migrationOptions(
+  opts: {
+    clientCertDir: string;
+    clientCaFile?: string;
+    migrationIp?: string;
+    migrationSocketDir?: string;
+  },
+  o: {
+    config: { runDir: string; libvirtUri: string };
+    serverTls: () => TlsMaterial | Promise<TlsMaterial>;
+    caConfigMap?: string;
+  },
+): Promise<HandlerOptions["migration"]> {
+  const { defaultMigrationAddress, libvirtSocketOfUri } = await import("./mod/handler/mod.ts");
+  const address = opts.migrationIp ?? Deno.env.get("MY_POD_IP") ?? defaultMigrationAddress();
+  if (!address || !/^[0-9a-fA-F.:]+$/.test(address)) {
+    console.error(
+      `virtnode handler: --migration-ip ${JSON.stringify(address ?? "")}: expected an IP address`,
+    );
+    Deno.exit(EXIT_USAGE);
+  }
+  const { TlsMaterial } = await import("./mod/rest/mod.ts");
+  const clientTls = new TlsMaterial({
+    certFile: `${opts.clientCertDir}/tls.crt`,
+    keyFile: `${opts.clientCertDir}/tls.key`,
+    caFile: opts.clientCaFile,
+  });
+  try {
+    await clientTls.load();
+  } catch (error) {
+    console.error(
+      `virtnode handler: live migration is off: ${(error as Error).message} (--client-cert-dir)`,
+    );
+    return undefined;
+  }
+  return {
+    address,
+    serverTls: await o.serverTls(),
+    clientTls,
+    caConfigMap: o.caConfigMap,
+    socketDir: opts.migrationSocketDir ?? o.config.runDir,
+    libvirtSocket: libvirtSocketOfUri(o.config.libvirtUri),
+  };
+}
+
 /** Adds `virtnode handler`: the node agent, the handler and the node services under one signal. */
 function handlerCommand(program: Command): void {
   program.command("handler")
@@ -222,6 +274,21 @@ function handlerCommand(program: Command): void {
       "ConfigMap whose ca-bundle REST clients' certificates must chain to (watched)",
       "kubevirt/kubevirt-ca",
     )
+    .option(
+      "--client-cert-dir <dir>",
+      "the certificate and key this handler presents to another node's migration listener (tls.crt, tls.key); live migration needs it",
+      absoluteDir,
+      "/etc/virt-handler/clientcertificates",
+    )
+    .option(
+      "--migration-ip <address>",
+      "the address other nodes' handlers reach this node's migration listeners at (default: MY_POD_IP, else this host's first global address)",
+    )
+    .option(
+      "--migration-socket-dir <dir>",
+      "pod-less mode: the folder of the migration proxy sockets, the same path on every node (default: --run-dir)",
+      absoluteDir,
+    )
     .action(async (opts, command: Command) => {
       const config = loadConfig(command, "virt-handler");
       let rest:
@@ -264,6 +331,11 @@ function handlerCommand(program: Command): void {
         };
       }
       const healthTls = opts.healthTls ? rest?.tls ?? await serverCerts() : undefined;
+      const migration = await migrationOptions(opts, {
+        config,
+        serverTls: () => rest?.tls ?? healthTls ?? serverCerts(),
+        caConfigMap: opts.clientCaFile ? undefined : opts.caConfigmap,
+      });
       const podNetwork = {
         bridge: opts.podNetworkBridge,
         subnets: String(opts.podNetworkCidr).split(",").map((c: string) => c.trim()).filter(
@@ -304,6 +376,7 @@ function handlerCommand(program: Command): void {
         imageDir: opts.imageDir,
         hostDiskRoot: opts.hostDiskRoot,
         podNetwork: opts.podless ? podNetwork : undefined,
+        migration,
         hostCommand: opts.podless
           ? (o) =>
             selfCommand([
@@ -319,6 +392,7 @@ function handlerCommand(program: Command): void {
               o.imageDir,
               ...(o.notifySocket ? ["--notify-socket", o.notifySocket] : []),
               ...(o.hostDiskRoot ? ["--host-disk-root", o.hostDiskRoot] : []),
+              ...(o.migrationSocketDir ? ["--migration-socket-dir", o.migrationSocketDir] : []),
             ])
           : undefined,
       });
@@ -512,6 +586,12 @@ function launcherHostCommand(program: Command): void {
     .option("--domain-type <type>", "kvm or qemu (detected from /dev/kvm unless told)")
     .option("--ovmf-dir <dir>", "OVMF firmware directory", absoluteDir)
     .option("--max-workers <n>", "most libvirt call threads", positiveInt, 8)
+    .option(
+      "--migration-socket-dir <dir>",
+      "the folder of the handler's migration proxy sockets, as libvirtd sees it",
+      absoluteDir,
+      "/var/run/kubevirt",
+    )
     .action(async (opts, command: Command) => {
       const config = loadConfig(command, "virt-launcher");
       await keepAliveOnUnhandledRejections();
@@ -534,6 +614,7 @@ function launcherHostCommand(program: Command): void {
           domainType: opts.domainType,
           ovmfDir: opts.ovmfDir,
           maxWorkers: opts.maxWorkers,
+          migrationSocketDir: opts.migrationSocketDir,
         }),
       );
     });

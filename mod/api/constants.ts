@@ -153,7 +153,37 @@ export const Finalizers = {
   VirtualMachineInstance: "kubevirt.io/foregroundDeleteVirtualMachine",
   DeprecatedVirtualMachineInstance: "foregroundDeleteVirtualMachine",
   VirtualMachineController: "kubevirt.io/virtualMachineControllerFinalize",
+  /** On migrations: virt-controller's, until the migration's end is written to the VMI. */
+  Migration: "kubevirt.io/migrationJobFinalize",
 } as const;
+
+/** VirtualMachineInstanceMigration phases (`status.phase`), in their order. */
+export const VmimPhases = {
+  Unset: "",
+  Pending: "Pending",
+  Scheduling: "Scheduling",
+  Scheduled: "Scheduled",
+  PreparingTarget: "PreparingTarget",
+  TargetReady: "TargetReady",
+  Running: "Running",
+  Succeeded: "Succeeded",
+  Failed: "Failed",
+} as const;
+
+/** KubeVirt's cluster-wide migration defaults (`pkg/virt-config`), for what no policy sets. */
+export const MIGRATION_DEFAULTS = {
+  bandwidthPerMigration: "0Mi",
+  completionTimeoutPerGiB: 150,
+  progressTimeout: 150,
+  unsafeMigrationOverride: false,
+  allowAutoConverge: false,
+  allowPostCopy: false,
+  parallelMigrationsPerCluster: 5,
+  parallelOutboundMigrationsPerNode: 2,
+} as const;
+
+/** Multifd connections KubeVirt's handler asks for when the CPU is not limited. */
+export const PARALLEL_MIGRATION_THREADS = 8;
 
 /** Extended resources KubeVirt's device plugins advertise. */
 export const DeviceResources = {

@@ -607,6 +607,107 @@ export interface MigrationState {
   targetNodeDomainReadyTimestamp?: string | null;
   /** The ports opened on the target node for the migration. */
   targetDirectMigrationNodePorts?: Record<string, number>;
+  /** The migration's settings, as virt-controller chose them (the cluster's defaults otherwise). */
+  migrationConfiguration?: MigrationConfiguration;
+  /** What the target side reports (KubeVirt 1.6+ keeps it beside the flat fields). */
+  targetState?: MigrationSideState;
+  /** What the source side reports. */
+  sourceState?: MigrationSideState;
+}
+
+/** `status.migrationState.sourceState` / `targetState`: one side of a migration. */
+export interface MigrationSideState {
+  /** The migration's UID. */
+  migrationUID?: string;
+  /** The side's node. */
+  node?: string;
+  /** The side's launcher pod. */
+  pod?: string;
+  /** The VMI's UID on that side. */
+  virtualMachineInstanceUID?: string;
+  /** The target's migration address. */
+  nodeAddress?: string;
+  /** The target's published ports. */
+  directMigrationNodePorts?: Record<string, number>;
+  /** Whether the domain was seen on the target. */
+  domainDetected?: boolean;
+  /** When the domain ran on the target. */
+  domainReadyTimestamp?: string | null;
+  /** Decentralized migrations only: the side's sync address. */
+  syncAddress?: string;
+  /** Anything else KubeVirt keeps there. */
+  [field: string]: unknown;
+}
+
+/** KubeVirt's `MigrationConfiguration` (the KubeVirt CR's, or a migration policy's). */
+export interface MigrationConfiguration {
+  /** e.g. `0Mi`: no limit. */
+  bandwidthPerMigration?: string | number;
+  /** Seconds per GiB of guest memory before the migration is aborted. */
+  completionTimeoutPerGiB?: number;
+  /** Seconds without progress before the migration is aborted. */
+  progressTimeout?: number;
+  /** Migrate even where libvirt deems it unsafe. */
+  unsafeMigrationOverride?: boolean;
+  /** Let QEMU throttle the guest's vCPUs so that the migration converges. */
+  allowAutoConverge?: boolean;
+  /** Let the migration switch to post-copy. */
+  allowPostCopy?: boolean;
+  /** Let the migration pause the guest or go post-copy to finish. */
+  allowWorkloadDisruption?: boolean;
+  /** Migrations at once in the cluster. */
+  parallelMigrationsPerCluster?: number;
+  /** Migrations at once leaving one node. */
+  parallelOutboundMigrationsPerNode?: number;
+  /** Anything else KubeVirt keeps there. */
+  [field: string]: unknown;
+}
+
+/** VirtualMachineInstanceMigration phases (`status.phase`). */
+export type VmimPhase =
+  | ""
+  | "Pending"
+  | "Scheduling"
+  | "Scheduled"
+  | "PreparingTarget"
+  | "TargetReady"
+  | "Running"
+  | "Succeeded"
+  | "Failed";
+
+/** A `kubevirt.io/v1` VirtualMachineInstanceMigration. */
+export interface VirtualMachineInstanceMigration {
+  /** `kubevirt.io/v1`. */
+  apiVersion?: string;
+  /** `VirtualMachineInstanceMigration`. */
+  kind?: string;
+  /** The migration's metadata. */
+  metadata: ObjectMeta;
+  /** Which VMI to migrate, and where it may go. */
+  spec: {
+    /** The VMI's name, in the migration's namespace. */
+    vmiName?: string;
+    /** Labels the target node must have, beyond the VMI's own node selector. */
+    addedNodeSelector?: Record<string, string>;
+  };
+  /** How the migration goes. */
+  status?: {
+    /** The migration's phase. */
+    phase?: VmimPhase;
+    /** When the migration entered each phase. */
+    phaseTransitionTimestamps?: { phase: VmimPhase; phaseTransitionTimestamp: string }[];
+    /** The VMI's migration state, copied. */
+    migrationState?: MigrationState;
+    /** The migration's conditions. */
+    conditions?: {
+      type: string;
+      status: string;
+      reason?: string;
+      message?: string;
+      lastProbeTime?: string | null;
+      lastTransitionTime?: string | null;
+    }[];
+  };
 }
 
 /** `status` of a VirtualMachineInstance. */

@@ -16,6 +16,7 @@ import {
   Finalizers,
   isFinalPhase,
   kubeTime,
+  Labels,
   splitVmiKey,
   type VirtualMachineInstance,
   type VirtualMachineInstanceStatus,
@@ -32,7 +33,6 @@ import type {
   WorkQueue,
 } from "../kube/mod.ts";
 import { isHotplugVolume } from "../storage/mod.ts";
-import { aborted } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import { decideSync, type SyncDecision } from "./decide.ts";
 import type { GhostRecordStore } from "./ghost_records.ts";
@@ -53,7 +53,11 @@ import {
   volumePhaseEvents,
 } from "./status.ts";
 import { gracePeriodSeconds } from "./_vmi.ts";
+import { domainMigrated, isMigrationInProgress } from "./migration_state.ts";
 import { hostTopology, type NumaCell, virtualMachineOptions } from "./vm_options.ts";
+import { DONE, type ReconcileResult, requeueAfter, runWorkers, sooner } from "./_workers.ts";
+
+export { DONE, type ReconcileResult, requeueAfter, sooner };
 
 const log = getLogger("handler", "controller");
 
@@ -68,26 +72,6 @@ export const CACHE_NOT_SYNCED_REQUEUE_MS = 200;
 export const OLDER_DOMAIN_REQUEUE_MS = 1_000;
 /** Concurrent syncs unless told (KubeVirt's handler threadiness). */
 export const DEFAULT_WORKERS = 8;
-
-/** What a reconcile asks of the worker loop. */
-export type ReconcileResult =
-  | { readonly kind: "done" }
-  | { readonly kind: "requeueAfter"; readonly ms: number; readonly reason: string };
-
-/** Nothing more to do for the key until an event wakes it. */
-export const DONE: ReconcileResult = Object.freeze({ kind: "done" });
-
-/** Look at the key again after `ms`, for `reason`. */
-export function requeueAfter(ms: number, reason: string): ReconcileResult {
-  return { kind: "requeueAfter", ms: Math.max(0, Math.round(ms)), reason };
-}
-
-/** The sooner of two results (`done` is the latest). */
-export function sooner(a: ReconcileResult, b: ReconcileResult): ReconcileResult {
-  if (a.kind === "done") return b;
-  if (b.kind === "done") return a;
-  return b.ms < a.ms ? b : a;
-}
 
 /** Everything the controller works with; built by the handler. */
 export interface ControllerDeps {
@@ -120,6 +104,11 @@ export interface ControllerDeps {
    * VMI is not LiveMigratable, as KubeVirt's handler decides.
    */
   hostCpuModel?: () => string | undefined;
+  /**
+   * Whether another controller handles the key's VMI on this node (a migration's target
+   * here: the VMI is another node's until the migration ends).
+   */
+  handledElsewhere?: (key: string) => boolean;
 }
 
 interface ShutdownState {
@@ -134,6 +123,10 @@ function domainUid(domain: Domain | undefined): string | undefined {
 
 function describe(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
+}
+
+function isDomainAlive(domain: Domain): boolean {
+  return domain.status.status !== LifeCycle.Shutoff && domain.status.status !== LifeCycle.Crashed;
 }
 
 function isPausedBy(domain: Domain | undefined, reason: StateChangeReason): boolean {
@@ -154,6 +147,8 @@ export class VmiController {
   /** The spec (as JSON) last handed to SyncVirtualMachine, per UID. */
   readonly #synced = new Map<string, string>();
   readonly #ioRetry = new FailRetryManager();
+  /** VMIs whose domain left this node by migration and was cleaned up here, by key. */
+  readonly #migratedAway = new Map<string, string>();
 
   /** Creates the controller and subscribes it to the informer; nothing runs until {@linkcode run}. */
   constructor(deps: ControllerDeps) {
@@ -217,16 +212,13 @@ export class VmiController {
    * aborts, the queue takes no new keys, in-flight syncs finish, and this resolves.
    */
   async run(signal: AbortSignal): Promise<void> {
-    const q = this.#d.queue;
-    await Promise.race([this.#d.informer.waitForSync(), aborted(signal)]);
-    const workers: Promise<void>[] = [];
-    if (!signal.aborted) {
-      for (let i = 0; i < (this.#d.workers ?? DEFAULT_WORKERS); i++) workers.push(this.#worker());
-      this.#d.onStarted?.();
-    }
-    await aborted(signal);
-    await q.shutDownWithDrain();
-    await Promise.all(workers);
+    await runWorkers(this.#d.queue, (key) => this.reconcile(key), {
+      workers: this.#d.workers ?? DEFAULT_WORKERS,
+      log,
+      counts: this.syncs,
+      ready: this.#d.informer.waitForSync(),
+      onStarted: this.#d.onStarted,
+    }, signal);
   }
 
   /** Syncs done since start, by outcome (the handler's metrics). */
@@ -235,30 +227,6 @@ export class VmiController {
   /** The work queue's counters and timings (the handler's metrics). */
   queueStats(): QueueStats {
     return this.#d.queue.stats();
-  }
-
-  /** The worker loop: the only code that takes keys from, and puts them back on, the queue. */
-  async #worker(): Promise<void> {
-    const q = this.#d.queue;
-    for (;;) {
-      const key = await q.get();
-      if (key === undefined) return;
-      try {
-        const result = await this.reconcile(key);
-        this.syncs.success++;
-        q.forget(key);
-        if (result.kind === "requeueAfter") {
-          log.debug("Requeue {key} after {ms} ms: {reason}", { key, ...result });
-          q.addAfter(key, result.ms);
-        }
-      } catch (error) {
-        log.error("Sync of {key} failed, retrying with backoff: {error}", { key, error });
-        this.syncs.error++;
-        q.addRateLimited(key);
-      } finally {
-        q.done(key);
-      }
-    }
   }
 
   /**
@@ -271,11 +239,14 @@ export class VmiController {
     }
     const cached = this.#d.informer.get(key);
     const vmiExists = cached !== undefined;
+    if (!vmiExists && this.#d.handledElsewhere?.(key)) return DONE;
     if (vmiExists && !this.#d.expectations.satisfied(key)) return DONE;
     if (vmiExists) this.#deleted.delete(key);
     const domain = this.#domains.get(key);
     const vmi = cached ? structuredClone(cached) : this.#lastKnown(key, domain);
     if (!vmi) return DONE; // nothing of this VMI is left on the node
+    const migration = await this.#migrationStep(key, vmi, vmiExists, domain);
+    if (migration) return migration;
 
     if (vmiExists) {
       // Leftovers of an older VMI with this name whose domain is gone already: the key
@@ -297,6 +268,59 @@ export class VmiController {
       }
     }
     return await this.#sync(vmi, vmiExists, domain);
+  }
+
+  /**
+   * What a live migration asks of this controller before a sync (KubeVirt's `execute`):
+   * a domain that left by migration is removed with what is left of the VMI here, and a
+   * VMI whose migration runs, or whose domain went, is left alone. Undefined: sync.
+   */
+  async #migrationStep(
+    key: string,
+    vmi: VirtualMachineInstance,
+    vmiExists: boolean,
+    domain: Domain | undefined,
+  ): Promise<ReconcileResult | undefined> {
+    const uid = vmi.metadata.uid!;
+    if (!vmiExists) this.#migratedAway.delete(key);
+    if (domainMigrated(domain) && domainUid(domain) === uid) {
+      log.info("The domain migrated away: removing what is left of it here", { key, uid });
+      await this.#deleteVm(vmi);
+      if (vmiExists) this.#migratedAway.set(key, uid);
+      return DONE;
+    }
+    if (vmiExists && this.#migratedAway.get(key) === uid) return DONE;
+    if (vmiExists && !vmi.metadata.deletionTimestamp && isMigrationInProgress(vmi, domain)) {
+      log.debug("Migration in progress; leaving the VMI to it", { key, uid });
+      return DONE;
+    }
+    // The VMI moved to another node while its domain here has not said Migrated yet (its
+    // event is on the way): nothing is stopped; that event brings the key back.
+    const movedTo = this.#deleted.get(key)?.metadata.labels?.[Labels.NodeName];
+    if (
+      !vmiExists && movedTo && movedTo !== this.#d.nodeName &&
+      !this.#deleted.get(key)?.metadata.deletionTimestamp && domain &&
+      domainUid(domain) === uid && isDomainAlive(domain)
+    ) {
+      log.info("The VMI moved to {node}; waiting for its domain here to say Migrated", {
+        key,
+        uid,
+        node: movedTo,
+      });
+      return DONE;
+    }
+    return undefined;
+  }
+
+  /** Deletes the domain and removes what is left of the VMI here, with no status write. */
+  async #deleteVm(vmi: VirtualMachineInstance): Promise<void> {
+    if ((await this.#launcherState(vmi)) === "responsive") await this.#processVmDelete(vmi);
+    await this.#processVmCleanup(vmi);
+  }
+
+  /** Removes what the node keeps for a VMI (a migration's target cleans up with this too). */
+  async cleanupLocal(vmi: VirtualMachineInstance): Promise<void> {
+    await this.#processVmCleanup(vmi);
   }
 
   /** The VMI as last seen, for a key the informer no longer has; undefined when nothing is left. */
@@ -503,6 +527,8 @@ export class VmiController {
       if (s.phase && s.phase !== VmiPhase.Pending) return;
       s.phase = VmiPhase.Scheduled;
       s.nodeName = this.#d.nodeName;
+      // As virt-controller once the launcher is placed: migrations go through unix sockets.
+      s.migrationTransport = "Unix";
       s.phaseTransitionTimestamps = [
         ...(s.phaseTransitionTimestamps ?? []),
         { phase: VmiPhase.Scheduled, phaseTransitionTimestamp: now },

@@ -47,6 +47,10 @@ import {
   TEXT_CONTENT_TYPE,
 } from "../metrics/mod.ts";
 import { VmiController } from "./controller.ts";
+import { MigrationProxyManager } from "../migration/mod.ts";
+import { MigrationSourceController } from "./migration_source.ts";
+import { MigrationTargetController } from "./migration_target.ts";
+import { PodlessMigrations } from "./podless_migrations.ts";
 import { GhostRecordStore } from "./ghost_records.ts";
 import { LauncherClients } from "./launcher_clients.ts";
 import type { LauncherProvider } from "./launcher_provider.ts";
@@ -109,6 +113,49 @@ export interface HandlerOptions {
    * make it). Without it a pod-less VMI with a pod-network interface is refused.
    */
   podNetwork?: PodlessNetworkConfig;
+  /** Live migration; none: this node neither sends nor takes migrations. */
+  migration?: HandlerMigrationOptions;
+}
+
+/** The handler's live migration settings. */
+export interface HandlerMigrationOptions {
+  /** The address other nodes' handlers reach this node's migration listeners at. */
+  address: string;
+  /** The server certificate the target listeners present, and the CA clients must chain to. */
+  serverTls: TlsMaterial;
+  /** The client certificate the source presents, and the CA the target must chain to. */
+  clientTls: TlsMaterial;
+  /** The ConfigMap (`namespace/name`, key `ca-bundle`) of the CA, unless the material has a CA file. */
+  caConfigMap?: string;
+  /**
+   * Pod-less mode: the folder of the proxy's sockets (`migrationproxy/` in it), which
+   * libvirtd and QEMU see at the same path. It must be the same path on every node: the
+   * target's QEMU listens where the source's migration URI points.
+   */
+  socketDir: string;
+  /** Pod-less mode: libvirtd's socket, where the target listener carries libvirt's connection. */
+  libvirtSocket: string;
+}
+
+/** The socket a libvirt URI connects to: its `socket` parameter, else the system daemon's. */
+export function libvirtSocketOfUri(uri: string): string {
+  const socket = /[?&]socket=([^&]+)/.exec(uri)?.[1];
+  if (socket) return decodeURIComponent(socket);
+  for (const path of ["/run/libvirt/virtqemud-sock", "/run/libvirt/libvirt-sock"]) {
+    try {
+      if (Deno.statSync(path).isSocket) return path;
+    } catch { /* the next */ }
+  }
+  return "/run/libvirt/libvirt-sock";
+}
+
+/** This host's first global IPv4 address (else IPv6), for migration listeners. */
+export function defaultMigrationAddress(): string | undefined {
+  const all = Deno.networkInterfaces().filter((i) =>
+    i.name !== "lo" && !i.address.startsWith("fe80:") && !i.address.startsWith("127.") &&
+    i.address !== "::1"
+  );
+  return (all.find((i) => i.family === "IPv4") ?? all[0])?.address;
 }
 
 /** The paths the handler uses below the configured directories. */
@@ -131,6 +178,15 @@ export function handlerPaths(config: Config): {
   };
 }
 
+/** What the handler runs for live migration. */
+interface MigrationParts {
+  informer: Informer<VirtualMachineInstance>;
+  proxy: MigrationProxyManager;
+  source: MigrationSourceController;
+  target: MigrationTargetController;
+  podless?: PodlessMigrations;
+}
+
 /** The node agent's VMI side; see the module doc. */
 export class Handler implements Runnable {
   /** For logs. */
@@ -151,6 +207,8 @@ export class Handler implements Runnable {
   /** The REST server, when the handler serves one (for tests). */
   rest?: RestServer;
   readonly #client: KubeClient;
+  /** The migration's controllers and proxies, when this node takes part in migrations. */
+  readonly #migration?: MigrationParts;
   #ready = false;
   #started = performance.now();
   #adopted = 0;
@@ -196,6 +254,7 @@ export class Handler implements Runnable {
           notifySocket: paths.notifySocket,
           imageDir: options.imageDir ?? join(config.stateDir, "images"),
           hostDiskRoot: options.hostDiskRoot,
+          migrationSocketDir: options.migration?.socketDir,
         },
         wake: (key) => this.controller.wake(key),
         exited: (uid, why) => void this.#launchers.markUnresponsive(uid, why),
@@ -213,6 +272,12 @@ export class Handler implements Runnable {
         }),
         claims: (ref) =>
           resolveHostClaim(client, ref, { root: options.hostDiskRoot, node: config.nodeName }),
+        migration: options.migration
+          ? {
+            socketDir: options.migration.socketDir,
+            libvirtSocket: options.migration.libvirtSocket,
+          }
+          : undefined,
       })
       : new PodLaunchers({
         nodeName: config.nodeName,
@@ -229,16 +294,20 @@ export class Handler implements Runnable {
       dial: !this.#provider.watchesLaunchers,
     });
     const launchers = this.#launchers;
+    const statusWriter = new StatusWriter<VirtualMachineInstanceStatus, VirtualMachineInstance>(
+      client,
+      { groupVersionPath: "/apis/kubevirt.io/v1", plural: VMI_RESOURCE },
+    );
+    this.#migration = options.migration
+      ? this.#migrationParts(options.migration, { statusWriter, networks, queue })
+      : undefined;
     this.controller = new VmiController({
       nodeName: config.nodeName,
       provider: this.#provider,
       informer: this.informer,
       queue,
       expectations: new Expectations(),
-      statusWriter: new StatusWriter<VirtualMachineInstanceStatus, VirtualMachineInstance>(
-        client,
-        { groupVersionPath: "/apis/kubevirt.io/v1", plural: VMI_RESOURCE },
-      ),
+      statusWriter,
       recorder: this.#recorder,
       ghosts,
       launchers,
@@ -246,7 +315,80 @@ export class Handler implements Runnable {
       workers: options.workers,
       onStarted: () => this.#onStarted(),
       hostCpuModel: options.hostCpuModel,
+      handledElsewhere: (key) => this.#migration?.target.handles(key) ?? false,
     });
+  }
+
+  /** The migration controllers, proxies and, pod-less, the VMIM controller. */
+  #migrationParts(
+    m: HandlerMigrationOptions,
+    o: {
+      statusWriter: StatusWriter<VirtualMachineInstanceStatus, VirtualMachineInstance>;
+      networks: PodNetworks;
+      queue: WorkQueue<string>;
+    },
+  ): MigrationParts {
+    const config = this.#config;
+    const proxy = new MigrationProxyManager({
+      serverTls: () => m.serverTls.context(),
+      clientTls: () => m.clientTls.context(),
+      bindAddress: m.address,
+    });
+    const informer = new Informer<VirtualMachineInstance>(this.#client, {
+      path: `/apis/kubevirt.io/v1/${VMI_RESOURCE}`,
+      labelSelector: `${Labels.MigrationTargetNodeName}=${config.nodeName}`,
+      resource: "virtualmachineinstances (migration targets)",
+      onError: (error) =>
+        log.warn("Migration target watch interrupted, retrying: {error}", { error }),
+      transform: (vmi) => {
+        delete (vmi.metadata as { managedFields?: unknown }).managedFields;
+        return vmi;
+      },
+    });
+    const domains = () => this.controller.domains;
+    const common = {
+      nodeName: config.nodeName,
+      provider: this.#provider,
+      launchers: this.#launchers,
+      statusWriter: o.statusWriter,
+      recorder: this.#recorder,
+      proxy,
+    };
+    const target = new MigrationTargetController({
+      ...common,
+      migrationAddress: m.address,
+      informer,
+      queue: new WorkQueue<string>(),
+      get domains() {
+        return domains();
+      },
+      networks: o.networks,
+      cleanup: (vmi) => this.controller.cleanupLocal(vmi),
+    });
+    const source = new MigrationSourceController({
+      ...common,
+      informer: this.informer,
+      queue: new WorkQueue<string>(),
+      expectations: new Expectations(),
+      get domains() {
+        return domains();
+      },
+    });
+    const podless = this.#provider.standsInForController
+      ? new PodlessMigrations({
+        nodeName: config.nodeName,
+        client: this.#client,
+        recorder: this.#recorder,
+      })
+      : undefined;
+    if (podless) {
+      this.informer.addHandlers({
+        onAdd: (vmi) => podless.vmiChanged(vmi),
+        onUpdate: (_old, vmi) => podless.vmiChanged(vmi),
+        onDelete: (vmi) => podless.vmiChanged(vmi),
+      });
+    }
+    return { informer, proxy, source, target, podless };
   }
 
   /** Builds the handler of this node; reads its ghost records (setting bad ones aside). */
@@ -290,8 +432,16 @@ export class Handler implements Runnable {
    */
   async run(signal: AbortSignal): Promise<void> {
     const controller = this.controller;
+    const migration = this.#migration;
     const notify = await NotifyServer.start(handlerPaths(this.#config).notifySocket, {
-      onDomainEvent: (e) => controller.domainEvent(e.type, e.domain),
+      onDomainEvent: (e) => {
+        controller.domainEvent(e.type, e.domain);
+        if (migration) {
+          const key = vmiKey(e.domain.metadata);
+          migration.source.wake(key);
+          migration.target.wake(key);
+        }
+      },
       onK8sEvent: (e) => {
         this.#recorder.record(
           {
@@ -321,6 +471,18 @@ export class Handler implements Runnable {
     );
     const parts: Runnable[] = [this.informer, notify, this.#launchers, this.#provider];
     if (this.#scheduler) parts.push(this.#scheduler);
+    const workers: Runnable[] = [controller, resync];
+    if (migration) {
+      workers.push(migration.source, migration.target);
+      if (migration.podless) workers.push(migration.podless);
+      parts.push(
+        migration.informer,
+        runnable("migration-proxy", async (s) => {
+          await aborted(s);
+          await migration.proxy.shutdown();
+        }),
+      );
+    }
     if (this.#options.healthAddress) {
       parts.push(healthServer(this.#options.healthAddress, {
         ready: () => this.#ready,
@@ -334,7 +496,8 @@ export class Handler implements Runnable {
       }
     }
     if (this.#options.rest) parts.push(...this.#restParts(this.#options.rest));
-    await runStages([[controller, resync], parts], signal);
+    parts.push(...this.#caParts());
+    await runStages([workers, parts], signal);
     this.#netns.close();
     log.info("Handler stopped");
   }
@@ -429,17 +592,49 @@ export class Handler implements Runnable {
       server,
       runnable("rest-tls", (signal) => rest.tls.watch(signal)),
     ];
-    if (rest.caConfigMap) {
-      const [namespace, name] = rest.caConfigMap.split("/");
+    return parts;
+  }
+
+  /**
+   * The CA ConfigMap's watch, which hands its bundle to every TLS material that takes its
+   * CA from there (the REST server's, the migration's), and the migration client's file
+   * watch.
+   */
+  #caParts(): Runnable[] {
+    const rest = this.#options.rest;
+    const m = this.#options.migration;
+    const byMap = new Map<string, Set<TlsMaterial>>();
+    const add = (map: string | undefined, tls: TlsMaterial) => {
+      if (!map) return;
+      if (!byMap.has(map)) byMap.set(map, new Set());
+      byMap.get(map)!.add(tls);
+    };
+    if (rest) add(rest.caConfigMap, rest.tls);
+    if (m) {
+      add(m.caConfigMap, m.serverTls);
+      add(m.caConfigMap, m.clientTls);
+    }
+    const parts: Runnable[] = [];
+    for (const [map, materials] of byMap) {
+      const [namespace, name] = map.split("/");
       const configMaps = new Informer<ConfigMap>(this.#client, {
         path: `/api/v1/namespaces/${namespace}/configmaps`,
         fieldSelector: `metadata.name=${name}`,
         onError: (error) =>
           log.warn("CA ConfigMap watch interrupted, retrying: {error}", { error }),
       });
-      const take = (cm: ConfigMap) => rest.tls.setCaBundle(cm.data?.["ca-bundle"] ?? "");
+      const take = (cm: ConfigMap) => {
+        for (const tls of materials) tls.setCaBundle(cm.data?.["ca-bundle"] ?? "");
+      };
       configMaps.addHandlers({ onAdd: take, onUpdate: (_old, cm) => take(cm) });
       parts.push(configMaps);
+    }
+    if (m) {
+      parts.push(runnable("migration-client-tls", (signal) => m.clientTls.watch(signal)));
+      const watched = [rest?.tls, this.#options.healthTls];
+      if (!watched.includes(m.serverTls)) {
+        parts.push(runnable("migration-server-tls", (signal) => m.serverTls.watch(signal)));
+      }
     }
     return parts;
   }

@@ -323,6 +323,45 @@ export class LauncherClient {
   resetVirtualMachine(vmi: VirtualMachineInstance): Promise<void> {
     return this.#vmiCall("ResetVirtualMachine", vmi, LAUNCHER_TIMEOUTS.short);
   }
+  /** Readies the launcher as a migration's target (nothing is defined: the domain comes with it). */
+  syncMigrationTarget(vmi: VirtualMachineInstance, options?: VirtualMachineOptions): Promise<void> {
+    return this.#vmiCall("SyncMigrationTarget", vmi, LAUNCHER_TIMEOUTS.sync, options);
+  }
+  /** Ends a migration on its target (link refresh, the guest's clock). */
+  finalizeVirtualMachineMigration(
+    vmi: VirtualMachineInstance,
+    options?: VirtualMachineOptions,
+  ): Promise<void> {
+    return this.#vmiCall("FinalizeVirtualMachineMigration", vmi, LAUNCHER_TIMEOUTS.short, options);
+  }
+  /** Tells a failed migration's target launcher that it is to be cleaned up. */
+  signalTargetPodCleanup(vmi: VirtualMachineInstance): Promise<void> {
+    return this.#vmiCall("SignalTargetPodCleanup", vmi, LAUNCHER_TIMEOUTS.short);
+  }
+  /** Aborts the running migration. */
+  cancelVirtualMachineMigration(vmi: VirtualMachineInstance): Promise<void> {
+    return this.#vmiCall("CancelVirtualMachineMigration", vmi, LAUNCHER_TIMEOUTS.short);
+  }
+  /**
+   * Starts migrating the domain to the target the VMI's migration state names, with
+   * KubeVirt's `MigrationOptions` (Go field names, as JSON); returns once it runs.
+   */
+  async migrateVirtualMachine(
+    vmi: VirtualMachineInstance,
+    options: Record<string, unknown>,
+  ): Promise<void> {
+    const res = await this.#call<{ vmi: VMIRequest["vmi"]; options: Uint8Array }, Response>(
+      "MigrateVirtualMachine",
+      {
+        vmi: encodeVmi(vmi).vmi,
+        options: new TextEncoder().encode(JSON.stringify(options)),
+      },
+      LAUNCHER_TIMEOUTS.sync,
+    );
+    if (!res.success) {
+      throw new LauncherCallError("MigrateVirtualMachine", res.message || "no message");
+    }
+  }
   /** Thaws the guest's filesystems. */
   unfreezeVirtualMachine(vmi: VirtualMachineInstance): Promise<void> {
     return this.#vmiCall("UnfreezeVirtualMachine", vmi, LAUNCHER_TIMEOUTS.short);

@@ -20,6 +20,7 @@ import type { Runnable } from "../lifecycle/mod.ts";
 import type { GhostRecordStore } from "./ghost_records.ts";
 import type { DialResolver } from "./launcher_clients.ts";
 import type { BeneathSocket } from "../../ffi/mod.ts";
+import type { ProxyTarget } from "../migration/mod.ts";
 
 /** Records an Event about the VMI whose disks are being prepared. */
 export type DiskEventRecorder = (
@@ -40,6 +41,18 @@ export type LauncherStart =
   | { waiting: string }
   /** No launcher yet (KubeVirt mode: the pod's socket has not appeared). */
   | { absent: string };
+
+/** Where a migration's source sockets go; see {@linkcode LauncherProvider.migrationSourceDir}. */
+export interface MigrationSourceDir {
+  /** The launcher's `/var/run/kubevirt` as the handler reaches it. */
+  baseDir: string;
+  /** The folder of the sockets, when not `<baseDir>/migrationproxy` made by the proxy. */
+  socketDir?: string;
+  /** Who owns the sockets (the user the launcher's libvirt runs as), if not root. */
+  owner?: { uid: number; gid: number };
+  /** Lets go of what the paths need (a descriptor). */
+  release(): void;
+}
 
 /** Finds, starts, stops and re-adopts the launchers of this node's VMIs. */
 export interface LauncherProvider extends Runnable {
@@ -117,6 +130,20 @@ export interface LauncherProvider extends Runnable {
    * (pod-less: the namespace, its address, unused taps); a pod's goes with the pod.
    */
   releasePodNetwork(vmi: VirtualMachineInstance): Promise<void>;
+  /**
+   * The sockets of the VMI's migration target launcher that this node's target listeners
+   * carry connections to: its libvirt's (port 0), then QEMU's incoming socket for each
+   * direct-migration port (`migrationproxy/<uid>-<port>-source.sock` in the launcher's
+   * `/var/run/kubevirt`), each opened where it lies when a connection comes.
+   */
+  migrationTargets(vmi: VirtualMachineInstance): Promise<ProxyTarget[]>;
+  /**
+   * Where the migration source's proxy sockets go for the VMI's launcher: its
+   * `/var/run/kubevirt` as the handler reaches it (`baseDir`), or the `migrationproxy`
+   * folder itself opened beneath the launcher's root (`socketDir`); `release` once the
+   * sockets are made.
+   */
+  migrationSourceDir(vmi: VirtualMachineInstance): Promise<MigrationSourceDir>;
   /** Launchers that run from before this handler's start, to ask for their domains. */
   adoptable(): { uid: string; socket: string; namespace: string; name: string }[];
 }

@@ -24,7 +24,40 @@
  *
  * @module
  */
-export { DOMAIN_RESYNC_MS, Handler, type HandlerOptions, handlerPaths } from "./handler.ts";
+export {
+  defaultMigrationAddress,
+  DOMAIN_RESYNC_MS,
+  Handler,
+  type HandlerMigrationOptions,
+  type HandlerOptions,
+  handlerPaths,
+  libvirtSocketOfUri,
+} from "./handler.ts";
+export { MigrationSourceController, type MigrationSourceDeps } from "./migration_source.ts";
+export {
+  domainActiveOnTarget,
+  domainMigrated,
+  domainPausedFailedPostCopy,
+  isMigrating,
+  isMigrationDone,
+  isMigrationInProgress,
+  isMigrationSource,
+  isMigrationTarget,
+  migrationNeedsFinalization,
+  migrationOptions,
+} from "./migration_state.ts";
+export {
+  MigrationEvents,
+  MigrationTargetController,
+  type MigrationTargetDeps,
+} from "./migration_target.ts";
+export {
+  MigrationAnnotations,
+  PodlessMigrations,
+  type PodlessMigrationsOptions,
+  TARGET_READY_TIMEOUT_S,
+  TARGET_SCHEDULABLE_TIMEOUT_S,
+} from "./podless_migrations.ts";
 export {
   ACPI_RESEND_MS,
   CACHE_NOT_SYNCED_REQUEUE_MS,
@@ -44,6 +77,7 @@ export {
   type LauncherProvider,
   launchersOfGhostRecords,
   type LauncherStart,
+  type MigrationSourceDir,
 } from "./launcher_provider.ts";
 export { POD_SOCKET_POLL_MS, PodLaunchers, type PodLaunchersOptions } from "./pod_launchers.ts";
 export {

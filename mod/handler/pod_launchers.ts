@@ -43,7 +43,9 @@ import {
   type LauncherProvider,
   launchersOfGhostRecords,
   type LauncherStart,
+  type MigrationSourceDir,
 } from "./launcher_provider.ts";
+import { migrationPorts, proxyKey, type ProxyTarget } from "../migration/mod.ts";
 
 const log = getLogger("handler", "pod-launchers");
 
@@ -234,6 +236,60 @@ export class PodLaunchers implements LauncherProvider {
     if (!vmi.status?.volumeStatus?.some((s) => s.hotplugVolume?.attachPodUID)) return;
     const socket = await this.socketOf(vmi);
     if (socket) await this.#hotplug.mount(vmi, this.#pipes.launcherPid(socket));
+  }
+
+  /**
+   * The target launcher's virtqemud socket and QEMU's incoming sockets, in its pod's
+   * `/var/run/libvirt` and `/var/run/kubevirt/migrationproxy`, each folder opened inside the
+   * launcher's root and the socket beneath it with no link followed, per connection.
+   */
+  async migrationTargets(vmi: VirtualMachineInstance): Promise<ProxyTarget[]> {
+    const socket = await this.socketOf(vmi);
+    if (!socket) throw new Error("the VMI has no launcher on this node yet");
+    const root = `/proc/${this.#pipes.launcherPid(socket)}/root`;
+    const at = (dir: string, name: string) => () => {
+      const folder = openDirectoryInRoot(root, dir);
+      try {
+        return Promise.resolve(openSocketBeneath(folder.path, name));
+      } finally {
+        folder.release();
+      }
+    };
+    const uid = vmi.metadata.uid!;
+    return [
+      { port: 0, open: at("/var/run/libvirt", "virtqemud-sock") },
+      ...migrationPorts(vmi.status?.migrationMethod === "BlockMigration").map((port) => ({
+        port,
+        open: at(`${Paths.VirtShareDir}/migrationproxy`, `${proxyKey(uid, port)}-source.sock`),
+      })),
+    ];
+  }
+
+  /**
+   * The source launcher's `/var/run/kubevirt/migrationproxy`, made when missing and opened
+   * inside its root; the sockets belong to its QEMU's user when the VMI runs as non-root.
+   */
+  async migrationSourceDir(vmi: VirtualMachineInstance): Promise<MigrationSourceDir> {
+    const socket = await this.socketOf(vmi);
+    if (!socket) throw new Error("the VMI has no launcher on this node yet");
+    const root = `/proc/${this.#pipes.launcherPid(socket)}/root`;
+    const share = openDirectoryInRoot(root, Paths.VirtShareDir);
+    try {
+      // mkdir makes no link's target: an entry of that name, link or not, is left as it is.
+      await Deno.mkdir(`${share.path}/migrationproxy`, { mode: 0o755 }).catch((error) => {
+        if (!(error instanceof Deno.errors.AlreadyExists)) throw error;
+      });
+    } finally {
+      share.release();
+    }
+    const dir = openDirectoryInRoot(root, `${Paths.VirtShareDir}/migrationproxy`);
+    const user = vmi.status?.runtimeUser ?? 0;
+    return {
+      baseDir: root + Paths.VirtShareDir,
+      socketDir: dir.path,
+      owner: user !== 0 ? { uid: user, gid: user } : undefined,
+      release: () => dir.release(),
+    };
   }
 
   /** The launcher's root, found from its socket's peer. */

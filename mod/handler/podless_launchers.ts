@@ -45,7 +45,9 @@ import {
   type LauncherProvider,
   launchersOfGhostRecords,
   type LauncherStart,
+  type MigrationSourceDir,
 } from "./launcher_provider.ts";
+import { migrationPorts, proxyKey, type ProxyTarget } from "../migration/mod.ts";
 import { LauncherSpawner } from "./launcher_spawner.ts";
 import { dialDirectly, type DialResolver, LAUNCHER_TIMEOUTS } from "./launcher_clients.ts";
 import { LauncherHostClient } from "./launcher_host_client.ts";
@@ -94,6 +96,12 @@ export interface PodlessLaunchersOptions {
   containerDisks?: ContainerDiskStore;
   /** Finds a hotplugged claim on this host (`resolveHostClaim`); none: hotplug is refused. */
   claims?: (ref: { namespace: string; name: string }) => Promise<HostClaim>;
+  /**
+   * Live migration on this host: where the proxy's sockets go (the folder the launcher host
+   * gives libvirt as its migration socket folder, as the handler reaches it) and libvirtd's
+   * socket (the target's listener carries the source libvirt's connection there).
+   */
+  migration?: { socketDir: string; libvirtSocket: string };
 }
 
 /** The VMI's hotplugged claims, with the field each is named at. */
@@ -298,6 +306,32 @@ export class PodlessLaunchers implements LauncherProvider {
         if (!(error instanceof Deno.errors.NotFound)) throw error;
       });
     }
+  }
+
+  /** libvirtd's socket, then QEMU's incoming sockets in the migration socket folder. */
+  migrationTargets(vmi: VirtualMachineInstance): Promise<ProxyTarget[]> {
+    const m = this.#migration();
+    const uid = vmi.metadata.uid!;
+    // Folders this handler (and libvirtd, as root) made: nobody else's links are on the way.
+    const at = (path: string) => () => Promise.resolve({ path, release() {} });
+    return Promise.resolve([
+      { port: 0, open: at(m.libvirtSocket) },
+      ...migrationPorts(vmi.status?.migrationMethod === "BlockMigration").map((port) => ({
+        port,
+        open: at(join(m.socketDir, "migrationproxy", `${proxyKey(uid, port)}-source.sock`)),
+      })),
+    ]);
+  }
+
+  /** The migration socket folder; the proxy makes `migrationproxy/` in it. */
+  migrationSourceDir(): Promise<MigrationSourceDir> {
+    return Promise.resolve({ baseDir: this.#migration().socketDir, release() {} });
+  }
+
+  #migration(): { socketDir: string; libvirtSocket: string } {
+    const m = this.#o.migration;
+    if (!m) throw new Error("live migration is not set up on this host");
+    return m;
   }
 
   /** Nothing: the launcher host reads the disks (containerDisks come from the store at start). */

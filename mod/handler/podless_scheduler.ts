@@ -58,6 +58,8 @@ export function scheduledStatus(
   if (status.phase && status.phase !== VmiPhase.Pending) return status;
   status.phase = VmiPhase.Scheduled;
   status.nodeName = node;
+  // As virt-controller once the launcher is placed: migrations go through unix sockets.
+  status.migrationTransport = "Unix";
   status.phaseTransitionTimestamps = [
     ...(status.phaseTransitionTimestamps ?? []),
     { phase: VmiPhase.Scheduled, phaseTransitionTimestamp: now },

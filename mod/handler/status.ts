@@ -126,15 +126,6 @@ export function removeCondition(conditions: VmiCondition[], type: string): VmiCo
 }
 
 /**
- * `LiveMigratable` and `StorageLiveMigratable` say False with this when no KubeVirt reason
- * applies: the handler does not take part in a migration yet.
- */
-const MIGRATION_UNSUPPORTED = {
-  reason: ConditionReason.NotMigratable,
-  message: "live migration is not supported by virtnode yet",
-} as const;
-
-/**
  * Whether the guest agent is connected: the domain's guest agent channel is
  * `connected`, as virt-handler decides `AgentConnected`.
  */
@@ -397,18 +388,26 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
 
   if (status.phase === VmiPhase.Running || status.phase === VmiPhase.Scheduled) {
     const verdict = migratability({ ...vmi, status }, input.migratable);
-    conditions = setCondition(conditions, {
-      type: ConditionType.LiveMigratable,
-      status: "False",
-      ...(verdict.blockers[0] ?? MIGRATION_UNSUPPORTED),
-    }, input.now);
-    conditions = setCondition(conditions, {
-      type: ConditionType.StorageLiveMigratable,
-      status: "False",
-      ...(verdict.storageBlockers.length > 0
-        ? { reason: ConditionReason.NotMigratable, message: joinBlockers(verdict.storageBlockers) }
-        : MIGRATION_UNSUPPORTED),
-    }, input.now);
+    const blocker = verdict.blockers[0];
+    conditions = setCondition(
+      conditions,
+      blocker
+        ? { type: ConditionType.LiveMigratable, status: "False", ...blocker }
+        : { type: ConditionType.LiveMigratable, status: "True" },
+      input.now,
+    );
+    conditions = setCondition(
+      conditions,
+      verdict.storageBlockers.length > 0
+        ? {
+          type: ConditionType.StorageLiveMigratable,
+          status: "False",
+          reason: ConditionReason.NotMigratable,
+          message: joinBlockers(verdict.storageBlockers),
+        }
+        : { type: ConditionType.StorageLiveMigratable, status: "True" },
+      input.now,
+    );
     status.migrationMethod = verdict.method;
   }
 

@@ -251,14 +251,14 @@ class SourceProxy implements Running {
     });
   }
 
-  async listen(owner?: { uid: number; gid: number }): Promise<void> {
+  async listen(owner?: { uid: number; gid: number }, makeDir = true): Promise<void> {
     const length = new TextEncoder().encode(this.path).length;
     if (length > MAX_UNIX_PATH) {
       throw new Error(
         `the migration socket path "${this.path}" is ${length} bytes, more than a unix socket takes (${MAX_UNIX_PATH})`,
       );
     }
-    await Deno.mkdir(dirname(this.path), { recursive: true, mode: 0o755 });
+    if (makeDir) await Deno.mkdir(dirname(this.path), { recursive: true, mode: 0o755 });
     await Deno.remove(this.path).catch(() => {});
     await new Promise<void>((resolve, reject) => {
       this.server.once("error", reject);
@@ -340,15 +340,20 @@ export class MigrationProxyManager {
   /**
    * Opens the source's unix sockets under `baseDir` for `targetPorts` (the target's
    * `{<node port>: <launcher port>}`) to `targetAddress`; no-op when open for the same.
+   * The sockets go in `<baseDir>/migrationproxy/` (made when missing), or in
+   * `options.socketDir` as it is (a folder opened beneath a launcher's root, which is not
+   * to be made through a path someone else controls); `options.owner` owns them.
    */
   async startSourceListener(
     key: string,
     targetAddress: string,
     targetPorts: Record<string, number>,
     baseDir: string,
+    options: { socketDir?: string; owner?: { uid: number; gid: number } } = {},
   ): Promise<void> {
     if (this.#shuttingDown) throw new Error("the handler is shutting down: no new migration");
     const spec = JSON.stringify([targetAddress, Object.entries(targetPorts).sort(), baseDir]);
+    const socketDir = options.socketDir ?? join(baseDir, "migrationproxy");
     const current = this.#sources.get(key);
     if (current?.spec === spec) return;
     if (current) await this.stopSourceListener(key);
@@ -360,14 +365,14 @@ export class MigrationProxyManager {
           throw new Error(`the target published an invalid port "${nodePort}"`);
         }
         const proxy = new SourceProxy(
-          sourceUnixFile(baseDir, proxyKey(key, launcherPort)),
+          join(socketDir, `${proxyKey(key, launcherPort)}-source.sock`),
           targetAddress,
           port,
           this.#o.clientTls,
           key,
         );
         proxies.push(proxy);
-        await proxy.listen(this.#o.socketOwner);
+        await proxy.listen(options.owner ?? this.#o.socketOwner, options.socketDir === undefined);
       }
     } catch (error) {
       await Promise.all(proxies.map((p) => p.close()));

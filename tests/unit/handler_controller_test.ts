@@ -71,6 +71,8 @@ function doubles(standsInForController = true, writes = false): Doubles {
     hotplugMounted: () => Promise.resolve(new Set<string>()),
     launcherRoot: () => Promise.resolve(undefined),
     openPrivateSocket: () => Promise.reject(new Error("no sockets in this test")),
+    migrationTargets: () => Promise.reject(new Error("no migrations in this test")),
+    migrationSourceDir: () => Promise.reject(new Error("no migrations in this test")),
     unplug: () => Promise.resolve(),
     podNetwork: () => Promise.resolve(undefined),
     releasePodNetwork: () => {

@@ -161,10 +161,9 @@ Deno.test("computeStatus() leaves Ready alone outside pod-less mode (virt-contro
 Deno.test("computeStatus() writes LiveMigratable and StorageLiveMigratable with KubeVirt's first reason, and the migration method", () => {
   const plain = computeStatus(vmi("Running"), input(LifeCycle.Running)).status;
   const live = plain.conditions?.find((c) => c.type === "LiveMigratable");
-  assert.equal(live?.status, "False");
-  assert.equal(live?.reason, "NotMigratable");
-  assert.match(live?.message ?? "", /not supported by virtnode yet/);
-  assert.equal(plain.conditions?.find((c) => c.type === "StorageLiveMigratable")?.status, "False");
+  assert.equal(live?.status, "True");
+  assert.equal(live?.reason, undefined);
+  assert.equal(plain.conditions?.find((c) => c.type === "StorageLiveMigratable")?.status, "True");
   assert.equal(plain.migrationMethod, "LiveMigration");
   const blocked = computeStatus(
     vmi("Running", {
@@ -247,14 +246,14 @@ Deno.test("computeStatus() sets AgentConnected from the guest agent channel, not
   assert.equal(agentOf(gone.status), undefined);
 });
 
-Deno.test("computeStatus() never makes a VMI LiveMigratable: a specific blocker first, else NotMigratable", () => {
+Deno.test("computeStatus() makes a VMI LiveMigratable unless KubeVirt's first blocker says why not", () => {
   const liveMigratable = (v: VirtualMachineInstance) =>
     computeStatus(v, input(LifeCycle.Running)).status.conditions?.find((c) =>
       c.type === "LiveMigratable"
     );
   const rows: [string, VirtualMachineInstance, string | undefined][] = [
-    ["Running, nothing blocks", vmi("Running"), "NotMigratable"],
-    ["Scheduled, nothing blocks", vmi("Scheduled"), "NotMigratable"],
+    ["Running, nothing blocks", vmi("Running"), "True"],
+    ["Scheduled, nothing blocks", vmi("Scheduled"), "True"],
     [
       "Running, non-shared hostDisk",
       vmi("Running", { volumes: [{ name: "d", hostDisk: { path: "/x", type: "Disk" } }] }),
@@ -268,7 +267,7 @@ Deno.test("computeStatus() never makes a VMI LiveMigratable: a specific blocker 
     [
       "Running, host-passthrough CPU (KubeVirt lets it migrate)",
       vmi("Running", { domain: { cpu: { model: "host-passthrough" }, devices: {} } }),
-      "NotMigratable",
+      "True",
     ],
     ["Succeeded", vmi("Succeeded"), undefined],
   ];
@@ -278,13 +277,14 @@ Deno.test("computeStatus() never makes a VMI LiveMigratable: a specific blocker 
       assert.equal(c, undefined, row);
       continue;
     }
+    if (reason === "True") {
+      assert.equal(c?.status, "True", row);
+      assert.equal(c?.reason, undefined, row);
+      continue;
+    }
     assert.equal(c?.status, "False", row);
     assert.equal(c?.reason, reason, row);
   }
-  assert.equal(
-    liveMigratable(vmi("Running"))?.message,
-    "live migration is not supported by virtnode yet",
-  );
 });
 
 Deno.test("computeStatus() reports the pod's IP on the pod network's interface, first, with the guest agent's other family added", () => {
