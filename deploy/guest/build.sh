@@ -15,6 +15,8 @@
 #                 the disk's first sector and lists the disks in /www/disks,
 #               - serves /www with busybox httpd on ports 80 and 8080, and answers
 #                 http://<guest>/cgi-bin/echo with the request's remote address,
+#                 /boot_id with this boot's random ID and /cgi-bin/uptime with the
+#                 seconds since it (a guest that live-migrated keeps both going),
 #               - prints "virtnode-guest: ready ip=<address>" on the serial console,
 #               - mounts the boot disk read-only at /boot and an ext2 filesystem on a RAM
 #                 disk (brd) at /data, mounted by the ext4 driver, which can freeze (FAT
@@ -192,6 +194,8 @@ for dir in /sys/block/vd*; do
   echo "$dev $(cat "$dir/size") $count" >>/www/disks
 done
 echo "virtnode-guest: disks $(tr '\n' ';' </www/disks)"
+# This boot's random ID: a guest that moved to another node still has it, a rebooted one not.
+cat /proc/sys/kernel/random/boot_id >/www/boot_id
 httpd -p 80 -h /www
 httpd -p 8080 -h /www
 echo "virtnode-guest: serving http on ports 80 and 8080"
@@ -302,7 +306,11 @@ cat >"$root/www/cgi-bin/echo" <<'CGI'
 #!/bin/sh
 printf 'Content-Type: text/plain\r\n\r\nremote=%s\nhostname=%s\n' "$REMOTE_ADDR" "$(hostname)"
 CGI
-chmod 0755 "$root/init" "$root/etc/lease" "$root/www/cgi-bin/echo"
+cat >"$root/www/cgi-bin/uptime" <<'CGI'
+#!/bin/sh
+printf 'Content-Type: text/plain\r\n\r\n%s\n' "$(cut -d' ' -f1 /proc/uptime)"
+CGI
+chmod 0755 "$root/init" "$root/etc/lease" "$root/www/cgi-bin/echo" "$root/www/cgi-bin/uptime"
 (cd "$root" && find . | LC_ALL=C sort | busybox cpio -o -H newc 2>/dev/null) | gzip -9 >"$work/initrd"
 
 log "disk: FAT with SYSLINUX"

@@ -35,6 +35,15 @@ export interface HandlerProcessOptions {
   extraArgs?: string[];
   /** The health endpoints speak TLS (`--health-tls`) with a certificate of this CA. */
   healthCa?: string;
+  /**
+   * Runs the handler inside a test "node" (see `tests/helpers/migration.ts`): the command
+   * that enters its namespaces goes before the handler's own.
+   */
+  enter?: string[];
+  /** The address of `/healthz` and `/readyz` (a node's own); 127.0.0.1 unless told. */
+  healthHost?: string;
+  /** The run directory; `<dir>/run` unless told. */
+  runDir?: string;
 }
 
 /** A pod-less pod network for one test handler: its own node bridge and /24. */
@@ -130,6 +139,10 @@ export interface HandlerArgsOptions {
   hostDiskRoot?: string;
   /** More `handler` options, appended as they are. */
   extraArgs?: string[];
+  /** Address of /healthz and /readyz; 127.0.0.1 unless told. */
+  healthHost?: string;
+  /** The run directory; `<dir>/run` unless told. */
+  runDir?: string;
 }
 
 /**
@@ -151,7 +164,7 @@ export function handlerArgs(o: HandlerArgsOptions): string[] {
     "--state-dir",
     `${o.dir}/state`,
     "--run-dir",
-    `${o.dir}/run`,
+    o.runDir ?? `${o.dir}/run`,
     "--log-format",
     "json",
     "--log-level",
@@ -172,7 +185,7 @@ export function handlerArgs(o: HandlerArgsOptions): string[] {
         ...(o.hostDiskRoot ? ["--host-disk-root", o.hostDiskRoot] : []),
       ]),
     "--health-address",
-    `127.0.0.1:${o.port}`,
+    `${o.healthHost ?? "127.0.0.1"}:${o.port}`,
     ...(o.extraArgs ?? []),
   ];
 }
@@ -181,12 +194,13 @@ export function handlerArgs(o: HandlerArgsOptions): string[] {
 export async function startHandlerProcess(opts: HandlerProcessOptions): Promise<HandlerProcess> {
   const dir = opts.dir ?? await Deno.makeTempDir({ prefix: "virtnode-handler-" });
   const stateDir = `${dir}/state`;
-  const runDir = `${dir}/run`;
+  const runDir = opts.runDir ?? `${dir}/run`;
   const port = freePort();
   const logFile = `${dir}/handler.log`;
   const log = await Deno.open(logFile, { append: true, create: true, write: true });
-  const child = new Deno.Command(Deno.execPath(), {
-    args: handlerArgs({ ...opts, dir, port, logLevel: "debug" }),
+  const args = handlerArgs({ ...opts, dir, port, logLevel: "debug" });
+  const child = new Deno.Command(opts.enter?.[0] ?? Deno.execPath(), {
+    args: opts.enter ? [...opts.enter.slice(1), Deno.execPath(), ...args] : args,
     stdin: "null",
     stdout: "piped",
     stderr: "piped",
@@ -198,7 +212,7 @@ export async function startHandlerProcess(opts: HandlerProcessOptions): Promise<
   pump(child.stdout);
   pump(child.stderr);
   log.close();
-  const health = `${opts.healthCa ? "https" : "http"}://127.0.0.1:${port}`;
+  const health = `${opts.healthCa ? "https" : "http"}://${opts.healthHost ?? "127.0.0.1"}:${port}`;
   const httpClient = opts.healthCa
     ? Deno.createHttpClient({ caCerts: [opts.healthCa] })
     : undefined;

@@ -114,7 +114,15 @@ export interface PrivateLibvirtd {
  * sweep, which spares the machine's shared daemons, catches them if a test leaves them.
  */
 export async function startPrivateLibvirtd(
-  options: { user: number; group: number; hostUuid?: string },
+  options: {
+    user: number;
+    group: number;
+    hostUuid?: string;
+    /** Runs in this network namespace (a file such as `/run/netns/<name>`). */
+    netns?: string;
+    /** More folders of the namespace: its path -> the host folder bound there. */
+    binds?: Record<string, string>;
+  },
 ): Promise<PrivateLibvirtd> {
   const dir = await Deno.makeTempDir({ prefix: "virtnode-libvirtd-" });
   // QEMU's user walks into /var/lib/libvirt and /var/cache/libvirt (capability probes, the
@@ -154,16 +162,25 @@ export async function startPrivateLibvirtd(
   const script = [
     "set -e",
     "mount --make-rprivate /",
+    // On a machine whose own libvirtd never ran, some of these are not there yet.
+    "mkdir -p /etc/libvirt /run/libvirt /var/lib/libvirt /var/cache/libvirt /var/log/libvirt",
     `mount --bind ${sub("etc")} /etc/libvirt`,
     `mount --bind ${sub("run")} /run/libvirt`,
     `mount --bind ${sub("lib")} /var/lib/libvirt`,
     `mount --bind ${sub("cache")} /var/cache/libvirt`,
     `mount --bind ${sub("log")} /var/log/libvirt`,
+    // In a network namespace of its own, /sys shows that namespace's links (as
+    // `ip netns exec` arranges): the tools that look there see the node's.
+    ...(options.netns ? ["mount -t sysfs sysfs /sys"] : []),
+    ...Object.entries(options.binds ?? {}).map(([at, from]) =>
+      `mkdir -p ${at} && mount --bind ${from} ${at}`
+    ),
     `${sub("bin/virtnode-virtlogd")} -d -p ${sub("virtlogd.pid")}`,
     `exec ${sub("bin/virtnode-libvirtd")} -p ${sub("libvirtd.pid")} 2>>${sub("libvirtd.log")}`,
   ].join("\n");
-  const child = new Deno.Command("unshare", {
-    args: ["--mount", "bash", "-c", script],
+  const unshare = ["unshare", "--mount", "bash", "-c", script];
+  const child = new Deno.Command(options.netns ? "nsenter" : "unshare", {
+    args: options.netns ? [`--net=${options.netns}`, ...unshare] : unshare.slice(1),
     stdin: "null",
     stdout: "null",
     stderr: "piped",
@@ -181,7 +198,8 @@ export async function startPrivateLibvirtd(
         child.kill("SIGKILL");
       } catch { /* gone */ }
       const out = await output.catch(() => undefined);
-      const text = out ? new TextDecoder().decode(out.stderr) : "";
+      const text = (out ? new TextDecoder().decode(out.stderr) : "") +
+        await Deno.readTextFile(sub("libvirtd.log")).catch(() => "");
       stopLogd(sub("virtlogd.pid"));
       await Deno.remove(dir, { recursive: true }).catch(() => {});
       throw new Error(

@@ -21,7 +21,7 @@ import {
   type ProxyTarget,
   sourceUnixFile,
 } from "../../mod/migration/mod.ts";
-import { type PrivateLibvirtd, startPrivateLibvirtd } from "./libvirtd.ts";
+import { ensureLibvirtd, type PrivateLibvirtd, startPrivateLibvirtd } from "./libvirtd.ts";
 
 /** KubeVirt's migration flags: live, peer to peer, defined on the destination. */
 export const MIGRATE_FLAGS = VIR_MIGRATE_LIVE | VIR_MIGRATE_PEER2PEER | VIR_MIGRATE_PERSIST_DEST;
@@ -181,4 +181,127 @@ export async function guestAgentAnswers(conn: Connection, name: string): Promise
   } catch {
     return false;
   }
+}
+
+/**
+ * One test "node" for migrations between handlers: a network namespace of its own (its
+ * `eth0` on the test's bridge, with an address of the bridge's /24) and a mount namespace,
+ * held by the node's private libvirtd, in which `/run/libvirt` and the other libvirt folders
+ * and `/var/run/kubevirt` are the node's own. A handler started with {@linkcode NodeHost.enter}
+ * runs in both, so it, its launcher host, libvirtd and QEMU see the same paths, and the
+ * migration's sockets are at the same path on every node, as on real ones.
+ */
+export interface NodeHost {
+  /** The node's name. */
+  name: string;
+  /** Its network namespace (`/run/netns/<name>`). */
+  netns: string;
+  /** Its address, where the other node's handler reaches its migration listeners. */
+  address: string;
+  /** Its pod network (a bridge and /24 inside the node's namespace). */
+  podNetwork: { bridge: string; cidr: string };
+  /** The host folder that is `/var/run/kubevirt` in the node. */
+  runDir: string;
+  /** The node's libvirtd. */
+  libvirtd: PrivateLibvirtd;
+  /** The command line prefix that runs a program in the node's namespaces. */
+  enter: string[];
+}
+
+/** Nodes on one bridge; `stop()` ends their libvirtds and removes their namespaces and links. */
+export interface NodeHosts {
+  /** The nodes. */
+  nodes: NodeHost[];
+  /** Ends every libvirtd (and its guests), removes namespaces, links, routes and folders. */
+  stop(): Promise<void>;
+}
+
+async function ip(...args: string[]): Promise<void> {
+  const out = await new Deno.Command("ip", { args, stdout: "null", stderr: "piped" }).output();
+  if (!out.success) {
+    throw new Error(`ip ${args.join(" ")}: ${new TextDecoder().decode(out.stderr).trim()}`);
+  }
+}
+
+/**
+ * Starts `count` nodes: a bridge in this namespace (`<net>.254`), each node's network
+ * namespace joined to it by a veth pair (`<net>.<i+1>`, its default route through the
+ * bridge, IPv4 forwarding on for its pods), a route from here to each node's pods, and a
+ * libvirtd of its own host UUID in each.
+ */
+export async function startNodeHosts(count: number): Promise<NodeHosts> {
+  // The machine's libvirt set up (its QEMU user and groups, which a private daemon's QEMU
+  // driver looks up), as for every QEMU test.
+  await ensureLibvirtd();
+  const id = crypto.randomUUID().slice(0, 6);
+  const bytes = crypto.getRandomValues(new Uint8Array(2));
+  const net = `10.${150 + (bytes[0] % 40)}.${bytes[1]}`;
+  const bridge = `vnmb${id}`;
+  const nodes: NodeHost[] = [];
+  const namespaces: string[] = [];
+  const routes: string[] = [];
+  const dirs: string[] = [];
+  const stop = async () => {
+    for (const n of nodes) await n.libvirtd.stop().catch(() => {});
+    for (const r of routes) await ip("route", "del", r).catch(() => {});
+    for (const ns of namespaces) await ip("netns", "delete", ns).catch(() => {});
+    await ip("link", "delete", bridge).catch(() => {});
+    for (const d of dirs) await Deno.remove(d, { recursive: true }).catch(() => {});
+  };
+  try {
+    await ip("link", "add", bridge, "type", "bridge");
+    await ip("addr", "add", `${net}.254/24`, "dev", bridge);
+    await ip("link", "set", bridge, "up");
+    for (let i = 0; i < count; i++) {
+      const name = `vnm-${id}-${i}`;
+      await ip("netns", "add", name);
+      namespaces.push(name);
+      const outer = `vnm${id}${i}`;
+      await ip("link", "add", outer, "type", "veth", "peer", "name", `${outer}p`);
+      await ip("link", "set", outer, "master", bridge, "up");
+      await ip("link", "set", `${outer}p`, "netns", name);
+      await ip("-n", name, "link", "set", `${outer}p`, "name", "eth0");
+      const address = `${net}.${i + 1}`;
+      await ip("-n", name, "addr", "add", `${address}/24`, "dev", "eth0");
+      await ip("-n", name, "link", "set", "eth0", "up");
+      await ip("-n", name, "link", "set", "lo", "up");
+      await ip("-n", name, "route", "add", "default", "via", `${net}.254`);
+      const sysctl = await new Deno.Command("ip", {
+        args: ["netns", "exec", name, "sysctl", "-qw", "net.ipv4.ip_forward=1"],
+        stdout: "null",
+        stderr: "piped",
+      }).output();
+      if (!sysctl.success) throw new Error(new TextDecoder().decode(sysctl.stderr));
+      const pods = `10.${200 + (bytes[0] % 40)}.${(bytes[1] + i + 1) % 256}.0/24`;
+      await ip("route", "add", pods, "via", address);
+      routes.push(pods);
+      const runDir = await Deno.makeTempDir({ prefix: `virtnode-node${i}-run-` });
+      dirs.push(runDir);
+      const libvirtd = await startPrivateLibvirtd({
+        user: 0,
+        group: 0,
+        hostUuid: crypto.randomUUID(),
+        netns: `/run/netns/${name}`,
+        binds: { "/var/run/kubevirt": runDir },
+      });
+      nodes.push({
+        name,
+        netns: `/run/netns/${name}`,
+        address,
+        podNetwork: { bridge: `vnp${id}${i}`, cidr: pods },
+        runDir,
+        libvirtd,
+        enter: [
+          "nsenter",
+          `--net=/run/netns/${name}`,
+          `--mount=/proc/${libvirtd.pid}/ns/mnt`,
+          "--",
+        ],
+      });
+    }
+  } catch (error) {
+    await stop();
+    throw error;
+  }
+  return { nodes, stop };
 }
