@@ -313,23 +313,81 @@ Deno.test("migration (QEMU, two pod-less nodes in network namespaces): a running
       500,
     );
 
-    // 3. The target's handler killed while the migration runs (slowed to 1 MiB/s).
+    // 3. A migration slowed to 1 MiB/s (the KubeVirt CR's bandwidthPerMigration): its
+    // progress is in the source handler's /metrics, and deleting its VMIM aborts it.
     await handlers.get(b.name)!.kill();
     await start(b);
     await setMigrationBandwidth(cluster.kubeconfigPath, "1Mi");
-    await createVmim(client, ns, "move-3", "mig");
-    await waitFor(
-      "move-3 to run",
+    const untilRunning = async (name: string) =>
+      await waitFor(
+        `${name} to run`,
+        async () => {
+          const m = await client.request<VirtualMachineInstanceMigration>(
+            "GET",
+            vmimPath(ns, name),
+          );
+          return m.status?.phase === "Running";
+        },
+        MIGRATION_MS,
+        250,
+      );
+    await createVmim(client, ns, "move-abort", "mig");
+    await untilRunning("move-abort");
+    const scrape = await waitFor(
+      "the migration's progress in the source's /metrics",
       async () => {
-        const m = await client.request<VirtualMachineInstanceMigration>(
-          "GET",
-          vmimPath(ns, "move-3"),
-        );
-        return m.status?.phase === "Running";
+        const text = await httpGet(`${handlers.get(b.name)!.health}/metrics`, 10_000);
+        return text?.match(
+            /^kubevirt_vmi_migration_data_processed_bytes\{[^}]*name="mig"[^}]*\} [1-9]/m,
+          )
+          ? text
+          : undefined;
+      },
+      30_000,
+      500,
+    );
+    for (
+      const family of [
+        "kubevirt_vmi_migration_data_total_bytes",
+        "kubevirt_vmi_migration_data_remaining_bytes",
+        "kubevirt_vmi_migration_memory_transfer_rate_bytes",
+      ]
+    ) {
+      assert.match(scrape, new RegExp(`^${family}\\{[^}]*name="mig"`, "m"), family);
+    }
+    await client.request("DELETE", vmimPath(ns, "move-abort"));
+    await waitFor(
+      "the aborted migration's VMIM to go",
+      async () => {
+        try {
+          await client.request("GET", vmimPath(ns, "move-abort"));
+          return false;
+        } catch (error) {
+          return (error as { status?: number }).status === 404;
+        }
       },
       MIGRATION_MS,
-      250,
+      500,
     );
+    const aborted = (await getVmi(client, ns, "mig"))!.status!.migrationState!;
+    assert.equal(aborted.abortRequested, true);
+    assert.equal(aborted.abortStatus, "Succeeded");
+    assert.equal(aborted.failed, true);
+    assert.equal((await guestBoot(ipB))?.bootId, before.bootId, "the guest runs on node b");
+    await waitFor(
+      "the aborted migration's target to be cleaned up",
+      async () => {
+        const v = await getVmi(client, ns, "mig");
+        return v?.metadata.labels?.["kubevirt.io/migrationTargetNodeName"] === undefined &&
+          (await domainsOf(a)).length === 0;
+      },
+      60_000,
+      500,
+    );
+
+    // 4. The target's handler killed while the migration runs.
+    await createVmim(client, ns, "move-3", "mig");
+    await untilRunning("move-3");
     await handlers.get(a.name)!.kill("SIGKILL");
     const killed = await vmimEnds(client, ns, "move-3");
     assert.equal(killed.status?.phase, "Failed");
@@ -350,7 +408,7 @@ Deno.test("migration (QEMU, two pod-less nodes in network namespaces): a running
       500,
     );
 
-    // 4. A target node that takes VMIs but whose handler never gets ready for the migration.
+    // 5. A target node that takes VMIs but whose handler never gets ready for the migration.
     const ghost = `ghost-${crypto.randomUUID().slice(0, 6)}`;
     await client.request("POST", "/api/v1/nodes", {
       metadata: { name: ghost, labels: { "kubevirt.io/schedulable": "true" } },
@@ -365,7 +423,7 @@ Deno.test("migration (QEMU, two pod-less nodes in network namespaces): a running
       notReady.status?.migrationState?.failureReason ?? "",
       /did not get ready within 5s/,
     );
-    // 5. A target node that never takes VMIs.
+    // 6. A target node that never takes VMIs.
     await createVmim(client, ns, "move-5", "mig", {
       node: "no-such-node",
       annotations: { "kubevirt.io/migrationUnschedulablePodTimeoutSeconds": "3" },
