@@ -141,7 +141,7 @@ export interface LauncherProvider extends Runnable {
    * Where the migration source's proxy sockets go for the VMI's launcher: its
    * `/var/run/kubevirt` as the handler reaches it (`baseDir`), or the `migrationproxy`
    * folder itself opened beneath the launcher's root (`socketDir`); `release` once the
-   * sockets are made.
+   * sockets are closed and removed.
    */
   migrationSourceDir(vmi: VirtualMachineInstance): Promise<MigrationSourceDir>;
   /** Launchers that run from before this handler's start, to ask for their domains. */

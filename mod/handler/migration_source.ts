@@ -203,12 +203,10 @@ export class MigrationSourceController {
         state.targetNodeAddress,
         state.targetDirectMigrationNodePorts,
         dir.baseDir,
-        { socketDir: dir.socketDir, owner: dir.owner },
+        { socketDir: dir.socketDir, owner: dir.owner, release: dir.release },
       );
     } catch (error) {
       throw new Error(`failed to handle migration proxy: ${describe(error)}`, { cause: error });
-    } finally {
-      dir.release();
     }
     const options = migrationOptions(vmi);
     log.info("Migration options matched", { uid, options: JSON.stringify(options) });

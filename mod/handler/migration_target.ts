@@ -144,7 +144,7 @@ export class MigrationTargetController {
   /** One look at a key (KubeVirt's `execute`). */
   async reconcile(key: string): Promise<ReconcileResult> {
     const vmi = this.#d.informer.get(key);
-    if (!vmi) return await this.#left_(key);
+    if (!vmi) return await this.#leftInformer(key);
     this.#left.delete(key);
     const uid = vmi.metadata.uid!;
     if (
@@ -168,7 +168,7 @@ export class MigrationTargetController {
   }
 
   /** A VMI that left the target informer: its target goes unless the VMI is now this node's. */
-  async #left_(key: string): Promise<ReconcileResult> {
+  async #leftInformer(key: string): Promise<ReconcileResult> {
     const last = this.#left.get(key);
     this.#left.delete(key);
     if (!last) return DONE;
@@ -381,6 +381,7 @@ export class MigrationTargetController {
     }
     await this.#write(current, vmi);
     this.#prepared.delete(uid);
+    this.#tapsMoved.delete(uid);
     return DONE;
   }
 

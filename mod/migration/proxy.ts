@@ -283,7 +283,10 @@ class SourceProxy implements Running {
 export class MigrationProxyManager {
   readonly #o: MigrationProxyOptions;
   readonly #targets = new Map<string, { proxies: TargetProxy[]; ports: string }>();
-  readonly #sources = new Map<string, { proxies: SourceProxy[]; spec: string }>();
+  readonly #sources = new Map<
+    string,
+    { proxies: SourceProxy[]; spec: string; release: () => void }
+  >();
   #shuttingDown = false;
 
   /** A manager with no proxy open. */
@@ -342,20 +345,32 @@ export class MigrationProxyManager {
    * `{<node port>: <launcher port>}`) to `targetAddress`; no-op when open for the same.
    * The sockets go in `<baseDir>/migrationproxy/` (made when missing), or in
    * `options.socketDir` as it is (a folder opened beneath a launcher's root, which is not
-   * to be made through a path someone else controls); `options.owner` owns them.
+   * to be made through a path someone else controls; `options.release` lets go of it once
+   * the sockets are closed and removed); `options.owner` owns them.
    */
   async startSourceListener(
     key: string,
     targetAddress: string,
     targetPorts: Record<string, number>,
     baseDir: string,
-    options: { socketDir?: string; owner?: { uid: number; gid: number } } = {},
+    options: {
+      socketDir?: string;
+      owner?: { uid: number; gid: number };
+      release?: () => void;
+    } = {},
   ): Promise<void> {
-    if (this.#shuttingDown) throw new Error("the handler is shutting down: no new migration");
+    const release = options.release ?? (() => {});
+    if (this.#shuttingDown) {
+      release();
+      throw new Error("the handler is shutting down: no new migration");
+    }
     const spec = JSON.stringify([targetAddress, Object.entries(targetPorts).sort(), baseDir]);
     const socketDir = options.socketDir ?? join(baseDir, "migrationproxy");
     const current = this.#sources.get(key);
-    if (current?.spec === spec) return;
+    if (current?.spec === spec) {
+      release();
+      return;
+    }
     if (current) await this.stopSourceListener(key);
     const proxies: SourceProxy[] = [];
     try {
@@ -376,9 +391,10 @@ export class MigrationProxyManager {
       }
     } catch (error) {
       await Promise.all(proxies.map((p) => p.close()));
+      release();
       throw error;
     }
-    this.#sources.set(key, { proxies, spec });
+    this.#sources.set(key, { proxies, spec, release });
     log.info("Migration source sockets open", { key, target: targetAddress });
   }
 
@@ -393,6 +409,8 @@ export class MigrationProxyManager {
     if (!current) return;
     this.#sources.delete(key);
     await Promise.all(current.proxies.map((p) => p.close()));
+    // The folder's descriptor names the sockets until they are removed.
+    current.release();
   }
 
   /** How many listeners are open, source and target. */
