@@ -52,7 +52,7 @@ import {
   type StatusInput,
   volumePhaseEvents,
 } from "./status.ts";
-import { gracePeriodSeconds } from "./_vmi.ts";
+import { describe, domainUid, gracePeriodSeconds, recordVmiEvent } from "./_vmi.ts";
 import { domainMigrated, isMigrationInProgress } from "./migration_state.ts";
 import { hostTopology, type NumaCell, virtualMachineOptions } from "./vm_options.ts";
 import { DONE, type ReconcileResult, requeueAfter, runWorkers, sooner } from "./_workers.ts";
@@ -115,14 +115,6 @@ interface ShutdownState {
   startedMs: number;
   lastAcpiMs: number;
   graceSeconds: number;
-}
-
-function domainUid(domain: Domain | undefined): string | undefined {
-  return domain?.spec.metadata.kubevirt.uid || domain?.metadata.uid || undefined;
-}
-
-function describe(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
 }
 
 function isDomainAlive(domain: Domain): boolean {
@@ -479,23 +471,7 @@ export class VmiController {
     reason: string,
     message: string,
   ): void {
-    const ref = {
-      apiVersion: "kubevirt.io/v1",
-      kind: "VirtualMachineInstance",
-      metadata: {
-        name: vmi.metadata.name,
-        namespace: vmi.metadata.namespace,
-        uid: vmi.metadata.uid,
-      },
-    };
-    // An event never fails a sync, but a lost one is said (a 403 here would hide otherwise).
-    this.#d.recorder.record(ref, type, reason, message).catch((error) =>
-      log.warn("Cannot record event {reason}: {error}", {
-        key: vmiKey(ref.metadata),
-        reason,
-        error,
-      })
-    );
+    recordVmiEvent(this.#d.recorder, log, vmi, { type, reason, message });
   }
 
   /**

@@ -41,6 +41,7 @@ import {
   migrationOptions,
 } from "./migration_state.ts";
 import { MigrationEvents } from "./migration_target.ts";
+import { describe, domainUid, recordVmiEvent } from "./_vmi.ts";
 import { DONE, type ReconcileResult, requeueAfter, runWorkers } from "./_workers.ts";
 
 const log = getLogger("handler", "migration-source");
@@ -74,10 +75,6 @@ export interface MigrationSourceDeps {
   proxy: MigrationProxyManager;
   /** Concurrent syncs. */
   workers?: number;
-}
-
-function domainUid(domain: Domain | undefined): string | undefined {
-  return domain?.spec.metadata.kubevirt.uid || domain?.metadata.uid || undefined;
 }
 
 /** KubeVirt's MigrationSourceController; see the module doc. */
@@ -277,21 +274,6 @@ export class MigrationSourceController {
     reason: string,
     message: string,
   ): void {
-    const ref = {
-      apiVersion: "kubevirt.io/v1",
-      kind: "VirtualMachineInstance",
-      metadata: {
-        name: vmi.metadata.name,
-        namespace: vmi.metadata.namespace,
-        uid: vmi.metadata.uid,
-      },
-    };
-    this.#d.recorder.record(ref, type, reason, message).catch((error) =>
-      log.warn("Cannot record event {reason}: {error}", { uid: vmi.metadata.uid, reason, error })
-    );
+    recordVmiEvent(this.#d.recorder, log, vmi, { type, reason, message });
   }
-}
-
-function describe(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
 }

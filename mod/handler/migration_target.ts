@@ -43,6 +43,7 @@ import {
   isMigrationTarget,
   migrationNeedsFinalization,
 } from "./migration_state.ts";
+import { describe, domainUid, recordVmiEvent } from "./_vmi.ts";
 import { DONE, type ReconcileResult, requeueAfter, runWorkers, sooner } from "./_workers.ts";
 import { interfaceDomainAttachment } from "./vm_options.ts";
 
@@ -89,10 +90,6 @@ export interface MigrationTargetDeps {
   cleanup(vmi: VirtualMachineInstance): Promise<void>;
   /** Concurrent syncs. */
   workers?: number;
-}
-
-function domainUid(domain: Domain | undefined): string | undefined {
-  return domain?.spec.metadata.kubevirt.uid || domain?.metadata.uid || undefined;
 }
 
 /** KubeVirt's MigrationTargetController; see the module doc. */
@@ -417,21 +414,6 @@ export class MigrationTargetController {
     reason: string,
     message: string,
   ): void {
-    const ref = {
-      apiVersion: "kubevirt.io/v1",
-      kind: "VirtualMachineInstance",
-      metadata: {
-        name: vmi.metadata.name,
-        namespace: vmi.metadata.namespace,
-        uid: vmi.metadata.uid,
-      },
-    };
-    this.#d.recorder.record(ref, type, reason, message).catch((error) =>
-      log.warn("Cannot record event {reason}: {error}", { uid: vmi.metadata.uid, reason, error })
-    );
+    recordVmiEvent(this.#d.recorder, log, vmi, { type, reason, message });
   }
-}
-
-function describe(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
 }
