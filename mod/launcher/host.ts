@@ -79,6 +79,9 @@ export interface LauncherHostRuntime {
 /** Exit code when the host could not start (libvirt, control socket). */
 export const EXIT_HOST_START_FAILED = 2;
 
+/** Where libvirt keeps its QEMU guests' logs (the default `log_dir` of qemu.conf). */
+const QEMU_LOG_DIR = "/var/log/libvirt/qemu";
+
 /** VMIs taken back at once after a restart. */
 const ADOPT_CONCURRENCY = 16;
 
@@ -390,6 +393,7 @@ export class LauncherHost {
     if (!hosted) {
       if (typeof vmi?.namespace === "string" && typeof vmi.name === "string") {
         await this.#reap({ namespace: vmi.namespace, name: vmi.name, uid });
+        await this.#removeQemuLogs(domainNameOf(vmi.namespace, vmi.name));
       }
       await Deno.remove(this.#specFile(uid)).catch(() => {});
       await Deno.remove(this.#exitFile(uid)).catch(() => {});
@@ -407,12 +411,38 @@ export class LauncherHost {
       } else {
         await this.#reap(hosted.spec);
       }
+      await this.#removeQemuLogs(domainNameOf(hosted.spec.namespace, hosted.spec.name));
       await Deno.remove(this.#specFile(uid)).catch(() => {});
       await Deno.remove(this.#exitFile(uid)).catch(() => {});
       this.#vms.delete(uid);
       log.info("Launcher stopped", { uid });
     })();
     await hosted.stopping;
+  }
+
+  /**
+   * Removes the log libvirt kept of the domain's QEMU (`<name>.log`, and the rotated
+   * `<name>.log.1`, `<name>.log.2.gz`, ...), once the domain is gone: a VMI's files on the
+   * host go with it, as a launcher pod's go with the pod.
+   */
+  async #removeQemuLogs(domainName: string): Promise<void> {
+    const dir = QEMU_LOG_DIR;
+    const base = `${domainName}.log`;
+    const mine = (name: string) =>
+      name === base ||
+      (name.startsWith(`${base}.`) && /^\d+(\.gz)?$/.test(name.slice(base.length + 1)));
+    try {
+      for await (const entry of Deno.readDir(dir)) {
+        if (!entry.isFile || !mine(entry.name)) continue;
+        await Deno.remove(join(dir, entry.name)).catch((error) =>
+          log.warn("Cannot remove the guest's QEMU log: {error}", { file: entry.name, error })
+        );
+      }
+    } catch (error) {
+      if (!(error instanceof Deno.errors.NotFound)) {
+        log.warn("Cannot read QEMU's log folder: {error}", { dir, error });
+      }
+    }
   }
 
   /** Removes the domain a VMI's ended launcher left, if it is still that VMI's (its XML has the UID). */

@@ -440,7 +440,13 @@ Deno.test("migration (QEMU, two pod-less nodes in network namespaces): a running
     assert.equal((await guestBoot(ipB))?.bootId, before.bootId, "the guest ran on throughout");
     await client.request("DELETE", `/api/v1/nodes/${ghost}`);
 
-    // Deleting the VMI leaves nothing on either node.
+    // Deleting the VMI leaves nothing on either node, libvirt's log of its QEMU included,
+    // rotated ones too (another guest's stays).
+    const qemuLogs = join(b.libvirtd.logDir, "qemu");
+    assert.ok(await Deno.stat(join(qemuLogs, `${ns}_mig.log`)), "libvirt logs the guest's QEMU");
+    for (const rotated of [`${ns}_mig.log.1`, `${ns}_mig.log.2.gz`, `${ns}_other.log`]) {
+      await Deno.writeTextFile(join(qemuLogs, rotated), "earlier\n");
+    }
     await deleteVmi(client, ns, "mig");
     await waitFor("the VMI to go", async () => !(await getVmi(client, ns, "mig")), 90_000, 500);
     for (const node of hosts.nodes) {
@@ -451,6 +457,11 @@ Deno.test("migration (QEMU, two pod-less nodes in network namespaces): a running
         `no ghost record on ${node.name}`,
       );
     }
+    assert.deepEqual(
+      [...Deno.readDirSync(qemuLogs)].map((e) => e.name).filter((n) => n.startsWith(ns)),
+      [`${ns}_other.log`],
+      "the guest's QEMU logs are gone",
+    );
   } finally {
     for (const h of handlers.values()) {
       await h.kill();

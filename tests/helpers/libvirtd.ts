@@ -99,6 +99,8 @@ export interface PrivateLibvirtd {
   pid: number;
   /** The host's path of the daemon's `/run/libvirt` (its socket is `libvirt-sock` there). */
   runDir: string;
+  /** The host's path of the daemon's `/var/log/libvirt` (its guests' logs in `qemu/`). */
+  logDir: string;
   /** Destroys and undefines every guest it has, then ends it and its virtlogd. */
   stop(): Promise<void>;
 }
@@ -221,6 +223,7 @@ export async function startPrivateLibvirtd(
     uri,
     pid: child.pid,
     runDir: sub("run"),
+    logDir: sub("log"),
     async stop() {
       for (const name of (await virsh("list", "--all", "--name")).split("\n")) {
         if (!name.trim()) continue;
