@@ -96,10 +96,11 @@ Deno.test("the DaemonSet propagates no mount back to the host and mounts only wh
     );
   }
   const hostPaths = pod.volumes.filter((v) => v.hostPath).map((v) => v.hostPath?.path).sort();
-  // Beside the host's directories, only the REST API's certificate Secret.
+  // Beside the host's directories, only the handler's certificate Secrets (the server's, for
+  // the REST API and migration listeners; the client's, for migrations to other nodes).
   assert.deepEqual(
     pod.volumes.filter((v) => !v.hostPath).map((v) => v.secret?.secretName),
-    ["kubevirt-virt-handler-server-certs"],
+    ["kubevirt-virt-handler-server-certs", "kubevirt-virt-handler-certs"],
   );
   assert.deepEqual(hostPaths, [
     "/var/lib/kubelet/device-plugins",

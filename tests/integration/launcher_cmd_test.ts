@@ -211,12 +211,15 @@ Deno.test("launcher cmd server: lifecycle over the real socket", grpcTest, async
     );
 
     await t.step("an unimplemented RPC answers UNIMPLEMENTED naming it", async () => {
-      const error = await h.client.vmiCall("SignalTargetPodCleanup", testVmi("vm-cmd")).then(
+      const error = await h.client.vmiCall("HotplugHostDevices", testVmi("vm-cmd")).then(
         () => assert.fail("expected UNIMPLEMENTED"),
         (e: grpc.ServiceError) => e,
       );
       assert.equal(error.code, 12);
-      assert.match(error.details, /SignalTargetPodCleanup/);
+      assert.match(error.details, /HotplugHostDevices/);
+      // A failed migration's target is told to clean up: acknowledged, as KubeVirt's does.
+      const signalled = await h.client.vmiCall("SignalTargetPodCleanup", testVmi("vm-cmd"));
+      assert.equal(signalled.success, true, signalled.message);
       const other = await h.client.call("GetSEVInfo").catch((e: grpc.ServiceError) => e);
       assert.equal((other as grpc.ServiceError).code, 12);
       assert.match((other as grpc.ServiceError).details, /GetSEVInfo/);

@@ -42,15 +42,23 @@ const ACCOUNT = "kubevirt-handler";
  */
 const HANDLER_CALLS = [
   "create /events", // the event recorder
-  "get /nodes", // the labeller reads its node
+  "delete kubevirt.io/virtualmachineinstancemigrations", // pod-less: a gone VMI's migration
+  "get /nodes", // the labeller reads its node; pod-less migrations, their target
   "get /persistentvolumeclaims", // pod-less hotplug finds its claim
   "get /persistentvolumes", // ... and the volume bound to it
+  "get kubevirt.io/virtualmachineinstancemigrations", // the status writer re-reads after a 409
   "get kubevirt.io/virtualmachineinstances", // the status writer re-reads after a 409
-  "list kubevirt.io/virtualmachineinstances", // the VMI informer
+  "list /nodes", // pod-less migrations: nodes that take VMIs
+  "list kubevirt.io/kubevirts", // pod-less migrations: the KubeVirt CR's configuration
+  "list kubevirt.io/virtualmachineinstancemigrations", // pod-less: the migration informer
+  "list kubevirt.io/virtualmachineinstances", // the VMI informers (the node's, its targets')
   "patch /events", // the recorder's aggregation of repeats
   "patch /nodes", // heartbeat and labeller
+  "update kubevirt.io/virtualmachineinstancemigrations", // pod-less: a migration's finalizer
+  "update kubevirt.io/virtualmachineinstancemigrations/status", // pod-less: its phase
   "update kubevirt.io/virtualmachineinstances", // the status writer's PUT of the whole VMI
-  "watch kubevirt.io/virtualmachineinstances", // the VMI informer
+  "watch kubevirt.io/virtualmachineinstancemigrations", // pod-less: the migration informer
+  "watch kubevirt.io/virtualmachineinstances", // the VMI informers
 ];
 
 interface Rule {
