@@ -32,18 +32,19 @@ export function virtnodeDirs(node: Node): VirtnodeDirs {
   };
 }
 
-/** deploy/daemonset.yaml with `image` and `dirs`, as JSON for `kubectl apply -f -`. */
-export async function virtnodeDaemonSet(image: string, dirs: VirtnodeDirs): Promise<string> {
+/**
+ * deploy/daemonset.yaml with `image` and `dirs`, as JSON for `kubectl apply -f -`; without
+ * `dirs`, the host paths as shipped (isolated test nodes have them of their own).
+ */
+export async function virtnodeDaemonSet(image: string, dirs?: VirtnodeDirs): Promise<string> {
   // deno-lint-ignore no-explicit-any
   const ds = load(await Deno.readTextFile(join(REPO, "deploy/daemonset.yaml"))) as any;
   const container = ds.spec.template.spec.containers[0];
   container.image = image;
   container.imagePullPolicy = "Never";
-  const hostPaths: Record<string, string> = {
-    "kubelet-pods": dirs.kubeletPods,
-    "state-dir": dirs.state,
-    "virt-share-dir": dirs.run,
-  };
+  const hostPaths: Record<string, string> = dirs
+    ? { "kubelet-pods": dirs.kubeletPods, "state-dir": dirs.state, "virt-share-dir": dirs.run }
+    : {};
   for (const volume of ds.spec.template.spec.volumes) {
     if (hostPaths[volume.name]) volume.hostPath.path = hostPaths[volume.name];
   }

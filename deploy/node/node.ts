@@ -75,7 +75,31 @@ export interface Node {
 export interface StartNodeOptions {
   /** The Node's name; `node-<random>` unless told. */
   name?: string;
+  /**
+   * A node of its own on this host, beside others: its kubelet and containerd run in a
+   * mount namespace of the node's where `/var/lib/kubelet` (the kubelet's root, with the
+   * device-plugin directory the API fixes there), `/var/run/kubevirt`, `/var/lib/virtnode` and
+   * containerd's shim folder are the node's own folders. A node agent's DaemonSet then
+   * applies as shipped (its hostPaths at their real places), and two nodes share no host
+   * path. Default false: the kubelet's root below the node's folder, the host's
+   * device-plugin directory (one such node at a time).
+   */
+  isolated?: boolean;
+  /**
+   * Run the cluster's own services with this node (kube-scheduler,
+   * kube-controller-manager, kube-proxy); default true. A second node of a cluster leaves
+   * them to the first.
+   */
+  clusterServices?: boolean;
 }
+
+/** The host paths an isolated node has of its own, and its folder each is bound from. */
+const ISOLATED_PATHS = {
+  "/var/lib/kubelet": "kubelet",
+  "/var/run/kubevirt": "kubevirt-run",
+  "/var/lib/virtnode": "virtnode-state",
+  "/run/containerd/s": "containerd-shims",
+} as const;
 
 function sleep(ms: number): Promise<void> {
   return new Promise((r) => setTimeout(r, ms));
@@ -147,12 +171,15 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
   const serverHost = new URL(cluster.server).hostname;
   const nodeIp = serverHost === "127.0.0.1" ? undefined : serverHost;
   let stopped = false;
+  const isolated = options.isolated ?? false;
   // The device plugin directory is the host's, and containerd 1.6 keeps its shims' sockets
   // in /run/containerd/s whatever its state directory: what the node creates goes with it.
-  const created = [
-    await firstMissing(DEVICE_PLUGINS_DIR),
-    await firstMissing(CONTAINERD_SHIM_SOCKETS),
-  ];
+  // An isolated node makes the mount points of its own paths on the host.
+  const created = isolated
+    ? await Promise.all(Object.keys(ISOLATED_PATHS).map((p) => firstMissing(p)))
+    : [await firstMissing(DEVICE_PLUGINS_DIR), await firstMissing(CONTAINERD_SHIM_SOCKETS)];
+  /** Runs a program in the node's mount namespace (an isolated node's), or as it is. */
+  let enter: string[] = [];
 
   const ctr = (args: string[]) =>
     run("ctr", ["--address", containerdSocket, "-n", "k8s.io", ...args]);
@@ -192,7 +219,7 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
       .map((l) => l.split(" ")[4]).filter((m) => m?.startsWith(dir)).sort().reverse();
     for (const m of mounts) await run("umount", ["-l", m]).catch(() => {});
     await Deno.remove(dir, { recursive: true }).catch(() => {});
-    await Deno.remove(join(DEVICE_PLUGINS_DIR, "kubelet.sock")).catch(() => {});
+    if (!isolated) await Deno.remove(join(DEVICE_PLUGINS_DIR, "kubelet.sock")).catch(() => {});
     for (const path of created) {
       if (path) await Deno.remove(path, { recursive: true }).catch(() => {});
     }
@@ -208,11 +235,45 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
     // Bidirectional, which the kubelet allows only on a shared mount.
     await run("mount", ["--bind", dir, dir]);
     await run("mount", ["--make-rshared", dir]);
-    // The device-plugin directory is a constant of the kubelet's API, not below its root:
-    // the host's, shown where a pod that mounts the kubelet's root looks for it.
-    await Deno.mkdir(DEVICE_PLUGINS_DIR, { recursive: true });
-    await Deno.mkdir(join(kubeletDir, "device-plugins"));
-    await run("mount", ["--bind", DEVICE_PLUGINS_DIR, join(kubeletDir, "device-plugins")]);
+    if (isolated) {
+      // The node's mount namespace, held by a process of its own: its paths bound from the
+      // node's folder. The folder's own mount is shared with this namespace, so what the
+      // kubelet mounts below /var/lib/kubelet shows in containerd's namespace and here.
+      for (const [at, name] of Object.entries(ISOLATED_PATHS)) {
+        await Deno.mkdir(join(dir, name), { recursive: true });
+        await Deno.mkdir(at, { recursive: true });
+      }
+      await Deno.mkdir(join(kubeletDir, "device-plugins"), { recursive: true });
+      const ready = join(dir, "namespace.ready");
+      const holder = await spawn(dir, "node-namespace", "unshare", [
+        "--mount",
+        "--propagation",
+        "unchanged",
+        "sh",
+        "-c",
+        [
+          "set -e",
+          ...Object.entries(ISOLATED_PATHS).map(([at, name]) =>
+            `mount --bind ${join(dir, name)} ${at}`
+          ),
+          `touch ${ready}`,
+          "exec sleep infinity",
+        ].join("\n"),
+      ]);
+      processes.push(holder);
+      await waitUntil(holder, READY_TIMEOUT_MS, () => Deno.stat(ready).then(() => true));
+      enter = ["nsenter", `--mount=/proc/${holder.child.pid}/ns/mnt`, "--"];
+    } else {
+      // The device-plugin directory is a constant of the kubelet's API, not below its root:
+      // the host's, shown where a pod that mounts the kubelet's root looks for it.
+      await Deno.mkdir(DEVICE_PLUGINS_DIR, { recursive: true });
+      await Deno.mkdir(join(kubeletDir, "device-plugins"));
+      await run("mount", ["--bind", DEVICE_PLUGINS_DIR, join(kubeletDir, "device-plugins")]);
+    }
+    const spawnInNode = (name: string, program: string, args: string[]) =>
+      enter.length > 0
+        ? spawn(dir, name, enter[0], [...enter.slice(1), program, ...args])
+        : spawn(dir, name, program, args);
 
     // Images: the sandbox image first.
     const pauseRoot = join(dir, "pause-root");
@@ -274,7 +335,7 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
     // "host" PID namespace for hostPID pods. virt-handler enters the mount namespace of
     // PID 1 (virt-chroot --mount /proc/1/ns/mnt); this machine's own PID 1 is a sandbox
     // process whose namespaces not even root may open.
-    const containerd = await spawn(dir, "containerd", "unshare", [
+    const containerd = await spawnInNode("containerd", "unshare", [
       "--pid",
       "--fork",
       "--kill-child",
@@ -326,47 +387,51 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
         serializeImagePulls: false,
       }),
     );
-    const kubelet = await spawn(dir, "kubelet", join(bin, "kubelet"), [
+    // An isolated node's kubelet has its root where a kubelet's is, /var/lib/kubelet.
+    const kubeletRoot = isolated ? "/var/lib/kubelet" : kubeletDir;
+    const kubelet = await spawnInNode("kubelet", join(bin, "kubelet"), [
       `--config=${join(dir, "kubelet.yaml")}`,
       `--kubeconfig=${cluster.kubeconfigPath}`,
       `--hostname-override=${name}`,
       ...(nodeIp ? [`--node-ip=${nodeIp}`] : []),
-      `--root-dir=${kubeletDir}`,
-      `--cert-dir=${join(kubeletDir, "pki")}`,
+      `--root-dir=${kubeletRoot}`,
+      `--cert-dir=${join(kubeletRoot, "pki")}`,
     ]);
     processes.push(kubelet);
     const common = [`--kubeconfig=${cluster.kubeconfigPath}`, "--leader-elect=false"];
-    processes.push(
-      await spawn(dir, "kube-scheduler", join(bin, "kube-scheduler"), [
-        ...common,
-        `--secure-port=${schedulerPort}`,
-        "--bind-address=127.0.0.1",
-      ]),
-    );
-    processes.push(
-      await spawn(dir, "kube-controller-manager", join(bin, "kube-controller-manager"), [
-        ...common,
-        `--secure-port=${controllerManagerPort}`,
-        "--bind-address=127.0.0.1",
-        // No cloud, no node IPAM: the kubelet has its pod CIDR from its configuration.
-        "--controllers=*,-nodeipam",
-        `--service-account-private-key-file=${join(cluster.dir, "service-account.key")}`,
-        "--use-service-account-credentials=false",
-      ]),
-    );
-    // Services, as pods use them: the apiserver's own (`kubernetes`, 10.0.0.1:443) above all.
-    processes.push(
-      await spawn(dir, "kube-proxy", join(bin, "kube-proxy"), [
-        `--kubeconfig=${cluster.kubeconfigPath}`,
-        `--hostname-override=${name}`,
-        "--proxy-mode=iptables",
-        `--cluster-cidr=${podCidr}`,
-        // Leave the host's conntrack table size alone.
-        "--conntrack-max-per-core=0",
-        `--healthz-bind-address=127.0.0.1:${proxyHealthPort}`,
-        `--metrics-bind-address=127.0.0.1:${proxyMetricsPort}`,
-      ]),
-    );
+    if (options.clusterServices ?? true) {
+      processes.push(
+        await spawn(dir, "kube-scheduler", join(bin, "kube-scheduler"), [
+          ...common,
+          `--secure-port=${schedulerPort}`,
+          "--bind-address=127.0.0.1",
+        ]),
+      );
+      processes.push(
+        await spawn(dir, "kube-controller-manager", join(bin, "kube-controller-manager"), [
+          ...common,
+          `--secure-port=${controllerManagerPort}`,
+          "--bind-address=127.0.0.1",
+          // No cloud, no node IPAM: the kubelet has its pod CIDR from its configuration.
+          "--controllers=*,-nodeipam",
+          `--service-account-private-key-file=${join(cluster.dir, "service-account.key")}`,
+          "--use-service-account-credentials=false",
+        ]),
+      );
+      // Services, as pods use them: the apiserver's own (`kubernetes`, 10.0.0.1:443) above all.
+      processes.push(
+        await spawn(dir, "kube-proxy", join(bin, "kube-proxy"), [
+          `--kubeconfig=${cluster.kubeconfigPath}`,
+          `--hostname-override=${name}`,
+          "--proxy-mode=iptables",
+          `--cluster-cidr=${podCidr}`,
+          // Leave the host's conntrack table size alone.
+          "--conntrack-max-per-core=0",
+          `--healthz-bind-address=127.0.0.1:${proxyHealthPort}`,
+          `--metrics-bind-address=127.0.0.1:${proxyMetricsPort}`,
+        ]),
+      );
+    }
     await waitUntil(kubelet, READY_TIMEOUT_MS, async () => {
       const out = await run("kubectl", [
         "--kubeconfig",
@@ -397,9 +462,23 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
     dir,
     containerdSocket,
     kubeletDir,
-    devicePluginsDir: DEVICE_PLUGINS_DIR,
+    devicePluginsDir: isolated ? join(kubeletDir, "device-plugins") : DEVICE_PLUGINS_DIR,
     podCidr,
-    importImage: async (archive) => void await ctr(["images", "import", archive]),
+    importImage: async (archive) => {
+      await ctr(["images", "import", archive]);
+      // A registry's image has a repo digest (name@sha256:<manifest>), which the kubelet
+      // reports as a container's imageID and virt-controller pins a migration target's
+      // containerDisk to; an imported one has only its tag until it is given one.
+      const index = JSON.parse(await run("tar", ["-xOf", archive, "index.json"])) as {
+        manifests?: { digest: string; annotations?: Record<string, string> }[];
+      };
+      for (const m of index.manifests ?? []) {
+        const name = m.annotations?.["io.containerd.image.name"];
+        if (!name) continue;
+        const repo = name.replace(/:[^:/]+$/, "");
+        await ctr(["images", "tag", "--force", name, `${repo}@${m.digest}`]);
+      }
+    },
     complaints: async () => {
       const parts: string[] = [];
       for (const p of processes) {

@@ -25,7 +25,12 @@ import {
 import type { PodNetworkTarget } from "../network/mod.ts";
 import { aborted } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
-import { type BeneathSocket, openDirectoryInRoot, openSocketBeneath } from "../../ffi/mod.ts";
+import {
+  type BeneathSocket,
+  NotASocketError,
+  openDirectoryInRoot,
+  openSocketBeneath,
+} from "../../ffi/mod.ts";
 import { NotifyPipes } from "./notify_pipes.ts";
 import { ContainerDiskMounts } from "./container_disk_mounts.ts";
 import { HotplugMounts } from "./hotplug_mounts.ts";
@@ -247,17 +252,26 @@ export class PodLaunchers implements LauncherProvider {
     const socket = await this.socketOf(vmi);
     if (!socket) throw new Error("the VMI has no launcher on this node yet");
     const root = `/proc/${this.#pipes.launcherPid(socket)}/root`;
-    const at = (dir: string, name: string) => () => {
+    const at = (dir: string, ...names: string[]) => () => {
       const folder = openDirectoryInRoot(root, dir);
       try {
-        return Promise.resolve(openSocketBeneath(folder.path, name));
+        for (const [i, name] of names.entries()) {
+          try {
+            return Promise.resolve(openSocketBeneath(folder.path, name));
+          } catch (error) {
+            if (!(error instanceof NotASocketError) || i === names.length - 1) throw error;
+          }
+        }
+        throw new Error("no socket name given");
       } finally {
         folder.release();
       }
     };
     const uid = vmi.metadata.uid!;
     return [
-      { port: 0, open: at("/var/run/libvirt", "virtqemud-sock") },
+      // virtqemud's socket; a launcher image with the monolithic libvirtd has libvirt-sock
+      // (a virtqemud-sock link to it is not followed).
+      { port: 0, open: at("/var/run/libvirt", "virtqemud-sock", "libvirt-sock") },
       ...migrationPorts(vmi.status?.migrationMethod === "BlockMigration").map((port) => ({
         port,
         open: at(`${Paths.VirtShareDir}/migrationproxy`, `${proxyKey(uid, port)}-source.sock`),

@@ -180,6 +180,13 @@ export async function startPrivateLibvirtd(
     `${sub("bin/virtnode-virtlogd")} -d -p ${sub("virtlogd.pid")}`,
     `exec ${sub("bin/virtnode-libvirtd")} -p ${sub("libvirtd.pid")} 2>>${sub("libvirtd.log")}`,
   ].join("\n");
+  // The mount points of the extra folders are made on the host's file system: the ones
+  // not there before go with the daemon.
+  const madeMountPoints: string[] = [];
+  for (const at of Object.keys(options.binds ?? {})) {
+    const real = at.replace(/^\/var\/run\//, "/run/");
+    if (!(await Deno.stat(real).then(() => true, () => false))) madeMountPoints.push(real);
+  }
   const unshare = ["unshare", "--mount", "bash", "-c", script];
   const child = new Deno.Command(options.netns ? "nsenter" : "unshare", {
     args: options.netns ? [`--net=${options.netns}`, ...unshare] : unshare.slice(1),
@@ -236,6 +243,7 @@ export async function startPrivateLibvirtd(
       await output.catch(() => undefined);
       stopLogd(sub("virtlogd.pid"));
       await Deno.remove(dir, { recursive: true }).catch(() => {});
+      for (const at of madeMountPoints) await Deno.remove(at).catch(() => {});
     },
   };
 }
