@@ -192,6 +192,19 @@ Deno.test("migration (QEMU, two pod-less nodes in network namespaces): a running
       guestVmi("mig", a.name, { namespace: ns, binding: "masquerade" }),
     );
     const uid = vmi.metadata.uid!;
+    /** A failed migration's target on node a is gone: label, domain, launcher. */
+    const targetCleanedUp = (what: string) =>
+      waitFor(
+        `${what} to be cleaned up`,
+        async () => {
+          const v = await getVmi(client, ns, "mig");
+          return v?.metadata.labels?.["kubevirt.io/migrationTargetNodeName"] === undefined &&
+            (await domainsOf(a)).length === 0 &&
+            !hostedUids(handlers.get(a.name)!.stateDir).includes(uid);
+        },
+        60_000,
+        500,
+      );
     const running = await waitForPhase(client, ns, "mig", "Running", 90_000);
     const live = running.status?.conditions?.find((c) => c.type === "LiveMigratable");
     assert.equal(live?.status, "True", JSON.stringify(live));
@@ -302,16 +315,7 @@ Deno.test("migration (QEMU, two pod-less nodes in network namespaces): a running
     const stillB = await guestBoot(ipB);
     assert.equal(stillB?.bootId, before.bootId, "the guest runs on where it was");
     assert.equal((await getVmi(client, ns, "mig"))?.status?.nodeName, b.name);
-    await waitFor(
-      "node a's target to be cleaned up",
-      async () => {
-        const v = await getVmi(client, ns, "mig");
-        return v?.metadata.labels?.["kubevirt.io/migrationTargetNodeName"] === undefined &&
-          (await domainsOf(a)).length === 0;
-      },
-      60_000,
-      500,
-    );
+    await targetCleanedUp("node a's target");
 
     // 3. A migration slowed to 1 MiB/s (the KubeVirt CR's bandwidthPerMigration): its
     // progress is in the source handler's /metrics, and deleting its VMIM aborts it.
@@ -374,16 +378,7 @@ Deno.test("migration (QEMU, two pod-less nodes in network namespaces): a running
     assert.equal(aborted.abortStatus, "Succeeded");
     assert.equal(aborted.failed, true);
     assert.equal((await guestBoot(ipB))?.bootId, before.bootId, "the guest runs on node b");
-    await waitFor(
-      "the aborted migration's target to be cleaned up",
-      async () => {
-        const v = await getVmi(client, ns, "mig");
-        return v?.metadata.labels?.["kubevirt.io/migrationTargetNodeName"] === undefined &&
-          (await domainsOf(a)).length === 0;
-      },
-      60_000,
-      500,
-    );
+    await targetCleanedUp("the aborted migration's target");
 
     // 4. The target's handler killed while the migration runs.
     await createVmim(client, ns, "move-3", "mig");
@@ -396,17 +391,7 @@ Deno.test("migration (QEMU, two pod-less nodes in network namespaces): a running
     await setMigrationBandwidth(cluster.kubeconfigPath, "0Mi");
     // Back up, node a's handler finishes the failed migration's target.
     await start(a);
-    await waitFor(
-      "the killed target to be cleaned up",
-      async () => {
-        const v = await getVmi(client, ns, "mig");
-        return v?.metadata.labels?.["kubevirt.io/migrationTargetNodeName"] === undefined &&
-          (await domainsOf(a)).length === 0 &&
-          !hostedUids(handlers.get(a.name)!.stateDir).includes(uid);
-      },
-      60_000,
-      500,
-    );
+    await targetCleanedUp("the killed target");
 
     // 5. A target node that takes VMIs but whose handler never gets ready for the migration.
     const ghost = `ghost-${crypto.randomUUID().slice(0, 6)}`;

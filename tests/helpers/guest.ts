@@ -51,6 +51,20 @@ export async function testGuestOciArchive(): Promise<string> {
 export const KERNEL_IMAGE = "virtnode.local/test-kernel:1";
 
 /**
+ * KubeVirt's `firmware.kernelBoot` that boots the test guest from {@linkcode KERNEL_IMAGE}
+ * (imported into the node, never pulled).
+ */
+export const TEST_KERNEL_BOOT = {
+  kernelArgs: "console=ttyS0,115200 quiet loglevel=3 panic=-1",
+  container: {
+    image: KERNEL_IMAGE,
+    imagePullPolicy: "Never",
+    kernelPath: "/boot/vmlinuz",
+    initrdPath: "/boot/initrd",
+  },
+} as const;
+
+/**
  * The test guest's kernel and initramfs as a kernel boot container image archive
  * (`firmware.kernelBoot.container`), built once next to the cached guest.
  */

@@ -39,42 +39,19 @@ import {
 } from "../../deploy/node/daemonsets.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
 import { kubeClient, waitFor } from "../helpers/handler_process.ts";
+import { nodeApi, type NodeObject, podReady, stepper, type Vmi } from "../helpers/node_api.ts";
 import {
   GUEST_IMAGE,
   httpGet,
   KERNEL_IMAGE,
   parseLease,
+  TEST_KERNEL_BOOT,
   testGuestImage,
   testGuestOciArchive,
   testKernelOciArchive,
 } from "../helpers/guest.ts";
 
 const REPO = new URL("../../", import.meta.url).pathname;
-
-interface Pod {
-  metadata: { name: string; uid: string; labels?: Record<string, string> };
-  spec: { nodeName?: string };
-  status?: {
-    phase?: string;
-    conditions?: { type: string; status: string }[];
-    containerStatuses?: { name: string; restartCount: number }[];
-  };
-}
-interface Vmi {
-  metadata: { name: string; uid: string };
-  status?: {
-    phase?: string;
-    interfaces?: { ipAddress?: string }[];
-    nodeName?: string;
-    activePods?: Record<string, string>;
-    phaseTransitionTimestamps?: { phase: string }[];
-    conditions?: { type: string; status: string }[];
-  };
-}
-interface NodeObject {
-  metadata: { labels: Record<string, string>; annotations?: Record<string, string> };
-  status: { allocatable: Record<string, string> };
-}
 
 type Handler = "virtnode" | "virt-handler";
 
@@ -126,24 +103,11 @@ async function journey(handler: Handler): Promise<void> {
   const node = await startNode(cluster);
   let kubevirt: Awaited<ReturnType<typeof startKubevirt>> | undefined;
   let ok = false;
-  const t0 = performance.now();
-  const step = (what: string) =>
-    console.log(`${((performance.now() - t0) / 1000).toFixed(1).padStart(6)} s  ${what}`);
-  const getVmi = (name: string) =>
-    admin.request<Vmi>(
-      "GET",
-      `/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstances/${name}`,
-    )
-      .catch(() => undefined);
-  const pods = async (selector: string, namespace = "default") =>
-    (await admin.request<{ items: Pod[] }>(
-      "GET",
-      `/api/v1/namespaces/${namespace}/pods?labelSelector=${encodeURIComponent(selector)}`,
-    )).items;
+  const step = stepper();
+  const { getVmi, pods } = nodeApi(admin);
   // virtnode's pods carry virt-handler's label too.
   const handlerPods = () => pods("kubevirt.io=virt-handler", "kubevirt");
-  const ready = (p: Pod) =>
-    p.status?.conditions?.some((c) => c.type === "Ready" && c.status === "True") ?? false;
+  const ready = podReady;
   try {
     const launcher = await launcherImage();
     const handlerImage = handler === "virtnode" ? await virtnodeImage() : await virtHandlerImage();
@@ -789,17 +753,7 @@ async function kernelBootJourney(o: {
       domain: {
         ...base.spec.domain,
         devices: { interfaces: base.spec.domain.devices.interfaces },
-        firmware: {
-          kernelBoot: {
-            kernelArgs: "console=ttyS0,115200 quiet loglevel=3 panic=-1",
-            container: {
-              image: KERNEL_IMAGE,
-              imagePullPolicy: "Never",
-              kernelPath: "/boot/vmlinuz",
-              initrdPath: "/boot/initrd",
-            },
-          },
-        },
+        firmware: { kernelBoot: TEST_KERNEL_BOOT },
       },
       volumes: [],
     },

@@ -23,29 +23,10 @@ import {
 } from "../../deploy/node/daemonsets.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
 import { kubeClient, waitFor } from "../helpers/handler_process.ts";
-import { httpGet, KERNEL_IMAGE, testKernelOciArchive } from "../helpers/guest.ts";
+import { nodeApi, type NodeObject, podReady, stepper } from "../helpers/node_api.ts";
+import { httpGet, TEST_KERNEL_BOOT, testKernelOciArchive } from "../helpers/guest.ts";
 
 const REPO = new URL("../../", import.meta.url).pathname;
-
-interface Pod {
-  metadata: { name: string; uid: string; labels?: Record<string, string> };
-  spec: { nodeName?: string };
-  status?: { phase?: string; conditions?: { type: string; status: string }[] };
-}
-interface Vmi {
-  metadata: { name: string; uid: string; labels?: Record<string, string> };
-  status?: {
-    phase?: string;
-    nodeName?: string;
-    interfaces?: { ipAddress?: string }[];
-    conditions?: { type: string; status: string }[];
-    migrationState?: Record<string, unknown>;
-  };
-}
-interface NodeObject {
-  metadata: { labels: Record<string, string> };
-  status: { allocatable: Record<string, string> };
-}
 
 async function guestBoot(ip: string): Promise<{ bootId: string; uptime: number } | undefined> {
   const bootId = (await httpGet(`http://${ip}/boot_id`))?.trim();
@@ -62,22 +43,9 @@ Deno.test("node: KubeVirt's virt-controller migrates a running guest between two
   const nodes: Node[] = [];
   let kubevirt: Awaited<ReturnType<typeof startKubevirt>> | undefined;
   let ok = false;
-  const t0 = performance.now();
-  const step = (what: string) =>
-    console.log(`${((performance.now() - t0) / 1000).toFixed(1).padStart(6)} s  ${what}`);
-  const getVmi = (name: string) =>
-    admin.request<Vmi>(
-      "GET",
-      `/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstances/${name}`,
-    )
-      .catch(() => undefined);
-  const pods = async (selector: string, namespace = "default") =>
-    (await admin.request<{ items: Pod[] }>(
-      "GET",
-      `/api/v1/namespaces/${namespace}/pods?labelSelector=${encodeURIComponent(selector)}`,
-    )).items;
-  const ready = (p: Pod) =>
-    p.status?.conditions?.some((c) => c.type === "Ready" && c.status === "True") ?? false;
+  const step = stepper();
+  const { getVmi, pods } = nodeApi(admin);
+  const ready = podReady;
   try {
     nodes.push(await startNode(cluster, { isolated: true }));
     nodes.push(await startNode(cluster, { isolated: true, clusterServices: false }));
@@ -124,17 +92,7 @@ Deno.test("node: KubeVirt's virt-controller migrates a running guest between two
           ...vmi.spec.domain,
           memory: { guest: "128Mi" },
           devices: { interfaces: [{ name: "default", masquerade: {} }] },
-          firmware: {
-            kernelBoot: {
-              kernelArgs: "console=ttyS0,115200 quiet loglevel=3 panic=-1",
-              container: {
-                image: KERNEL_IMAGE,
-                imagePullPolicy: "Never",
-                kernelPath: "/boot/vmlinuz",
-                initrdPath: "/boot/initrd",
-              },
-            },
-          },
+          firmware: { kernelBoot: TEST_KERNEL_BOOT },
         },
         networks: [{ name: "default", pod: {} }],
       },

@@ -1,0 +1,70 @@
+/**
+ * What the node tier's tests read of their cluster: the few fields of pods, VMIs and Nodes
+ * they look at, and the reads they make of them.
+ *
+ * @module
+ */
+import type { KubeClient } from "../../mod/kube/mod.ts";
+
+/** The fields of a Pod the node tests read. */
+export interface Pod {
+  metadata: { name: string; uid: string; labels?: Record<string, string> };
+  spec: { nodeName?: string };
+  status?: {
+    phase?: string;
+    conditions?: { type: string; status: string }[];
+    containerStatuses?: { name: string; restartCount: number }[];
+  };
+}
+
+/** The fields of a VMI the node tests read. */
+export interface Vmi {
+  metadata: { name: string; uid: string; labels?: Record<string, string> };
+  status?: {
+    phase?: string;
+    interfaces?: { ipAddress?: string }[];
+    nodeName?: string;
+    activePods?: Record<string, string>;
+    phaseTransitionTimestamps?: { phase: string }[];
+    conditions?: { type: string; status: string }[];
+    migrationState?: Record<string, unknown>;
+  };
+}
+
+/** The fields of a Node the node tests read. */
+export interface NodeObject {
+  metadata: { labels: Record<string, string>; annotations?: Record<string, string> };
+  status: { allocatable: Record<string, string> };
+}
+
+/** Reads of the cluster through `admin`. */
+export function nodeApi(admin: KubeClient): {
+  getVmi(name: string): Promise<Vmi | undefined>;
+  pods(selector: string, namespace?: string): Promise<Pod[]>;
+} {
+  return {
+    getVmi: (name) =>
+      admin.request<Vmi>(
+        "GET",
+        `/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstances/${name}`,
+      )
+        .catch(() => undefined),
+    pods: async (selector, namespace = "default") =>
+      (await admin.request<{ items: Pod[] }>(
+        "GET",
+        `/api/v1/namespaces/${namespace}/pods?labelSelector=${encodeURIComponent(selector)}`,
+      )).items,
+  };
+}
+
+/** Whether a pod is Ready. */
+export function podReady(p: Pod): boolean {
+  return p.status?.conditions?.some((c) => c.type === "Ready" && c.status === "True") ?? false;
+}
+
+/** Prints a step with the seconds since this was called. */
+export function stepper(): (what: string) => void {
+  const t0 = performance.now();
+  return (what) =>
+    console.log(`${((performance.now() - t0) / 1000).toFixed(1).padStart(6)} s  ${what}`);
+}
