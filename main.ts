@@ -193,9 +193,11 @@ async function migrationOptions(
   try {
     await clientTls.load();
   } catch (error) {
-    console.error(
-      `virtnode handler: live migration is off: ${(error as Error).message} (--client-cert-dir)`,
-    );
+    // A node without the client certificate (local mode, a bare pod-less host) runs its VMIs
+    // but neither sends nor takes migrations.
+    getLogger("handler").info("Live migration is off: {why}", {
+      why: `${(error as Error).message} (--client-cert-dir)`,
+    });
     return undefined;
   }
   return {
