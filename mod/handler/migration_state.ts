@@ -6,6 +6,7 @@
  * @module
  */
 import {
+  ConditionType,
   Labels,
   MIGRATION_DEFAULTS,
   type MigrationConfiguration,
@@ -51,6 +52,18 @@ export function isMigrationDone(state: MigrationState | undefined): boolean {
 export function isMigrating(vmi: VirtualMachineInstance): boolean {
   const state = vmi.status?.migrationState;
   return !!state?.startTimestamp && !state.endTimestamp;
+}
+
+/**
+ * Why the VMI may not migrate, in KubeVirt admission's words ("Cannot migrate VMI, Reason:
+ * ..., Message: ..."), when its `LiveMigratable` condition is False; else undefined. Pod-less
+ * mode fails a VMIM with it where no admission refused the VMIM (one created before the
+ * handler's first look, or a cluster without KubeVirt's webhooks).
+ */
+export function notMigratable(vmi: VirtualMachineInstance): string | undefined {
+  const c = vmi.status?.conditions?.find((c) => c.type === ConditionType.LiveMigratable);
+  if (c?.status !== "False") return undefined;
+  return `Cannot migrate VMI, Reason: ${c.reason ?? ""}, Message: ${c.message ?? ""}`;
 }
 
 /** The migration ended on the target but is not finalized yet. */

@@ -32,6 +32,7 @@ export {
   type HandlerOptions,
   handlerPaths,
   libvirtSocketOfUri,
+  podlessSocketPathProblem,
 } from "./handler.ts";
 export { MigrationSourceController, type MigrationSourceDeps } from "./migration_source.ts";
 export {
@@ -45,6 +46,7 @@ export {
   isMigrationTarget,
   migrationNeedsFinalization,
   migrationOptions,
+  notMigratable,
 } from "./migration_state.ts";
 export {
   MigrationEvents,

@@ -7,7 +7,7 @@
  * | phase           | moves on when                                                     |
  * |-----------------|-------------------------------------------------------------------|
  * | (none)          | no other migration of the VMI runs -> `Pending`                    |
- * | Pending         | the VMI runs and a target node is chosen -> `Scheduling`            |
+ * | Pending         | the VMI runs, is LiveMigratable and a target node is chosen -> `Scheduling` |
  * | Scheduling      | the target node takes VMIs (`kubevirt.io/schedulable=true`) -> `Scheduled` |
  * | Scheduled       | the VMI names the migration and its target -> `PreparingTarget`     |
  * | PreparingTarget | the target's handler published its address -> `TargetReady`        |
@@ -63,6 +63,7 @@ import {
 import { getLogger } from "../log/mod.ts";
 import type { Runnable } from "../lifecycle/mod.ts";
 import { DONE, type ReconcileResult, requeueAfter, runWorkers } from "./_workers.ts";
+import { notMigratable } from "./migration_state.ts";
 import { HOSTNAME_LABEL } from "./podless_scheduler.ts";
 
 const log = getLogger("handler", "podless-migrations");
@@ -293,6 +294,8 @@ export class PodlessMigrations implements Runnable {
         if (vmiPhase !== "Running") {
           return { kind: "wait", ms: WAIT_MS, why: "the VMI is not Running" };
         }
+        const refused = notMigratable(vmi);
+        if (refused) return { kind: "fail", reason: refused };
         const busy =
           this.#informer.list().filter((m) =>
             m.metadata.uid !== vmim.metadata.uid && handedOff(m.status?.phase) &&

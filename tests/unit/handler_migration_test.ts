@@ -11,6 +11,7 @@ import {
   isMigrationTarget,
   migrationNeedsFinalization,
   migrationOptions,
+  notMigratable,
 } from "../../mod/handler/mod.ts";
 
 function vmi(
@@ -152,4 +153,27 @@ Deno.test("migrationOptions() gives KubeVirt's MigrationOptions from the migrati
     spec: { domain: { devices: {}, resources: { limits: { cpu: "2" } } } },
   } as Partial<VirtualMachineInstance>));
   assert.equal(limited.ParallelMigrationThreads, undefined, "none with a CPU limit");
+});
+
+Deno.test("notMigratable() gives admission's refusal for LiveMigratable=False, nothing for True or no condition", () => {
+  assert.equal(notMigratable(vmi({})), undefined);
+  assert.equal(
+    notMigratable(vmi({ conditions: [{ type: "LiveMigratable", status: "True" }] })),
+    undefined,
+  );
+  assert.equal(
+    notMigratable(vmi({
+      conditions: [
+        { type: "Ready", status: "False" },
+        {
+          type: "LiveMigratable",
+          status: "False",
+          reason: "InterfaceNotLiveMigratable",
+          message: "cannot migrate VMI which does not use masquerade",
+        },
+      ],
+    })),
+    "Cannot migrate VMI, Reason: InterfaceNotLiveMigratable, " +
+      "Message: cannot migrate VMI which does not use masquerade",
+  );
 });
