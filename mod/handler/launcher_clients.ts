@@ -550,6 +550,12 @@ function exists(path: string): boolean {
 /** The pool of launcher clients, keyed by VMI UID. */
 export class LauncherClients {
   readonly #entries = new Map<string, Entry>();
+  /**
+   * Marks that came before the UID had a client (a pod-less launcher that ended while the
+   * host was still answering its start): its client starts unresponsive, instead of waiting
+   * out the start-up allowance for a socket that will never appear.
+   */
+  readonly #early = new Set<string>();
   readonly #opts:
     & Required<
       Omit<LauncherClientsOptions, "onUnresponsive" | "markerDir" | "dialResolver" | "dial">
@@ -581,7 +587,7 @@ export class LauncherClients {
       entry = {
         client: new LauncherClient(socketFile, this.#opts.dialResolver),
         lastAnswerMs: now,
-        unresponsive: false,
+        unresponsive: this.#early.delete(uid),
         createdMs: now,
       };
       this.#entries.set(uid, entry);
@@ -641,7 +647,15 @@ export class LauncherClients {
    */
   async markUnresponsive(uid: string, why: string): Promise<void> {
     const entry = this.#entries.get(uid);
-    if (!entry || entry.unresponsive) return;
+    if (entry?.unresponsive || (!entry && this.#early.has(uid))) return;
+    if (!entry) {
+      // Kept in memory only: a late report for a VMI already cleaned up must not leave a
+      // file behind; after a restart the launcher host reports the end again.
+      this.#early.add(uid);
+      log.warn("Launcher unresponsive: {why}", { uid, why });
+      this.#opts.onUnresponsive?.(uid);
+      return;
+    }
     entry.unresponsive = true;
     const marker = this.#marker(uid);
     if (marker) {
@@ -666,6 +680,7 @@ export class LauncherClients {
 
   /** Forgets a UID's unresponsive mark (its VMI is cleaned up). */
   async forgetMark(uid: string): Promise<void> {
+    this.#early.delete(uid);
     const marker = this.#marker(uid);
     if (marker) await Deno.remove(marker).catch(() => {});
   }

@@ -124,3 +124,27 @@ Deno.test(
     }
   },
 );
+
+Deno.test("LauncherClients: a launcher reported ended before its client exists starts unresponsive, without a marker file; a cleanup forgets the early mark", async () => {
+  const dir = await Deno.makeTempDir();
+  const markerDir = `${dir}/unresponsive`;
+  const gone: string[] = [];
+  const pool = new LauncherClients({ markerDir, onUnresponsive: (uid) => gone.push(uid) });
+  try {
+    await pool.markUnresponsive("u1", "cannot serve the cmd socket");
+    await pool.markUnresponsive("u1", "reported again");
+    assert.deepEqual(gone, ["u1"], "told once");
+    pool.getOrCreate("u1", `${dir}/never-sock`);
+    assert.equal(await pool.state("u1"), "unresponsive", "not notReady for 3 min");
+    await assert.rejects(Deno.lstat(`${markerDir}/u1`), Deno.errors.NotFound);
+
+    // Cleaned up before its client came: a later VMI's client under the same key is fresh.
+    await pool.markUnresponsive("u2", "ended");
+    await pool.forgetMark("u2");
+    pool.getOrCreate("u2", `${dir}/never-sock-2`);
+    assert.equal(await pool.state("u2"), "notReady");
+  } finally {
+    pool.close();
+    await Deno.remove(dir, { recursive: true });
+  }
+});
