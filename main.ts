@@ -189,6 +189,7 @@ async function migrationOptions(
     certFile: `${opts.clientCertDir}/tls.crt`,
     keyFile: `${opts.clientCertDir}/tls.key`,
     caFile: opts.clientCaFile,
+    role: "client",
   });
   try {
     await clientTls.load();
@@ -352,6 +353,14 @@ function handlerCommand(program: Command): void {
           `virtnode handler: invalid pod network (--pod-network-cidr, --pod-network-bridge): ${wrong}`,
         );
         Deno.exit(EXIT_USAGE);
+      }
+      if (opts.podless) {
+        const { podlessSocketPathProblem } = await import("./mod/handler/mod.ts");
+        const problem = podlessSocketPathProblem(config);
+        if (problem) {
+          console.error(`virtnode handler: ${problem}`);
+          Deno.exit(EXIT_USAGE);
+        }
       }
       await keepAliveOnUnhandledRejections();
       const [{ Handler }, node, { EventRecorder }, { runStages }] = await Promise.all([

@@ -178,6 +178,34 @@ export function handlerPaths(config: Config): {
   };
 }
 
+/** The longest path a unix socket address holds (`sun_path`, less its terminating NUL). */
+const MAX_SOCKET_PATH = 107;
+
+/**
+ * Pod-less mode binds its launchers' sockets below `--run-dir` and the launcher host's
+ * below `--state-dir`, one folder per VMI UID (36 characters). Why they would not fit a
+ * unix socket address, naming the flag to shorten; undefined when they fit. Checked at
+ * start-up: otherwise every launcher would fail to serve and its VMI wait for nothing.
+ */
+export function podlessSocketPathProblem(config: Config): string | undefined {
+  const uid = "00000000-0000-0000-0000-000000000000";
+  const paths = handlerPaths(config);
+  const longest: [string, string][] = [
+    ["--run-dir", join(paths.socketRoot, uid, SocketNames.LauncherInit)],
+    ["--run-dir", join(config.runDir, "private", uid, SocketNames.Serial0)],
+    ["--state-dir", join(config.stateDir, "launcher-host", "control.sock")],
+  ];
+  for (const [flag, path] of longest) {
+    if (path.length > MAX_SOCKET_PATH) {
+      return `${flag}: sockets below it would be ${path.length} characters long (${path}); ` +
+        `unix sockets allow ${MAX_SOCKET_PATH}: shorten ${flag} by ${
+          path.length - MAX_SOCKET_PATH
+        } characters`;
+    }
+  }
+  return undefined;
+}
+
 /** What the handler runs for live migration. */
 interface MigrationParts {
   informer: Informer<VirtualMachineInstance>;

@@ -49,6 +49,8 @@ export interface TlsMaterialOptions {
   keyFile: string;
   /** A CA bundle file; without it the bundle comes from {@linkcode TlsMaterial.setCaBundle}. */
   caFile?: string;
+  /** Whose certificate it is, for messages: the server's unless told. */
+  role?: "server" | "client";
 }
 
 async function readIfThere(path: string): Promise<string | undefined> {
@@ -81,10 +83,11 @@ export class TlsMaterial {
       readIfThere(this.#o.keyFile),
       this.#o.caFile ? readIfThere(this.#o.caFile) : Promise.resolve(""),
     ]);
+    const role = this.#o.role ?? "server";
     if (!cert) {
-      throw new TlsMaterialError(`Cannot read the server certificate "${this.#o.certFile}"`);
+      throw new TlsMaterialError(`Cannot read the ${role} certificate "${this.#o.certFile}"`);
     }
-    if (!key) throw new TlsMaterialError(`Cannot read the server key "${this.#o.keyFile}"`);
+    if (!key) throw new TlsMaterialError(`Cannot read the ${role} key "${this.#o.keyFile}"`);
     if (ca === undefined) {
       throw new TlsMaterialError(`Cannot read the CA bundle "${this.#o.caFile}"`);
     }

@@ -43,6 +43,19 @@ Deno.test("a bad flag value exits 2 with a message naming the flag, the value an
   assert.match(unknown.stderr, /unknown option '--bogus'/);
 });
 
+Deno.test("a pod-less handler whose --run-dir or --state-dir is too long for its sockets exits 2 naming the flag", async () => {
+  const long = `/tmp/${"d".repeat(40)}`;
+  const run = await virtnode(["--run-dir", long, "handler", "--podless"]);
+  assert.equal(run.code, 2, run.stderr);
+  assert.match(
+    run.stderr,
+    /--run-dir: sockets below it would be 109 characters long .*unix sockets allow 107: shorten --run-dir by 2 characters/,
+  );
+  const state = await virtnode(["--state-dir", `/tmp/${"s".repeat(80)}`, "handler", "--podless"]);
+  assert.equal(state.code, 2, state.stderr);
+  assert.match(state.stderr, /--state-dir: sockets below it would be 112 characters long/);
+});
+
 Deno.test("virtnode check passes against a real apiserver and libvirt, and fails naming a missing kubeconfig", async () => {
   const cluster = await useCluster();
   const dir = await Deno.makeTempDir();
