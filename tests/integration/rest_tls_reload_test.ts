@@ -37,7 +37,7 @@ Deno.test("REST and health TLS: a rotated server certificate is served on both p
   const ns = `resttls-${id}`;
   const node = `resttls-node-${id}`;
   await client.request("POST", "/api/v1/namespaces", { metadata: { name: ns } });
-  const dir = await Deno.makeTempDir({ prefix: "virtnode-resttls-" });
+  const dir = await Deno.makeTempDir({ prefix: "vn-resttls-" });
   const certs = await makeCertificates(dir);
   const otherCa = await Deno.readTextFile(join(certs.dir, "other-ca.crt"));
   const cmPath = `/api/v1/namespaces/${ns}/configmaps`;
@@ -109,7 +109,7 @@ Deno.test("REST and health TLS: a rotated server certificate is served on both p
     killLaunchers(rest.stateDir);
 
     // --health-tls without a REST server: its own watch picks up a rotation.
-    const healthDir = join(dir, "health-only");
+    const healthDir = join(dir, "h"); // short: pod-less sockets go below it
     await Deno.mkdir(healthDir);
     healthOnly = await startHandlerProcess({
       kubeconfig: cluster.handlerKubeconfigPath,
