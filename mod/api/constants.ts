@@ -226,6 +226,9 @@ export const SocketNames = {
   Vnc: "virt-vnc",
 } as const;
 
+/** The longest path a unix socket address holds, in bytes (`sun_path`, less its NUL). */
+export const MAX_SOCKET_PATH = 107;
+
 /** The private directory of one VMI: `/var/run/kubevirt-private/<uid>`. */
 export function vmiPrivateDir(uid: string, base: string = Paths.VirtPrivateDir): string {
   return `${base}/${uid}`;

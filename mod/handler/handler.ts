@@ -15,6 +15,7 @@
 import { join } from "node:path";
 import {
   Labels,
+  MAX_SOCKET_PATH,
   SocketNames,
   type VirtualMachineInstance,
   type VirtualMachineInstanceStatus,
@@ -162,6 +163,8 @@ export function defaultMigrationAddress(): string | undefined {
 export function handlerPaths(config: Config): {
   ghostDir: string;
   socketRoot: string;
+  /** Pod-less mode: the VMIs' private folders (console and VNC sockets), one per UID. */
+  privateRoot: string;
   notifySocket: string;
   networkCacheDir: string;
   netnsDir: string;
@@ -170,6 +173,7 @@ export function handlerPaths(config: Config): {
   return {
     ghostDir: join(config.stateDir, "ghost-records"),
     socketRoot: join(config.runDir, "sockets"),
+    privateRoot: join(config.runDir, "private"),
     notifySocket: join(config.runDir, SocketNames.DomainNotify),
     // Network state lives as long as the namespaces it describes: in the run directory.
     networkCacheDir: join(config.runDir, "network-info-cache"),
@@ -177,9 +181,6 @@ export function handlerPaths(config: Config): {
     ipamDir: join(config.runDir, "cni-ipam"),
   };
 }
-
-/** The longest path a unix socket address holds (`sun_path`, less its terminating NUL). */
-const MAX_SOCKET_PATH = 107;
 
 /**
  * Pod-less mode binds its launchers' sockets below `--run-dir` and the launcher host's
@@ -192,14 +193,15 @@ export function podlessSocketPathProblem(config: Config): string | undefined {
   const paths = handlerPaths(config);
   const longest: [string, string][] = [
     ["--run-dir", join(paths.socketRoot, uid, SocketNames.LauncherInit)],
-    ["--run-dir", join(config.runDir, "private", uid, SocketNames.Serial0)],
+    ["--run-dir", join(paths.privateRoot, uid, SocketNames.Serial0)],
     ["--state-dir", join(config.stateDir, "launcher-host", "control.sock")],
   ];
   for (const [flag, path] of longest) {
-    if (path.length > MAX_SOCKET_PATH) {
-      return `${flag}: sockets below it would be ${path.length} characters long (${path}); ` +
+    const length = new TextEncoder().encode(path).length;
+    if (length > MAX_SOCKET_PATH) {
+      return `${flag}: sockets below it would be ${length} bytes long (${path}); ` +
         `unix sockets allow ${MAX_SOCKET_PATH}: shorten ${flag} by ${
-          path.length - MAX_SOCKET_PATH
+          length - MAX_SOCKET_PATH
         } characters`;
     }
   }
@@ -275,7 +277,7 @@ export class Handler implements Runnable {
         socketRoot: paths.socketRoot,
         stateDir: config.stateDir,
         hostCommand: options.hostCommand,
-        runRoot: join(config.runDir, "private"),
+        runRoot: paths.privateRoot,
         diskRoot: join(config.stateDir, "disks"),
         host: {
           libvirtUri: config.libvirtUri,

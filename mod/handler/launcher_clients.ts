@@ -648,16 +648,11 @@ export class LauncherClients {
   async markUnresponsive(uid: string, why: string): Promise<void> {
     const entry = this.#entries.get(uid);
     if (entry?.unresponsive || (!entry && this.#early.has(uid))) return;
-    if (!entry) {
-      // Kept in memory only: a late report for a VMI already cleaned up must not leave a
-      // file behind; after a restart the launcher host reports the end again.
-      this.#early.add(uid);
-      log.warn("Launcher unresponsive: {why}", { uid, why });
-      this.#opts.onUnresponsive?.(uid);
-      return;
-    }
-    entry.unresponsive = true;
-    const marker = this.#marker(uid);
+    // Without a client the mark stays in memory: a late report for a VMI already cleaned up
+    // must not leave a file behind; after a restart the launcher host reports the end again.
+    if (entry) entry.unresponsive = true;
+    else this.#early.add(uid);
+    const marker = entry && this.#marker(uid);
     if (marker) {
       try {
         await Deno.mkdir(this.#opts.markerDir!, { recursive: true, mode: 0o700 });

@@ -26,6 +26,7 @@
 import net from "node:net";
 import tls from "node:tls";
 import { dirname, join } from "node:path";
+import { MAX_SOCKET_PATH } from "../api/mod.ts";
 import { getLogger } from "../log/mod.ts";
 
 const log = getLogger("migration", "proxy");
@@ -194,9 +195,6 @@ class TargetProxy implements Running {
   }
 }
 
-/** The longest path a unix socket address holds (`sun_path`, less its terminating NUL). */
-const MAX_UNIX_PATH = 107;
-
 /** A source listener: a unix socket, each connection carried over TLS to `host:port`. */
 class SourceProxy implements Running {
   readonly server: net.Server;
@@ -253,9 +251,9 @@ class SourceProxy implements Running {
 
   async listen(owner?: { uid: number; gid: number }, makeDir = true): Promise<void> {
     const length = new TextEncoder().encode(this.path).length;
-    if (length > MAX_UNIX_PATH) {
+    if (length > MAX_SOCKET_PATH) {
       throw new Error(
-        `the migration socket path "${this.path}" is ${length} bytes, more than a unix socket takes (${MAX_UNIX_PATH})`,
+        `the migration socket path "${this.path}" is ${length} bytes, more than a unix socket takes (${MAX_SOCKET_PATH})`,
       );
     }
     if (makeDir) await Deno.mkdir(dirname(this.path), { recursive: true, mode: 0o755 });

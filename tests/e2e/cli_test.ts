@@ -49,11 +49,11 @@ Deno.test("a pod-less handler whose --run-dir or --state-dir is too long for its
   assert.equal(run.code, 2, run.stderr);
   assert.match(
     run.stderr,
-    /--run-dir: sockets below it would be 109 characters long .*unix sockets allow 107: shorten --run-dir by 2 characters/,
+    /--run-dir: sockets below it would be 109 bytes long .*unix sockets allow 107: shorten --run-dir by 2 characters/,
   );
   const state = await virtnode(["--state-dir", `/tmp/${"s".repeat(80)}`, "handler", "--podless"]);
   assert.equal(state.code, 2, state.stderr);
-  assert.match(state.stderr, /--state-dir: sockets below it would be 112 characters long/);
+  assert.match(state.stderr, /--state-dir: sockets below it would be 112 bytes long/);
 });
 
 Deno.test("virtnode check passes against a real apiserver and libvirt, and fails naming a missing kubeconfig", async () => {
