@@ -252,17 +252,15 @@ export class PodLaunchers implements LauncherProvider {
     const socket = await this.socketOf(vmi);
     if (!socket) throw new Error("the VMI has no launcher on this node yet");
     const root = `/proc/${this.#pipes.launcherPid(socket)}/root`;
-    const at = (dir: string, ...names: string[]) => () => {
+    const at = (dir: string, name: string, fallback?: string) => () => {
       const folder = openDirectoryInRoot(root, dir);
       try {
-        for (const [i, name] of names.entries()) {
-          try {
-            return Promise.resolve(openSocketBeneath(folder.path, name));
-          } catch (error) {
-            if (!(error instanceof NotASocketError) || i === names.length - 1) throw error;
-          }
+        try {
+          return Promise.resolve(openSocketBeneath(folder.path, name));
+        } catch (error) {
+          if (!fallback || !(error instanceof NotASocketError)) throw error;
+          return Promise.resolve(openSocketBeneath(folder.path, fallback));
         }
-        throw new Error("no socket name given");
       } finally {
         folder.release();
       }

@@ -1,9 +1,9 @@
 /**
- * Pod-less mode's migration controller where no admission stood in the way (a cluster
- * without KubeVirt's webhooks, as here): a VMIM for a VMI whose `LiveMigratable` is False
- * fails with admission's reason and an Event, and the VMI keeps running where it is,
- * untouched by any migration state. The handler runs with migration on (server and client
- * certificates) against libvirt's test driver.
+ * Pod-less mode's migration controller for a VMIM that KubeVirt's admission (running here)
+ * let through because it came before the VMI said it cannot migrate: a VMIM for a VMI whose
+ * `LiveMigratable` is False fails with admission's reason and an Event, and the VMI keeps
+ * running where it is, untouched by any migration state. The handler runs with migration on
+ * (server and client certificates) against libvirt's test driver.
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
