@@ -88,6 +88,9 @@ Deno.test("virtnode check passes against a real apiserver and libvirt, and fails
       "test:///default",
       "--state-dir",
       `${dir}/ro/state`,
+      // Its own run directory too: check makes the one it tests, and the default is the host's.
+      "--run-dir",
+      `${dir}/run`,
       "check",
     ]);
     assert.equal(unwritable.code, 1);
