@@ -43,6 +43,8 @@ export const PAUSE_IMAGE = "virtnode.local/pause:1";
 const CNI_BIN_DIR = "/usr/lib/cni";
 const DEVICE_PLUGINS_DIR = "/var/lib/kubelet/device-plugins";
 const CONTAINERD_SHIM_SOCKETS = "/run/containerd/s";
+/** Where the CNI library caches each attachment's result (its default; containerd names none). */
+const CNI_RESULTS = "/var/lib/cni/results";
 const READY_TIMEOUT_MS = 90_000;
 
 /** A running node. */
@@ -192,16 +194,42 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
       if (p.name !== "containerd") await terminate(p);
     }
     const containerd = processes.find((p) => p.name === "containerd");
+    // Killed rather than stopped through the CRI, a pod sandbox leaves on the host what the
+    // CRI would have torn down: its network namespace pinned in /run/netns and the CNI
+    // library's cached results in /var/lib/cni/results, both named by the sandbox.
+    const sandboxes: { id: string; netns: string }[] = [];
     if (containerd) {
+      const ids = (await ctr(["containers", "list", "-q"]).catch(() => "")).split("\n")
+        .filter(Boolean);
+      for (const id of ids) {
+        const info = JSON.parse(await ctr(["containers", "info", id]).catch(() => "{}")) as {
+          Spec?: { linux?: { namespaces?: { type: string; path?: string }[] } };
+        };
+        const netns = info.Spec?.linux?.namespaces?.find((n) => n.type === "network")?.path;
+        if (netns && /^\/(var\/)?run\/netns\/cni-[0-9a-f-]+$/.test(netns)) {
+          sandboxes.push({ id, netns });
+        }
+      }
       // The pods' sandboxes, so their network namespaces and addresses go with them.
       for (const task of (await ctr(["tasks", "list", "-q"]).catch(() => "")).split("\n")) {
         if (task) await ctr(["tasks", "kill", "-s", "SIGKILL", task]).catch(() => {});
       }
       await sleep(500);
-      for (const c of (await ctr(["containers", "list", "-q"]).catch(() => "")).split("\n")) {
-        if (c) await ctr(["containers", "delete", c]).catch(() => {});
-      }
+      for (const id of ids) await ctr(["containers", "delete", id]).catch(() => {});
       await terminate(containerd);
+    }
+    for (const { netns } of sandboxes) {
+      await run("umount", [netns]).catch(() => {});
+      await Deno.remove(netns).catch(() => {});
+    }
+    if (sandboxes.length > 0) {
+      // `<network>-<sandbox id>-<interface>`, one per network the sandbox was attached to.
+      const cached = await Array.fromAsync(Deno.readDir(CNI_RESULTS)).catch(() => []);
+      for (const { name } of cached) {
+        if (sandboxes.some(({ id }) => name.includes(`-${id}-`))) {
+          await Deno.remove(join(CNI_RESULTS, name)).catch(() => {});
+        }
+      }
     }
     // runc's container processes live in their own sessions: end any left.
     await run("pkill", [
