@@ -135,6 +135,57 @@ async function firstMissing(path: string): Promise<string | undefined> {
   return missing;
 }
 
+/**
+ * What every kubelet leaves on the host, not below its root: its chains in the host's
+ * iptables and ip6tables (`KUBE-FIREWALL` and its jumps, the `KUBE-KUBELET-CANARY` and
+ * `KUBE-IPTABLES-HINT` chains) and its `/var/log/containers` folder. The test nodes of this
+ * process share them; the last to stop removes what the first found missing.
+ */
+interface KubeletHostState {
+  nodes: number;
+  /** Whether any `KUBE-` chain was there before (another kubelet's or kube-proxy's). */
+  hadChains: boolean;
+  /** The topmost missing folder of `/var/log/containers`, made by the kubelet. */
+  logDir?: string;
+}
+let kubeletHost: Promise<KubeletHostState> | undefined;
+
+const IPTABLES = [["iptables-save", "iptables"], ["ip6tables-save", "ip6tables"]] as const;
+
+async function probeKubeletHost(): Promise<KubeletHostState> {
+  let hadChains = false;
+  for (const [save] of IPTABLES) {
+    if (/^:KUBE-/m.test(await run(save, []).catch(() => ""))) hadChains = true;
+  }
+  return { nodes: 0, hadChains, logDir: await firstMissing("/var/log/containers") };
+}
+
+/** Removes the `KUBE-` chains of the host's tables and the rules that jump to them. */
+async function removeKubeChains(): Promise<void> {
+  for (const [save, cmd] of IPTABLES) {
+    let table = "";
+    const chains: [string, string][] = [];
+    const jumps: [string, string][] = [];
+    for (const line of (await run(save, []).catch(() => "")).split("\n")) {
+      if (line.startsWith("*")) table = line.slice(1);
+      const chain = line.match(/^:(KUBE-\S+)/)?.[1];
+      if (chain) chains.push([table, chain]);
+      const rule = line.match(/^-A (\S+) (.*-j KUBE-\S+.*)$/);
+      if (rule && !rule[1].startsWith("KUBE-")) jumps.push([table, line.slice(3)]);
+    }
+    for (const [t, rule] of jumps) {
+      await run(cmd, ["-t", t, "-D", ...splitRule(rule)]).catch(() => {});
+    }
+    for (const [t, chain] of chains) await run(cmd, ["-t", t, "-F", chain]).catch(() => {});
+    for (const [t, chain] of chains) await run(cmd, ["-t", t, "-X", chain]).catch(() => {});
+  }
+}
+
+/** An iptables-save rule's words, its quoted comments kept whole. */
+function splitRule(rule: string): string[] {
+  return [...rule.matchAll(/"([^"]*)"|(\S+)/g)].map((m) => m[1] ?? m[2]);
+}
+
 /** Runs deploy/node/build.sh (a no-op when cached) and returns its output directory. */
 export async function buildNodeBinaries(): Promise<string> {
   const out = await new Deno.Command("bash", {
@@ -185,6 +236,9 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
 
   const ctr = (args: string[]) =>
     run("ctr", ["--address", containerdSocket, "-n", "k8s.io", ...args]);
+  kubeletHost ??= probeKubeletHost();
+  const host = kubeletHost;
+  (await host).nodes++;
 
   const stop = async () => {
     if (stopped) return;
@@ -250,6 +304,12 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
     if (!isolated) await Deno.remove(join(DEVICE_PLUGINS_DIR, "kubelet.sock")).catch(() => {});
     for (const path of created) {
       if (path) await Deno.remove(path, { recursive: true }).catch(() => {});
+    }
+    const shared = await host;
+    if (--shared.nodes === 0) {
+      if (kubeletHost === host) kubeletHost = undefined;
+      if (!shared.hadChains) await removeKubeChains();
+      if (shared.logDir) await Deno.remove(shared.logDir, { recursive: true }).catch(() => {});
     }
   };
 
