@@ -5,7 +5,10 @@
  * `k8s.io/kubernetes` module (deploy/node/build.sh). Every file lives in one temporary
  * directory (containerd's root and state, the kubelet's root, the CNI configuration and
  * address store, logs), and {@linkcode Node.stop} ends every process it started, removes
- * the pods' containers and network, and the directory.
+ * the pods' containers and network (with the sandboxes' network namespaces in /run/netns
+ * and their CNI results in /var/lib/cni/results, which live outside it), and the directory;
+ * the last node of a process to stop also removes the kubelets' iptables chains and
+ * /var/log/containers when the host had none before.
  *
  * No registry is reachable here: the pods' sandbox image (`virtnode.local/pause:1`,
  * deploy/node/cmd/pause) and every other image are OCI archives built on this machine
