@@ -19,7 +19,16 @@ import { type Cluster, startCluster } from "../deploy/cluster/cluster.ts";
 
 // fresh: tests/fresh/check.sh installs the project into a debootstrapped Debian 12 root.
 // kubevirt: KubeVirt's own artifacts (its CRDs, admission, handler-side clients) as peers.
-const TIERS = ["unit", "integration", "kubevirt", "e2e", "node", "fresh", "soak"] as const;
+const TIERS = [
+  "unit",
+  "security",
+  "integration",
+  "kubevirt",
+  "e2e",
+  "node",
+  "fresh",
+  "soak",
+] as const;
 /**
  * Tiers that mostly wait (long observations): they run beside the others, from the start,
  * with a control plane of their own, and their output is shown when they end.
@@ -102,6 +111,7 @@ export const RUN_MARKER_VAR = "VIRTNODE_TEST_RUN";
  */
 export const TIER_TIMEOUT_MS: Record<Tier, number> = {
   unit: 10 * 60_000,
+  security: 10 * 60_000,
   integration: 20 * 60_000,
   kubevirt: 15 * 60_000,
   e2e: 15 * 60_000,

@@ -169,9 +169,21 @@ export class VmiController {
     return this.#domains;
   }
 
-  /** Records a domain notification and wakes its key. */
+  /** Domain notifications dropped because they carried no VMI UID. */
+  foreignDomains = 0;
+
+  /**
+   * Records a domain notification and wakes its key. A domain without a VMI UID is
+   * foreign, as KubeVirt's handler counts it: it is dropped (and counted), so it can
+   * neither stand for the VMI of its name nor replace that VMI's real domain.
+   */
   domainEvent(type: "ADDED" | "MODIFIED" | "DELETED", domain: Domain): void {
     const key = vmiKey(domain.metadata);
+    if (!domainUid(domain)) {
+      this.foreignDomains++;
+      log.warn("Dropped a domain event without a VMI UID", { key, type });
+      return;
+    }
     // A launcher's last word on its domain is a MODIFIED event with a deletion timestamp
     // (KubeVirt's launcher sends it so; KubeVirt's handler counts it as no domain).
     if (type === "DELETED" || domain.metadata.deletionTimestamp) this.#domains.delete(key);
@@ -236,7 +248,11 @@ export class VmiController {
     if (vmiExists) this.#deleted.delete(key);
     const domain = this.#domains.get(key);
     const vmi = cached ? structuredClone(cached) : this.#lastKnown(key, domain);
-    if (!vmi) return DONE; // nothing of this VMI is left on the node
+    if (!vmi) {
+      // Nothing of this VMI is left on the node: a domain under its name is forgotten too.
+      this.#domains.delete(key);
+      return DONE;
+    }
     const migration = await this.#migrationStep(key, vmi, vmiExists, domain);
     if (migration) return migration;
 

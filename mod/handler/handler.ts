@@ -25,6 +25,7 @@ import {
 import type { Config } from "../config/mod.ts";
 import {
   EventRecorder,
+  EventSpamFilter,
   Expectations,
   Informer,
   type KubeClient,
@@ -55,7 +56,12 @@ import { PodlessMigrations } from "./podless_migrations.ts";
 import { GhostRecordStore } from "./ghost_records.ts";
 import { LauncherClients } from "./launcher_clients.ts";
 import type { LauncherProvider } from "./launcher_provider.ts";
-import { NotifyServer } from "./notify_server.ts";
+import {
+  type K8sEventNotification,
+  type NotifyHandlers,
+  notifyRefusals,
+  NotifyServer,
+} from "./notify_server.ts";
 import { PodLaunchers } from "./pod_launchers.ts";
 import { PodlessScheduler } from "./podless_scheduler.ts";
 import { PodlessLaunchers } from "./podless_launchers.ts";
@@ -231,6 +237,20 @@ export class Handler implements Runnable {
   readonly #launchers: LauncherClients;
   readonly #provider: LauncherProvider;
   readonly #recorder: EventRecorder;
+  /** Events launchers ask for, per VMI: client-go's spam filter, as KubeVirt's recorder. */
+  readonly #launcherEvents = new EventSpamFilter();
+  /** Where launchers' messages go: the notify socket and every pod's pipe. */
+  readonly #notify: NotifyHandlers = {
+    onDomainEvent: (e) => {
+      this.controller.domainEvent(e.type, e.domain);
+      if (this.#migration) {
+        const key = vmiKey(e.domain.metadata);
+        this.#migration.source.wake(key);
+        this.#migration.target.wake(key);
+      }
+    },
+    onK8sEvent: (e) => this.#launcherEvent(e),
+  };
   readonly #scheduler?: PodlessScheduler;
   /** The worker thread that enters pods' network namespaces (started on first use). */
   readonly #netns: NetnsRunner;
@@ -313,7 +333,7 @@ export class Handler implements Runnable {
         nodeName: config.nodeName,
         ghosts,
         podsDir: options.podsDir ?? "/var/lib/kubelet/pods",
-        notifySocket: paths.notifySocket,
+        notify: this.#notify,
         mountRecordDir: join(config.runDir, "container-disk-mounts"),
         hotplugRecordDir: join(config.runDir, "hotplug-volume-mounts"),
       });
@@ -446,6 +466,33 @@ export class Handler implements Runnable {
     return this.#ready;
   }
 
+  /**
+   * Records the Event a launcher asked for, as KubeVirt's handler does: only about a VMI
+   * of this node's cache with the same UID, and no more than the spam filter lets through
+   * per VMI. Throws (the launcher is answered `success: false`) otherwise.
+   */
+  #launcherEvent(e: K8sEventNotification): void {
+    const vmi = this.informer.get(`${e.namespace}/${e.name}`);
+    if (!vmi || vmi.metadata.uid !== e.uid) {
+      notifyRefusals.k8sEvents++;
+      throw new Error(`VMI "${e.namespace}/${e.name}" with UID "${e.uid ?? ""}" not found`);
+    }
+    if (!this.#launcherEvents.allow(vmi.metadata.uid!)) {
+      notifyRefusals.k8sEvents++;
+      throw new Error(`Too many events for VMI "${e.namespace}/${e.name}": dropped`);
+    }
+    this.#recorder.record(
+      {
+        apiVersion: "kubevirt.io/v1",
+        kind: "VirtualMachineInstance",
+        metadata: { namespace: e.namespace, name: e.name, uid: e.uid },
+      },
+      e.type,
+      e.reason,
+      e.message,
+    ).catch((error) => log.warn("Cannot record launcher event: {error}", { error }));
+  }
+
   #onStarted(): void {
     this.#ready = true;
     log.info("Handler ready: {vmis} VMIs on this node, {adopted} launchers re-adopted", {
@@ -463,28 +510,10 @@ export class Handler implements Runnable {
   async run(signal: AbortSignal): Promise<void> {
     const controller = this.controller;
     const migration = this.#migration;
-    const notify = await NotifyServer.start(handlerPaths(this.#config).notifySocket, {
-      onDomainEvent: (e) => {
-        controller.domainEvent(e.type, e.domain);
-        if (migration) {
-          const key = vmiKey(e.domain.metadata);
-          migration.source.wake(key);
-          migration.target.wake(key);
-        }
-      },
-      onK8sEvent: (e) => {
-        this.#recorder.record(
-          {
-            apiVersion: "kubevirt.io/v1",
-            kind: "VirtualMachineInstance",
-            metadata: { namespace: e.namespace, name: e.name, uid: e.uid },
-          },
-          e.type,
-          e.reason,
-          e.message,
-        ).catch((error) => log.warn("Cannot record launcher event: {error}", { error }));
-      },
-    });
+    const notify = await NotifyServer.start(
+      handlerPaths(this.#config).notifySocket,
+      this.#notify,
+    );
     this.#adopted = await this.#adopt();
     signal.addEventListener("abort", () => {
       this.#ready = false;

@@ -112,8 +112,16 @@ export {
   type DomainNotification,
   type K8sEventNotification,
   type NotifyHandlers,
+  type NotifyImplementation,
+  notifyImplementation,
+  type NotifyRefusals,
+  notifyRefusals,
+  type NotifySender,
   NotifyServer,
+  refuseDomain,
+  refuseK8sEvent,
 } from "./notify_server.ts";
+export { MAX_PIPE_CONNECTIONS, NotifyPipes, type NotifyPipesOptions } from "./notify_pipes.ts";
 export {
   type ComputedStatus,
   computeStatus,

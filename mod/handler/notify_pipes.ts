@@ -2,8 +2,13 @@
  * Notify pipes (KubeVirt mode): a launcher pod cannot reach the handler's notify server,
  * which lives in the handler's own filesystem. So, as KubeVirt's handler does, the
  * handler listens on `domain-notify-pipe.sock` in the pod's share directory
- * (`/var/run/kubevirt` as the pod sees it) and relays every connection a launcher makes
- * there to its own `domain-notify.sock`, byte for byte.
+ * (`/var/run/kubevirt` as the pod sees it) and serves the notify services there itself.
+ *
+ * A pipe is bound to the VMI it was opened for: each has a notify server of its own (a
+ * grpc-js server fed the pipe's connections, about 10 KB each) that refuses a domain or
+ * an Event about any other VMI, or a domain without the VMI's UID, so a launcher taken
+ * over by its guest cannot fail another tenant's VMI. A pipe serves at most
+ * {@linkcode MAX_PIPE_CONNECTIONS} connections at once (a launcher needs one).
  *
  * Finding the pod's share directory: the handler connects to the launcher's cmd socket
  * (reached beneath the pod's directory, see {@linkcode DialResolver}), asks the kernel
@@ -16,6 +21,8 @@
  *
  * @module
  */
+import * as grpc from "@grpc/grpc-js";
+import * as net from "node:net";
 import {
   type BeneathDirectory,
   listenerPid,
@@ -25,26 +32,34 @@ import {
 } from "../../ffi/mod.ts";
 import { Paths, SocketNames } from "../api/mod.ts";
 import { getLogger } from "../log/mod.ts";
+import { notifyInfoService, notifyService } from "../proto/mod.ts";
 import type { DialResolver } from "./launcher_clients.ts";
+import { type NotifyHandlers, notifyImplementation, type NotifySender } from "./notify_server.ts";
 
 const log = getLogger("handler", "notify-pipes");
 
 /** The share directory inside a launcher pod, relative to its root. */
 const POD_SHARE_DIR = Paths.VirtShareDir.replace(/^\/+/, "");
 
-/** One pod's pipe: its listener, the directory it is in, and the relayed connections. */
+/**
+ * Connections one pipe serves at once: a launcher keeps one, and a new one while the old
+ * is closing; more are refused (closed at once).
+ */
+export const MAX_PIPE_CONNECTIONS = 4;
+
+/** One pod's pipe: its listener, the directory it is in, and its own notify server. */
 interface Pipe {
   readonly socket: string;
   readonly dir: BeneathDirectory;
-  readonly listener: Deno.Listener;
-  readonly conns: Set<Deno.Conn>;
-  readonly accepting: Promise<void>;
+  readonly listener: net.Server;
+  readonly server: grpc.Server;
+  readonly conns: Set<net.Socket>;
 }
 
 /** Options of {@linkcode NotifyPipes}. */
 export interface NotifyPipesOptions {
-  /** The handler's notify server socket, where connections are relayed to. */
-  notifySocket: string;
+  /** Where a pipe's messages go once they passed the pipe's VMI check. */
+  handlers: NotifyHandlers;
   /** How a launcher's cmd socket is reached (the pod provider's resolver). */
   dialResolver: DialResolver;
 }
@@ -68,11 +83,12 @@ export class NotifyPipes {
   }
 
   /**
-   * Opens the pipe of the launcher listening on `launcherSocket` (replacing one left by
-   * an earlier launcher of the VMI); `runtimeUser` owns the socket. Throws when the
-   * launcher or its share directory cannot be reached.
+   * Opens the pipe of the launcher listening on `launcherSocket` for the VMI `sender`
+   * (replacing one left by an earlier launcher of the VMI); `runtimeUser` owns the
+   * socket. Throws when the launcher or its share directory cannot be reached.
    */
-  async open(uid: string, launcherSocket: string, runtimeUser = 0): Promise<void> {
+  async open(sender: NotifySender, launcherSocket: string, runtimeUser = 0): Promise<void> {
+    const uid = sender.uid;
     if (this.has(uid, launcherSocket)) return;
     await this.close(uid);
     const pid = this.launcherPid(launcherSocket);
@@ -83,14 +99,38 @@ export class NotifyPipes {
       return;
     }
     const dir = openDirectoryInRoot(`/proc/${pid}/root`, POD_SHARE_DIR);
-    let listener: Deno.Listener;
+    const conns = new Set<net.Socket>();
+    const server = new grpc.Server();
+    const implementation = notifyImplementation(this.#o.handlers, sender);
+    server.addService(notifyService(), implementation.notify);
+    server.addService(notifyInfoService(), implementation.info);
+    const injector = server.createConnectionInjector(grpc.ServerCredentials.createInsecure());
+    const listener = net.createServer((conn) => {
+      if (conns.size >= MAX_PIPE_CONNECTIONS) {
+        log.warn("Notify pipe refused a connection: {count} open already", {
+          uid,
+          count: conns.size,
+        });
+        conn.destroy();
+        return;
+      }
+      conns.add(conn);
+      conn.once("close", () => conns.delete(conn));
+      injector.injectConnection(conn);
+    });
     try {
       const path = `${dir.path}/${SocketNames.DomainNotifyPipe}`;
       // unlink(2) never follows the last component: a link the pod put there goes, not its target.
       await Deno.remove(path).catch((error) => {
         if (!(error instanceof Deno.errors.NotFound)) throw error;
       });
-      listener = Deno.listen({ transport: "unix", path });
+      await new Promise<void>((resolve, reject) => {
+        listener.once("error", reject);
+        listener.listen(path, () => {
+          listener.off("error", reject);
+          resolve();
+        });
+      });
       try {
         const created = openSocketBeneath(dir.path, SocketNames.DomainNotifyPipe);
         try {
@@ -104,6 +144,7 @@ export class NotifyPipes {
         throw error;
       }
     } catch (error) {
+      server.forceShutdown();
       dir.release();
       throw new Error(
         `Cannot open the notify pipe in the launcher's ${Paths.VirtShareDir}: ${
@@ -112,15 +153,7 @@ export class NotifyPipes {
         { cause: error },
       );
     }
-    const conns = new Set<Deno.Conn>();
-    const pipe: Pipe = {
-      socket: launcherSocket,
-      dir,
-      listener,
-      conns,
-      accepting: this.#accept(uid, listener, conns),
-    };
-    this.#pipes.set(uid, pipe);
+    this.#pipes.set(uid, { socket: launcherSocket, dir, listener, server, conns });
     log.info("Notify pipe open in the launcher pod", { uid, pid });
   }
 
@@ -130,9 +163,11 @@ export class NotifyPipes {
     const pipe = this.#pipes.get(uid);
     if (!pipe) return;
     this.#pipes.delete(uid);
-    pipe.listener.close();
-    for (const conn of pipe.conns) closeQuietly(conn);
-    await pipe.accepting;
+    // close() waits for open connections: they are ended right after it stops accepting.
+    const closed = new Promise<void>((resolve) => pipe.listener.close(() => resolve()));
+    for (const conn of pipe.conns) conn.destroy();
+    pipe.server.forceShutdown();
+    await closed;
     await Deno.remove(`${pipe.dir.path}/${SocketNames.DomainNotifyPipe}`).catch(() => {});
     pipe.dir.release();
   }
@@ -152,50 +187,4 @@ export class NotifyPipes {
       target.release();
     }
   }
-
-  async #accept(uid: string, listener: Deno.Listener, conns: Set<Deno.Conn>): Promise<void> {
-    // Only the relays still running are kept: a long-lived pipe sees many reconnects.
-    const relays = new Set<Promise<void>>();
-    try {
-      for await (const conn of listener) {
-        const relay = this.#relay(uid, conn, conns).finally(() => relays.delete(relay));
-        relays.add(relay);
-      }
-    } catch (error) {
-      if (!(error instanceof Deno.errors.BadResource)) {
-        log.warn("Notify pipe stopped accepting: {error}", { uid, error });
-      }
-    }
-    await Promise.all(relays);
-  }
-
-  /** Copies both ways between a launcher's connection and the notify server until one ends. */
-  async #relay(uid: string, conn: Deno.Conn, conns: Set<Deno.Conn>): Promise<void> {
-    conns.add(conn);
-    let upstream: Deno.Conn | undefined;
-    try {
-      upstream = await Deno.connect({ transport: "unix", path: this.#o.notifySocket });
-      conns.add(upstream);
-      const up = upstream;
-      await Promise.race([
-        conn.readable.pipeTo(up.writable, { preventClose: true }),
-        up.readable.pipeTo(conn.writable, { preventClose: true }),
-      ]);
-    } catch (error) {
-      log.debug("Notify pipe connection ended: {error}", { uid, error });
-    } finally {
-      conns.delete(conn);
-      closeQuietly(conn);
-      if (upstream) {
-        conns.delete(upstream);
-        closeQuietly(upstream);
-      }
-    }
-  }
-}
-
-function closeQuietly(conn: Deno.Conn): void {
-  try {
-    conn.close();
-  } catch { /* closed already */ }
 }

@@ -106,6 +106,150 @@ function reply(callback: grpc.sendUnaryData<Response>, error?: unknown): void {
   });
 }
 
+/**
+ * The one VMI a notify connection may speak for: a launcher pod's pipe is bound to the
+ * VMI whose launcher it was opened for, so a compromised launcher cannot report domains
+ * or record Events of another tenant's VMI.
+ */
+export interface NotifySender {
+  /** The VMI's UID. */
+  uid: string;
+  /** The VMI's namespace. */
+  namespace: string;
+  /** The VMI's name. */
+  name: string;
+}
+
+/** Messages refused because they named a VMI other than their sender's, by kind. */
+export interface NotifyRefusals {
+  /** `HandleDomainEvent` calls refused. */
+  domainEvents: number;
+  /** `HandleK8sEvent` calls refused. */
+  k8sEvents: number;
+}
+
+/** Counts of refused messages over every pipe of the handler (for its metrics). */
+export const notifyRefusals: NotifyRefusals = { domainEvents: 0, k8sEvents: 0 };
+
+/**
+ * Why `domain` may not come from `sender`, or undefined when it may: its name and
+ * namespace must be the sender's VMI's, and its UID that VMI's UID (a missing UID is
+ * foreign, as KubeVirt's handler counts it).
+ */
+export function refuseDomain(sender: NotifySender, domain: Domain): string | undefined {
+  const { namespace, name } = domain.metadata;
+  if (namespace !== sender.namespace || name !== sender.name) {
+    return `the domain names VMI "${namespace}/${name}", not this launcher's ` +
+      `"${sender.namespace}/${sender.name}"`;
+  }
+  const uid = domain.spec.metadata.kubevirt.uid || domain.metadata.uid;
+  if (uid !== sender.uid) {
+    return `the domain's VMI UID ${
+      JSON.stringify(uid ?? "")
+    } is not this launcher's "${sender.uid}"`;
+  }
+  return undefined;
+}
+
+/** Why `event` may not come from `sender`, or undefined when it may. */
+export function refuseK8sEvent(
+  sender: NotifySender,
+  event: K8sEventNotification,
+): string | undefined {
+  if (event.namespace !== sender.namespace || event.name !== sender.name) {
+    return `the event is about "${event.namespace}/${event.name}", not this launcher's VMI ` +
+      `"${sender.namespace}/${sender.name}"`;
+  }
+  if (event.uid !== undefined && event.uid !== sender.uid) {
+    return `the event's UID "${event.uid}" is not this launcher's VMI's "${sender.uid}"`;
+  }
+  return undefined;
+}
+
+/** The implementations of `Notify` and `NotifyInfo` a grpc-js server serves. */
+export interface NotifyImplementation {
+  /** `kubevirt.notify.v1.Notify`. */
+  notify: grpc.UntypedServiceImplementation;
+  /** `kubevirt.notify.v1.NotifyInfo`. */
+  info: grpc.UntypedServiceImplementation;
+}
+
+/**
+ * The notify services over `handlers`. With a `sender`, every message must be about that
+ * VMI: others are answered `success: false`, logged and counted in
+ * {@linkcode notifyRefusals}, and never reach the handlers.
+ */
+export function notifyImplementation(
+  handlers: NotifyHandlers,
+  sender?: NotifySender,
+): NotifyImplementation {
+  const notify = {
+    HandleDomainEvent(
+      call: grpc.ServerUnaryCall<DomainEventRequest, Response>,
+      callback: grpc.sendUnaryData<Response>,
+    ) {
+      let event: DomainNotification;
+      try {
+        event = parseDomainEvent(call.request);
+      } catch (error) {
+        log.warn("Rejected malformed domain event: {error}", { error });
+        return reply(callback, error);
+      }
+      const refused = sender && refuseDomain(sender, event.domain);
+      if (refused) {
+        notifyRefusals.domainEvents++;
+        log.warn("Refused a domain event from a launcher: {why}", { ...sender, why: refused });
+        return reply(callback, new Error(`Refused domain event: ${refused}`));
+      }
+      log.debug("Domain event received", {
+        namespace: event.domain.metadata.namespace,
+        name: event.domain.metadata.name,
+        type: event.type,
+        status: event.domain.status.status,
+        reason: event.domain.status.reason,
+      });
+      try {
+        handlers.onDomainEvent(event);
+      } catch (error) {
+        log.error("Domain event handler failed: {error}", { error });
+        return reply(callback, error);
+      }
+      reply(callback);
+    },
+    HandleK8sEvent(
+      call: grpc.ServerUnaryCall<K8sEventRequest, Response>,
+      callback: grpc.sendUnaryData<Response>,
+    ) {
+      let event: K8sEventNotification;
+      try {
+        event = parseK8sEvent(call.request);
+      } catch (error) {
+        log.warn("Rejected malformed Kubernetes event: {error}", { error });
+        return reply(callback, error);
+      }
+      const refused = sender && refuseK8sEvent(sender, event);
+      if (refused) {
+        notifyRefusals.k8sEvents++;
+        log.warn("Refused a Kubernetes event from a launcher: {why}", { ...sender, why: refused });
+        return reply(callback, new Error(`Refused Kubernetes event: ${refused}`));
+      }
+      try {
+        handlers.onK8sEvent(event);
+        reply(callback);
+      } catch (error) {
+        log.warn("Kubernetes event refused: {error}", { error });
+        reply(callback, error);
+      }
+    },
+  };
+  const info = {
+    Info(_call: unknown, callback: grpc.sendUnaryData<unknown>) {
+      callback(null, { supportedNotifyVersions: [...SUPPORTED_NOTIFY_VERSIONS] });
+    },
+  };
+  return { notify, info };
+}
+
 /** The notify server: bound by {@linkcode NotifyServer.start}, served until its run ends. */
 export class NotifyServer {
   /** For logs. */
@@ -122,51 +266,9 @@ export class NotifyServer {
   /** Binds the socket (replacing a stale one), sets mode 0600 and starts serving. */
   static async start(socketPath: string, handlers: NotifyHandlers): Promise<NotifyServer> {
     const server = new grpc.Server();
-    server.addService(notifyService(), {
-      HandleDomainEvent(
-        call: grpc.ServerUnaryCall<DomainEventRequest, Response>,
-        callback: grpc.sendUnaryData<Response>,
-      ) {
-        let event: DomainNotification;
-        try {
-          event = parseDomainEvent(call.request);
-        } catch (error) {
-          log.warn("Rejected malformed domain event: {error}", { error });
-          return reply(callback, error);
-        }
-        log.debug("Domain event received", {
-          namespace: event.domain.metadata.namespace,
-          name: event.domain.metadata.name,
-          type: event.type,
-          status: event.domain.status.status,
-          reason: event.domain.status.reason,
-        });
-        try {
-          handlers.onDomainEvent(event);
-        } catch (error) {
-          log.error("Domain event handler failed: {error}", { error });
-          return reply(callback, error);
-        }
-        reply(callback);
-      },
-      HandleK8sEvent(
-        call: grpc.ServerUnaryCall<K8sEventRequest, Response>,
-        callback: grpc.sendUnaryData<Response>,
-      ) {
-        try {
-          handlers.onK8sEvent(parseK8sEvent(call.request));
-          reply(callback);
-        } catch (error) {
-          log.warn("Rejected malformed Kubernetes event: {error}", { error });
-          reply(callback, error);
-        }
-      },
-    });
-    server.addService(notifyInfoService(), {
-      Info(_call: unknown, callback: grpc.sendUnaryData<unknown>) {
-        callback(null, { supportedNotifyVersions: [...SUPPORTED_NOTIFY_VERSIONS] });
-      },
-    });
+    const implementation = notifyImplementation(handlers);
+    server.addService(notifyService(), implementation.notify);
+    server.addService(notifyInfoService(), implementation.info);
     const dir = socketPath.slice(0, socketPath.lastIndexOf("/")) || "/";
     await Deno.mkdir(dir, { recursive: true, mode: 0o755 });
     await Deno.remove(socketPath).catch(() => {});

@@ -32,6 +32,7 @@ import {
   openSocketBeneath,
 } from "../../ffi/mod.ts";
 import { NotifyPipes } from "./notify_pipes.ts";
+import type { NotifyHandlers } from "./notify_server.ts";
 import { ContainerDiskMounts } from "./container_disk_mounts.ts";
 import { HotplugMounts } from "./hotplug_mounts.ts";
 import { claimLauncherDevices } from "./device_ownership.ts";
@@ -71,8 +72,11 @@ export interface PodLaunchersOptions {
   ghosts: GhostRecordStore;
   /** The kubelet's pods directory (`/var/lib/kubelet/pods`). */
   podsDir: string;
-  /** The handler's notify server socket, which launcher pods reach through their pipe. */
-  notifySocket: string;
+  /**
+   * Where the messages of launcher pods go, through each pod's pipe (a launcher that
+   * shares the handler's mount namespace dials the handler's notify socket instead).
+   */
+  notify: NotifyHandlers;
   /** Where the containerDisk mounts of each VMI are recorded. */
   mountRecordDir: string;
   /** Where the hotplugged volume mounts of each VMI are recorded. */
@@ -102,7 +106,7 @@ export class PodLaunchers implements LauncherProvider {
     this.#disks = new ContainerDiskMounts(options.mountRecordDir);
     this.#hotplug = new HotplugMounts(options.hotplugRecordDir, options.podsDir);
     this.#pipes = new NotifyPipes({
-      notifySocket: options.notifySocket,
+      handlers: options.notify,
       dialResolver: this.dialResolver,
     });
   }
@@ -167,7 +171,11 @@ export class PodLaunchers implements LauncherProvider {
     }
     if (!this.#pipes.has(uid, socket)) {
       try {
-        await this.#pipes.open(uid, socket, runtimeUser);
+        await this.#pipes.open(
+          { uid, namespace: vmi.metadata.namespace!, name: vmi.metadata.name },
+          socket,
+          runtimeUser,
+        );
       } catch (error) {
         // Calls still work without it; the next sync tries again.
         log.warn("No notify pipe for the launcher pod yet: {error}", {
@@ -365,7 +373,10 @@ export class PodLaunchers implements LauncherProvider {
   /** Closes the pod's notify pipe; the pod ends with the VMI, by virt-controller and the kubelet. */
   async stop(vmi: VirtualMachineInstance): Promise<void> {
     this.#claimed.delete(vmi.metadata.uid!);
-    await this.#disks.unmount(vmi.metadata.uid!);
+    // What stands in for an unreadable mount record: the sockets of the spec's containerDisks.
+    const socket = this.#o.ghosts.get(vmi.metadata.uid!)?.socketFile;
+    const podDir = socket?.startsWith(`${this.#o.podsDir}/`) ? this.#podDir(socket) : undefined;
+    await this.#disks.unmount(vmi.metadata.uid!, { vmi, podDir });
     await this.#hotplug.unmountAll(vmi.metadata.uid!);
     await this.#pipes.close(vmi.metadata.uid!);
   }

@@ -239,3 +239,57 @@ function eventSuffix(ms: number): string {
   lastSuffix = ns;
   return ns.toString(16);
 }
+
+/** Options of {@linkcode EventSpamFilter}. */
+export interface EventSpamFilterOptions {
+  /** Events an object may have at once (default 25, as client-go's spam filter). */
+  burst?: number;
+  /** One more event is allowed after this long (default 5 minutes, as client-go's). */
+  refillMs?: number;
+  /** Objects remembered (default 4096); the least recently seen is forgotten first. */
+  cacheSize?: number;
+  /** Clock in ms; injectable for tests. */
+  now?: () => number;
+}
+
+/**
+ * client-go's event spam filter: a token bucket per object, so a source that floods
+ * Events about one object (a launcher asking for them) gets `burst` at once and then one
+ * per `refillMs`, and the apiserver's Event store stays bounded.
+ */
+export class EventSpamFilter {
+  readonly #burst: number;
+  readonly #refillMs: number;
+  readonly #cacheSize: number;
+  readonly #now: () => number;
+  /** Tokens left and when they were counted, by object key; insertion-ordered (LRU). */
+  readonly #buckets = new Map<string, { tokens: number; atMs: number }>();
+
+  /** A filter with every bucket full. */
+  constructor(options: EventSpamFilterOptions = {}) {
+    this.#burst = options.burst ?? 25;
+    this.#refillMs = options.refillMs ?? 5 * 60_000;
+    this.#cacheSize = options.cacheSize ?? 4096;
+    this.#now = options.now ?? Date.now;
+  }
+
+  /** Takes a token of `key`'s bucket: true when the event may be recorded. */
+  allow(key: string): boolean {
+    const now = this.#now();
+    const bucket = this.#buckets.get(key) ?? { tokens: this.#burst, atMs: now };
+    const refilled = Math.floor((now - bucket.atMs) / this.#refillMs);
+    if (refilled > 0) {
+      bucket.tokens = Math.min(this.#burst, bucket.tokens + refilled);
+      bucket.atMs += refilled * this.#refillMs;
+    }
+    if (bucket.tokens >= this.#burst) bucket.atMs = now;
+    this.#buckets.delete(key);
+    this.#buckets.set(key, bucket);
+    if (this.#buckets.size > this.#cacheSize) {
+      this.#buckets.delete(this.#buckets.keys().next().value!);
+    }
+    if (bucket.tokens < 1) return false;
+    bucket.tokens--;
+    return true;
+  }
+}

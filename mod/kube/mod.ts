@@ -26,6 +26,8 @@ export {
 export {
   EventRecorder,
   type EventRecorderOptions,
+  EventSpamFilter,
+  type EventSpamFilterOptions,
   type EventType,
   type KubeEvent,
 } from "./events.ts";

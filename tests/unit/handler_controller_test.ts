@@ -313,3 +313,40 @@ for (const podless of [true, false]) {
     },
   );
 }
+
+Deno.test("domainEvent() drops a domain without a VMI UID: it is foreign and never replaces the VMI's domain", () => {
+  const s = doubles();
+  const own = newDomain({ namespace: "default", name: "vm1", uid: UID }, {
+    status: LifeCycle.Running,
+    reason: StateChangeReason.Unknown,
+  });
+  s.controller.domainEvent("ADDED", own);
+  const forged = newDomain({ namespace: "default", name: "vm1" }, {
+    status: LifeCycle.Crashed,
+    reason: StateChangeReason.Crashed,
+  });
+  s.controller.domainEvent("MODIFIED", forged);
+  assert.equal(s.controller.domains.get(KEY)?.status.status, LifeCycle.Running);
+  s.controller.domainEvent(
+    "ADDED",
+    newDomain({ namespace: "other", name: "ghost" }, forged.status),
+  );
+  assert.equal(s.controller.domains.has("other/ghost"), false);
+  assert.equal(s.controller.foreignDomains, 2);
+});
+
+Deno.test("reconcile() forgets domains under names no VMI, deleted VMI or ghost record has", async () => {
+  const s = doubles();
+  for (let i = 0; i < 50; i++) {
+    s.controller.domainEvent(
+      "ADDED",
+      // Half of them carry a UID; the others are foreign and must not be kept either.
+      newDomain({ namespace: "flood", name: `vm-${i}`, uid: i % 2 ? crypto.randomUUID() : "" }, {
+        status: LifeCycle.Running,
+        reason: StateChangeReason.Unknown,
+      }),
+    );
+  }
+  for (let i = 0; i < 50; i++) await s.controller.reconcile(`flood/vm-${i}`);
+  assert.equal(s.controller.domains.size, 0);
+});

@@ -27,7 +27,7 @@ async function setup() {
     nodeName: "node1",
     ghosts,
     podsDir,
-    notifySocket: `${dir}/domain-notify.sock`,
+    notify: { onDomainEvent: () => {}, onK8sEvent: () => {} },
     mountRecordDir: `${dir}/mounts`,
     hotplugRecordDir: `${dir}/hotplug`,
   });
