@@ -303,6 +303,17 @@ export class PodLaunchers implements LauncherProvider {
       share.release();
     }
     const dir = openDirectoryInRoot(root, `${Paths.VirtShareDir}/migrationproxy`);
+    // A folder the launcher made or may write to is refused: the handler makes it, as
+    // root, and only root may change its entries while the proxy's sockets are there.
+    const folder = Deno.statSync(dir.path);
+    if (folder.uid !== 0 || (folder.mode! & 0o022) !== 0) {
+      dir.release();
+      throw new Error(
+        `Cannot use the launcher's ${Paths.VirtShareDir}/migrationproxy: it belongs to uid ` +
+          `${folder.uid} with mode 0${(folder.mode! & 0o777).toString(8)}, not to root ` +
+          `and writable by root alone`,
+      );
+    }
     const user = vmi.status?.runtimeUser ?? 0;
     return {
       baseDir: root + Paths.VirtShareDir,

@@ -25,7 +25,8 @@
  */
 import net from "node:net";
 import tls from "node:tls";
-import { dirname, join } from "node:path";
+import { basename, dirname, join } from "node:path";
+import { openSocketBeneath } from "../../ffi/mod.ts";
 import { MAX_SOCKET_PATH } from "../api/mod.ts";
 import { getLogger } from "../log/mod.ts";
 
@@ -131,6 +132,22 @@ interface Running {
   close(): Promise<void>;
 }
 
+/**
+ * Why a migration client's connection is refused, or undefined when it is let in: its
+ * chain must have been verified against the CA bundle (`authorized`), not only name an
+ * allowed common name, so that the check holds whatever the TLS layer was told.
+ */
+export function refuseMigrationClient(
+  client: Pick<tls.TLSSocket, "authorized" | "authorizationError" | "getPeerCertificate">,
+): string | undefined {
+  if (client.authorized !== true) {
+    return `the peer certificate is not verified against the CA bundle: ${
+      String(client.authorizationError ?? "no verification result")
+    }`;
+  }
+  return refusePeer(client.getPeerCertificate(), MIGRATION_CLIENT_NAMES);
+}
+
 /** A target listener: TLS on a free port, each connection carried to `target`. */
 class TargetProxy implements Running {
   readonly server: tls.Server;
@@ -147,7 +164,7 @@ class TargetProxy implements Running {
       key: material.key,
       ca: material.ca,
     }, (client) => {
-      const why = refusePeer(client.getPeerCertificate(), MIGRATION_CLIENT_NAMES);
+      const why = refuseMigrationClient(client);
       if (why) {
         log.warn("Migration connection refused: {why}", { key, why });
         client.destroy();
@@ -265,8 +282,16 @@ class SourceProxy implements Running {
         resolve();
       });
     });
-    await Deno.chmod(this.path, 0o600);
-    if (owner) await Deno.chown(this.path, owner.uid, owner.gid);
+    // The folder may be a launcher's: its entries can be swapped for a link to a host file
+    // at any moment, so mode and owner change through the socket opened beneath the folder
+    // (no link followed, nothing but a socket accepted), never through the path.
+    const created = openSocketBeneath(dirname(this.path), basename(this.path));
+    try {
+      await Deno.chmod(created.path, 0o600);
+      if (owner) await Deno.chown(created.path, owner.uid, owner.gid);
+    } finally {
+      created.release();
+    }
   }
 
   async close(): Promise<void> {

@@ -17,58 +17,16 @@ import {
   PodLaunchers,
 } from "../../mod/handler/mod.ts";
 import { DomainEventType, newNotifyClient, type Response } from "../../mod/proto/mod.ts";
+import { startStandInPod } from "./_pod.ts";
 
-const POD = "5c1e9d2a-7777-4abc-8def-0123456789ab";
-const SOCKETS = `${POD}/volumes/kubernetes.io~empty-dir/sockets`;
 const OWN = { namespace: "tenant-a", name: "vm-a", uid: "aaaaaaaa-0000-4000-8000-000000000001" };
 const VICTIM = { namespace: "tenant-b", name: "vm-b", uid: "bbbbbbbb-0000-4000-8000-000000000002" };
 
-/** A process in a mount namespace of its own that listens on `socket`, as a launcher pod. */
-async function startPod(dir: string, socket: string) {
-  const script = [
-    "import os, socket, sys, time",
-    "s = socket.socket(socket.AF_UNIX)",
-    // The kubelet's path is longer than a socket address may be: bind short, then move it.
-    "s.bind(sys.argv[1]); os.rename(sys.argv[1], sys.argv[2]); s.listen(16)",
-    "print('ready', flush=True)",
-    "time.sleep(600)",
-  ].join("\n");
-  const child = new Deno.Command("unshare", {
-    args: [
-      "--mount",
-      "--propagation",
-      "private",
-      "sh",
-      "-c",
-      'mount -t tmpfs pod-run /run && mkdir -p /run/kubevirt && exec python3 -c "$0" "$1" "$2"',
-      script,
-      join(dir, "s"),
-      socket,
-    ],
-    stdout: "piped",
-    stderr: "inherit",
-  }).spawn();
-  const reader = child.stdout.pipeThrough(new TextDecoderStream()).getReader();
-  const { value } = await reader.read();
-  assert.match(value ?? "", /ready/, "the stand-in launcher pod did not start");
-  reader.releaseLock();
-  return {
-    pid: child.pid,
-    pipe: `/proc/${child.pid}/root/run/kubevirt/domain-notify-pipe.sock`,
-    async stop() {
-      child.kill("SIGKILL");
-      await child.status;
-      await child.stdout.cancel().catch(() => {});
-    },
-  };
-}
-
 async function setup() {
-  const dir = await Deno.makeTempDir({ prefix: "virtnode-sec-pipe-" });
-  const podsDir = join(dir, "pods");
-  await Deno.mkdir(join(podsDir, SOCKETS), { recursive: true });
-  const socket = join(podsDir, SOCKETS, "launcher-sock");
-  const pod = await startPod(dir, socket);
+  const started = await startStandInPod();
+  const { podsDir, socket } = started;
+  const dir = join(podsDir, "..");
+  const pod = { ...started, pipe: `${started.run}/kubevirt/domain-notify-pipe.sock` };
   const domains: DomainNotification[] = [];
   const events: K8sEventNotification[] = [];
   // The provider's own resolver: the pod's socket opened beneath the pod's directory.
@@ -93,7 +51,6 @@ async function setup() {
     async close() {
       await pipes.closeAll();
       await pod.stop();
-      await Deno.remove(dir, { recursive: true });
     },
   };
 }
