@@ -36,7 +36,12 @@ import {
 } from "../kube/mod.ts";
 import type { LauncherHostOptions } from "../launcher/host_protocol/mod.ts";
 import { aborted, every, type Runnable, runnable, runStages } from "../lifecycle/mod.ts";
-import { type PodlessNetworkConfig, PodlessNetworks, PodNetworks } from "../network/mod.ts";
+import {
+  isLoopbackAddress,
+  type PodlessNetworkConfig,
+  PodlessNetworks,
+  PodNetworks,
+} from "../network/mod.ts";
 import { ContainerDiskStore, resolveHostClaim } from "../storage/mod.ts";
 import { NetnsRunner } from "../../ffi/mod.ts";
 import { getLogger } from "../log/mod.ts";
@@ -97,8 +102,18 @@ export interface HandlerOptions {
   imageDir?: string;
   /** Pod-less mode: the only directory hostDisk volumes may use. */
   hostDiskRoot?: string;
-  /** `host:port` of the health endpoints (`/healthz`, `/readyz`); none when undefined. */
+  /**
+   * `host:port` of the health endpoints (`/healthz`, `/readyz`), which answer anyone (the
+   * kubelet's probes); none when undefined. `/metrics` is there too, for loopback clients
+   * only unless {@linkcode HandlerOptions.metricsAddress} says otherwise.
+   */
   healthAddress?: string;
+  /**
+   * `host:port` where `/metrics` answers every client (a ServiceMonitor's scrape, as
+   * virt-handler's port 8443 does): the health address itself, or a listener of its own.
+   * Without it `/metrics` lists the node's VMIs to loopback clients only.
+   */
+  metricsAddress?: string;
   /** Concurrent syncs (KubeVirt's handler threadiness). */
   workers?: number;
   /** This node's host-model CPU, once the labeller read it (LiveMigratable of host-model VMIs). */
@@ -542,12 +557,24 @@ export class Handler implements Runnable {
         }),
       );
     }
-    if (this.#options.healthAddress) {
-      parts.push(healthServer(this.#options.healthAddress, {
-        ready: () => this.#ready,
-        metrics: () => this.metrics(),
-        tls: this.#options.healthTls,
-      }));
+    const { healthAddress, metricsAddress } = this.#options;
+    const endpoints = {
+      ready: () => this.#ready,
+      metrics: () => this.metrics(),
+      tls: this.#options.healthTls,
+    };
+    if (healthAddress) {
+      const metricsFrom = metricsAddress === healthAddress
+        ? "anyone"
+        : metricsAddress
+        ? "nobody"
+        : "loopback";
+      parts.push(healthServer("health", healthAddress, { ...endpoints, metricsFrom }));
+    }
+    if (metricsAddress && metricsAddress !== healthAddress) {
+      parts.push(healthServer("metrics", metricsAddress, { ...endpoints, metricsFrom: "anyone" }));
+    }
+    if (healthAddress || metricsAddress) {
       // The REST server's watch reloads material it shares; material of its own is watched here.
       const tls = this.#options.healthTls;
       if (tls && tls !== this.#options.rest?.tls) {
@@ -572,6 +599,11 @@ export class Handler implements Runnable {
     addHandlerSamples(exp, {
       ready: this.#ready,
       syncs: this.controller.syncs,
+      refused: {
+        domain: notifyRefusals.domainEvents,
+        domain_without_uid: this.controller.foreignDomains,
+        k8s_event: notifyRefusals.k8sEvents,
+      },
       queue: this.controller.queueStats(),
       requests: restClientStats.requests(),
       latencies: restClientStats.latencies(),
@@ -727,20 +759,35 @@ export class Handler implements Runnable {
 }
 
 /**
- * `/healthz` (alive), `/readyz` (`ready()`) and `/metrics` on `address` until the signal
- * aborts; over TLS with `tls`'s certificate when given (served anew when it changes).
+ * `/healthz` (alive), `/readyz` (`ready()`) and `/metrics` (to the clients `metricsFrom`
+ * names) on `address` until the signal aborts; over TLS with `tls`'s certificate when
+ * given (served anew when it changes).
  */
 function healthServer(
+  name: string,
   address: string,
-  o: { ready: () => boolean; metrics: () => Promise<string>; tls?: TlsMaterial },
+  o: {
+    ready: () => boolean;
+    metrics: () => Promise<string>;
+    tls?: TlsMaterial;
+    metricsFrom: "anyone" | "loopback" | "nobody";
+  },
 ): Runnable {
   const [hostname, port] = splitHostPort(address);
   let scraping = 0;
-  const handler = async (req: Request) => {
+  const handler = async (req: Request, info: Deno.ServeHandlerInfo<Deno.Addr>) => {
     const path = new URL(req.url).pathname;
     if (path === "/healthz") return new Response("ok\n");
     if (path === "/readyz") {
       return o.ready() ? new Response("ok\n") : new Response("not ready\n", { status: 503 });
+    }
+    if (path === "/metrics" && o.metricsFrom !== "anyone") {
+      // It names every VMI of the node: beyond this host only where a scraper is meant to be.
+      const peer = info.remoteAddr.transport === "tcp" ? info.remoteAddr.hostname : "";
+      if (o.metricsFrom === "nobody") return new Response("not found\n", { status: 404 });
+      if (!isLoopbackAddress(peer)) {
+        return new Response("/metrics answers loopback clients only here\n", { status: 403 });
+      }
     }
     if (path === "/metrics") {
       if (req.method !== "GET") return new Response("method not allowed\n", { status: 405 });
@@ -757,7 +804,7 @@ function healthServer(
     }
     return new Response("not found\n", { status: 404 });
   };
-  return runnable("health", async (signal) => {
+  return runnable(name, async (signal) => {
     const serve = () => {
       const material = o.tls?.serverMaterial();
       return Deno.serve({ hostname, port, onListen: () => {}, ...material }, handler);
@@ -780,7 +827,7 @@ function splitHostPort(address: string): [string, number] {
   const i = address.lastIndexOf(":");
   const port = Number(address.slice(i + 1));
   if (i < 0 || !Number.isInteger(port) || port < 0 || port > 65535) {
-    throw new Error(`Invalid health address ${JSON.stringify(address)}: expected host:port`);
+    throw new Error(`Invalid listen address ${JSON.stringify(address)}: expected host:port`);
   }
   return [address.slice(0, i) || "0.0.0.0", port];
 }

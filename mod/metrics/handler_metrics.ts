@@ -57,6 +57,11 @@ export const HANDLER_FAMILIES = {
     "kubevirt_rest_client_request_latency_seconds",
     "Latency of requests to the apiserver, seconds, by verb and URL template.",
   ),
+  refused: counter(
+    "virtnode_notify_refused_total",
+    "Launcher messages refused: a domain or Event about another VMI than the sender's, " +
+      "a domain without a VMI UID, or an Event past the spam filter, by kind.",
+  ),
 } as const;
 
 /** What {@linkcode addHandlerSamples} writes. */
@@ -71,6 +76,8 @@ export interface HandlerSnapshot {
   requests: RestRequestCount[];
   /** The Kubernetes client's latency series. */
   latencies: RestLatency[];
+  /** Launcher messages refused, by kind (`domain`, `domain_without_uid`, `k8s_event`). */
+  refused?: Record<string, number>;
 }
 
 /** Adds the handler's own samples. */
@@ -79,6 +86,9 @@ export function addHandlerSamples(exp: Exposition, s: HandlerSnapshot): void {
   exp.sample(f.ready, {}, s.ready ? 1 : 0);
   exp.sample(f.syncs, { result: "success" }, s.syncs.success);
   exp.sample(f.syncs, { result: "error" }, s.syncs.error);
+  for (const [kind, count] of Object.entries(s.refused ?? {})) {
+    exp.sample(f.refused, { kind }, count);
+  }
   const name = { name: VMI_QUEUE_NAME };
   exp.sample(f.depth, name, s.queue.depth);
   exp.sample(f.adds, name, s.queue.adds);

@@ -196,9 +196,11 @@ Deno.test("WorkQueue.stats() counts adds and retries and times waiting and work"
     queue: s,
     requests: [],
     latencies: [],
+    refused: { domain: 2, k8s_event: 0 },
   });
   const text = exp.toString();
   assert.match(text, /^kubevirt_virt_handler_ready_status 1$/m);
+  assert.match(text, /^virtnode_notify_refused_total\{kind="domain"\} 2$/m);
   assert.match(text, /^kubevirt_workqueue_adds_total\{name="virt-handler-vm"\} 2$/m);
   assert.match(text, /^kubevirt_virt_handler_vmi_syncs_total\{result="error"\} 1$/m);
   q.shutDown();
