@@ -23,7 +23,7 @@ import {
   vmiKey,
   type Volume,
 } from "../api/mod.ts";
-import { sleep } from "../lifecycle/mod.ts";
+import { orAborted, sleep } from "../lifecycle/mod.ts";
 import type { HostedVmStatus, LauncherHostOptions } from "../launcher/host_protocol/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import {
@@ -550,6 +550,9 @@ export class PodlessLaunchers implements LauncherProvider {
     const client = await this.#connect(signal);
     if (!client) return;
     this.#client = client;
+    // Ends this host's ping loop with the host: left to itself, its 11 s sleep would hold a
+    // listener on the handler's signal after every restart.
+    const session = new AbortController();
     try {
       const vms = await client.list();
       this.#served.clear();
@@ -564,11 +567,12 @@ export class PodlessLaunchers implements LauncherProvider {
         this.#waiting.delete(key);
         this.#o.wake(key);
       }
-      const aborted = new Promise<void>((resolve) =>
-        signal.addEventListener("abort", () => resolve(), { once: true })
-      );
-      await Promise.race([client.closed, aborted, this.#pingUntilHung(client, signal)]);
+      // orAborted takes its listener off again: a host restarted again and again must not
+      // leave one behind on the handler's signal each time.
+      const pinging = this.#pingUntilHung(client, AbortSignal.any([signal, session.signal]));
+      await orAborted(Promise.race([client.closed, pinging]), signal);
     } finally {
+      session.abort();
       this.#listed = false;
       this.#connected = new Promise((resolve) => this.#setConnected = resolve);
       if (signal.aborted) await client.close();

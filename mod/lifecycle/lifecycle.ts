@@ -6,7 +6,10 @@
  *   has aborted and the work has wound down, and rejects only when the work failed
  *   for good;
  * - {@linkcode every} repeats a function until the signal aborts;
- * - {@linkcode sleep} waits, ending early when the signal aborts;
+ * - {@linkcode sleep} waits, ending early when the signal aborts, and
+ *   {@linkcode orAborted} waits for a promise the same way; both take their abort
+ *   listener off again, so loops that run for months under one signal hold nothing per
+ *   round;
  * - {@linkcode runStages} runs groups of runnables under one signal and stops them in
  *   order: the first group has wound down before the second is told to stop, so a node
  *   agent can say "unschedulable" before it drains, and drain before it closes the
@@ -37,11 +40,35 @@ export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
   });
 }
 
-/** Resolves when `signal` aborts (at once when it has already). */
+/**
+ * Resolves when `signal` aborts (at once when it has already). Its listener stays until
+ * then: for a wait that ends either way, in a loop, use {@linkcode orAborted}.
+ */
 export function aborted(signal: AbortSignal): Promise<void> {
   return new Promise((resolve) => {
     if (signal.aborted) return resolve();
     signal.addEventListener("abort", () => resolve(), { once: true });
+  });
+}
+
+/**
+ * Settles as `promise` does, or resolves with undefined as soon as `signal` aborts. The
+ * abort listener goes as soon as either happens, so a loop can wait like this every round
+ * under one long-lived signal without piling listeners (and what they hold) onto it.
+ */
+export function orAborted<T>(promise: Promise<T>, signal: AbortSignal): Promise<T | undefined> {
+  if (signal.aborted) return Promise.resolve(undefined);
+  return new Promise<T | undefined>((resolve, reject) => {
+    const onAbort = () => resolve(undefined);
+    signal.addEventListener("abort", onAbort, { once: true });
+    const off = () => signal.removeEventListener("abort", onAbort);
+    promise.then((value) => {
+      off();
+      resolve(value);
+    }, (error) => {
+      off();
+      reject(error);
+    });
   });
 }
 

@@ -3,7 +3,10 @@
  * (KubeVirt mounts them from the `kubevirt-virt-handler-server-certs` Secret), and the CA
  * bundle client certificates are verified against (KubeVirt's `kubevirt-ca` ConfigMap,
  * key `ca-bundle`, watched; or a file). Files are looked at every few seconds and a change
- * is handed on whole: a certificate without its new key is never served.
+ * is handed on whole: a certificate without its new key is never served. A rotation caught
+ * half-way (the certificate new, the key still old, or a file cut short) is not taken: the
+ * server keeps the pair it has until the files hold a certificate and the key that goes
+ * with it, and a listener that throws is logged, never the end of the watch.
  *
  * A client is accepted, as KubeVirt's handler accepts it, when its certificate chains to
  * the bundle, is valid now, allows client authentication, and names
@@ -11,7 +14,9 @@
  *
  * @module
  */
+import { createPrivateKey, X509Certificate } from "node:crypto";
 import type { PeerCertificate } from "node:tls";
+import { sleep } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
 
 const log = getLogger("rest", "tls");
@@ -51,6 +56,8 @@ export interface TlsMaterialOptions {
   caFile?: string;
   /** Whose certificate it is, for messages: the server's unless told. */
   role?: "server" | "client";
+  /** How often {@linkcode TlsMaterial.watch} looks at the files, ms; {@linkcode TLS_POLL_MS} unless told. */
+  pollMs?: number;
 }
 
 async function readIfThere(path: string): Promise<string | undefined> {
@@ -76,7 +83,10 @@ export class TlsMaterial {
     this.#o = options;
   }
 
-  /** Reads the files; throws {@linkcode TlsMaterialError} naming what is missing. */
+  /**
+   * Reads the files; throws {@linkcode TlsMaterialError} naming what is missing, cannot be
+   * parsed, or does not match (a key that is not the certificate's), keeping what it had.
+   */
   async load(): Promise<void> {
     const [cert, key, ca] = await Promise.all([
       readIfThere(this.#o.certFile),
@@ -91,6 +101,8 @@ export class TlsMaterial {
     if (ca === undefined) {
       throw new TlsMaterialError(`Cannot read the CA bundle "${this.#o.caFile}"`);
     }
+    // Parsed only when it changed: the files are read every poll.
+    if (cert !== this.#cert || key !== this.#key) checkPair(cert, key, { ...this.#o, role });
     this.#cert = cert;
     this.#key = key;
     this.#fileCa = ca;
@@ -136,34 +148,91 @@ export class TlsMaterial {
 
   #changed(): void {
     const context = { cert: this.#cert, key: this.#key, ca: this.#ca() };
-    for (const l of this.#listeners) l(context);
+    for (const l of this.#listeners) {
+      // One server that cannot take the new material must not stop the others from
+      // getting it, nor end the watch (and with it the handler).
+      try {
+        l(context);
+      } catch (error) {
+        log.error("Cannot hand on the new TLS material: {error}", { error });
+      }
+    }
   }
 
-  /** Looks at the files every {@linkcode TLS_POLL_MS} until `signal` aborts. */
+  /**
+   * Looks at the files every `pollMs` ({@linkcode TLS_POLL_MS}) until `signal` aborts; hands
+   * a complete, matching change on. Never rejects: what cannot be read or does not match
+   * is logged once and looked at again next time, the old material still served.
+   */
   async watch(signal: AbortSignal): Promise<void> {
+    const pollMs = this.#o.pollMs ?? TLS_POLL_MS;
+    let problem = "";
     while (!signal.aborted) {
-      await new Promise<void>((resolve) => {
-        const timer = setTimeout(resolve, TLS_POLL_MS);
-        signal.addEventListener("abort", () => {
-          clearTimeout(timer);
-          resolve();
-        }, { once: true });
-      });
+      // sleep() takes its abort listener off again: one per round piled up for good.
+      await sleep(pollMs, signal);
       if (signal.aborted) return;
       const before = [this.#cert, this.#key, this.#fileCa];
       try {
         await this.load();
       } catch (error) {
-        // A rotation in progress (a Secret's files swapped one by one): next time.
-        log.warn("Cannot reload the TLS material: {error}", { error });
+        // A rotation in progress (a Secret's files swapped one by one): next time. Said
+        // once, not every round, for a rotation that never finishes.
+        const message = error instanceof Error ? error.message : String(error);
+        if (message !== problem) {
+          log.warn("Cannot reload the TLS material, serving the previous one: {error}", {
+            error,
+          });
+        }
+        problem = message;
         continue;
       }
+      if (problem) log.info("TLS material readable again", { certFile: this.#o.certFile });
+      problem = "";
       if (before[0] !== this.#cert || before[1] !== this.#key || before[2] !== this.#fileCa) {
         log.info("TLS material changed on disk: serving the new one");
         this.#changed();
       }
     }
   }
+}
+
+/**
+ * Throws {@linkcode TlsMaterialError} unless `cert` is a certificate (the first of a chain)
+ * whose public key is `key`'s: TLS servers take a mismatched pair without a word and then
+ * fail every handshake, or refuse to start.
+ */
+function checkPair(
+  cert: string,
+  key: string,
+  o: { certFile: string; keyFile: string; role: string },
+): void {
+  let certificate: X509Certificate;
+  try {
+    certificate = new X509Certificate(cert);
+  } catch (cause) {
+    throw new TlsMaterialError(
+      `Cannot parse the ${o.role} certificate "${o.certFile}": ${errorText(cause)}`,
+      { cause },
+    );
+  }
+  let privateKey;
+  try {
+    privateKey = createPrivateKey(key);
+  } catch (cause) {
+    throw new TlsMaterialError(
+      `Cannot parse the ${o.role} key "${o.keyFile}": ${errorText(cause)}`,
+      { cause },
+    );
+  }
+  if (!certificate.checkPrivateKey(privateKey)) {
+    throw new TlsMaterialError(
+      `Cannot use the ${o.role} certificate "${o.certFile}" with the key "${o.keyFile}": the key is not the certificate's`,
+    );
+  }
+}
+
+function errorText(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
 }
 
 function countCertificates(pem: string): number {

@@ -158,8 +158,22 @@ export async function makeCertificates(parent: string): Promise<TestCertificates
  * certificate.
  */
 export async function reissueServerCertificate(certs: TestCertificates): Promise<string> {
+  const next = await issueServerCertificate(certs);
+  await Deno.rename(next.key, join(certs.serverDir, "tls.key"));
+  await Deno.rename(next.cert, join(certs.serverDir, "tls.crt"));
+  return await Deno.readTextFile(join(certs.serverDir, "tls.crt"));
+}
+
+/**
+ * Issues the handler a new server certificate and key (same CA and name) in
+ * `<certs.dir>/<folder>/`, left there; returns their paths.
+ */
+export async function issueServerCertificate(
+  certs: TestCertificates,
+  folder = "next",
+): Promise<{ cert: string; key: string }> {
   const dir = certs.dir;
-  await Deno.mkdir(join(dir, "next"), { recursive: true });
+  await Deno.mkdir(join(dir, folder), { recursive: true });
   await openssl(
     dir,
     "req",
@@ -169,9 +183,9 @@ export async function reissueServerCertificate(certs: TestCertificates): Promise
     "ec_paramgen_curve:P-256",
     "-nodes",
     "-keyout",
-    "next/tls.key",
+    `${folder}/tls.key`,
     "-out",
-    "next/tls.csr",
+    `${folder}/tls.csr`,
     "-subj",
     "/CN=kubevirt.io:system:node:virt-handler",
   );
@@ -180,22 +194,20 @@ export async function reissueServerCertificate(certs: TestCertificates): Promise
     "x509",
     "-req",
     "-in",
-    "next/tls.csr",
+    `${folder}/tls.csr`,
     "-CA",
     "ca.crt",
     "-CAkey",
     "ca.key",
     "-CAcreateserial",
     "-out",
-    "next/tls.crt",
+    `${folder}/tls.crt`,
     "-days",
     "1",
     "-extfile",
     "server.ext",
   );
-  await Deno.rename(join(dir, "next", "tls.key"), join(certs.serverDir, "tls.key"));
-  await Deno.rename(join(dir, "next", "tls.crt"), join(certs.serverDir, "tls.crt"));
-  return await Deno.readTextFile(join(certs.serverDir, "tls.crt"));
+  return { cert: join(dir, folder, "tls.crt"), key: join(dir, folder, "tls.key") };
 }
 
 /**

@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { aborted, every, runStages, sleep } from "../../mod/lifecycle/mod.ts";
+import { aborted, every, orAborted, runStages, sleep } from "../../mod/lifecycle/mod.ts";
 
 const LIFECYCLE = new URL("../../mod/lifecycle/mod.ts", import.meta.url).href;
 
@@ -99,4 +99,26 @@ Deno.test("sleep() ends early when its signal aborts", async () => {
   setTimeout(() => stop.abort(), 10);
   await sleep(10_000, stop.signal);
   assert.ok(performance.now() - t0 < 1_000);
+});
+
+Deno.test("orAborted() settles as its promise does, or with undefined on abort, and takes its listener off either way", async () => {
+  const stop = new AbortController();
+  let live = 0;
+  const add = stop.signal.addEventListener.bind(stop.signal);
+  const remove = stop.signal.removeEventListener.bind(stop.signal);
+  stop.signal.addEventListener = ((...args: Parameters<typeof add>) => {
+    live++;
+    add(...args);
+  }) as typeof add;
+  stop.signal.removeEventListener = ((...args: Parameters<typeof remove>) => {
+    live--;
+    remove(...args);
+  }) as typeof remove;
+  for (let i = 0; i < 100; i++) assert.equal(await orAborted(Promise.resolve(i), stop.signal), i);
+  await assert.rejects(orAborted(Promise.reject(new Error("gone")), stop.signal), /gone/);
+  assert.equal(live, 0, "no listener left after 101 settled waits");
+  const never = orAborted(new Promise<number>(() => {}), stop.signal);
+  stop.abort();
+  assert.equal(await never, undefined);
+  assert.equal(await orAborted(Promise.resolve(1), stop.signal), undefined, "aborted already");
 });
