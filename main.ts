@@ -42,7 +42,18 @@ function loadConfig(command: Command, component: string): Config {
     }
     throw error;
   }
-  setupLogging({ level: config.logLevel, format: config.logFormat, component });
+  try {
+    setupLogging({
+      level: config.logLevel,
+      format: config.logFormat,
+      component,
+      file: config.logFile,
+    });
+  } catch (error) {
+    // --log-file names a file that cannot be opened.
+    console.error(`virtnode: ${(error as Error).message}`);
+    Deno.exit(EXIT_USAGE);
+  }
   return config;
 }
 

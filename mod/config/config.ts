@@ -4,7 +4,13 @@
  *
  * @module
  */
-import { LOG_FORMATS, LOG_LEVELS, type LogFormat, type LogLevel } from "../log/mod.ts";
+import {
+  LOG_FILE_ENV,
+  LOG_FORMATS,
+  LOG_LEVELS,
+  type LogFormat,
+  type LogLevel,
+} from "../log/mod.ts";
 
 /** The validated configuration every role reads. */
 export interface Config {
@@ -22,6 +28,8 @@ export interface Config {
   logLevel: LogLevel;
   /** Log line format. */
   logFormat: LogFormat;
+  /** A file to log to instead of standard error, size-bounded and rotated; none: stderr. */
+  logFile?: string;
 }
 
 /** Raw values as the CLI received them (flags win over environment). */
@@ -40,6 +48,8 @@ export interface RawConfig {
   logLevel?: string;
   /** `--log-format` / `VIRTNODE_LOG_FORMAT`. */
   logFormat?: string;
+  /** `--log-file` / `VIRTNODE_LOG_FILE`. */
+  logFile?: string;
 }
 
 /** One configuration setting: its flag, its environment variable and its default. */
@@ -117,6 +127,12 @@ export const SETTINGS: readonly Setting[] = [
     description: "log format: json, text, or auto (text on a terminal)",
     default: () => "auto",
   },
+  {
+    key: "logFile",
+    flag: "--log-file",
+    env: LOG_FILE_ENV,
+    description: "log to this file instead of standard error, rotated at 10 MiB (two old copies)",
+  },
 ];
 
 /** An invalid configuration value; the CLI exits with code 2 on it. */
@@ -162,6 +178,7 @@ const VALIDATORS: Record<keyof RawConfig, Validator> = {
     (LOG_LEVELS as readonly string[]).includes(v) ? undefined : LOG_LEVELS.join(", "),
   logFormat: (v) =>
     (LOG_FORMATS as readonly string[]).includes(v) ? undefined : LOG_FORMATS.join(", "),
+  logFile: absolutePath,
 };
 
 function absolutePath(v: string): string | undefined {
@@ -199,6 +216,7 @@ export function parseConfig(
     runDir: out.runDir!.replace(/\/+$/, "") || "/",
     logLevel: out.logLevel as LogLevel,
     logFormat: out.logFormat as LogFormat,
+    logFile: out.logFile,
   };
 }
 

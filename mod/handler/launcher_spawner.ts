@@ -5,6 +5,11 @@
  * Launchers are started in their own session (`setsid`) with their output in a
  * log file, so that neither the handler's death nor a signal to its terminal
  * stops a VM: a restarted handler finds them again through their ghost records.
+ * The log file is bounded: the launcher is told it (`VIRTNODE_LOG_FILE`) and writes its
+ * log there itself through a rotating writer (`mod/log`'s `RotatingFile`), since it
+ * outlives the handler and no pipe to the handler could carry its output; the rest of
+ * its output (a crash's last words) is appended by the shell, and a start rotates a
+ * file that is full.
  * Restart policy is none, as for a launcher pod: a launcher that exits is
  * reported and its VMI fails. The launcher's PID is kept in `<uid>.pid` (one number, as
  * scripts and older handlers read it) and its start time in `<uid>.start`, so that a
@@ -31,7 +36,7 @@ import {
 } from "../../ffi/mod.ts";
 import { SocketNames } from "../api/mod.ts";
 import { sleep } from "../lifecycle/mod.ts";
-import { getLogger } from "../log/mod.ts";
+import { getLogger, LOG_FILE_ENV, rotateLogFileIfFull } from "../log/mod.ts";
 
 const log = getLogger("handler", "launcher-spawner");
 
@@ -355,6 +360,12 @@ export class LauncherSpawner {
     await Deno.mkdir(spec.socketDir, { recursive: true, mode: 0o700 });
     const { cmd, args } = this.#opts.command(spec);
     const logFile = this.logFile(spec.uid);
+    try {
+      // A host restarted again and again appends its start-up output each time.
+      rotateLogFileIfFull(logFile);
+    } catch (error) {
+      log.warn("Cannot rotate the launcher's log file: {error}", { uid: spec.uid, error });
+    }
     // The launcher must hold none of the handler's sockets (a launcher holding the notify
     // listener would swallow the connects of every launcher after a handler restart).
     closeOnExecFrom(3);
@@ -369,6 +380,8 @@ export class LauncherSpawner {
         cmd,
         ...args,
       ],
+      // The launcher writes its log there itself, rotating it at its bound.
+      env: { [LOG_FILE_ENV]: logFile },
       stdin: "null",
       stdout: "null",
       stderr: "null",

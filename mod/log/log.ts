@@ -4,6 +4,7 @@
  * @module
  */
 import { configureSync, getLogger as logtapeLogger, resetSync, type Sink } from "@logtape/logtape";
+import { RotatingFile } from "./rotating_file.ts";
 
 // Logger, LogLevel and LogRecord are our own, narrowed to what virtnode uses: the public API
 // names no LogTape type, so `deno doc` documents it whole and LogTape stays swappable.
@@ -154,6 +155,11 @@ export interface LoggingOptions {
   component: string;
   /** Where lines go; standard error by default. */
   write?: (line: string) => void;
+  /**
+   * A file lines go to instead of standard error, kept within its bound by a
+   * {@linkcode RotatingFile} (`--log-file`); ignored when `write` is given.
+   */
+  file?: string;
 }
 
 const encoder = new TextEncoder();
@@ -170,13 +176,32 @@ export function resolveFormat(format: LogFormat): "json" | "text" {
   return Deno.stderr.isTerminal() ? "text" : "json";
 }
 
+/** The log file of the last {@linkcode setupLogging}, closed when it is called again. */
+let logFile: RotatingFile | undefined;
+
+/** Writes to `file`; a line that cannot be written there goes to standard error. */
+function fileWriter(file: RotatingFile): (line: string) => void {
+  return (line) => {
+    try {
+      file.write(line);
+    } catch {
+      // A full disk or a file removed under us: the line is not lost, and a log sink that
+      // threw would throw out of whatever was logging.
+      writeStderr(line);
+    }
+  };
+}
+
 /**
  * Configures LogTape for this process. Safe to call again (e.g. in tests): the
- * previous configuration is replaced.
+ * previous configuration is replaced. Throws `LogFileError` when `file` cannot
+ * be opened.
  */
 export function setupLogging(options: LoggingOptions): void {
   const format = resolveFormat(options.format);
-  const write = options.write ?? writeStderr;
+  logFile?.close();
+  logFile = options.write || !options.file ? undefined : new RotatingFile(options.file);
+  const write = options.write ?? (logFile ? fileWriter(logFile) : writeStderr);
   const sink: Sink = (record) => {
     write(
       format === "json"

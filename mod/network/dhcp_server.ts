@@ -6,6 +6,11 @@
  * servers of a process wait in one {@linkcode DatagramPoller}: a launcher host serving 200
  * VMs holds one blocked thread for all of them and spends no CPU while no guest asks.
  *
+ * A guest asks as often as it likes, so a lease is logged (info) only the first time a key's
+ * server hands it out; the others are counted, logged at debug when the count reaches a
+ * power of two (a handful of lines for a million requests), and summed up when the server
+ * stops. A guest cannot fill the host's disk through its DHCP client.
+ *
  * @module
  */
 
@@ -49,6 +54,12 @@ interface Running {
   leases: GuestLeases;
 }
 
+/** Leases a key's servers gave, by protocol. */
+interface Given {
+  v4: number;
+  v6: number;
+}
+
 /** The DHCP servers of one process's guests, keyed by `<vmi uid>/<interface>`. */
 export class DhcpServers {
   readonly #runner: NetnsRunner;
@@ -57,7 +68,7 @@ export class DhcpServers {
   });
   readonly #running = new Map<string, Running>();
   /** Leases given, for logs and tests: key -> count of ACKs and REPLYs sent. */
-  readonly #given = new Map<string, number>();
+  readonly #given = new Map<string, Given>();
 
   /** Uses `runner` to make sockets inside the guests' namespaces. */
   constructor(runner: NetnsRunner) {
@@ -71,7 +82,22 @@ export class DhcpServers {
 
   /** How many leases the servers of `key` handed out (ACKs and REPLYs). */
   given(key: string): number {
-    return this.#given.get(key) ?? 0;
+    const given = this.#given.get(key);
+    return given ? given.v4 + given.v6 : 0;
+  }
+
+  /**
+   * Counts a lease `key`'s server gave; true when it is the first of its protocol (the one
+   * logged at info).
+   */
+  #count(key: string, protocol: keyof Given): boolean {
+    let given = this.#given.get(key);
+    if (!given) this.#given.set(key, given = { v4: 0, v6: 0 });
+    const n = ++given[protocol];
+    if (n > 1 && (n & (n - 1)) === 0) {
+      log.debug("DHCP leases given again", { key, protocol, leases: n });
+    }
+    return n === 1;
   }
 
   /** Starts (or replaces) the servers of `key`. */
@@ -125,8 +151,7 @@ export class DhcpServers {
     const to = request.ciaddr !== "0.0.0.0" ? request.ciaddr : "255.255.255.255";
     this.#poller.send(fd, encodeDhcp4(reply), { address: to, port: 68 });
     const type = reply.options.get(DhcpOption.MessageType)?.[0];
-    if (type === DhcpMessageType.Ack) {
-      this.#given.set(key, this.given(key) + 1);
+    if (type === DhcpMessageType.Ack && this.#count(key, "v4")) {
       log.info("DHCP lease given", { key, mac: request.chaddr, address: lease.address });
     }
   }
@@ -148,8 +173,7 @@ export class DhcpServers {
     const reply = answerDhcp6(request, lease);
     if (!reply) return;
     this.#poller.send(fd, encodeDhcp6(reply), from);
-    if (reply.type === Dhcp6MessageType.Reply) {
-      this.#given.set(key, this.given(key) + 1);
+    if (reply.type === Dhcp6MessageType.Reply && this.#count(key, "v6")) {
       const iaNa = dhcp6Option(reply, Dhcp6Option.IaNa);
       log.info("DHCPv6 lease given", { key, address: iaNa ? iaNaAddress(iaNa) : undefined });
     }
@@ -160,8 +184,10 @@ export class DhcpServers {
     const running = this.#running.get(key);
     if (!running) return;
     this.#running.delete(key);
+    const given = this.#given.get(key);
     this.#given.delete(key);
     for (const fd of running.fds) this.#poller.remove(fd);
+    log.info("DHCP server stopped", { key, v4Leases: given?.v4 ?? 0, v6Leases: given?.v6 ?? 0 });
   }
 
   /** Stops the servers of every key that starts with `prefix` (a VMI's `<uid>/`). */
