@@ -229,9 +229,14 @@ function handlerCommand(program: Command): void {
     .option("--podless", "start launchers as processes of this host (no launcher pods)")
     .option(
       "--health-address <host:port>",
-      "serve /healthz and /readyz here",
+      "serve /healthz and /readyz here (and /metrics, to loopback clients only)",
       hostPort,
       "0.0.0.0:8186",
+    )
+    .option(
+      "--metrics-address <host:port>",
+      "serve /metrics to every client here, for a ServiceMonitor's scrape (it lists every VMI of the node); may be --health-address itself",
+      hostPort,
     )
     .option("--workers <n>", "concurrent VMI syncs", positiveInt, 8)
     .option(
@@ -323,13 +328,32 @@ function handlerCommand(program: Command): void {
         }
         return tls;
       };
-      if (opts.consoleServerPort !== undefined) {
-        if (opts.healthAddress.endsWith(`:${opts.consoleServerPort}`)) {
+      // Two listeners on one port cannot both bind (port 0 is any free one, never the same);
+      // --metrics-address may name --health-address itself, which is then one listener.
+      const portOf = (address: string) => address.slice(address.lastIndexOf(":") + 1);
+      const listeners = [
+        ["--health-address", opts.healthAddress, portOf(opts.healthAddress)],
+        ...(opts.metricsAddress !== undefined && opts.metricsAddress !== opts.healthAddress
+          ? [["--metrics-address", opts.metricsAddress, portOf(opts.metricsAddress)]]
+          : []),
+        ...(opts.consoleServerPort !== undefined
+          ? [[
+            "--console-server-port",
+            String(opts.consoleServerPort),
+            String(opts.consoleServerPort),
+          ]]
+          : []),
+      ];
+      for (const [i, [flag, value, port]] of listeners.entries()) {
+        const clash = listeners.slice(i + 1).find((other) => port !== "0" && other[2] === port);
+        if (clash) {
           console.error(
-            `virtnode handler: --health-address ${opts.healthAddress} and --console-server-port ${opts.consoleServerPort} need different ports`,
+            `virtnode handler: ${flag} ${value} and ${clash[0]} ${clash[1]} need different ports`,
           );
           Deno.exit(EXIT_USAGE);
         }
+      }
+      if (opts.consoleServerPort !== undefined) {
         if (!/^[^/\s]+\/[^/\s]+$/.test(opts.caConfigmap)) {
           console.error(
             `virtnode handler: --ca-configmap ${opts.caConfigmap}: expected namespace/name`,
@@ -391,6 +415,7 @@ function handlerCommand(program: Command): void {
       const handler = await Handler.create(config, client, {
         hostCpuModel: () => started.labeller?.hostCpuModel,
         healthAddress: opts.healthAddress,
+        metricsAddress: opts.metricsAddress,
         rest,
         healthTls,
         workers: opts.workers,

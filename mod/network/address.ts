@@ -67,6 +67,21 @@ export function canonicalAddress(address: string): string {
   return familyOf(address) === 6 ? fromBigInt(toBigInt(address), 6) : address;
 }
 
+/**
+ * Whether `address` is a loopback address: in 127.0.0.0/8, `::1` in any spelling, or an IPv4
+ * loopback address mapped into IPv6 (`::ffff:127.0.0.1`, a dual-stack socket's peer).
+ */
+export function isLoopbackAddress(address: string): boolean {
+  if (familyOf(address) === 4) return address.startsWith("127.");
+  const mapped = /^::ffff:(\d+\.\d+\.\d+\.\d+)$/i.exec(address);
+  if (mapped) return mapped[1].startsWith("127.");
+  try {
+    return toBigInt(address) === 1n;
+  } catch {
+    return false; // not an address
+  }
+}
+
 /** Whether `address` is a global unicast address (not loopback, link-local, multicast or unspecified). */
 export function isGlobalUnicast(address: string): boolean {
   if (familyOf(address) === 4) {

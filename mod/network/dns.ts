@@ -7,7 +7,7 @@
  * @module
  */
 
-import { familyOf } from "./address.ts";
+import { familyOf, isLoopbackAddress } from "./address.ts";
 
 /** The DNS facts a lease carries. */
 export interface GuestDns {
@@ -24,10 +24,6 @@ export interface GuestDns {
 const DEFAULT_SERVER = "8.8.8.8";
 const DEFAULT_SEARCH = "cluster.local";
 
-function isLoopback(address: string): boolean {
-  return familyOf(address) === 4 ? address.startsWith("127.") : address === "::1";
-}
-
 /**
  * Reads a resolv.conf. Loopback servers (a node's local stub resolver) are left out: the
  * guest cannot reach its host's loopback. With `subdomain`, `<subdomain>.<the longest
@@ -40,7 +36,7 @@ export function parseResolvConf(text: string, subdomain?: string): GuestDns {
   for (const raw of text.split("\n")) {
     const line = raw.replace(/[#;].*$/, "").trim();
     const [keyword, ...values] = line.split(/\s+/);
-    if (keyword === "nameserver" && values[0] && !isLoopback(values[0])) {
+    if (keyword === "nameserver" && values[0] && !isLoopbackAddress(values[0])) {
       servers.push(values[0].replace(/%.*$/, ""));
     }
     if (keyword === "search") search = values.map((v) => v.toLowerCase().replace(/\.$/, ""));

@@ -42,6 +42,7 @@ export {
   cidrContains,
   familyOf,
   isGlobalUnicast,
+  isLoopbackAddress,
   nthAddress,
   parseCidr,
 } from "./address.ts";

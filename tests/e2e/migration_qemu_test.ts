@@ -154,6 +154,8 @@ Deno.test("migration (QEMU, two pod-less nodes in network namespaces): a running
         podNetwork: node.podNetwork,
         enter: node.enter,
         healthHost: node.address,
+        // The abort scenario scrapes /metrics from outside the node.
+        openMetrics: true,
         extraArgs: [
           "--server-cert-dir",
           certs.serverDir,

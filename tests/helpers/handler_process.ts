@@ -40,8 +40,10 @@ export interface HandlerProcessOptions {
    * that enters its namespaces goes before the handler's own.
    */
   enter?: string[];
-  /** The address of `/healthz` and `/readyz` (a node's own); 127.0.0.1 unless told. */
+  /** The address of `/healthz`, `/readyz` and `/metrics` (a node's own); 127.0.0.1 unless told. */
   healthHost?: string;
+  /** `/metrics` answers every client there (`--metrics-address`), not loopback ones only. */
+  openMetrics?: boolean;
   /** The run directory; `<dir>/run` unless told. */
   runDir?: string;
 }
@@ -141,6 +143,8 @@ export interface HandlerArgsOptions {
   extraArgs?: string[];
   /** Address of /healthz and /readyz; 127.0.0.1 unless told. */
   healthHost?: string;
+  /** `/metrics` answers every client there (`--metrics-address`), not loopback ones only. */
+  openMetrics?: boolean;
   /** The run directory; `<dir>/run` unless told. */
   runDir?: string;
 }
@@ -186,6 +190,7 @@ export function handlerArgs(o: HandlerArgsOptions): string[] {
       ]),
     "--health-address",
     `${o.healthHost ?? "127.0.0.1"}:${o.port}`,
+    ...(o.openMetrics ? ["--metrics-address", `${o.healthHost ?? "127.0.0.1"}:${o.port}`] : []),
     ...(o.extraArgs ?? []),
   ];
 }
