@@ -13,3 +13,4 @@ export { mountNamespaceChild } from "./_mntns_child.ts";
 export * from "./beneath.ts";
 export * from "./netns.ts";
 export * from "./datagram.ts";
+export * from "./durable_file.ts";

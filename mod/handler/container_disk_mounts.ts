@@ -17,8 +17,11 @@
  * node's) and attaches the clone in the launcher's namespace only (`open_tree` and
  * `move_mount`, in a child process: `ffi/`), so no mount of a VMI's exists in the node's
  * namespace at all and none outlives its pod. What was mounted is recorded first
- * (`<run dir>/container-disk-mounts/<vmi uid>.json`), so a restarted handler unmounts it;
- * cleanup also removes the container-disk sockets, which ends their servers.
+ * (`<run dir>/container-disk-mounts/<vmi uid>.json`, written whole: `writeFileDurably`), so a
+ * restarted handler unmounts it; cleanup also removes the container-disk sockets, which ends
+ * their servers. A record that cannot be read (torn by an older version's write) is set
+ * aside and reported, and cleanup goes on with what the VMI's spec tells: the sockets its
+ * containerDisks have in the pod; the mounts, in the launcher's namespace only, end with it.
  *
  * @module
  */
@@ -26,12 +29,15 @@
 import { join } from "node:path";
 import {
   bindContainerFileInChild,
+  ErrnoError,
   listenerPid,
   mountNamespaceOf,
   openDirectoryInRoot,
   openSocketBeneath,
   processStartTime,
   runInMountNamespace,
+  setFileAside,
+  writeFileDurably,
 } from "../../ffi/mod.ts";
 import { type VirtualMachineInstance, vmiKey } from "../api/mod.ts";
 import { getLogger } from "../log/mod.ts";
@@ -51,8 +57,11 @@ const DISK_FOLDER = "/disk";
 
 /** What a VMI's mounts were: enough for a restarted handler to undo them. */
 interface MountRecord {
-  /** The launcher whose namespace holds the mounts, and its start time (PIDs get reused). */
-  launcherPid: number;
+  /**
+   * The launcher whose namespace holds the mounts, and its start time (PIDs get reused);
+   * unknown when the record was inferred from the spec.
+   */
+  launcherPid?: number;
   launcherStart?: string;
   /** The mounted files, by path below {@linkcode LAUNCHER_CONTAINER_DISK_DIR}. */
   targets: string[];
@@ -67,6 +76,81 @@ export class ContainerDiskMountError extends Error {
     super(`Cannot mount containerDisk "${volume}" of VMI "${key}": ${detail}`, options);
     this.name = "ContainerDiskMountError";
   }
+}
+
+/**
+ * What cleanup may use when a VMI's record cannot be read: the VMI (its spec names the
+ * containerDisks) and its pod's directory (where their sockets are), when known.
+ */
+export interface ContainerDiskCleanupHint {
+  /** The VMI being cleaned up. */
+  vmi: VirtualMachineInstance;
+  /** The launcher pod's directory below the kubelet's pods directory. */
+  podDir?: string;
+}
+
+/** The files a VMI's spec has mounted into its launcher, and the socket of each one's server. */
+interface WantedFile {
+  volume: string;
+  /** The socket's path below the pod's directory. */
+  socket: string;
+  /** The path below {@linkcode LAUNCHER_CONTAINER_DISK_DIR}. */
+  target: string;
+  /** The file in the container's root; the single one in `/disk` when not given. */
+  source?: string;
+}
+
+/** Every file the VMI's containerDisks and kernel boot container hand to its launcher. */
+function wantedFiles(vmi: VirtualMachineInstance): WantedFile[] {
+  const files: WantedFile[] = (vmi.spec.volumes ?? []).flatMap((v, i) =>
+    v.containerDisk
+      ? [{
+        volume: v.name,
+        socket: `${POD_VOLUME}/disk_${i}.sock`,
+        target: `disk_${i}.img`,
+        source: v.containerDisk.path,
+      }]
+      : []
+  );
+  const kernel = vmi.spec.domain.firmware?.kernelBoot?.container;
+  if (kernel?.image) {
+    // KubeVirt's kernel boot container: its kernel and initrd, each under its own name in
+    // the launcher's `kernel-boot` folder, served on one socket.
+    for (const path of [kernel.kernelPath, kernel.initrdPath]) {
+      if (!path) continue;
+      files.push({
+        volume: KERNEL_BOOT_VOLUME,
+        socket: `${POD_VOLUME}/${KERNEL_BOOT}.sock`,
+        target: `${KERNEL_BOOT}/${path.slice(path.lastIndexOf("/") + 1)}`,
+        source: path,
+      });
+    }
+  }
+  return files;
+}
+
+/** Why a parsed record is not one, or undefined. */
+function invalidRecord(value: unknown): string | undefined {
+  if (typeof value !== "object" || value === null || Array.isArray(value)) {
+    return "not a JSON object";
+  }
+  const r = value as Record<string, unknown>;
+  if (r.launcherPid !== undefined && !Number.isInteger(r.launcherPid)) {
+    return "launcherPid is not a number";
+  }
+  if (r.launcherStart !== undefined && typeof r.launcherStart !== "string") {
+    return "launcherStart is not a string";
+  }
+  if (!Array.isArray(r.targets) || r.targets.some((t) => typeof t !== "string")) {
+    return "targets is not a list of paths";
+  }
+  if (
+    !Array.isArray(r.sockets) ||
+    r.sockets.some((s) => typeof s?.podDir !== "string" || typeof s?.path !== "string")
+  ) {
+    return "sockets is not a list of {podDir, path}";
+  }
+  return undefined;
 }
 
 /** The mount namespace process that holds the node's mounts: PID 1's when we may enter it. */
@@ -104,41 +188,23 @@ export class ContainerDiskMounts {
     launcherPid: number,
   ): Promise<"mounted" | "notReady"> {
     const uid = vmi.metadata.uid!;
-    const disks = (vmi.spec.volumes ?? []).flatMap((v, i) =>
-      v.containerDisk ? [{ volume: v.name, index: i, path: v.containerDisk.path }] : []
-    );
+    const wanted = wantedFiles(vmi);
     const kernel = vmi.spec.domain.firmware?.kernelBoot?.container;
-    if ((disks.length === 0 && !kernel?.image) || this.#mounted.has(uid)) return "mounted";
+    if ((wanted.length === 0 && !kernel?.image) || this.#mounted.has(uid)) return "mounted";
     const key = vmiKey(vmi.metadata);
     const found: { volume: string; pid: number; source: string; target: string; socket: string }[] =
       [];
-    for (const disk of disks) {
-      const socket = `${POD_VOLUME}/disk_${disk.index}.sock`;
-      const pid = serverPid(podDir, socket);
+    const pids = new Map<string, number>();
+    for (const file of wanted) {
+      const pid = pids.get(file.socket) ?? await serverPid(podDir, file.socket);
       if (pid === undefined) return "notReady";
-      found.push({
-        volume: disk.volume,
-        pid,
-        source: disk.path ?? diskInFolder(key, disk.volume, pid),
-        target: `disk_${disk.index}.img`,
-        socket,
-      });
+      pids.set(file.socket, pid);
+      found.push({ ...file, pid, source: file.source ?? diskInFolder(key, file.volume, pid) });
     }
-    if (kernel?.image) {
-      // KubeVirt's kernel boot container: its kernel and initrd, each under its own name
-      // in the launcher's `kernel-boot` folder.
-      const socket = `${POD_VOLUME}/${KERNEL_BOOT}.sock`;
-      const pid = serverPid(podDir, socket);
-      if (pid === undefined) return "notReady";
-      for (const path of [kernel.kernelPath, kernel.initrdPath]) {
-        if (!path) continue;
-        found.push({
-          volume: KERNEL_BOOT_VOLUME,
-          pid,
-          source: path,
-          target: `${KERNEL_BOOT}/${path.slice(path.lastIndexOf("/") + 1)}`,
-          socket,
-        });
+    if (kernel?.image && !pids.has(`${POD_VOLUME}/${KERNEL_BOOT}.sock`)) {
+      // A kernel boot container that names no file still has to be serving.
+      if ((await serverPid(podDir, `${POD_VOLUME}/${KERNEL_BOOT}.sock`)) === undefined) {
+        return "notReady";
       }
     }
     const record: MountRecord = {
@@ -147,8 +213,10 @@ export class ContainerDiskMounts {
       targets: found.map((d) => d.target),
       sockets: [...new Set(found.map((d) => d.socket))].map((path) => ({ podDir, path })),
     };
-    await Deno.mkdir(this.#recordDir, { recursive: true, mode: 0o700 });
-    await Deno.writeTextFile(this.#record(uid), JSON.stringify(record), { mode: 0o600 });
+    await writeFileDurably(this.#record(uid), JSON.stringify(record), {
+      mode: 0o600,
+      dirMode: 0o700,
+    });
     if (kernel?.image) makeKernelBootFolder(launcherPid);
     for (const d of found) {
       const place = inLauncher(d.target);
@@ -181,30 +249,60 @@ export class ContainerDiskMounts {
 
   /**
    * Undoes a VMI's mounts (when its launcher still runs) and removes its container-disk
-   * sockets, which ends their servers; idempotent, and works from the record alone.
+   * sockets, which ends their servers; idempotent, and works from the record alone. A
+   * record that cannot be read is set aside and logged, and `hint` stands in for it.
    */
-  async unmount(uid: string): Promise<void> {
+  async unmount(uid: string, hint?: ContainerDiskCleanupHint): Promise<void> {
     this.#mounted.delete(uid);
-    let record: MountRecord;
+    const file = this.#record(uid);
+    let text: string;
     try {
-      record = JSON.parse(await Deno.readTextFile(this.#record(uid)));
+      text = await Deno.readTextFile(file);
     } catch (error) {
       if (error instanceof Deno.errors.NotFound) return;
       throw error;
     }
-    const alive = record.launcherStart !== undefined &&
-      processStartTime(record.launcherPid) === record.launcherStart;
+    let record: MountRecord | undefined;
+    let reason: string | undefined;
+    try {
+      const parsed: unknown = JSON.parse(text);
+      reason = invalidRecord(parsed);
+      if (reason === undefined) record = parsed as MountRecord;
+    } catch (error) {
+      reason = `not JSON: ${error instanceof Error ? error.message : String(error)}`;
+    }
+    if (!record) {
+      const movedTo = await setFileAside(file);
+      record = inferredRecord(hint);
+      log.error("Set aside unreadable containerDisk mount record {file}: {reason}", {
+        uid,
+        file,
+        reason,
+        movedTo,
+        inferredSockets: record.sockets.map((s) => s.path),
+      });
+    }
+    const launcherPid = record.launcherPid;
+    const alive = launcherPid !== undefined && record.launcherStart !== undefined &&
+      processStartTime(launcherPid) === record.launcherStart;
     if (alive) {
       await runInMountNamespace(
-        record.launcherPid,
+        launcherPid,
         record.targets.map((target) => ({ op: "unmountFile" as const, ...inLauncher(target) })),
       ).catch((error) => {
         // The launcher ended meanwhile: its namespace and mounts are gone with it.
-        if (processStartTime(record.launcherPid) === record.launcherStart) throw error;
+        if (processStartTime(launcherPid) === record.launcherStart) throw error;
       });
     }
     for (const s of record.sockets) {
-      const dir = openDirectoryInRoot(s.podDir, s.path.slice(0, s.path.lastIndexOf("/")));
+      let dir;
+      try {
+        dir = openDirectoryInRoot(s.podDir, s.path.slice(0, s.path.lastIndexOf("/")));
+      } catch (error) {
+        // The kubelet removed the pod's volume, and the sockets with it.
+        if (error instanceof ErrnoError && error.code === "ENOENT") continue;
+        throw error;
+      }
       try {
         // unlink(2) never follows the last component.
         await Deno.remove(`${dir.path}/${s.path.slice(s.path.lastIndexOf("/") + 1)}`).catch(
@@ -219,8 +317,23 @@ export class ContainerDiskMounts {
   }
 }
 
+/**
+ * A record from what cleanup knows without one: the sockets of the VMI's containerDisks in
+ * its pod. No launcher: its mounts are in its namespace only and go with it.
+ */
+function inferredRecord(hint: ContainerDiskCleanupHint | undefined): MountRecord {
+  const files = hint ? wantedFiles(hint.vmi) : [];
+  const podDir = hint?.podDir;
+  return {
+    targets: files.map((f) => f.target),
+    sockets: podDir === undefined
+      ? []
+      : [...new Set(files.map((f) => f.socket))].map((path) => ({ podDir, path })),
+  };
+}
+
 /** The PID of the container-disk server listening on a socket below the pod's directory. */
-function serverPid(podDir: string, socket: string): number | undefined {
+async function serverPid(podDir: string, socket: string): Promise<number | undefined> {
   let target;
   try {
     target = openSocketBeneath(podDir, socket);
@@ -228,9 +341,9 @@ function serverPid(podDir: string, socket: string): number | undefined {
     return undefined; // not there (yet)
   }
   try {
-    return listenerPid(target.path);
+    return await listenerPid(target.path);
   } catch {
-    return undefined; // not accepting yet
+    return undefined; // not accepting yet, or not in time
   } finally {
     target.release();
   }

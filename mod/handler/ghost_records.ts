@@ -7,14 +7,15 @@
  * socket of every VMI the informer has not shown yet, so a restarted handler
  * re-adopts running VMs instead of forgetting (or stopping) them.
  *
- * Files are written atomically (temporary file, fsync, rename) with mode 0600.
- * A file that cannot be read as a record is reported and moved aside into
- * `<dir>/.set-aside/`, never fatal.
+ * Files are written whole and durably (temporary file, fsync, rename, fsync of the
+ * directory: `writeFileDurably`) with mode 0600. A file that cannot be read as a record
+ * is reported and moved aside into `<dir>/.set-aside/`, never fatal.
  *
  * @module
  */
-import { basename, join } from "node:path";
+import { join } from "node:path";
 import { vmiKey } from "../api/mod.ts";
+import { SET_ASIDE_DIR, setFileAside, TEMP_FILE_PREFIX, writeFileDurably } from "../../ffi/mod.ts";
 import { getLogger } from "../log/mod.ts";
 
 const log = getLogger("handler", "ghost-records");
@@ -73,18 +74,12 @@ export function validateGhostRecord(value: unknown, fileName?: string): string |
   return undefined;
 }
 
-/** Ghost-record fsyncs that may run at once (each holds a blocking-pool thread). */
-const SYNC_SLOTS = 2;
-
 /** The ghost records of one handler, on disk and in memory. */
 export class GhostRecordStore {
   readonly #dir: string;
   readonly #byUid = new Map<string, GhostRecord>();
   /** `namespace/name` -> UIDs, so the per-sync lookups do not scan every record. */
   readonly #byKey = new Map<string, Set<string>>();
-  /** Writes waiting for one of the {@linkcode SYNC_SLOTS} fsync slots. */
-  readonly #syncWaiters: (() => void)[] = [];
-  #syncing = 0;
 
   /** A store over `dir` (KubeVirt: `/var/run/kubevirt-private/ghost-records`). */
   constructor(dir: string) {
@@ -104,9 +99,9 @@ export class GhostRecordStore {
     await Deno.mkdir(this.#dir, { recursive: true, mode: 0o700 });
     const setAside: SetAsideFile[] = [];
     for await (const entry of Deno.readDir(this.#dir)) {
-      if (entry.name === ".set-aside") continue;
+      if (entry.name === SET_ASIDE_DIR) continue;
       const file = join(this.#dir, entry.name);
-      if (entry.name.startsWith(".tmp-")) {
+      if (entry.name.startsWith(TEMP_FILE_PREFIX)) {
         // A write that never finished its rename: nothing was promised by it.
         await Deno.remove(file).catch(() => {});
         continue;
@@ -129,19 +124,11 @@ export class GhostRecordStore {
         this.#remember(record);
         continue;
       }
-      const movedTo = await this.#setAside(file);
+      const movedTo = await setFileAside(file);
       log.error("Set aside invalid ghost record {file}: {reason}", { file, reason, movedTo });
       setAside.push({ file, movedTo, reason: reason! });
     }
     return setAside;
-  }
-
-  async #setAside(file: string): Promise<string> {
-    const dir = join(this.#dir, ".set-aside");
-    await Deno.mkdir(dir, { recursive: true, mode: 0o700 });
-    const target = join(dir, `${basename(file)}.${Date.now()}`);
-    await Deno.rename(file, target);
-    return target;
   }
 
   /** All records in memory. */
@@ -198,57 +185,17 @@ export class GhostRecordStore {
           `"${existing.socketFile}" exists`,
       );
     }
-    const data = JSON.stringify(pick(record));
-    const tmp = join(this.#dir, `.tmp-${record.uid}-${crypto.randomUUID()}`);
-    // Everything but the fsync is synchronous (a small local file: microseconds), and at
-    // most SYNC_SLOTS fsyncs run at once: each async file call takes a thread of Deno's
-    // blocking pool, and a burst of 200 VMIs left one idle thread per call that had run
-    // at the same time, ~5 MB of RSS in stacks and malloc arenas for good.
     try {
-      const open = () => Deno.openSync(tmp, { write: true, createNew: true, mode: 0o600 });
-      let f: Deno.FsFile;
-      try {
-        f = open();
-      } catch (error) {
-        // No directory yet (no load() before), or it was removed: make it and try again.
-        if (!(error instanceof Deno.errors.NotFound)) throw error;
-        Deno.mkdirSync(this.#dir, { recursive: true, mode: 0o700 });
-        f = open();
-      }
-      try {
-        const bytes = new TextEncoder().encode(data);
-        for (let off = 0; off < bytes.length;) off += f.writeSync(bytes.subarray(off));
-        await this.#synced(() => f.sync());
-      } finally {
-        f.close();
-      }
-      Deno.renameSync(tmp, join(this.#dir, record.uid));
+      await writeFileDurably(join(this.#dir, record.uid), JSON.stringify(pick(record)), {
+        mode: 0o600,
+        dirMode: 0o700,
+      });
     } catch (error) {
-      try {
-        Deno.removeSync(tmp);
-      } catch { /* never made, or gone */ }
       throw new GhostRecordError(`Cannot write ghost record for uid "${record.uid}"`, {
         cause: error,
       });
     }
     this.#remember(record);
-  }
-
-  /** Runs `fn` in one of the fsync slots, waiting for one to free up. */
-  async #synced(fn: () => Promise<void>): Promise<void> {
-    if (this.#syncing >= SYNC_SLOTS) {
-      await new Promise<void>((resolve) => this.#syncWaiters.push(resolve));
-    } else {
-      this.#syncing++;
-    }
-    try {
-      await fn();
-    } finally {
-      // The slot passes straight to the next waiter, or is given back.
-      const next = this.#syncWaiters.shift();
-      if (next) next();
-      else this.#syncing--;
-    }
   }
 
   /** Removes a UID's record after cleanup; removing a missing one is fine. */

@@ -20,8 +20,11 @@
  *
  * A volume gone from the spec (`removevolume`) is unmounted once the launcher has detached
  * it, and the file removed. What is mounted is recorded first
- * (`<run dir>/hotplug-volume-mounts/<vmi uid>.json`), so a restarted handler neither mounts
- * twice nor forgets a mount; cleanup unmounts whatever the record holds.
+ * (`<run dir>/hotplug-volume-mounts/<vmi uid>.json`, written whole: `writeFileDurably`), so a
+ * restarted handler neither mounts twice nor forgets a mount; cleanup unmounts whatever the
+ * record holds. A record that cannot be read (torn by an older version's write) is set aside
+ * and reported, and counts as none: the mounts and devices it named are in the launcher's
+ * namespace and cgroup only, and end with it.
  *
  * @module
  */
@@ -41,6 +44,8 @@ import {
   openSocketBeneath,
   processStartTime,
   runInMountNamespace,
+  setFileAside,
+  writeFileDurably,
 } from "../../ffi/mod.ts";
 import { type VirtualMachineInstance, vmiKey } from "../api/mod.ts";
 import { getLogger } from "../log/mod.ts";
@@ -86,6 +91,29 @@ function attached(
   });
 }
 
+/** Why a parsed record is not one, or undefined. */
+function invalidRecord(value: unknown): string | undefined {
+  if (typeof value !== "object" || value === null || Array.isArray(value)) {
+    return "not a JSON object";
+  }
+  const r = value as Record<string, unknown>;
+  if (!Number.isInteger(r.launcherPid)) return "launcherPid is not a number";
+  if (r.launcherStart !== undefined && typeof r.launcherStart !== "string") {
+    return "launcherStart is not a string";
+  }
+  if (!Array.isArray(r.volumes) || r.volumes.some((v) => typeof v !== "string")) {
+    return "volumes is not a list of names";
+  }
+  if (
+    r.devices !== undefined &&
+    (typeof r.devices !== "object" || r.devices === null ||
+      Object.values(r.devices).some((d) => typeof d !== "string"))
+  ) {
+    return "devices is not a map of volume to device";
+  }
+  return undefined;
+}
+
 /** The VMI's own claims (not hotplugged), whose device nodes the kubelet put in the launcher's `/dev`. */
 function ownBlockClaims(vmi: VirtualMachineInstance): string[] {
   return (vmi.spec.volumes ?? []).filter((v) =>
@@ -113,14 +141,34 @@ export class HotplugMounts {
   async #read(uid: string): Promise<HotplugRecord | undefined> {
     const cached = this.#records.get(uid);
     if (cached) return cached;
+    const file = this.#path(uid);
+    let text: string;
     try {
-      const record = JSON.parse(await Deno.readTextFile(this.#path(uid))) as HotplugRecord;
-      this.#records.set(uid, record);
-      return record;
+      text = await Deno.readTextFile(file);
     } catch (error) {
       if (error instanceof Deno.errors.NotFound) return undefined;
       throw error;
     }
+    let reason: string;
+    try {
+      const parsed: unknown = JSON.parse(text);
+      const why = invalidRecord(parsed);
+      if (why === undefined) {
+        this.#records.set(uid, parsed as HotplugRecord);
+        return parsed as HotplugRecord;
+      }
+      reason = why;
+    } catch (error) {
+      reason = `not JSON: ${error instanceof Error ? error.message : String(error)}`;
+    }
+    const movedTo = await setFileAside(file);
+    log.error("Set aside unreadable hotplug mount record {file}: {reason}", {
+      uid,
+      file,
+      reason,
+      movedTo,
+    });
+    return undefined;
   }
 
   async #write(uid: string, record: HotplugRecord): Promise<void> {
@@ -129,10 +177,10 @@ export class HotplugMounts {
       await Deno.remove(this.#path(uid)).catch(() => {});
       return;
     }
-    await Deno.mkdir(this.#recordDir, { recursive: true, mode: 0o700 });
-    const temp = `${this.#path(uid)}.tmp`;
-    await Deno.writeTextFile(temp, JSON.stringify(record), { mode: 0o600 });
-    await Deno.rename(temp, this.#path(uid));
+    await writeFileDurably(this.#path(uid), JSON.stringify(record), {
+      mode: 0o600,
+      dirMode: 0o700,
+    });
     this.#records.set(uid, record);
   }
 
@@ -316,7 +364,7 @@ function attachmentPid(podDir: string): number | undefined {
   try {
     return listenerPid(socket.path);
   } catch {
-    return undefined; // not accepting yet
+    return undefined; // not accepting yet, or not in time
   } finally {
     socket.release();
   }

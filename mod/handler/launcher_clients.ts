@@ -39,6 +39,7 @@ import {
   type VirtualMachineOptions,
   type VMIRequest,
 } from "../proto/mod.ts";
+import { writeFileDurably } from "../../ffi/mod.ts";
 import { every } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
 
@@ -655,8 +656,7 @@ export class LauncherClients {
     const marker = entry && this.#marker(uid);
     if (marker) {
       try {
-        await Deno.mkdir(this.#opts.markerDir!, { recursive: true, mode: 0o700 });
-        await Deno.writeTextFile(marker, why, { mode: 0o600 });
+        await writeFileDurably(marker, why, { mode: 0o600, dirMode: 0o700 });
       } catch (error) {
         log.warn("Cannot keep the unresponsive mark: {error}", { uid, error });
       }

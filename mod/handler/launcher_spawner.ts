@@ -33,6 +33,7 @@ import {
   processStartTime,
   SIGKILL,
   SIGTERM,
+  writeFileDurably,
 } from "../../ffi/mod.ts";
 import { SocketNames } from "../api/mod.ts";
 import { sleep } from "../lifecycle/mod.ts";
@@ -304,8 +305,8 @@ export class LauncherSpawner {
       const found = PidfdProcess.openLauncher(uid, { pid }, this.#identity);
       if (found) {
         const startTime = processStartTime(pid);
-        if (startTime !== undefined) await writeWhole(this.#startFile(uid), `${startTime}\n`);
-        await writeWhole(this.#pidFile(uid), `${pid}\n`);
+        if (startTime !== undefined) await writeFileDurably(this.#startFile(uid), `${startTime}\n`);
+        await writeFileDurably(this.#pidFile(uid), `${pid}\n`);
         log.info("Launcher {pid} found without its PID file; PID file written", { uid, pid });
       }
       return found;
@@ -402,8 +403,10 @@ export class LauncherSpawner {
     this.#starting.add(spec.uid);
     this.#watchReady(spec).finally(() => this.#release(spec.uid));
     // The start time first: a PID file is never read without it (but an older handler's).
-    if (startTime !== undefined) await writeWhole(this.#startFile(spec.uid), `${startTime}\n`);
-    await writeWhole(this.#pidFile(spec.uid), `${child.pid}\n`);
+    if (startTime !== undefined) {
+      await writeFileDurably(this.#startFile(spec.uid), `${startTime}\n`);
+    }
+    await writeFileDurably(this.#pidFile(spec.uid), `${child.pid}\n`);
     log.info("Started launcher {pid}", {
       namespace: spec.namespace,
       name: spec.name,
@@ -500,12 +503,6 @@ async function exitedWithin(process: PidfdProcess, timeoutMs: number): Promise<b
     await sleep(50);
   }
   return true;
-}
-
-/** Writes a file whole or not at all: a torn PID file would make a live launcher look dead. */
-async function writeWhole(path: string, text: string): Promise<void> {
-  await Deno.writeTextFile(`${path}.tmp`, text, { mode: 0o600 });
-  await Deno.rename(`${path}.tmp`, path);
 }
 
 async function exists(path: string): Promise<boolean> {

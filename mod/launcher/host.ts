@@ -40,6 +40,7 @@ import {
   LibvirtError,
   NetnsRunner,
   openLibvirt,
+  writeFileDurably,
 } from "../../ffi/mod.ts";
 import { domainNameOf } from "../domain/mod.ts";
 import { DhcpServers, hostTapName, restoreGuestNetwork } from "../network/mod.ts";
@@ -99,12 +100,6 @@ interface Hosted {
 function storedDisksOf(spec: HostedVmSpec): { containerDisks?: string[] } {
   const files = Object.values(spec.containerDisks ?? {});
   return files.length > 0 ? { containerDisks: files } : {};
-}
-
-/** Writes a file whole or not at all. */
-async function writeWhole(path: string, text: string): Promise<void> {
-  await Deno.writeTextFile(`${path}.tmp`, text, { mode: 0o600 });
-  await Deno.rename(`${path}.tmp`, path);
 }
 
 /** The launchers of one host; see the module doc. */
@@ -251,7 +246,7 @@ export class LauncherHost {
     let hosted = this.#vms.get(spec.uid);
     if (!hosted) {
       await Deno.mkdir(this.#vmDir, { recursive: true, mode: 0o700 });
-      await writeWhole(this.#specFile(spec.uid), JSON.stringify(spec));
+      await writeFileDurably(this.#specFile(spec.uid), JSON.stringify(spec));
       hosted = this.#vms.get(spec.uid) ?? this.#launch(spec, false);
     }
     await hosted.started;
@@ -365,7 +360,7 @@ export class LauncherHost {
     hosted.instance = undefined;
     if (instance) await this.#release(instance);
     hosted.status = { ...hosted.status, state: "exited", code, why };
-    await writeWhole(this.#exitFile(hosted.spec.uid), JSON.stringify({ code, why })).catch(
+    await writeFileDurably(this.#exitFile(hosted.spec.uid), JSON.stringify({ code, why })).catch(
       (error) => log.warn("Cannot record the launcher's end: {error}", { error }),
     );
     log.info("Launcher ended with code {code}", { uid: hosted.spec.uid, code, why });

@@ -17,6 +17,7 @@
  * @module
  */
 
+import { writeFileDurably } from "../../ffi/mod.ts";
 import { type Cidr, cidrContains, familyOf } from "./address.ts";
 import type { Route } from "./links.ts";
 
@@ -84,13 +85,9 @@ export async function readNetworkState(file: string): Promise<NetworkStateRecord
   }
 }
 
-/** Writes a network's state file whole (temp file, then rename). */
+/** Writes a network's state file whole and durably (`writeFileDurably`). */
 export async function writeNetworkState(file: string, record: NetworkStateRecord): Promise<void> {
-  const dir = file.slice(0, file.lastIndexOf("/"));
-  await Deno.mkdir(dir, { recursive: true, mode: 0o750 });
-  const temp = `${file}.tmp`;
-  await Deno.writeTextFile(temp, JSON.stringify(record, null, 2), { mode: 0o600 });
-  await Deno.rename(temp, file);
+  await writeFileDurably(file, JSON.stringify(record, null, 2), { mode: 0o600, dirMode: 0o750 });
 }
 
 function base64(bytes: Uint8Array): string {

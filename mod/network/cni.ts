@@ -17,7 +17,7 @@
  */
 
 import { join } from "node:path";
-import type { NetnsRunner } from "../../ffi/mod.ts";
+import { type NetnsRunner, writeFileDurably } from "../../ffi/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import { familyOf, parseCidr } from "./address.ts";
 import { hostLinkExists } from "./pod_network.ts";
@@ -181,7 +181,7 @@ export class PodlessNetworks {
     const started = performance.now();
     await this.#plugin("ADD", "loopback", uid, netns);
     const result = await this.#plugin("ADD", "bridge", uid, netns);
-    await Deno.writeTextFile(this.#resultFile(uid), JSON.stringify(result ?? {}), { mode: 0o600 });
+    await writeFileDurably(this.#resultFile(uid), JSON.stringify(result ?? {}), { mode: 0o600 });
     log.info("Pod network namespace made", {
       uid,
       netns,

@@ -15,7 +15,7 @@
  */
 
 import { join } from "node:path";
-import type { NetnsRunner } from "../../ffi/mod.ts";
+import { type NetnsRunner, writeFileDurably } from "../../ffi/mod.ts";
 import type { VirtualMachineInstance } from "../api/mod.ts";
 import { bridgeFakeAddress, masqueradeAddresses } from "./bindings.ts";
 import { parseBridgeDhcpCache } from "./cache.ts";
@@ -148,7 +148,7 @@ export async function prepareGuestNetwork(
   for (const [name, lease] of Object.entries(leases)) {
     await env.dhcp.start(`${vmi.metadata.uid}/${name}`, lease);
   }
-  await Deno.writeTextFile(join(env.privateDir, NETWORK_FILE), JSON.stringify(leases), {
+  await writeFileDurably(join(env.privateDir, NETWORK_FILE), JSON.stringify(leases), {
     mode: 0o600,
   });
   return prepared;

@@ -18,6 +18,7 @@
 import { join } from "node:path";
 import { type VirtualMachineInstance, vmiKey } from "../api/mod.ts";
 import { getLogger } from "../log/mod.ts";
+import { writeFileDurably } from "../../ffi/mod.ts";
 import {
   layerTar,
   manifestLayers,
@@ -144,11 +145,9 @@ export class ContainerDiskStore {
       const format = await this.#check(image, partial, found);
       await Deno.chmod(partial, 0o444);
       await Deno.rename(partial, file);
-      await Deno.writeTextFile(
-        meta,
-        JSON.stringify({ image, manifest, path: found, format }),
-        { mode: 0o644 },
-      );
+      await writeFileDurably(meta, JSON.stringify({ image, manifest, path: found, format }), {
+        mode: 0o644,
+      });
       log.info("containerDisk stored", {
         image,
         path: found,
