@@ -26,6 +26,10 @@
  * and reported, and counts as none: the mounts and devices it named are in the launcher's
  * namespace and cgroup only, and end with it.
  *
+ * The attachment pod's UID from the volume's status becomes part of a path below the
+ * kubelet's pods directory, so it must be a UID (RFC 4122's form, as the apiserver makes
+ * them); any other value fails that volume's mount with a {@linkcode HotplugMountError}.
+ *
  * @module
  */
 import { join } from "node:path";
@@ -58,6 +62,9 @@ const log = getLogger("handler", "hotplug");
 export const LAUNCHER_HOTPLUG_DIR = "/var/run/kubevirt/hotplug-disks";
 /** The attachment pod's socket, below its directory. */
 const ATTACH_SOCKET = "volumes/kubernetes.io~empty-dir/hotplug-disks/hp.sock";
+
+/** A pod UID as the apiserver makes them (RFC 4122, lowercase hex). */
+const POD_UID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
 
 /** What a VMI's hotplug mounts are: enough for a restarted handler to undo them. */
 interface HotplugRecord {
@@ -201,8 +208,18 @@ export class HotplugMounts {
     if (record && record.launcherStart !== launcherStart) {
       record = undefined; // another launcher's mounts went with its namespace
     }
+    let refused: HotplugMountError | undefined;
     for (const { volume, podUid, block } of attached(vmi)) {
       if (record?.volumes.includes(volume)) continue;
+      if (!POD_UID.test(podUid)) {
+        // Never a path from it: the other volumes go on, this one fails the sync.
+        refused ??= new HotplugMountError(
+          key,
+          volume,
+          `its attachPodUID ${JSON.stringify(podUid)} is not a pod UID`,
+        );
+        continue;
+      }
       if (block) {
         const device = attachmentDevice(`${this.#podsDir}/${podUid}`, volume);
         if (device === undefined) continue;
@@ -262,6 +279,7 @@ export class HotplugMounts {
       }
       log.info("Hotplugged volume mounted into the launcher", { key, uid, volume, podUid });
     }
+    if (refused) throw refused;
   }
 
   /** Unmounts each mounted volume no longer in the VMI's spec (the launcher detached it). */
