@@ -6,12 +6,15 @@
  * objects that vanished) -> WATCH from the list's resourceVersion with bookmarks -> on
  * a normal end of the watch (server timeout) WATCH again from the last resourceVersion
  * seen. Errors:
- * - 410 Gone (HTTP, or an ERROR event with code 410): relist at once;
+ * - 410 Gone (HTTP, or an ERROR event with code 410): relist after a short random delay
+ *   (100 ms to 1 s), so the handlers of a fleet, whose watches all go at once when the
+ *   apiserver restarts, do not all list again in the same instant;
  * - an interrupted watch (connection refused or reset, timeout, 429, 5xx, a stream that
  *   ends at once): back off, then WATCH again from the last resourceVersion (as
  *   client-go does); if that version is gone meanwhile the 410 relists;
  * - anything else (a failed LIST, a malformed event): back off, then relist.
- * Backoff: 200 ms doubling to 30 s, back to 200 ms after 60 s without a failure. The
+ * Backoff: 200 ms doubling to 30 s, back to 200 ms after 60 s without a failure; each wait
+ * is a random part of it, from half to all, for the same reason as the 410's delay. The
  * loop never stops until {@linkcode Informer.stop}; every error it recovers from goes
  * to `onError` and `lastError`.
  *
@@ -44,6 +47,10 @@ export interface InformerBackoff {
   maxMs?: number;
   /** A run this long without a failure resets the delay (default 60 s). */
   resetAfterMs?: number;
+  /** Longest wait before the relist a 410 Gone asks for (default 1 s; a tenth of it at least). */
+  goneMaxMs?: number;
+  /** The jitter's random source, numbers in [0, 1) (default `Math.random`). */
+  random?: () => number;
 }
 
 /** Options of {@linkcode Informer}. */
@@ -89,6 +96,14 @@ class WatchInterrupted extends Error {
   constructor(message: string, options?: { cause?: unknown }) {
     super(message, options);
     this.name = "WatchInterrupted";
+  }
+}
+
+/** A watch event that is not one (its message names the watch): relist. */
+class MalformedWatchEvent extends Error {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = "MalformedWatchEvent";
   }
 }
 
@@ -189,6 +204,8 @@ export class Informer<T extends KubeObject = KubeObject> {
     const initialMs = this.#options.backoff?.initialMs ?? 200;
     const maxMs = this.#options.backoff?.maxMs ?? 30_000;
     const resetAfterMs = this.#options.backoff?.resetAfterMs ?? 60_000;
+    const goneMaxMs = this.#options.backoff?.goneMaxMs ?? 1_000;
+    const random = this.#options.backoff?.random ?? Math.random;
     let delay = initialMs;
     let lastFailure = -Infinity;
     let needList = true;
@@ -206,11 +223,14 @@ export class Informer<T extends KubeObject = KubeObject> {
         this.#lastError = error;
         this.#reportError(error);
         if (err instanceof GoneError) {
+          const wait = Math.round(goneMaxMs * (0.1 + 0.9 * random()));
           logger.info("Relisting after 410 Gone", {
             resource: this.#resource,
+            delayMs: wait,
             error: error.message,
           });
           needList = true;
+          await sleep(wait, this.#abort.signal);
           continue;
         }
         // An interrupted watch resumes from the last resourceVersion (as client-go does
@@ -219,13 +239,14 @@ export class Informer<T extends KubeObject = KubeObject> {
         const now = performance.now();
         if (now - lastFailure > resetAfterMs) delay = initialMs;
         lastFailure = now;
+        const wait = Math.round(delay * (0.5 + 0.5 * random()));
         logger.warn("List/watch failed, retrying", {
           resource: this.#resource,
-          delayMs: delay,
+          delayMs: wait,
           relist: needList,
           error: error.message,
         });
-        await sleep(delay, this.#abort.signal);
+        await sleep(wait, this.#abort.signal);
         delay = Math.min(delay * 2, maxMs);
       }
     }
@@ -256,6 +277,8 @@ export class Informer<T extends KubeObject = KubeObject> {
         }
         throw new Error(`Cannot list ${this.#resource}: ${detailOf(err)}`, { cause: err });
       }
+      const fault = listFault(page);
+      if (fault) throw new Error(`Cannot list ${this.#resource}: malformed list: ${fault}`);
       for (const item of page.items ?? []) fresh.set(objectKey(item), this.#transform(item));
       resourceVersion = page.metadata?.resourceVersion ?? resourceVersion;
       cont = page.metadata?.continue || undefined;
@@ -325,6 +348,7 @@ export class Informer<T extends KubeObject = KubeObject> {
     } catch (err) {
       if (this.#stopped) return;
       if (err instanceof GoneError || err instanceof WatchInterrupted) throw err;
+      if (err instanceof MalformedWatchEvent) throw err;
       if (isApiStatus(err, 410)) {
         throw new GoneError(`Cannot watch ${this.#resource}: ${detailOf(err)}`, { cause: err });
       }
@@ -345,16 +369,16 @@ export class Informer<T extends KubeObject = KubeObject> {
   #handleEvent(event: WatchEvent<T>): void {
     const obj = event.object;
     if (event.type === "ERROR") {
-      const status = obj as unknown as { code?: number; reason?: string; message?: string };
+      // A Status; its fields are read as what they are, whatever the stream carried.
+      const status = obj as unknown as Record<string, unknown>;
+      const code = typeof status.code === "number" ? status.code : undefined;
+      const reason = typeof status.reason === "string" ? status.reason : "";
+      const message = typeof status.message === "string" ? status.message : "";
       const err = new KubeApiError(
-        `Cannot watch ${this.#resource}: ${status.code} ${status.reason}: ${status.message}`,
-        {
-          status: status.code ?? 500,
-          reason: status.reason ?? "",
-          apiMessage: status.message ?? "",
-        },
+        `Cannot watch ${this.#resource}: ${code} ${reason}: ${message}`,
+        { status: code ?? 500, reason, apiMessage: message },
       );
-      if (status.code === 410) throw new GoneError(err.message, { cause: err });
+      if (code === 410) throw new GoneError(err.message, { cause: err });
       throw err;
     }
     const rv = obj.metadata?.resourceVersion;
@@ -373,7 +397,9 @@ export class Informer<T extends KubeObject = KubeObject> {
       if (old) this.#emit((h) => h.onUpdate?.(old, stored));
       else this.#emit((h) => h.onAdd?.(stored));
     } else {
-      throw new Error(`Cannot watch ${this.#resource}: unknown event type "${String(event.type)}"`);
+      throw new MalformedWatchEvent(
+        `Cannot watch ${this.#resource}: unknown event type "${String(event.type)}"`,
+      );
     }
     if (rv) this.#resourceVersion = rv;
   }
@@ -406,21 +432,83 @@ function parseEvent<T extends KubeObject>(line: string, resource: string): Watch
   try {
     event = JSON.parse(line);
   } catch (err) {
-    throw new Error(
+    throw new MalformedWatchEvent(
       `Cannot watch ${resource}: invalid JSON in the watch stream: ${detailOf(err)}`,
       { cause: err },
     );
   }
-  if (!event || typeof event !== "object" || typeof event.type !== "string" || !event.object) {
-    throw new Error(`Cannot watch ${resource}: malformed watch event: ${line.slice(0, 200)}`);
+  if (!isJsonObject(event) || typeof event.type !== "string") {
+    throw new MalformedWatchEvent(
+      `Cannot watch ${resource}: malformed watch event: ${line.slice(0, 200)}`,
+    );
+  }
+  // What the store keeps and the handlers get is an object with a name, whatever came.
+  const fault = event.type === "ERROR"
+    ? (isJsonObject(event.object) ? undefined : "the status is not a JSON object")
+    : objectFault(event.object, event.type === "BOOKMARK");
+  if (fault) {
+    throw new MalformedWatchEvent(
+      `Cannot watch ${resource}: malformed watch event: ${fault}: ${line.slice(0, 200)}`,
+    );
   }
   return event;
 }
 
+function isJsonObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
 /**
- * Splits a byte stream into non-empty lines (newline-delimited JSON). Aborting
- * `signal` cancels the stream, so a reader blocked on a quiet watch ends at once
- * (Deno does not always end a response body when its fetch signal aborts later).
+ * Why `value` cannot be stored (undefined when it can): an object whose metadata names it,
+ * with string namespace and resourceVersion when it has them. A bookmark needs no name.
+ */
+function objectFault(value: unknown, bookmark = false): string | undefined {
+  if (!isJsonObject(value)) return "the object is not a JSON object";
+  const meta = value.metadata;
+  if (!isJsonObject(meta)) return "the object has no metadata";
+  if (!bookmark && (typeof meta.name !== "string" || meta.name === "")) {
+    return "the object has no name";
+  }
+  for (const field of ["namespace", "resourceVersion"]) {
+    if (meta[field] !== undefined && typeof meta[field] !== "string") {
+      return `the object's ${field} is not a string`;
+    }
+  }
+  return undefined;
+}
+
+/** Why a LIST page cannot be read (undefined when it can). */
+function listFault(page: unknown): string | undefined {
+  if (!isJsonObject(page)) return "the answer is not a JSON object";
+  if (page.items !== undefined && page.items !== null && !Array.isArray(page.items)) {
+    return "items is not an array";
+  }
+  const meta = page.metadata;
+  if (meta !== undefined && !isJsonObject(meta)) return "the list's metadata is not an object";
+  for (const field of ["resourceVersion", "continue"]) {
+    if (meta?.[field] !== undefined && typeof meta[field] !== "string") {
+      return `the list's ${field} is not a string`;
+    }
+  }
+  for (const item of (page.items ?? []) as unknown[]) {
+    const fault = objectFault(item);
+    if (fault) return fault;
+  }
+  return undefined;
+}
+
+/**
+ * The longest line {@linkcode jsonLines} reads, in characters: one watch event, far above
+ * the largest object an apiserver stores (etcd refuses values over 1.5 MiB by default). A
+ * stream whose line goes past it is refused, not buffered while it lasts.
+ */
+const MAX_LINE = 16 * 1024 * 1024;
+
+/**
+ * Splits a byte stream into non-empty lines (newline-delimited JSON); throws when a line
+ * is longer than 16 Mi characters. Aborting `signal` cancels the stream, so a reader
+ * blocked on a quiet watch ends at once (Deno does not always end a response body when
+ * its fetch signal aborts later).
  */
 export async function* jsonLines(
   body: ReadableStream<Uint8Array>,
@@ -430,20 +518,34 @@ export async function* jsonLines(
   const cancel = () => reader.cancel().catch(() => {});
   signal?.addEventListener("abort", cancel, { once: true });
   if (signal?.aborted) cancel();
-  let buffer = "";
+  // The pieces of the line not ended yet. Each chunk is searched once and a line joined
+  // once: searching all that is held on every chunk costs a long line's reader time in the
+  // square of its length.
+  let pieces: string[] = [];
+  let held = 0;
+  const tooLong = () =>
+    new Error(`Cannot read the watch stream: a line is longer than ${MAX_LINE} characters`);
   try {
     while (true) {
       const { value, done } = await reader.read();
       if (done) break;
-      buffer += value;
-      let nl: number;
-      while ((nl = buffer.indexOf("\n")) >= 0) {
-        const line = buffer.slice(0, nl).trim();
-        buffer = buffer.slice(nl + 1);
+      let from = 0;
+      for (let nl = value.indexOf("\n"); nl >= 0; nl = value.indexOf("\n", from)) {
+        if (held + nl - from > MAX_LINE) throw tooLong();
+        pieces.push(value.slice(from, nl));
+        const line = pieces.join("").trim();
+        pieces = [];
+        held = 0;
+        from = nl + 1;
         if (line) yield line;
       }
+      if (from < value.length) {
+        held += value.length - from;
+        if (held > MAX_LINE) throw tooLong();
+        pieces.push(value.slice(from));
+      }
     }
-    const rest = buffer.trim();
+    const rest = pieces.join("").trim();
     if (rest) yield rest;
   } finally {
     signal?.removeEventListener("abort", cancel);
