@@ -166,3 +166,23 @@ export class ErrnoError extends Error {
     this.description = description;
   }
 }
+
+/**
+ * A call on a worker thread that did not end in time:
+ * `Cannot prepare the host disks: no answer within 20000 ms`. The call may still be running
+ * (a thread stuck in a system call cannot be stopped) and may take effect later.
+ */
+export class CallTimeoutError extends Error {
+  /** The action that timed out. */
+  readonly action: string;
+  /** How long it was given, ms. */
+  readonly timeoutMs: number;
+
+  /** Builds the error from the action and the time it was given. */
+  constructor(action: string, timeoutMs: number, options?: ErrorOptions) {
+    super(`${action}: no answer within ${timeoutMs} ms`, options);
+    this.name = "CallTimeoutError";
+    this.action = action;
+    this.timeoutMs = timeoutMs;
+  }
+}

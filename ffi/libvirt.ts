@@ -552,7 +552,7 @@ export class Connection {
   /** The URI this connection was opened with. */
   readonly uri: string;
   readonly #lib: LibvirtLibrary;
-  readonly #pool: WorkerPool;
+  readonly #pool: WorkerPool<WorkerOps>;
   readonly #options: OpenOptions;
   readonly #listeners = new Set<(event: DomainEvent) => void>();
   readonly #closeListeners = new Set<(event: CloseEvent) => void>();
@@ -567,7 +567,12 @@ export class Connection {
   /** The open `virConnectPtr` workers attach to (undefined while disconnected). */
   #ptr: bigint | undefined;
 
-  private constructor(uri: string, lib: LibvirtLibrary, pool: WorkerPool, options: OpenOptions) {
+  private constructor(
+    uri: string,
+    lib: LibvirtLibrary,
+    pool: WorkerPool<WorkerOps>,
+    options: OpenOptions,
+  ) {
     this.uri = uri;
     this.#lib = lib;
     this.#pool = pool;
@@ -586,7 +591,7 @@ export class Connection {
       string,
       string,
     ];
-    const pool = new WorkerPool({
+    const pool = new WorkerPool<WorkerOps>({
       min: options.workers ?? 2,
       max: options.maxWorkers,
       prepare: async (worker) => {

@@ -1,5 +1,7 @@
 /**
- * The libvirt call workers of one connection, with a typed promise API. Private to `ffi/`.
+ * Calls run on worker threads, with a typed promise API: the libvirt call workers of one
+ * connection, and any other module that answers calls with {@linkcode answerCalls} (the
+ * handler's file system work on pod volumes, which a hung mount can stall).
  *
  * Calls wait in one queue and each goes to a worker with nothing to do, so a call that
  * hangs in libvirt (a guest whose QEMU stopped answering its monitor) holds one worker and
@@ -9,18 +11,57 @@
  * once, so a hung call costs a worker start in the background, not on the path of the
  * next caller (who would otherwise queue, then wait for that start). A worker beyond
  * `min` that stays idle for `retireAfterMs` is ended again (each costs a V8 isolate).
+ * A call given a timeout rejects with {@linkcode CallTimeoutError} when it has not ended in
+ * time; one that runs keeps its worker until it ends (a thread stuck in a system call cannot
+ * be stopped), so at most `max` threads ever wait on a hung file system or daemon.
  *
  * @module
  */
 
-import { LibvirtError, LibvirtLoadError } from "./errors.ts";
-import type {
-  OpName,
-  WorkerFailure,
-  WorkerOps,
-  WorkerRequest,
-  WorkerResponse,
-} from "./_libvirt_protocol.ts";
+import { CallTimeoutError, LibvirtError, LibvirtLoadError } from "./errors.ts";
+import type { WorkerFailure, WorkerResponse } from "./_libvirt_protocol.ts";
+
+/** The operations a worker module answers, by name: each takes and gives clonable values. */
+// deno-lint-ignore no-explicit-any
+export type CallOps<Ops> = { [K in keyof Ops]: (...args: any[]) => unknown };
+
+/** The part of a worker's global scope {@linkcode answerCalls} uses. */
+interface WorkerScope {
+  onmessage: ((event: MessageEvent<CallRequest>) => void) | null;
+  postMessage(message: WorkerResponse): void;
+}
+
+/** A call as a worker receives it. */
+export interface CallRequest {
+  /** Matches the response. */
+  id: number;
+  /** The operation's name. */
+  op: string;
+  /** Its arguments. */
+  args: unknown[];
+}
+
+/**
+ * Answers the calls a {@linkcode CallWorker} sends, in the worker module that calls it: each
+ * runs `ops[op](...args)` (awaited) and answers with its value, or with the message of what
+ * it threw (the caller sees `<action>: <message>`). Errors a caller must tell apart are for
+ * the operation to return as values.
+ */
+export function answerCalls(ops: Record<string, (...args: never[]) => unknown>): void {
+  const scope = self as unknown as WorkerScope;
+  scope.onmessage = async (event: MessageEvent<CallRequest>) => {
+    const { id, op, args } = event.data;
+    let response: WorkerResponse;
+    try {
+      if (!Object.hasOwn(ops, op)) throw new Error(`the worker has no operation "${op}"`);
+      response = { id, ok: true, value: await ops[op](...(args as never[])) };
+    } catch (error) {
+      const message = error instanceof Error ? error.message : String(error);
+      response = { id, ok: false, failure: { kind: "internal", message } };
+    }
+    scope.postMessage(response);
+  };
+}
 
 interface Pending {
   resolve: (value: unknown) => void;
@@ -40,9 +81,18 @@ export function failureToError(action: string, failure: WorkerFailure): Error {
   }
 }
 
+/** Options of {@linkcode CallWorker}. */
+export interface CallWorkerOptions {
+  /** The worker's module; libvirt's call worker unless told. */
+  module?: URL;
+  /** What the worker is called in errors; `libvirt call worker` unless told. */
+  name?: string;
+}
+
 /** One worker thread with its own V8 isolate; calls are answered in the order sent. */
 export class CallWorker {
   readonly #worker: Worker;
+  readonly #name: string;
   readonly #pending = new Map<number, Pending>();
   #nextId = 1;
   #dead: Error | null = null;
@@ -50,14 +100,16 @@ export class CallWorker {
   /** Told when the worker has nothing pending any more. */
   onIdle: (() => void) | undefined;
 
-  constructor() {
-    this.#worker = new Worker(new URL("./_libvirt_worker.ts", import.meta.url), {
+  /** Starts the worker thread of `options.module` (libvirt's unless told). */
+  constructor(options: CallWorkerOptions = {}) {
+    this.#name = options.name ?? "libvirt call worker";
+    this.#worker = new Worker(options.module ?? new URL("./_libvirt_worker.ts", import.meta.url), {
       type: "module",
     });
     this.#worker.onmessage = (event: MessageEvent<WorkerResponse>) => this.#settle(event.data);
     this.#worker.onerror = (event: ErrorEvent) => {
       event.preventDefault();
-      this.#fail(new Error(`libvirt call worker failed: ${event.message}`));
+      this.#fail(new Error(`${this.#name} failed: ${event.message}`));
     };
   }
 
@@ -77,20 +129,21 @@ export class CallWorker {
   }
 
   /** Sends one call; it is answered after every call sent before it. */
-  call(op: OpName, args: unknown[], action: string): Promise<unknown> {
+  call(op: string, args: unknown[], action: string): Promise<unknown> {
     if (this.#dead) return Promise.reject(new Error(`${action}: ${this.#dead.message}`));
     const id = this.#nextId++;
     this.#busySince ??= performance.now();
     return new Promise((resolve, reject) => {
       this.#pending.set(id, { resolve, reject, action });
-      const request: WorkerRequest = { id, op, args };
+      const request: CallRequest = { id, op, args };
       this.#worker.postMessage(request);
     });
   }
 
+  /** Ends the thread; calls still pending are rejected. */
   terminate(): void {
     this.#worker.terminate();
-    this.#fail(new Error("libvirt call worker terminated"));
+    this.#fail(new Error(`${this.#name} terminated`));
   }
 
   #settle(response: WorkerResponse): void {
@@ -117,7 +170,10 @@ export class CallWorker {
 
 /** Sizes and timing of a {@linkcode WorkerPool}. */
 export interface WorkerPoolOptions {
-  /** Workers always running (at least one). */
+  /**
+   * Workers always running; 0 starts none before the first call and ends each after
+   * `retireAfterMs` idle.
+   */
   min: number;
   /** Most workers at once; `min` unless told (a fixed pool). */
   max?: number;
@@ -135,8 +191,17 @@ export interface WorkerPoolOptions {
   newWorker?: () => CallWorker;
 }
 
+/** Options of one {@linkcode WorkerPool.call}. */
+export interface CallOptions {
+  /**
+   * Rejects the call with {@linkcode CallTimeoutError} after this many milliseconds: a call
+   * still queued leaves the queue; one that runs keeps its worker busy until it ends.
+   */
+  timeoutMs?: number;
+}
+
 interface Queued {
-  op: OpName;
+  op: string;
   args: unknown[];
   action: string;
   since: number;
@@ -144,8 +209,9 @@ interface Queued {
   reject: (error: Error) => void;
 }
 
-/** The workers of one connection; see the module doc. */
-export class WorkerPool {
+/** Workers answering the operations `Ops` (any, unless told); see the module doc. */
+// deno-lint-ignore no-explicit-any
+export class WorkerPool<Ops extends CallOps<Ops> = Record<string, (...args: any[]) => unknown>> {
   readonly #workers: CallWorker[] = [];
   readonly #queue: Queued[] = [];
   readonly #min: number;
@@ -166,7 +232,7 @@ export class WorkerPool {
   /** Starts `min` workers (`size` for a fixed pool). */
   constructor(options: WorkerPoolOptions | number) {
     const o = typeof options === "number" ? { min: options } : options;
-    this.#min = Math.max(1, o.min);
+    this.#min = Math.max(0, o.min);
     this.#max = Math.max(this.#min, o.max ?? this.#min);
     this.#growAfterMs = o.growAfterMs ?? 25;
     this.#stuckAfterMs = o.stuckAfterMs ?? 100;
@@ -193,26 +259,47 @@ export class WorkerPool {
     this.#peak = Math.max(this.#peak, this.#workers.length);
   }
 
-  /** Runs `op` on a worker that has nothing else to do, as soon as there is one. */
-  call<K extends OpName>(
+  /**
+   * Runs `op` on a worker that has nothing else to do, as soon as there is one; with
+   * `options.timeoutMs`, rejects with {@linkcode CallTimeoutError} once that has passed.
+   */
+  call<K extends keyof Ops & string>(
     op: K,
-    args: Parameters<WorkerOps[K]>,
+    args: Parameters<Ops[K]>,
     action: string,
-  ): Promise<ReturnType<WorkerOps[K]>> {
+    options: CallOptions = {},
+  ): Promise<ReturnType<Ops[K]>> {
     if (this.#terminated) {
-      return Promise.reject(new Error(`${action}: libvirt call workers are terminated`));
+      return Promise.reject(new Error(`${action}: the call workers are terminated`));
     }
     return new Promise((resolve, reject) => {
-      this.#queue.push({
+      const queued: Queued = {
         op,
         args,
         action,
         since: performance.now(),
         resolve: resolve as (value: unknown) => void,
         reject,
-      });
+      };
+      const timeoutMs = options.timeoutMs;
+      if (timeoutMs !== undefined) {
+        const timer = setTimeout(() => {
+          const at = this.#queue.indexOf(queued);
+          if (at >= 0) this.#queue.splice(at, 1);
+          reject(new CallTimeoutError(action, timeoutMs));
+        }, timeoutMs);
+        queued.resolve = (value) => {
+          clearTimeout(timer);
+          resolve(value as ReturnType<Ops[K]>);
+        };
+        queued.reject = (error) => {
+          clearTimeout(timer);
+          reject(error);
+        };
+      }
+      this.#queue.push(queued);
       this.#dispatch();
-    }) as Promise<ReturnType<WorkerOps[K]>>;
+    });
   }
 
   #dispatch(): void {
@@ -298,17 +385,17 @@ export class WorkerPool {
     this.#dispatch();
     if (worker.load > 0 || this.#workers.indexOf(worker) < this.#min) return;
     if (this.#retireTimers.has(worker)) return;
-    this.#retireTimers.set(
-      worker,
-      setTimeout(() => {
-        this.#retireTimers.delete(worker);
-        if (worker.load > 0 || this.#workers.length <= this.#min) return;
-        this.#drop(worker);
-        (this.#retire?.(worker) ?? Promise.resolve()).catch(() => {}).finally(() =>
-          worker.terminate()
-        );
-      }, this.#retireAfterMs),
-    );
+    const timer = setTimeout(() => {
+      this.#retireTimers.delete(worker);
+      if (worker.load > 0 || this.#workers.length <= this.#min) return;
+      this.#drop(worker);
+      (this.#retire?.(worker) ?? Promise.resolve()).catch(() => {}).finally(() =>
+        worker.terminate()
+      );
+    }, this.#retireAfterMs);
+    // An idle worker's retirement keeps no process alive that is otherwise done.
+    Deno.unrefTimer(timer);
+    this.#retireTimers.set(worker, timer);
   }
 
   #drop(worker: CallWorker): void {
@@ -320,29 +407,29 @@ export class WorkerPool {
   }
 
   /** Runs `op` on every worker (in order) and returns the results. */
-  async each<K extends OpName>(
+  async each<K extends keyof Ops & string>(
     op: K,
-    args: Parameters<WorkerOps[K]>,
+    args: Parameters<Ops[K]>,
     action: string,
-  ): Promise<ReturnType<WorkerOps[K]>[]> {
+  ): Promise<ReturnType<Ops[K]>[]> {
     return await Promise.all(
-      this.#workers.map((w) => w.call(op, args, action) as Promise<ReturnType<WorkerOps[K]>>),
+      this.#workers.map((w) => w.call(op, args, action) as Promise<ReturnType<Ops[K]>>),
     );
   }
 
   /** Runs `op` on the first worker only. */
-  first<K extends OpName>(
+  first<K extends keyof Ops & string>(
     op: K,
-    args: Parameters<WorkerOps[K]>,
+    args: Parameters<Ops[K]>,
     action: string,
-  ): Promise<ReturnType<WorkerOps[K]>> {
-    return this.#workers[0].call(op, args, action) as Promise<ReturnType<WorkerOps[K]>>;
+  ): Promise<ReturnType<Ops[K]>> {
+    return this.#workers[0].call(op, args, action) as Promise<ReturnType<Ops[K]>>;
   }
 
   /** Runs `op` on every worker but the first. */
-  async rest<K extends OpName>(
+  async rest<K extends keyof Ops & string>(
     op: K,
-    args: Parameters<WorkerOps[K]>,
+    args: Parameters<Ops[K]>,
     action: string,
   ): Promise<void> {
     await Promise.all(this.#workers.slice(1).map((w) => w.call(op, args, action)));
@@ -357,7 +444,7 @@ export class WorkerPool {
     this.#retireTimers.clear();
     for (const w of this.#workers) w.terminate();
     for (const q of this.#queue.splice(0)) {
-      q.reject(new Error(`${q.action}: libvirt call worker terminated`));
+      q.reject(new Error(`${q.action}: the call workers are terminated`));
     }
   }
 }

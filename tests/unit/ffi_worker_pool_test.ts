@@ -7,6 +7,7 @@
  */
 
 import assert from "node:assert/strict";
+import { CallTimeoutError } from "../../ffi/errors.ts";
 import { type CallWorker, WorkerPool } from "../../ffi/worker_pool.ts";
 
 /** A worker whose calls stay pending until {@linkcode finish}. */
@@ -101,6 +102,58 @@ Deno.test("worker pool: a fixed pool (max = min) starts none, stuck or not", asy
     assert.equal(pool.size, 1);
     made[0].finish();
     await hung;
+  } finally {
+    pool.terminate();
+  }
+});
+
+Deno.test("worker pool: a call past its timeout fails with CallTimeoutError; a queued one leaves the queue, a running one keeps its worker until it ends", async () => {
+  const { pool, made } = poolOf(1, 1);
+  try {
+    const running = pool.call("domainSuspend", ["a"], "Cannot pause A", { timeoutMs: 30 });
+    const queued = pool.call("domainState", ["b"], "Cannot read B", { timeoutMs: 30 });
+    await assert.rejects(running, (e: unknown) => {
+      assert.ok(e instanceof CallTimeoutError);
+      assert.equal(e.message, "Cannot pause A: no answer within 30 ms");
+      return true;
+    });
+    await assert.rejects(queued, CallTimeoutError);
+    assert.equal(made[0].load, 1, "the worker still runs A's call");
+    made[0].finish();
+    // B left the queue: it never reaches the worker, which takes the next call.
+    assert.equal(made[0].load, 0);
+    const next = pool.call("domainState", ["c"], "Cannot read C", { timeoutMs: 1_000 });
+    assert.deepEqual(made[0].calls.map((c) => c.op), ["domainState"]);
+    made[0].finish();
+    assert.equal(await next, "domainState");
+  } finally {
+    pool.terminate();
+  }
+});
+
+Deno.test("worker pool: with min 0 no worker runs before the first call or after retireAfterMs idle", async () => {
+  const made: StandIn[] = [];
+  const pool = new WorkerPool({
+    min: 0,
+    max: 2,
+    growAfterMs: 0,
+    retireAfterMs: 40,
+    newWorker: () => {
+      const w = new StandIn();
+      made.push(w);
+      return w as unknown as CallWorker;
+    },
+  });
+  try {
+    assert.equal(pool.size, 0);
+    const call = pool.call("domainState", ["a"], "state");
+    await sleep(20);
+    assert.equal(pool.size, 1);
+    made[0].finish();
+    assert.equal(await call, "domainState");
+    await sleep(80);
+    assert.equal(pool.size, 0);
+    assert.equal(made[0].dead, true);
   } finally {
     pool.terminate();
   }
