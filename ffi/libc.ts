@@ -4,9 +4,10 @@
  * throw {@linkcode ErrnoError} with the errno's name and the failed action.
  *
  * All calls here are synchronous FFI calls on the calling thread, so errno (which is
- * per thread) is read on the thread that failed. Nothing here moves the agent's own
- * thread into another namespace: {@linkcode runInMountNamespace} does that work in a
- * child process.
+ * per thread) is read on the thread that failed; the socket connects are non-blocking ones
+ * (a full backlog is waited for with timers, never in `connect(2)`). Nothing here moves the
+ * agent's own thread into another namespace: {@linkcode runInMountNamespace} does that work
+ * in a child process.
  *
  * @module
  */
@@ -447,26 +448,71 @@ export interface PeerCredentials {
 
 const AF_UNIX = 1;
 const SOCK_STREAM = 1;
+const SOCK_NONBLOCK = 0o4000;
 const SOL_SOCKET = 1;
 const SO_PEERCRED = 17;
+const SO_PEERPIDFD = 77;
+const ESRCH = 3;
+const EAGAIN = 11;
+const EINVAL = 22;
+const ENOPROTOOPT = 92;
+const ETIMEDOUT = 110;
 
-/** Connects a unix stream socket to `path` and returns its file descriptor. */
-export function connectUnix(path: string): number {
-  const fd = check(c().socket(AF_UNIX, SOCK_STREAM | O_CLOEXEC, 0), "Cannot create a unix socket");
-  const addr = new Uint8Array(110); // struct sockaddr_un { sa_family_t; char sun_path[108]; }
+/**
+ * How long {@linkcode connectUnix} and {@linkcode listenerPid} wait for room in a listener's
+ * backlog unless told, ms.
+ */
+export const CONNECT_TIMEOUT_MS = 5_000;
+
+/** Options of {@linkcode connectUnix}. */
+export interface ConnectUnixOptions {
+  /** Give up after this many milliseconds; {@linkcode CONNECT_TIMEOUT_MS} unless told. */
+  timeoutMs?: number;
+}
+
+/**
+ * Connects a unix stream socket to `path` and resolves with its file descriptor (close it
+ * with {@linkcode close}), never blocking the calling thread: the socket is non-blocking, so
+ * a listener whose backlog is full (one that stopped accepting) makes `connect(2)` answer
+ * EAGAIN at once instead of waiting for room, and the connect is tried again, backing off,
+ * until `timeoutMs` has passed. (A unix socket never answers EINPROGRESS: a connect that
+ * finds room is complete.) Rejects with {@linkcode ErrnoError}: ETIMEDOUT naming the path
+ * and the time waited, or the error `connect(2)` gave.
+ */
+export async function connectUnix(path: string, options: ConnectUnixOptions = {}): Promise<number> {
+  const timeoutMs = options.timeoutMs ?? CONNECT_TIMEOUT_MS;
   const bytes = encoder.encode(path);
   if (bytes.length >= 108) {
-    c().close(fd);
     throw new ErrnoError(`Cannot connect to "${path}"`, 36, "File name too long");
   }
+  const addr = new Uint8Array(110); // struct sockaddr_un { sa_family_t; char sun_path[108]; }
   new DataView(addr.buffer).setUint16(0, AF_UNIX, true);
   addr.set(bytes, 2);
-  if (c().connect(fd, addr, addr.length) < 0) {
-    const error = errnoError(`Cannot connect to "${path}"`);
+  const fd = check(
+    c().socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | O_CLOEXEC, 0),
+    "Cannot create a unix socket",
+  );
+  try {
+    const deadline = performance.now() + timeoutMs;
+    for (let pause = 1;; pause = Math.min(pause * 2, 50)) {
+      if (c().connect(fd, addr, addr.length) === 0) return fd;
+      const error = errnoError(`Cannot connect to "${path}"`);
+      if (error.errno !== EAGAIN) throw error;
+      const left = deadline - performance.now();
+      if (left <= 0) {
+        throw new ErrnoError(
+          `Cannot connect to "${path}" within ${timeoutMs} ms: its listener's backlog stayed full`,
+          ETIMEDOUT,
+          "Connection timed out",
+          { cause: error },
+        );
+      }
+      await new Promise((resolve) => setTimeout(resolve, Math.min(pause, left)));
+    }
+  } catch (error) {
     c().close(fd);
     throw error;
   }
-  return fd;
 }
 
 /** The credentials of the peer of a connected unix socket `fd` (`getsockopt(SO_PEERCRED)`). */
@@ -486,11 +532,86 @@ export function peerCredentials(fd: number): PeerCredentials {
   return { pid: cred[0], uid: cred[1] >>> 0, gid: cred[2] >>> 0 };
 }
 
-/** The PID of the process listening on the unix socket at `path` (`SO_PEERCRED` of a connection). */
-export function listenerPid(path: string): number {
-  const fd = connectUnix(path);
+/**
+ * A pidfd of the peer of a connected unix socket `fd` (`getsockopt(SO_PEERPIDFD)`, Linux
+ * 6.5): it names the very process {@linkcode peerCredentials} gives the PID of (for a
+ * connection to a listener, the process that called `listen(2)`), never a later one that
+ * took its PID. Close it with {@linkcode close}. Undefined where the kernel has no
+ * `SO_PEERPIDFD`. Throws {@linkcode ErrnoError}: ESRCH when that process is gone (kernels
+ * before 6.16 refuse a pidfd for it; later ones give one, which {@linkcode pidfdExited} tells).
+ */
+export function peerPidfd(fd: number): number | undefined {
+  const pidfd = new Int32Array(1);
+  const len = new Uint32Array([4]);
+  const rc = c().getsockopt(
+    fd,
+    SOL_SOCKET,
+    SO_PEERPIDFD,
+    new Uint8Array(pidfd.buffer),
+    new Uint8Array(len.buffer),
+  );
+  if (rc === 0) return pidfd[0];
+  const error = errnoError(`Cannot open a pidfd of the peer of file descriptor ${fd}`);
+  if (error.errno === ENOPROTOOPT) return undefined;
+  if (error.errno === EINVAL || error.errno === ESRCH) {
+    throw new ErrnoError(
+      `Cannot open a pidfd of the peer of file descriptor ${fd}: its process has exited`,
+      ESRCH,
+      "No such process",
+      { cause: error },
+    );
+  }
+  throw error;
+}
+
+/** Options of {@linkcode listenerPid}. */
+export interface ListenerPidOptions extends ConnectUnixOptions {
+  /**
+   * Whether to check the PID against a pidfd of the listener (`SO_PEERPIDFD`) where the
+   * kernel has one; true unless told. False checks only that the PID names a running
+   * process, as on kernels before 6.5.
+   */
+  pidfd?: boolean;
+}
+
+/**
+ * The PID of the process listening on the unix socket at `path`: the `SO_PEERCRED` of a
+ * connection to it ({@linkcode connectUnix}, so a listener that stopped accepting costs at
+ * most `timeoutMs` and never blocks the thread). The PID is checked to still name that
+ * process: against a pidfd of it (`SO_PEERPIDFD`, Linux 6.5) where the kernel has one, so
+ * a listener whose process has exited, its PID free for any other process, is refused; on
+ * older kernels the PID must name a running process (its start time readable), which
+ * cannot tell a process that took a freed PID from the one before it. Rejects with
+ * {@linkcode ErrnoError} (ESRCH for an exited listener, ETIMEDOUT for a full backlog).
+ */
+export async function listenerPid(path: string, options: ListenerPidOptions = {}): Promise<number> {
+  const fd = await connectUnix(path, options);
   try {
-    return peerCredentials(fd).pid;
+    const { pid } = peerCredentials(fd);
+    const exited = (cause?: unknown) =>
+      new ErrnoError(
+        `Cannot find the process listening on "${path}": process ${pid}, which listens, has exited`,
+        ESRCH,
+        "No such process",
+        { cause },
+      );
+    let pidfd: number | undefined;
+    try {
+      pidfd = options.pidfd === false ? undefined : peerPidfd(fd);
+    } catch (error) {
+      if (error instanceof ErrnoError && error.errno === ESRCH) throw exited(error);
+      throw error;
+    }
+    if (pidfd === undefined) {
+      if (processStartTime(pid) === undefined) throw exited();
+      return pid;
+    }
+    try {
+      if (pidfdExited(pidfd)) throw exited();
+    } finally {
+      close(pidfd);
+    }
+    return pid;
   } finally {
     close(fd);
   }
@@ -616,7 +737,6 @@ export type MountNamespaceReply =
 const AF_INET = 2;
 const AF_INET6 = 10;
 const SOCK_DGRAM = 2;
-const SOCK_NONBLOCK = 0o4000;
 const SO_REUSEADDR = 2;
 const SO_BROADCAST = 6;
 const SO_BINDTODEVICE = 25;
@@ -624,7 +744,6 @@ const IPPROTO_IPV6 = 41;
 const IPV6_JOIN_GROUP = 20;
 const IPV6_V6ONLY = 26;
 const MSG_DONTWAIT = 0x40;
-const EAGAIN = 11;
 const SIOCETHTOOL = 0x8946;
 const ETHTOOL_STXCSUM = 0x17;
 const EFD_NONBLOCK = 0o4000;

@@ -13,4 +13,12 @@ export { mountNamespaceChild } from "./_mntns_child.ts";
 export * from "./beneath.ts";
 export * from "./netns.ts";
 export * from "./datagram.ts";
+export { answerCalls, CallWorker, WorkerPool } from "./worker_pool.ts";
+export type {
+  CallOps,
+  CallOptions,
+  CallRequest,
+  CallWorkerOptions,
+  WorkerPoolOptions,
+} from "./worker_pool.ts";
 export * from "./durable_file.ts";

@@ -246,7 +246,7 @@ export class HotplugMounts {
         log.info("Hotplugged block volume made in the launcher", { key, uid, volume, podUid });
         continue;
       }
-      const pid = attachmentPid(`${this.#podsDir}/${podUid}`);
+      const pid = await attachmentPid(`${this.#podsDir}/${podUid}`);
       if (pid === undefined) continue;
       // Recorded first: a restart in between unmounts what may be there.
       record = {
@@ -372,7 +372,7 @@ export class HotplugMounts {
 }
 
 /** The PID of the attachment pod's server on `hp.sock` below the pod's directory. */
-function attachmentPid(podDir: string): number | undefined {
+async function attachmentPid(podDir: string): Promise<number | undefined> {
   let socket;
   try {
     socket = openSocketBeneath(podDir, ATTACH_SOCKET);
@@ -380,7 +380,7 @@ function attachmentPid(podDir: string): number | undefined {
     return undefined; // not there (yet)
   }
   try {
-    return listenerPid(socket.path);
+    return await listenerPid(socket.path);
   } catch {
     return undefined; // not accepting yet, or not in time
   } finally {

@@ -91,7 +91,7 @@ export class NotifyPipes {
     const uid = sender.uid;
     if (this.has(uid, launcherSocket)) return;
     await this.close(uid);
-    const pid = this.launcherPid(launcherSocket);
+    const pid = await this.launcherPid(launcherSocket);
     if (mountNamespaceOf(pid) === mountNamespaceOf("self")) {
       // Not in a pod: it sees the handler's own share directory, and the notify socket in it.
       this.#direct.set(uid, launcherSocket);
@@ -178,11 +178,20 @@ export class NotifyPipes {
     await Promise.all([...this.#pipes.keys()].map((uid) => this.close(uid)));
   }
 
-  /** The process listening on a launcher socket (`SO_PEERCRED` of a connection to it). */
-  launcherPid(launcherSocket: string): number {
+  /**
+   * The process listening on a launcher socket (`SO_PEERCRED` of a connection to it, checked
+   * against its pidfd); a launcher that stopped accepting fails it after `listenerPid`'s
+   * deadline, without blocking the event loop.
+   */
+  async launcherPid(launcherSocket: string): Promise<number> {
     const target = this.#o.dialResolver(launcherSocket);
     try {
-      return listenerPid(target.path);
+      return await listenerPid(target.path);
+    } catch (error) {
+      throw new Error(
+        `Cannot find the launcher listening on "${launcherSocket}": ${(error as Error).message}`,
+        { cause: error },
+      );
     } finally {
       target.release();
     }

@@ -164,7 +164,7 @@ export class PodLaunchers implements LauncherProvider {
     if (runtimeUser !== 0 && this.#claimed.get(uid) !== socket) {
       // Before the domain is defined: QEMU opens them as this user. A failure is the
       // sync's (it retries), so no domain starts that could not open its devices.
-      const pid = this.#pipes.launcherPid(socket);
+      const pid = await this.#pipes.launcherPid(socket);
       const devices = claimLauncherDevices(`/proc/${pid}/root`, runtimeUser);
       this.#claimed.set(uid, socket);
       log.debug("Launcher devices handed to the runtime user", { uid, pid, runtimeUser, devices });
@@ -216,13 +216,13 @@ export class PodLaunchers implements LauncherProvider {
     if (!containerDisks && !hostDisks) return "ready";
     const socket = await this.socketOf(vmi);
     if (!socket) return "notReady";
-    const pid = this.#pipes.launcherPid(socket);
+    const pid = await this.#pipes.launcherPid(socket);
     if (containerDisks) {
       const done = await this.#disks.mount(vmi, this.#podDir(socket), pid);
       if (done !== "mounted") return "notReady";
     }
     if (hostDisks) {
-      const done = prepareHostDisks(vmi, { root: `/proc/${pid}/root`, runtimeUser });
+      const done = await prepareHostDisks(vmi, { root: `/proc/${pid}/root`, runtimeUser });
       for (const t of done.tolerated) {
         record(
           "Normal",
@@ -248,7 +248,7 @@ export class PodLaunchers implements LauncherProvider {
   async hotplug(vmi: VirtualMachineInstance): Promise<void> {
     if (!vmi.status?.volumeStatus?.some((s) => s.hotplugVolume?.attachPodUID)) return;
     const socket = await this.socketOf(vmi);
-    if (socket) await this.#hotplug.mount(vmi, this.#pipes.launcherPid(socket));
+    if (socket) await this.#hotplug.mount(vmi, await this.#pipes.launcherPid(socket));
   }
 
   /**
@@ -259,7 +259,7 @@ export class PodLaunchers implements LauncherProvider {
   async migrationTargets(vmi: VirtualMachineInstance): Promise<ProxyTarget[]> {
     const socket = await this.socketOf(vmi);
     if (!socket) throw new Error("the VMI has no launcher on this node yet");
-    const root = `/proc/${this.#pipes.launcherPid(socket)}/root`;
+    const root = `/proc/${await this.#pipes.launcherPid(socket)}/root`;
     const at = (dir: string, name: string, fallback?: string) => () => {
       const folder = openDirectoryInRoot(root, dir);
       try {
@@ -292,7 +292,7 @@ export class PodLaunchers implements LauncherProvider {
   async migrationSourceDir(vmi: VirtualMachineInstance): Promise<MigrationSourceDir> {
     const socket = await this.socketOf(vmi);
     if (!socket) throw new Error("the VMI has no launcher on this node yet");
-    const root = `/proc/${this.#pipes.launcherPid(socket)}/root`;
+    const root = `/proc/${await this.#pipes.launcherPid(socket)}/root`;
     const share = openDirectoryInRoot(root, Paths.VirtShareDir);
     try {
       // mkdir makes no link's target: an entry of that name, link or not, is left as it is.
@@ -326,7 +326,7 @@ export class PodLaunchers implements LauncherProvider {
   /** The launcher's root, found from its socket's peer. */
   async launcherRoot(vmi: VirtualMachineInstance): Promise<string | undefined> {
     const socket = await this.socketOf(vmi);
-    return socket ? `/proc/${this.#pipes.launcherPid(socket)}/root` : undefined;
+    return socket ? `/proc/${await this.#pipes.launcherPid(socket)}/root` : undefined;
   }
 
   /** The VMI's hotplugged volumes mounted into its launcher. */
@@ -351,7 +351,7 @@ export class PodLaunchers implements LauncherProvider {
   async openPrivateSocket(vmi: VirtualMachineInstance, name: string): Promise<BeneathSocket> {
     const socket = await this.socketOf(vmi);
     if (!socket) throw new Error("the VMI has no launcher on this node yet");
-    const pid = this.#pipes.launcherPid(socket);
+    const pid = await this.#pipes.launcherPid(socket);
     const dir = openDirectoryInRoot(`/proc/${pid}/root`, vmiPrivateDir(vmi.metadata.uid!));
     try {
       return openSocketBeneath(dir.path, name);
@@ -368,7 +368,7 @@ export class PodLaunchers implements LauncherProvider {
   async podNetwork(vmi: VirtualMachineInstance): Promise<PodNetworkTarget | undefined> {
     const socket = await this.socketOf(vmi);
     if (!socket) return undefined;
-    const pid = this.#pipes.launcherPid(socket);
+    const pid = await this.#pipes.launcherPid(socket);
     return {
       netns: `/proc/${pid}/ns/net`,
       owner: vmi.status?.runtimeUser ?? 0,

@@ -11,6 +11,11 @@
  * if that root were `/`, the image itself beneath it with no symlink followed, and it is
  * created whole under a temporary name and renamed only if nothing has its name by then.
  *
+ * That work runs on worker threads (`_host_disks_worker.ts`), each call with a timeout: a
+ * claim's file system that stops answering (a hung NFS server) stalls a worker in
+ * `openat2` or `fstatfs`, and the VMI's sync fails with a timeout, never the handler's event
+ * loop.
+ *
  * @module
  */
 import { basename, dirname } from "node:path";
@@ -23,6 +28,7 @@ import {
 } from "../api/mod.ts";
 import {
   availableBytes,
+  CallWorker,
   close,
   createFileBeneath,
   ErrnoError,
@@ -32,6 +38,7 @@ import {
   openBeneath,
   openDirectoryInRoot,
   openRoot,
+  WorkerPool,
 } from "../../ffi/mod.ts";
 
 /** Where the launcher pod has each filesystem claim mounted. */
@@ -44,6 +51,10 @@ export const MINIMUM_RESERVE_BYTES = 131_072;
 export const TOLERATED_LESS_SPACE_PERCENT = 10;
 /** The user KubeVirt's launcher image runs QEMU as (`qemu`). */
 export const QEMU_USER = 107;
+/** How long {@linkcode prepareHostDisks} waits for its worker unless told, ms. */
+export const HOST_DISKS_TIMEOUT_MS = 20_000;
+/** Most worker threads at once: as many calls may hang on dead mounts before more queue. */
+const HOST_DISK_WORKERS = 4;
 
 const MIB = 1024 * 1024;
 const S_IFMT = 0o170000;
@@ -54,11 +65,14 @@ const S_IFBLK = 0o060000;
 export class VolumeError extends Error {
   /** The JSON path of the volume, e.g. `spec.volumes[1]`. */
   readonly field: string;
+  /** What is wrong with it: the message without the field. */
+  readonly detail: string;
   /** Creates `<field>: <message>`. */
   constructor(field: string, message: string, options?: ErrorOptions) {
     super(`${field}: ${message}`, options);
     this.name = "VolumeError";
     this.field = field;
+    this.detail = message;
   }
 }
 
@@ -178,15 +192,104 @@ export interface PrepareHostDisksOptions {
   reserveBytes?: number;
   /** Percent a claim may fall short. Default {@linkcode TOLERATED_LESS_SPACE_PERCENT}. */
   toleratePercent?: number;
+  /**
+   * {@linkcode prepareHostDisks} only: give up after this many milliseconds. Default
+   * {@linkcode HOST_DISKS_TIMEOUT_MS}.
+   */
+  timeoutMs?: number;
 }
 
 function codeOf(error: unknown): string | undefined {
   return error instanceof ErrnoError ? error.code : undefined;
 }
 
+/** What {@linkcode hostDisksOutcome} gives: the result, or what was thrown, as clonable data. */
+export type HostDisksOutcome =
+  | { ok: true; done: PreparedHostDisks }
+  | {
+    ok: false;
+    error: {
+      message: string;
+      field?: string;
+      action?: string;
+      errno?: number;
+      description?: string;
+    };
+  };
+
+/** The operations of the host disk workers. */
+interface HostDiskOps {
+  prepareHostDisks(vmi: VirtualMachineInstance, options: PrepareHostDisksOptions): HostDisksOutcome;
+}
+
+let workers: WorkerPool<HostDiskOps> | undefined;
+
+/**
+ * Makes the launcher's host disks ready (see {@linkcode prepareHostDisksSync}) on a worker
+ * thread, so that a claim whose file system stopped answering stalls that thread only;
+ * rejects with `CallTimeoutError` after `options.timeoutMs`, with {@linkcode VolumeError} or
+ * `ErrnoError` as the work itself failed. A call that timed out may still finish later,
+ * and only creates what a later call would.
+ */
+export async function prepareHostDisks(
+  vmi: VirtualMachineInstance,
+  options: PrepareHostDisksOptions,
+): Promise<PreparedHostDisks> {
+  workers ??= new WorkerPool<HostDiskOps>({
+    min: 0,
+    max: HOST_DISK_WORKERS,
+    growAfterMs: 0,
+    newWorker: () =>
+      new CallWorker({
+        module: new URL("./_host_disks_worker.ts", import.meta.url),
+        name: "host disk worker",
+      }),
+  });
+  const key = `${vmi.metadata.namespace}/${vmi.metadata.name}`;
+  const outcome = await workers.call(
+    "prepareHostDisks",
+    [vmi, options],
+    `Cannot prepare the host disks of "${key}" in "${options.root}"`,
+    { timeoutMs: options.timeoutMs ?? HOST_DISKS_TIMEOUT_MS },
+  );
+  if (outcome.ok) return outcome.done;
+  const e = outcome.error;
+  if (e.field !== undefined) throw new VolumeError(e.field, e.message);
+  if (e.errno !== undefined) {
+    throw new ErrnoError(e.action ?? e.message, e.errno, e.description ?? "");
+  }
+  throw new Error(e.message);
+}
+
+/**
+ * {@linkcode prepareHostDisksSync} with what it throws given back as data, for the worker
+ * (`_host_disks_worker.ts`) to send to {@linkcode prepareHostDisks}.
+ */
+export function hostDisksOutcome(
+  vmi: VirtualMachineInstance,
+  options: PrepareHostDisksOptions,
+): HostDisksOutcome {
+  try {
+    return { ok: true, done: prepareHostDisksSync(vmi, options) };
+  } catch (error) {
+    if (error instanceof VolumeError) {
+      return { ok: false, error: { field: error.field, message: error.detail } };
+    }
+    if (error instanceof ErrnoError) {
+      const { message, action, errno, description } = error;
+      return { ok: false, error: { message, action, errno, description } };
+    }
+    return {
+      ok: false,
+      error: { message: error instanceof Error ? error.message : String(error) },
+    };
+  }
+}
+
 /**
  * Makes the launcher's host disks ready before its domain is defined, on the VMI as
- * {@linkcode replaceClaimsByHostDisks} made it:
+ * {@linkcode replaceClaimsByHostDisks} made it, on the calling thread (which a hung file
+ * system stalls: the handler calls {@linkcode prepareHostDisks}):
  * - a `DiskOrCreate` image that is missing is created sparse, of its capacity (or of the
  *   space left, when that is at most the tolerated share short), owned by QEMU's user;
  *   an existing one is never resized or overwritten;
@@ -194,7 +297,7 @@ function codeOf(error: unknown): string | undefined {
  *   are handed to that user.
  * A symlink where the image or device should be is refused, never followed.
  */
-export function prepareHostDisks(
+export function prepareHostDisksSync(
   vmi: VirtualMachineInstance,
   options: PrepareHostDisksOptions,
 ): PreparedHostDisks {

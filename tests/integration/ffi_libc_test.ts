@@ -213,7 +213,7 @@ c,_=s.accept(); c.recv(1)`,
   const reader = server.stdout.pipeThrough(new TextDecoderStream()).getReader();
   try {
     assert.equal((await reader.read()).value?.trim(), "ready");
-    const fd = connectUnix(path);
+    const fd = await connectUnix(path);
     try {
       const cred = peerCredentials(fd);
       assert.equal(cred.pid, server.pid);
@@ -234,8 +234,8 @@ c,_=s.accept(); c.recv(1)`,
   }
 });
 
-Deno.test("connecting to a missing socket gives ENOENT with the path", () => {
-  assert.throws(() => connectUnix("/nonexistent/vn.sock"), (e: unknown) => {
+Deno.test("connecting to a missing socket gives ENOENT with the path", async () => {
+  await assert.rejects(connectUnix("/nonexistent/vn.sock"), (e: unknown) => {
     assert.ok(e instanceof ErrnoError);
     assert.equal(e.code, "ENOENT");
     assert.equal(e.errno, 2);

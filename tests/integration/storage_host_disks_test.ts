@@ -63,7 +63,7 @@ async function withRoot(mib: number, fn: (root: string, claimDir: string) => Pro
 Deno.test("host disks: a filesystem claim's disk.img is created sparse, of the claim's size, owned by QEMU's user, and never resized or overwritten", async () => {
   await withRoot(64, async (root, claimDir) => {
     const vmi = replaceClaimsByHostDisks(claimVmi("16Mi"));
-    const done = prepareHostDisks(vmi, { root, runtimeUser: 0 });
+    const done = await prepareHostDisks(vmi, { root, runtimeUser: 0 });
     const image = join(claimDir, "disk.img");
     assert.deepEqual(done.created, ["/var/run/kubevirt-private/vmi-disks/data/disk.img"]);
     assert.deepEqual(done.tolerated, []);
@@ -81,7 +81,7 @@ Deno.test("host disks: a filesystem claim's disk.img is created sparse, of the c
 
     // The guest's data stays; a larger claim later does not resize it here.
     await Deno.writeTextFile(image, "guest data");
-    const again = prepareHostDisks(replaceClaimsByHostDisks(claimVmi("32Mi")), {
+    const again = await prepareHostDisks(replaceClaimsByHostDisks(claimVmi("32Mi")), {
       root,
       runtimeUser: 0,
     });
@@ -92,7 +92,7 @@ Deno.test("host disks: a filesystem claim's disk.img is created sparse, of the c
 
 Deno.test("host disks: a claim a little short gets an image filling it (ToleratedSmallPV); one too short is refused naming the volume, with nothing made", async () => {
   await withRoot(20, async (root, claimDir) => {
-    const short = prepareHostDisks(replaceClaimsByHostDisks(claimVmi("21Mi")), {
+    const short = await prepareHostDisks(replaceClaimsByHostDisks(claimVmi("21Mi")), {
       root,
       runtimeUser: 0,
     });
@@ -104,7 +104,7 @@ Deno.test("host disks: a claim a little short gets an image filling it (Tolerate
     assert.equal((await Deno.stat(join(claimDir, "disk.img"))).size, t.found);
     await Deno.remove(join(claimDir, "disk.img"));
 
-    assert.throws(
+    await assert.rejects(
       () => prepareHostDisks(replaceClaimsByHostDisks(claimVmi("30Mi")), { root, runtimeUser: 0 }),
       (e: unknown) =>
         e instanceof VolumeError && e.field === "spec.volumes[0]" &&
@@ -117,7 +117,7 @@ Deno.test("host disks: a claim a little short gets an image filling it (Tolerate
 Deno.test("host disks: a claim the kubelet has not mounted is a clear error, not a directory the handler makes", async () => {
   const root = await Deno.makeTempDir({ prefix: "vn-hostdisk-" });
   try {
-    assert.throws(
+    await assert.rejects(
       () => prepareHostDisks(replaceClaimsByHostDisks(claimVmi("16Mi")), { root, runtimeUser: 0 }),
       /vmi-disks\/data of volume "data" is not in the launcher pod/,
     );
@@ -138,13 +138,13 @@ Deno.test("host disks: symlinks planted in the launcher's root never make the ha
     await withRoot(64, async (root, claimDir) => {
       // write: disk.img is a link out of the root.
       await Deno.symlink(victim, join(claimDir, "disk.img"));
-      assert.throws(
+      await assert.rejects(
         () =>
           prepareHostDisks(replaceClaimsByHostDisks(claimVmi("16Mi")), { root, runtimeUser: 0 }),
         /disk\.img is a symlink, which the handler does not follow/,
       );
       // chown: the same, for a non-root runtime user (an existing image is handed over).
-      assert.throws(
+      await assert.rejects(
         () =>
           prepareHostDisks(replaceClaimsByHostDisks(claimVmi("16Mi", 107)), {
             root,
@@ -172,7 +172,7 @@ Deno.test("host disks: symlinks planted in the launcher's root never make the ha
           }],
         },
       } as VirtualMachineInstance;
-      assert.throws(
+      await assert.rejects(
         () => prepareHostDisks(linked, { root, runtimeUser: 0 }),
         /is not in the launcher pod/,
       );
@@ -189,7 +189,7 @@ Deno.test("host disks: symlinks planted in the launcher's root never make the ha
         target: "",
         persistentVolumeClaimInfo: { volumeMode: "Block", capacity: { storage: "1Gi" } },
       });
-      assert.throws(
+      await assert.rejects(
         () => prepareHostDisks(replaceClaimsByHostDisks(block), { root, runtimeUser: 107 }),
         /\/dev\/blk is a symlink/,
       );
@@ -219,7 +219,7 @@ Deno.test("host disks: a non-root runtime user gets an existing image and each b
       target: "",
       persistentVolumeClaimInfo: { volumeMode: "Block", capacity: { storage: "1Gi" } },
     });
-    const done = prepareHostDisks(replaceClaimsByHostDisks(vmi), { root, runtimeUser: 107 });
+    const done = await prepareHostDisks(replaceClaimsByHostDisks(vmi), { root, runtimeUser: 107 });
     assert.deepEqual(done.chowned, [
       "/var/run/kubevirt-private/vmi-disks/data/disk.img",
       "/dev/blk",
@@ -227,7 +227,7 @@ Deno.test("host disks: a non-root runtime user gets an existing image and each b
     assert.equal((await Deno.stat(join(claimDir, "disk.img"))).uid, 107);
     assert.equal((await Deno.lstat(join(root, "dev/blk"))).uid, 107);
     // Once theirs, nothing more to do.
-    const again = prepareHostDisks(replaceClaimsByHostDisks(vmi), { root, runtimeUser: 107 });
+    const again = await prepareHostDisks(replaceClaimsByHostDisks(vmi), { root, runtimeUser: 107 });
     assert.deepEqual(again.chowned, []);
   });
 });
