@@ -12,18 +12,13 @@
 import { ErrnoError } from "./errors.ts";
 import {
   bindContainerFile,
-  bindMount,
-  chmod,
   close,
   type ContainerFileBind,
   detachMountBeneath,
   enterMountNamespace,
-  lchown,
   type MountNamespaceAction,
   type MountNamespaceReply,
   openRoot,
-  setPropagation,
-  umount2,
 } from "./libc.ts";
 
 function perform(action: MountNamespaceAction, rootFd: number): string | null {
@@ -35,27 +30,11 @@ function perform(action: MountNamespaceAction, rootFd: number): string | null {
       return Deno.readTextFileSync("/proc/thread-self/mountinfo");
     case "readTextFile":
       return Deno.readTextFileSync(action.path);
-    case "writeTextFile":
-      Deno.writeTextFileSync(action.path, action.data);
-      return null;
-    case "mkdir":
-      Deno.mkdirSync(action.path, { recursive: true });
-      return null;
-    case "bindMount":
-      bindMount(action.source, action.target, { recursive: action.recursive });
-      return null;
-    case "setPropagation":
-      setPropagation(action.target, action.propagation, { recursive: action.recursive });
-      return null;
-    case "umount":
-      umount2(action.target, action.flags ?? 0);
-      return null;
-    case "lchown":
-      lchown(action.path, action.uid, action.gid);
-      return null;
-    case "chmod":
-      chmod(action.path, action.mode);
-      return null;
+    default:
+      // Only these: a request naming anything else (a mount made on a path) is refused.
+      throw new Error(
+        `Unknown mount namespace action ${JSON.stringify((action as { op: unknown }).op)}`,
+      );
   }
 }
 

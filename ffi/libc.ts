@@ -29,7 +29,6 @@ const LIBC_SYMBOLS = {
   mount: { parameters: [B, B, B, "u64", B], result: I },
   umount2: { parameters: [B, I], result: I },
   fchownat: { parameters: [I, B, U, U, I], result: I },
-  chmod: { parameters: [B, U], result: I },
   syscall: { parameters: ["i64", "i64", B, B, "u64"], result: "i64" },
   socket: { parameters: [I, I, I], result: I },
   connect: { parameters: [I, B, U], result: I },
@@ -88,10 +87,6 @@ function cpath(s: string): Uint8Array<ArrayBuffer> {
   return out;
 }
 
-function optionalPath(s: string | null | undefined): Uint8Array<ArrayBuffer> | null {
-  return s === null || s === undefined ? null : cpath(s);
-}
-
 /** Reads errno of this thread and builds the error. Call right after the failing call. */
 function errnoError(action: string): ErrnoError {
   const sym = c();
@@ -121,14 +116,6 @@ export const MS_BIND = 4096;
 export const MS_MOVE = 8192;
 /** `mount(2)` flag: recursive (with bind or propagation changes). */
 export const MS_REC = 16384;
-/** `mount(2)` propagation: unbindable. */
-export const MS_UNBINDABLE = 1 << 17;
-/** `mount(2)` propagation: private. */
-export const MS_PRIVATE = 1 << 18;
-/** `mount(2)` propagation: slave. */
-export const MS_SLAVE = 1 << 19;
-/** `mount(2)` propagation: shared. */
-export const MS_SHARED = 1 << 20;
 /** `umount2(2)` flag: force. */
 export const MNT_FORCE = 1;
 /** `umount2(2)` flag: lazy detach. */
@@ -293,57 +280,17 @@ export function enterMountNamespace(pid: number | "self"): void {
   }
 }
 
-/** Options of {@linkcode mount}. */
-export interface MountOptions {
-  /** Filesystem type (`tmpfs`, ...); none for bind mounts and propagation changes. */
-  fstype?: string;
-  /** `MS_*` flags. */
-  flags?: number;
-  /** Filesystem-specific data, e.g. `size=1m`. */
-  data?: string;
-}
-
 /**
- * `mount(2)`. Bind: `mount(src, dst, { flags: MS_BIND | MS_REC })`; propagation:
- * `mount(null, dst, { flags: MS_PRIVATE | MS_REC })`.
+ * Bind-mounts `source` on `target` (`mount(2)` with `MS_BIND`; `recursive` adds `MS_REC`),
+ * both paths followed: for paths the agent owns (a network namespace pinned in its run
+ * directory), never for one a pod controls.
  */
-export function mount(source: string | null, target: string, options: MountOptions = {}): void {
-  const flags = options.flags ?? 0;
-  check(
-    c().mount(
-      optionalPath(source),
-      cpath(target),
-      optionalPath(options.fstype),
-      BigInt(flags),
-      optionalPath(options.data),
-    ),
-    source === null
-      ? `Cannot change mount "${target}" (flags 0x${flags.toString(16)})`
-      : `Cannot mount "${source}" on "${target}"`,
-  );
-}
-
-/** Bind-mounts `source` on `target`; `recursive` adds `MS_REC`. */
 export function bindMount(source: string, target: string, options: { recursive?: boolean } = {}) {
-  mount(source, target, { flags: MS_BIND | (options.recursive ? MS_REC : 0) });
-}
-
-/** Mount propagation types for {@linkcode setPropagation}. */
-export type Propagation = "private" | "slave" | "shared" | "unbindable";
-
-/** Changes a mount's propagation (`MS_PRIVATE`, `MS_SLAVE`, `MS_SHARED`), optionally recursively. */
-export function setPropagation(
-  target: string,
-  propagation: Propagation,
-  options: { recursive?: boolean } = {},
-): void {
-  const flag = {
-    private: MS_PRIVATE,
-    slave: MS_SLAVE,
-    shared: MS_SHARED,
-    unbindable: MS_UNBINDABLE,
-  }[propagation];
-  mount(null, target, { flags: flag | (options.recursive ? MS_REC : 0) });
+  const flags = MS_BIND | (options.recursive ? MS_REC : 0);
+  check(
+    c().mount(cpath(source), cpath(target), null, BigInt(flags), null),
+    `Cannot mount "${source}" on "${target}"`,
+  );
 }
 
 /** `umount2(2)`; pass {@linkcode MNT_DETACH} for a lazy unmount. */
@@ -362,16 +309,6 @@ export function fchownat(
     c().fchownat(dirfd, cpath(path), owner.uid >>> 0, owner.gid >>> 0, flags),
     `Cannot change owner of "${path}" to ${owner.uid}:${owner.gid}`,
   );
-}
-
-/** Changes the owner of `path` without following a final symlink (`lchown`). */
-export function lchown(path: string, uid: number, gid: number): void {
-  fchownat(AT_FDCWD, path, { uid, gid }, AT_SYMLINK_NOFOLLOW);
-}
-
-/** `chmod(2)`. */
-export function chmod(path: string, mode: number): void {
-  check(c().chmod(cpath(path), mode), `Cannot change mode of "${path}" to 0${mode.toString(8)}`);
 }
 
 /** Options of {@linkcode openBeneath}. */
@@ -626,15 +563,10 @@ export function mountNamespaceOf(pid: number | "self" | "thread-self" = "self"):
 export type MountNamespaceAction =
   /** Lazily unmounts `<dir>/<name>` in the namespace when it is a mount; gives `unmounted` or `none`. */
   | { op: "unmountFile"; dir: string; name: string }
+  /** The namespace's `mountinfo`, as the thread that entered it sees it. */
   | { op: "mountinfo" }
-  | { op: "readTextFile"; path: string }
-  | { op: "writeTextFile"; path: string; data: string }
-  | { op: "mkdir"; path: string }
-  | { op: "bindMount"; source: string; target: string; recursive?: boolean }
-  | { op: "setPropagation"; target: string; propagation: Propagation; recursive?: boolean }
-  | { op: "umount"; target: string; flags?: number }
-  | { op: "lchown"; path: string; uid: number; gid: number }
-  | { op: "chmod"; path: string; mode: number };
+  /** A file's text as the namespace sees it. */
+  | { op: "readTextFile"; path: string };
 
 /** Options of {@linkcode runInMountNamespace}. */
 export interface RunInMountNamespaceOptions {
@@ -656,9 +588,9 @@ export const MNTNS_CHILD_SUBCOMMAND = "__mntns-child";
 
 /**
  * Runs `actions` in the mount namespace of `pid`, in a child process, and returns each
- * action's result (`mountinfo` and `readTextFile` give text, the others `null`). The
- * agent's own threads never change namespace. A failed action rejects with the child's
- * {@linkcode ErrnoError} (or `Error`).
+ * action's result (`mountinfo` and `readTextFile` give text, `unmountFile` gives `unmounted`
+ * or `none`). The agent's own threads never change namespace. A failed action rejects with
+ * the child's {@linkcode ErrnoError} (or `Error`).
  */
 export function runInMountNamespace(
   pid: number,
@@ -1211,27 +1143,11 @@ const S_IFREG = 0o100000;
 
 /**
  * A detached bind mount (`open_tree(OPEN_TREE_CLONE)`, Linux 5.2) of the regular file
- * `path` inside `root`, resolved as if `root` were `/` (`RESOLVE_IN_ROOT`: the root's own
- * symlinks are followed, none leads out of it, no magic link is followed), read-only when
- * asked (`mount_setattr`). The descriptor can be attached in another mount namespace with
- * {@linkcode attachMountBeneath}; close it with {@linkcode close}.
- */
-export function detachedBindMount(
-  root: string,
-  path: string,
-  options: { readonly: boolean },
-): number {
-  const rootFd = openRoot(root);
-  try {
-    return detachedBindMountAt(rootFd, path, options, `"${root}"`);
-  } finally {
-    close(rootFd);
-  }
-}
-
-/**
- * {@linkcode detachedBindMount} inside the root an open descriptor names: for a thread that
- * has entered another mount namespace, whose `/proc` does not show this process's descriptors.
+ * `path` inside the root `rootFd` names, resolved as if that root were `/`
+ * (`RESOLVE_IN_ROOT`: the root's own symlinks are followed, none leads out of it, no magic
+ * link is followed), read-only when asked (`mount_setattr`). The descriptor can be attached
+ * in another mount namespace with {@linkcode attachMountBeneath}; close it with
+ * {@linkcode close}. `root` names the root in errors.
  */
 function detachedBindMountAt(
   rootFd: number,
@@ -1430,12 +1346,40 @@ function hostPathOf(mountinfo: string, dev: string, root: string): string | unde
 }
 
 /**
+ * Opens the directory at `path`, a path the kernel printed (`mountinfo`), in the calling
+ * thread's mount namespace with no symlink followed on the way: the kernel prints none, so
+ * one there was planted afterwards, or lies under a mount made since over a part of the path
+ * (which `mountinfo` still lists under its old path). Refused with ELOOP; `what` names the
+ * directory in the error.
+ */
+function openPrintedPath(path: string, what: string): number {
+  const top = openRoot("/");
+  try {
+    return openBeneath(top, path.replace(/^\/+/, "") || ".", {
+      flags: O_PATH | O_DIRECTORY,
+      resolve: RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+    });
+  } catch (error) {
+    if (!(error instanceof ErrnoError)) throw error;
+    throw new ErrnoError(
+      `Cannot open ${what} at "${path}" without following a link`,
+      error.errno,
+      error.description,
+      { cause: error },
+    );
+  } finally {
+    close(top);
+  }
+}
+
+/**
  * Binds a file of a container's root into another process's mount namespace, the way a
  * node agent hands a container-disk's image to its launcher, in the calling thread (meant
  * for the child of `runInMountNamespace`, which owns its threads' namespaces):
  * 1. the container's root is found where its mount lives (the `hostPid`'s namespace) from
- *    the container's `mountinfo`, as KubeVirt's isolation detector finds it, and the file is
- *    resolved inside that root (`RESOLVE_IN_ROOT`, no magic links);
+ *    the container's `mountinfo`, as KubeVirt's isolation detector finds it, and opened with
+ *    no symlink followed (a link on that path is refused); the file is resolved inside that
+ *    root (`RESOLVE_IN_ROOT`, no magic links);
  * 2. a detached clone of it is made there (`open_tree`), read-only when asked;
  * 3. it is attached in the target's namespace ({@linkcode attachMountBeneath}).
  * Nothing is mounted in any other namespace. Gives true when mounted, false when the
@@ -1463,7 +1407,18 @@ export function bindContainerFile(o: ContainerFileBind): boolean {
     if (!root) {
       throw new Error(`Cannot find where the root of process ${o.containerPid} is mounted`);
     }
-    const tree = detachedBindMount(root, o.sourcePath, { readonly: o.readonly });
+    const rootFd = openPrintedPath(root, `the root of process ${o.containerPid}`);
+    let tree: number;
+    try {
+      tree = detachedBindMountAt(
+        rootFd,
+        o.sourcePath,
+        { readonly: o.readonly },
+        `the root of process ${o.containerPid}`,
+      );
+    } finally {
+      close(rootFd);
+    }
     try {
       check(c().setns(targetNs, CLONE_NEWNS), `Cannot enter the mount namespace of ${o.targetPid}`);
       return attachMountBeneath(tree, targetRoot, o.targetDir, o.targetName);
