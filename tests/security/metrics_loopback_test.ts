@@ -43,16 +43,22 @@ Deno.test("with default flags /metrics answers on 127.0.0.1 but not on the host'
   await Deno.mkdir(`${dir}/a`);
   await Deno.mkdir(`${dir}/b`);
   const handlers: HandlerProcess[] = [];
-  try {
-    // On every address, as the default --health-address is; no --metrics-address.
-    const closed = await startHandlerProcess({
+  // On every address, as the default --health-address is.
+  const start = async (name: string, openMetrics: boolean) => {
+    const handler = await startHandlerProcess({
       kubeconfig: cluster.handlerKubeconfigPath,
-      nodeName: `metrics-lo-${crypto.randomUUID().slice(0, 6)}`,
+      nodeName: `metrics-${name}-${crypto.randomUUID().slice(0, 6)}`,
       libvirtUri: "test:///default",
-      dir: `${dir}/a`,
+      dir: `${dir}/${name}`,
       healthHost: "0.0.0.0",
+      openMetrics,
     });
-    handlers.push(closed);
+    handlers.push(handler);
+    return handler;
+  };
+  try {
+    // No --metrics-address.
+    const closed = await start("a", false);
     const port = new URL(closed.health).port;
     const outside = `http://${host.address}:${port}`;
     const inside = `http://127.0.0.1:${port}`;
@@ -66,15 +72,7 @@ Deno.test("with default flags /metrics answers on 127.0.0.1 but not on the host'
     assert.match(local.body, /^# HELP kubevirt_/m);
 
     // A ServiceMonitor's node: /metrics on the health address, for every client.
-    const open = await startHandlerProcess({
-      kubeconfig: cluster.handlerKubeconfigPath,
-      nodeName: `metrics-open-${crypto.randomUUID().slice(0, 6)}`,
-      libvirtUri: "test:///default",
-      dir: `${dir}/b`,
-      healthHost: "0.0.0.0",
-      openMetrics: true,
-    });
-    handlers.push(open);
+    const open = await start("b", true);
     const scraped = await get(`http://${host.address}:${new URL(open.health).port}/metrics`);
     assert.equal(scraped.status, 200);
     assert.match(scraped.body, /^# HELP kubevirt_/m);

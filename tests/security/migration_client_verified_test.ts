@@ -16,6 +16,17 @@ import {
 } from "../../mod/migration/mod.ts";
 import { type KeyPair, makeCertificates } from "../helpers/rest_client.ts";
 
+/** The test certificates in a new directory, and the handler's server pair among them. */
+async function certificates() {
+  const dir = await Deno.makeTempDir({ prefix: "virtnode-mig-verified-" });
+  const certs = await makeCertificates(dir);
+  const serverPair: KeyPair = {
+    cert: await Deno.readTextFile(join(certs.serverDir, "tls.crt")),
+    key: await Deno.readTextFile(join(certs.serverDir, "tls.key")),
+  };
+  return { dir, certs, serverPair };
+}
+
 /** The server side of one TLS connection from a client presenting `pair`. */
 async function serverSideOf(
   server: tls.Server,
@@ -39,12 +50,7 @@ async function serverSideOf(
 }
 
 Deno.test("a migration client of another CA with the allowed common name is refused because its chain is not verified", async () => {
-  const dir = await Deno.makeTempDir({ prefix: "virtnode-mig-verified-" });
-  const certs = await makeCertificates(dir);
-  const serverPair: KeyPair = {
-    cert: await Deno.readTextFile(join(certs.serverDir, "tls.crt")),
-    key: await Deno.readTextFile(join(certs.serverDir, "tls.key")),
-  };
+  const { dir, certs, serverPair } = await certificates();
   // A TLS layer that asks for a certificate but lets the handshake finish either way.
   const server = tls.createServer({
     ...serverPair,
@@ -84,12 +90,7 @@ Deno.test("a migration client of another CA with the allowed common name is refu
 });
 
 Deno.test("the migration target listener carries no byte for a client of another CA with the allowed common name", async () => {
-  const dir = await Deno.makeTempDir({ prefix: "virtnode-mig-verified-" });
-  const certs = await makeCertificates(dir);
-  const serverPair: KeyPair = {
-    cert: await Deno.readTextFile(join(certs.serverDir, "tls.crt")),
-    key: await Deno.readTextFile(join(certs.serverDir, "tls.key")),
-  };
+  const { dir, certs, serverPair } = await certificates();
   let reached = 0;
   const launcher = net.createServer((s) => {
     reached++;
