@@ -112,8 +112,6 @@ export {
   type DomainNotification,
   type K8sEventNotification,
   type NotifyHandlers,
-  type NotifyImplementation,
-  notifyImplementation,
   type NotifyRefusals,
   notifyRefusals,
   type NotifySender,
