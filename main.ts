@@ -155,10 +155,14 @@ function versionCommand(program: Command): void {
 function checkCommand(program: Command): void {
   program.command("check")
     .description("preflight: libvirt, KVM, apiserver and directories, each PASS/WARN/FAIL")
-    .action(async (_opts, command: Command) => {
+    .option(
+      "--local",
+      "local mode (deno task start): libvirt without a security driver is a WARN, not a FAIL",
+    )
+    .action(async (opts: { local?: boolean }, command: Command) => {
       const config = loadConfig(command, "virtnode-check");
       const { runPreflight, formatReport, hostProbes } = await import("./mod/preflight/mod.ts");
-      const results = await runPreflight(config, hostProbes);
+      const results = await runPreflight(config, hostProbes, { local: opts.local === true });
       console.log(formatReport(results));
       const failed = results.filter((r) => r.verdict === "FAIL").length;
       if (failed > 0) {

@@ -12,10 +12,15 @@
 export {
   checkKvm,
   type CheckResult,
+  checkSecurityDriver,
   checkWritableDir,
+  CONFINING_SECURITY_MODELS,
   formatReport,
+  type PreflightOptions,
   type PreflightProbes,
   runPreflight,
+  SECURITY_DRIVER_CHECK,
+  securityModels,
   type Verdict,
 } from "./preflight.ts";
 export { hostProbes } from "./probes.ts";

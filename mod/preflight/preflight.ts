@@ -4,6 +4,7 @@
  * @module
  */
 import type { Config } from "../config/mod.ts";
+import { child, children, parseXml, path } from "../xml/mod.ts";
 
 /** The outcome of one check. */
 export type Verdict = "PASS" | "WARN" | "FAIL";
@@ -26,6 +27,70 @@ export interface PreflightProbes {
   openLibvirt(uri: string): Promise<string>;
   /** Reaches the apiserver with the configured kubeconfig; returns its version string. */
   apiserverVersion(kubeconfig: string | undefined): Promise<string>;
+  /** Opens the URI and returns the host's capabilities XML (`virConnectGetCapabilities`). */
+  capabilities(uri: string): Promise<string>;
+}
+
+/** Options of {@linkcode runPreflight}. */
+export interface PreflightOptions {
+  /**
+   * Local mode (`deno task start`): its libvirtd runs QEMU without a security driver, so a
+   * missing one is a WARN there, not a FAIL.
+   */
+  local?: boolean;
+}
+
+/** The name of the security driver's line in the report. */
+export const SECURITY_DRIVER_CHECK = "libvirt security driver";
+/**
+ * libvirt's security drivers that give each QEMU a label of its own (sVirt), so that one
+ * guest's QEMU cannot open another's files. DAC alone runs every QEMU as the same user.
+ */
+export const CONFINING_SECURITY_MODELS: readonly string[] = ["selinux", "apparmor"];
+
+/** The security models of a libvirt capabilities document (`<host><secmodel><model>`). */
+export function securityModels(capabilitiesXml: string): string[] {
+  const host = path(parseXml(capabilitiesXml), "host");
+  return children(host, "secmodel").map((m) => child(m, "model")?.text.trim() ?? "")
+    .filter((m) => m !== "");
+}
+
+/**
+ * PASS when libvirt at `uri` runs QEMU under a confining security driver (SELinux or
+ * AppArmor); else FAIL naming the fix, or in local mode WARN saying what that means.
+ */
+export function checkSecurityDriver(
+  uri: string,
+  models: string[],
+  options: PreflightOptions = {},
+): CheckResult {
+  const name = SECURITY_DRIVER_CHECK;
+  const confining = models.filter((m) => CONFINING_SECURITY_MODELS.includes(m));
+  if (confining.length > 0) {
+    return {
+      name,
+      verdict: "PASS",
+      detail: `${uri} labels each QEMU apart with "${confining[0]}"`,
+    };
+  }
+  const found = models.length > 0
+    ? `security model(s) ${models.map((m) => `"${m}"`).join(", ")}`
+    : "no security model (no <secmodel> in its capabilities)";
+  const risk = "every guest's QEMU runs unconfined, as one user, so a guest that escapes " +
+    "QEMU can open every other guest's disks";
+  if (options.local) {
+    return {
+      name,
+      verdict: "WARN",
+      detail: `local mode: ${uri} has ${found}: ${risk}; run only guests you trust`,
+    };
+  }
+  return {
+    name,
+    verdict: "FAIL",
+    detail: `${uri} has ${found}: ${risk}; set security_driver = "selinux" or "apparmor" ` +
+      "in /etc/libvirt/qemu.conf (with that LSM enabled on the host) and restart libvirtd",
+  };
 }
 
 function describe(error: unknown): string {
@@ -76,6 +141,7 @@ export async function checkKvm(path = "/dev/kvm"): Promise<CheckResult> {
 export async function runPreflight(
   config: Config,
   probes: PreflightProbes,
+  options: PreflightOptions = {},
 ): Promise<CheckResult[]> {
   const results: CheckResult[] = [];
   results.push(
@@ -89,6 +155,16 @@ export async function runPreflight(
       async () => `${config.libvirtUri}: ${await probes.openLibvirt(config.libvirtUri)}`,
     ),
   );
+  try {
+    const models = securityModels(await probes.capabilities(config.libvirtUri));
+    results.push(checkSecurityDriver(config.libvirtUri, models, options));
+  } catch (error) {
+    results.push({
+      name: SECURITY_DRIVER_CHECK,
+      verdict: "FAIL",
+      detail: `Cannot read the capabilities of ${config.libvirtUri}: ${describe(error)}`,
+    });
+  }
   results.push(await checkKvm());
   results.push(
     await attempt("apiserver", async () => {

@@ -11,7 +11,10 @@ function dotted(v: { major: number; minor: number; release: number }): string {
   return `${v.major}.${v.minor}.${v.release}`;
 }
 
-/** The real probes: libvirt's library and hypervisor versions, the apiserver's version. */
+/**
+ * The real probes: libvirt's library and hypervisor versions and capabilities, the
+ * apiserver's version.
+ */
 export const hostProbes: PreflightProbes = {
   async libvirtVersion() {
     const { openLibvirt } = await import("../../ffi/mod.ts");
@@ -27,6 +30,15 @@ export const hostProbes: PreflightProbes = {
     const conn = await openLibvirt(uri, { events: false, workers: 1 });
     try {
       return `connected, hypervisor version ${dotted(await conn.getHypervisorVersion())}`;
+    } finally {
+      await conn.close();
+    }
+  },
+  async capabilities(uri) {
+    const { openLibvirt } = await import("../../ffi/mod.ts");
+    const conn = await openLibvirt(uri, { events: false, workers: 1 });
+    try {
+      return await conn.getCapabilities();
     } finally {
       await conn.close();
     }
