@@ -1,7 +1,8 @@
 /**
  * Confinement of user-given paths to a root directory: no `..`, no symlink that leads
  * out. The check resolves the deepest existing ancestor with realpath, so a path that
- * does not exist yet (DiskOrCreate) is checked too.
+ * does not exist yet (DiskOrCreate) is checked too. Host disks are confined further, to
+ * their namespace's folder of the root.
  *
  * @module
  */
@@ -63,4 +64,37 @@ export async function confinePath(root: string, target: string): Promise<string>
       existing = parent;
     }
   }
+}
+
+/**
+ * The folder of the host disk root that namespace `namespace`'s VMIs may use,
+ * `<root>/<namespace>`: the root holds every tenant's volumes.
+ */
+export function namespaceRoot(root: string, namespace: string): string {
+  return path.join(root, namespace);
+}
+
+/**
+ * Like {@linkcode confinePath}, but to `namespace`'s folder of `root`
+ * ({@linkcode namespaceRoot}), which need not exist yet: the real path must lie beneath it,
+ * so neither a path nor a symlink leads into another namespace's folder.
+ */
+export async function confineToNamespace(
+  root: string,
+  namespace: string,
+  target: string,
+): Promise<string> {
+  if (!/^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/.test(namespace)) {
+    throw new PathEscapeError(`the namespace "${namespace}" is not a namespace name`);
+  }
+  const real = await confinePath(root, target);
+  const allowed = namespaceRoot(await Deno.realPath(root), namespace);
+  if (real === allowed || !isInside(allowed, real)) {
+    throw new PathEscapeError(
+      real === path.resolve(root, target)
+        ? `"${target}" is not beneath "${namespaceRoot(root, namespace)}"`
+        : `"${target}" resolves to "${real}", not beneath "${namespaceRoot(root, namespace)}"`,
+    );
+  }
+  return real;
 }

@@ -2,7 +2,7 @@
  * The I/O half of the converter: turns a VMI's volumes into files QEMU can open
  * (containerDisk overlays, empty disks, host disks, cloud-init ISOs) and finds EFI
  * firmware. Everything it creates lives under `diskDir`, except host disks, which are
- * confined to `hostDiskRoot`.
+ * confined to their namespace's folder of `hostDiskRoot` (`<hostDiskRoot>/<namespace>/`).
  *
  * @module
  */
@@ -22,7 +22,7 @@ import {
 } from "./converter_errors.ts";
 import type { PreparedEfi, PreparedVolume } from "./converter_xml.ts";
 import { vmiKey, wantsEfi, wantsSecureBoot } from "./converter_xml.ts";
-import { confinePath, PathEscapeError } from "./_host_path.ts";
+import { confinePath, confineToNamespace, namespaceRoot, PathEscapeError } from "./_host_path.ts";
 import { writeIso } from "./_iso.ts";
 import type { IsoTool } from "./_iso.ts";
 import { runCommand } from "./_process.ts";
@@ -38,7 +38,10 @@ export interface PrepareOptions {
    * OCI images), by volume name: used as it is, read-only, under the VMI's overlay.
    */
   containerDisks?: Record<string, string>;
-  /** The only directory hostDisk paths may point into; without it hostDisk is refused. */
+  /**
+   * The host disk root: a VMI's hostDisk paths may point only into its namespace's folder
+   * of it, `<hostDiskRoot>/<namespace>/`; without it hostDisk is refused.
+   */
   hostDiskRoot?: string;
   /** Directory of the OVMF firmware files. Default `/usr/share/OVMF`. */
   ovmfDir?: string;
@@ -258,6 +261,8 @@ class Preparer {
     const hostDisk = volume.hostDisk!;
     const field = `${at}.hostDisk.path`;
     const root = this.#options.hostDiskRoot;
+    // The root holds every tenant's volumes: a VMI may name only its own namespace's folder.
+    const namespace = this.#vmi.metadata.namespace ?? "default";
     if (!root) {
       throw new UnsupportedFieldError(
         this.#key,
@@ -270,13 +275,14 @@ class Preparer {
     }
     const confine = async () => {
       try {
-        return await confinePath(root, hostDisk.path);
+        return await confineToNamespace(root, namespace, hostDisk.path);
       } catch (error) {
         if (error instanceof PathEscapeError) {
           throw new InvalidFieldError(
             this.#key,
             field,
-            `must stay inside the host disk root "${root}": ${error.message}`,
+            `must stay inside "${namespaceRoot(root, namespace)}/", the host disk root of ` +
+              `namespace "${namespace}": ${error.message}`,
             { cause: error },
           );
         }

@@ -1,9 +1,10 @@
 /**
  * Claims in pod-less mode. No kubelet mounts a PersistentVolumeClaim here, so a claim a
  * VMI hotplugs is found on this host through the PersistentVolume bound to it: a `local`
- * or `hostPath` volume whose path lies inside the handler's host disk root. A filesystem
- * volume holds the guest's disk as `disk.img` (as in KubeVirt, CDI or the user makes it); a
- * block volume's path is the device node itself.
+ * or `hostPath` volume whose path lies inside the folder of the claim's namespace in the
+ * handler's host disk root (`<root>/<namespace>/`). A filesystem volume holds the guest's
+ * disk as `disk.img` (as in KubeVirt, CDI or the user makes it); a block volume's path is
+ * the device node itself.
  *
  * The claim counts as bound when both sides name each other (the claim's
  * `spec.volumeName`, the volume's `spec.claimRef`), which is what binding means; a host
@@ -104,8 +105,8 @@ function isInside(root: string, candidate: string): boolean {
 /**
  * Finds the claim `namespace/name` on this host (`node`) beneath `root`. Throws
  * {@linkcode HostClaimError} naming what is missing or wrong: no such claim, not bound,
- * a volume of another kind, a local volume of another node, a path outside `root`, a
- * symbolic link, no `disk.img`, no device.
+ * a volume of another kind, a local volume of another node, a path outside the namespace's
+ * folder of `root`, a symbolic link, no `disk.img`, no device.
  */
 export async function resolveHostClaim(
   client: ClaimReader,
@@ -166,9 +167,12 @@ export async function resolveHostClaim(
     );
   }
   const normal = path.normalize(where);
-  if (!path.isAbsolute(where) || where.split("/").includes("..") || !isInside(root, normal)) {
+  // The root holds every namespace's volumes, each in its own folder: a claim's volume must
+  // be in its namespace's, as a VMI's hostDisk must.
+  const allowed = path.join(root, ref.namespace);
+  if (!path.isAbsolute(where) || where.split("/").includes("..") || !isInside(allowed, normal)) {
     throw new HostClaimError(
-      `claim ${quoted}: the path "${where}" of PersistentVolume "${volumeName}" is outside the host disk root "${root}"`,
+      `claim ${quoted}: the path "${where}" of PersistentVolume "${volumeName}" is outside "${allowed}/", the host disk root of namespace "${ref.namespace}"`,
     );
   }
   const mode = volume.spec?.volumeMode ?? "Filesystem";

@@ -687,7 +687,8 @@ Deno.test(
           {
             name: "data",
             hostDisk: {
-              path: `${options.hostDiskRoot}/data.img`,
+              // The namespace's folder of the root: the only one its VMIs may name.
+              path: `${options.hostDiskRoot}/default/data.img`,
               type: "DiskOrCreate",
               capacity: "1Mi",
             },

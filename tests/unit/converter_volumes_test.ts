@@ -70,7 +70,11 @@ Deno.test("prepareVolumes() refuses a hostDisk path with ..", async () => {
   await withWorkspace(async (ws, options) => {
     const vmi = vmiWith({
       name: "data",
-      hostDisk: { path: `${ws.hostDiskRoot}/../escape.img`, type: "DiskOrCreate", capacity: "1Mi" },
+      hostDisk: {
+        path: `${ws.hostDiskRoot}/default/../escape.img`,
+        type: "DiskOrCreate",
+        capacity: "1Mi",
+      },
     });
     await assert.rejects(
       convertVmiToDomainXml(vmi, options),
@@ -94,11 +98,11 @@ Deno.test("prepareVolumes() refuses a hostDisk under a symlinked directory that 
   await withWorkspace(async (ws, options) => {
     const outside = path.join(ws.root, "outside");
     await Deno.mkdir(outside);
-    await Deno.symlink(outside, path.join(ws.hostDiskRoot, "link"));
+    await Deno.symlink(outside, path.join(ws.hostDiskRoot, "default", "link"));
     const vmi = vmiWith({
       name: "data",
       hostDisk: {
-        path: `${ws.hostDiskRoot}/link/new/disk.img`,
+        path: `${ws.hostDiskRoot}/default/link/new/disk.img`,
         type: "DiskOrCreate",
         capacity: "1Mi",
       },
@@ -119,10 +123,10 @@ Deno.test("prepareVolumes() refuses a hostDisk file that is a symlink out of the
   await withWorkspace(async (ws, options) => {
     const target = path.join(ws.root, "secret.img");
     await Deno.writeTextFile(target, "secret");
-    await Deno.symlink(target, path.join(ws.hostDiskRoot, "disk.img"));
+    await Deno.symlink(target, path.join(ws.hostDiskRoot, "default", "disk.img"));
     const vmi = vmiWith({
       name: "data",
-      hostDisk: { path: `${ws.hostDiskRoot}/disk.img`, type: "Disk" },
+      hostDisk: { path: `${ws.hostDiskRoot}/default/disk.img`, type: "Disk" },
     });
     await assert.rejects(
       convertVmiToDomainXml(vmi, options),
@@ -133,16 +137,54 @@ Deno.test("prepareVolumes() refuses a hostDisk file that is a symlink out of the
 
 Deno.test("prepareVolumes() refuses a dangling hostDisk symlink", async () => {
   await withWorkspace(async (ws, options) => {
-    await Deno.symlink(path.join(ws.root, "nowhere.img"), path.join(ws.hostDiskRoot, "d.img"));
+    await Deno.symlink(
+      path.join(ws.root, "nowhere.img"),
+      path.join(ws.hostDiskRoot, "default", "d.img"),
+    );
     const vmi = vmiWith({
       name: "data",
-      hostDisk: { path: `${ws.hostDiskRoot}/d.img`, type: "DiskOrCreate", capacity: "1Mi" },
+      hostDisk: { path: `${ws.hostDiskRoot}/default/d.img`, type: "DiskOrCreate", capacity: "1Mi" },
     });
     await assert.rejects(
       convertVmiToDomainXml(vmi, options),
       (error) => assertFieldError(error, InvalidFieldError, "spec.volumes[0].hostDisk.path"),
     );
     assert.equal(await exists(path.join(ws.root, "nowhere.img")), false);
+  });
+});
+
+Deno.test("prepareVolumes() refuses a hostDisk in another namespace's folder of the root, named or through a symlink", async () => {
+  await withWorkspace(async (ws, options) => {
+    const other = path.join(ws.hostDiskRoot, "other");
+    await Deno.mkdir(other);
+    await Deno.writeTextFile(path.join(other, "disk.img"), "other tenant's data");
+    await Deno.symlink(other, path.join(ws.hostDiskRoot, "default", "to-other"));
+    for (const named of [`${other}/disk.img`, `${ws.hostDiskRoot}/default/to-other/disk.img`]) {
+      await assert.rejects(
+        convertVmiToDomainXml(
+          vmiWith({ name: "data", hostDisk: { path: named, type: "Disk" } }),
+          options,
+        ),
+        (error) => {
+          assertFieldError(error, InvalidFieldError, "spec.volumes[0].hostDisk.path");
+          assert.ok(
+            (error as Error).message.includes(
+              `must stay inside "${ws.hostDiskRoot}/default/", the host disk root of namespace "default"`,
+            ),
+            (error as Error).message,
+          );
+          return true;
+        },
+      );
+    }
+    // A DiskOrCreate makes the namespace's folder when it is missing.
+    await Deno.remove(path.join(ws.hostDiskRoot, "default"), { recursive: true });
+    const file = `${ws.hostDiskRoot}/default/new.img`;
+    await convertVmiToDomainXml(
+      vmiWith({ name: "data", hostDisk: { path: file, type: "DiskOrCreate", capacity: "1Mi" } }),
+      options,
+    );
+    assert.ok(await exists(file));
   });
 });
 
@@ -160,7 +202,7 @@ Deno.test("prepareVolumes() refuses a missing hostDisk of type Disk", async () =
   await withWorkspace(async (ws, options) => {
     const vmi = vmiWith({
       name: "data",
-      hostDisk: { path: `${ws.hostDiskRoot}/missing.img`, type: "Disk" },
+      hostDisk: { path: `${ws.hostDiskRoot}/default/missing.img`, type: "Disk" },
     });
     await assert.rejects(
       convertVmiToDomainXml(vmi, options),
@@ -173,7 +215,7 @@ Deno.test("prepareVolumes() needs a capacity to create a DiskOrCreate hostDisk",
   await withWorkspace(async (ws, options) => {
     const vmi = vmiWith({
       name: "data",
-      hostDisk: { path: `${ws.hostDiskRoot}/new.img`, type: "DiskOrCreate" },
+      hostDisk: { path: `${ws.hostDiskRoot}/default/new.img`, type: "DiskOrCreate" },
     });
     await assert.rejects(
       convertVmiToDomainXml(vmi, options),
@@ -184,7 +226,7 @@ Deno.test("prepareVolumes() needs a capacity to create a DiskOrCreate hostDisk",
 
 Deno.test("prepareVolumes() creates a DiskOrCreate hostDisk sparse with its capacity", async () => {
   await withWorkspace(async (ws, options) => {
-    const file = `${ws.hostDiskRoot}/a/b/new.img`;
+    const file = `${ws.hostDiskRoot}/default/a/b/new.img`;
     const vmi = vmiWith({
       name: "data",
       hostDisk: { path: file, type: "DiskOrCreate", capacity: "64Mi" },
@@ -201,7 +243,7 @@ Deno.test("prepareVolumes() creates a DiskOrCreate hostDisk sparse with its capa
 Deno.test("prepareVolumes() takes a block device node under the root as a raw block disk", async () => {
   await withWorkspace(async (ws, options) => {
     // A node with a loop device's numbers: converting it never opens the device behind it.
-    const node = `${ws.hostDiskRoot}/blk0`;
+    const node = `${ws.hostDiskRoot}/default/blk0`;
     await run("mknod", node, "b", "7", "200");
     const vmi = vmiWith(
       { name: "data", hostDisk: { path: node, type: "Disk" } },
@@ -262,7 +304,7 @@ Deno.test("prepareVolumes() refuses hostDisk without a configured root", async (
   await withWorkspace(async (ws, options) => {
     const vmi = vmiWith({
       name: "data",
-      hostDisk: { path: `${ws.hostDiskRoot}/shared.img`, type: "Disk" },
+      hostDisk: { path: `${ws.hostDiskRoot}/default/shared.img`, type: "Disk" },
     });
     await assert.rejects(
       convertVmiToDomainXml(vmi, { ...options, hostDiskRoot: undefined }),

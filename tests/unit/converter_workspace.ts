@@ -43,7 +43,11 @@ export async function createWorkspace(): Promise<Workspace> {
   const imageDir = path.join(root, "images");
   const hostDiskRoot = path.join(root, "hostdisks");
   await Deno.mkdir(path.join(imageDir, "example.com_bundle_1", "disk"), { recursive: true });
-  await Deno.mkdir(hostDiskRoot, { recursive: true });
+  // The namespaces' folders of the root: the fixtures' VMIs are in "storage", the tests' in
+  // "default".
+  for (const namespace of ["default", "storage"]) {
+    await Deno.mkdir(path.join(hostDiskRoot, namespace), { recursive: true });
+  }
   await qemuImg(
     "create",
     "-q",
@@ -68,7 +72,14 @@ export async function createWorkspace(): Promise<Workspace> {
     path.join(imageDir, "example.com_bundle_1", "disk", "disk.img"),
     "1M",
   );
-  await qemuImg("create", "-q", "-f", "raw", path.join(hostDiskRoot, "shared.img"), "1M");
+  await qemuImg(
+    "create",
+    "-q",
+    "-f",
+    "raw",
+    path.join(hostDiskRoot, "storage", "shared.img"),
+    "1M",
+  );
   return {
     root,
     imageDir,
