@@ -15,10 +15,17 @@
  */
 import { startCluster } from "./cluster/cluster.ts";
 import { type PreparedLibvirtd, prepareLibvirtd } from "./libvirtd.ts";
+import { podlessNodeKubeconfig } from "./podless_node.ts";
 import { type KubeClient, loadKubeClient } from "../mod/kube/mod.ts";
 import { sleep } from "../mod/lifecycle/mod.ts";
 import type { VirtualMachineInstance } from "../mod/api/mod.ts";
 import { V8_FLAGS } from "../mod/config/mod.ts";
+import {
+  checkSecurityDriver,
+  formatReport,
+  hostProbes,
+  securityModels,
+} from "../mod/preflight/mod.ts";
 
 const root = new URL("..", import.meta.url).pathname;
 const args = new Set(Deno.args);
@@ -48,6 +55,27 @@ async function pickLibvirt(): Promise<{ uri: string; prepared?: PreparedLibvirtd
     console.log(`!!! Falling back to libvirt's TEST DRIVER: no real guests will run.\n${bar}`);
     return { uri: "test:///default" };
   }
+}
+
+/**
+ * Local mode's libvirtd runs QEMU without a security driver (deploy/libvirtd.ts), which a
+ * node that runs others' guests must not: said loudly, in `virtnode check --local`'s words.
+ */
+async function warnSecurityDriver(uri: string): Promise<void> {
+  let models: string[];
+  try {
+    models = securityModels(await hostProbes.capabilities(uri));
+  } catch (error) {
+    say(`cannot read libvirt's capabilities: ${(error as Error).message}`);
+    return;
+  }
+  const result = checkSecurityDriver(uri, models, { local: true });
+  if (result.verdict === "PASS") return;
+  console.log(formatReport([result]));
+  say(
+    "WARNING: no security driver confines QEMU here: every guest runs unconfined as one " +
+      "user; local mode is for guests you trust (virtnode check fails such a host)",
+  );
 }
 
 async function kubectl(kubeconfig: string, ...argv: string[]): Promise<string> {
@@ -309,7 +337,8 @@ async function main(): Promise<number> {
   say("starting the control plane (kube-apiserver + etcd; built and cached on first use)");
   // Local mode owns Ctrl-C: it deletes its VMIs through the cluster before stopping it.
   // With KubeVirt's CRDs and admission: the examples go through virt-api's webhooks, and
-  // the handler, which places them as virt-controller would, holds its service account.
+  // the handler, which places them as virt-controller would, holds one of KubeVirt's
+  // service accounts (its handler's, bound to this node).
   const cluster = await startCluster({ stopOnSignals: false, admission: true });
   const kubeconfig = cluster.kubeconfigPath;
   say(`kubeconfig: ${kubeconfig}`);
@@ -321,10 +350,19 @@ async function main(): Promise<number> {
   await kubectl(kubeconfig, "apply", "-f", nodeFile);
   const { uri, prepared } = await pickLibvirt();
   say(`libvirt: ${uri}`);
+  await warnSecurityDriver(uri);
   const dir = await Deno.makeTempDir({ prefix: "virtnode-local-" });
+  // The handler's own identity: kubevirt-handler with a token bound to this Node, kept to
+  // this node's objects by deploy/podless-node.yaml's admission policy.
+  const handlerKubeconfig = await podlessNodeKubeconfig(
+    cluster,
+    nodeName,
+    `${cluster.dir}/node.kubeconfig`,
+  );
+  say(`handler identity: kubevirt/kubevirt-handler bound to Node ${nodeName}`);
   // The handler's pod network's node bridge (its default); one this run made goes at exit.
   const bridgeWasThere = linkExists(POD_BRIDGE);
-  const handler = await startHandler(dir, cluster.handlerKubeconfigPath, uri);
+  const handler = await startHandler(dir, handlerKubeconfig, uri);
   const stopped = stopRequested();
 
   const manifests = await examples();

@@ -799,13 +799,16 @@ if (import.meta.main) {
  * Writes `file`, a kubeconfig for `cluster` that authenticates as the service account
  * `namespace/name` (both created when missing) with a token from the TokenRequest API,
  * valid for a day. How tests act as one of KubeVirt's own components, whose service
- * accounts KubeVirt's admission trusts with what it refuses other users.
+ * accounts KubeVirt's admission trusts with what it refuses other users. With
+ * `boundNode`, the token is bound to that Node (which must exist) and carries its name,
+ * as a pod-less node's does (`deploy/podless_node.ts`).
  */
 export async function serviceAccountKubeconfig(
   cluster: Cluster,
   namespace: string,
   name: string,
   file: string,
+  options: { boundNode?: string } = {},
 ): Promise<string> {
   const kc = ["--kubeconfig", cluster.kubeconfigPath];
   const createIfMissing = async (args: string[]) => {
@@ -826,6 +829,9 @@ export async function serviceAccountKubeconfig(
       "-n",
       namespace,
       "--duration=24h",
+      ...(options.boundNode
+        ? ["--bound-object-kind=Node", `--bound-object-name=${options.boundNode}`]
+        : []),
     ]);
     const config = JSON.parse(
       await kubectl([...kc, "config", "view", "--raw", "--minify", "-o", "json"]),

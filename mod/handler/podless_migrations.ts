@@ -402,7 +402,13 @@ export class PodlessMigrations implements Runnable {
             s.failureReason = step.reason;
           });
         }
-        await this.#setPhase(vmim, VmimPhases.Failed, { failed: true, failureReason: step.reason });
+        // The source node too, which a migration failed at its first look has not had yet:
+        // a pod-less node may write only the migrations that name it (deploy/podless-node.yaml).
+        await this.#setPhase(vmim, VmimPhases.Failed, {
+          sourceNode: this.#o.nodeName,
+          failed: true,
+          failureReason: step.reason,
+        });
         this.#record(vmim, "Warning", "FailedMigration", step.reason);
         return DONE;
       }

@@ -167,8 +167,8 @@ export class StatusWriter<S extends object, T extends KubeObject & { status?: S 
             `Cannot update status of ${this.#options.plural} "${keyOf(namespace, name)}": ` +
               "the apiserver accepted the update but kept the old status. KubeVirt's " +
               "admission drops status changes from anyone but KubeVirt's own service " +
-              "accounts: run the handler as kubevirt-handler (DaemonSet) or " +
-              "kubevirt-controller (pod-less) of KubeVirt's namespace",
+              "accounts: run the handler as kubevirt-handler of KubeVirt's namespace (a " +
+              "pod-less node with a token bound to its Node, deploy/podless-node.yaml)",
           );
         }
         written = true;

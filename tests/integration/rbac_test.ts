@@ -1,20 +1,32 @@
 /**
- * The handler with the RBAC of `deploy/` and nothing more: `deploy/rbac.yaml` is applied
- * to the test apiserver (which authorizes with RBAC and runs KubeVirt's admission), a
- * token of the ServiceAccount it binds — KubeVirt's own kubevirt-handler, bound to the
- * handler's Node as a pod's token is, for KubeVirt's NodeRestriction — is requested with
- * the TokenRequest API, and a real pod-less handler runs with a kubeconfig that holds
- * only that token. Every other
- * test authenticates as `system:masters`, which would hide a missing rule.
+ * The handler with the RBAC of `deploy/` and nothing more, in each mode: `deploy/rbac.yaml`
+ * (KubeVirt mode) and with it `deploy/podless-node.yaml` (pod-less nodes) are applied to the
+ * test apiserver (which authorizes with RBAC and runs KubeVirt's admission), a token of the
+ * ServiceAccount they bind — KubeVirt's own kubevirt-handler, bound to the handler's Node,
+ * as a pod-less node's is (`deploy/podless_node.ts`) and, for KubeVirt's NodeRestriction,
+ * as a pod's token carries its node — is requested with the TokenRequest API, and a real
+ * handler runs with a kubeconfig that holds only that token. Every other test
+ * authenticates as `system:masters`, which would hide a missing rule.
  *
- * The negative cases run the same handler with a copy of the ClusterRole that lacks one
- * verb, and show that the handler then reports the 403: the positive case cannot pass
- * because authorization is not checked.
+ * The pod-less handler runs under the admission policy of `deploy/podless-node.yaml`, so a
+ * write of its that the policy does not foresee shows as a 403 here too. KubeVirt mode runs
+ * on a control plane of its own, where only `deploy/rbac.yaml` is applied: the pod-less
+ * role binds the same ServiceAccount, and a shared control plane may hold it already.
+ *
+ * The negative cases run the same handler with a copy of the roles that lacks one verb,
+ * and show that the handler then reports the 403: the positive case cannot pass because
+ * authorization is not checked.
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { load, loadAll } from "js-yaml";
-import { type Cluster, useCluster } from "../../deploy/cluster/cluster.ts";
+import { loadAll } from "js-yaml";
+import {
+  type Cluster,
+  serviceAccountKubeconfig,
+  startCluster,
+  useCluster,
+} from "../../deploy/cluster/cluster.ts";
+import { podlessNodeKubeconfig } from "../../deploy/podless_node.ts";
 import type { KubeClient, KubeObject } from "../../mod/kube/mod.ts";
 import {
   createVmi,
@@ -24,6 +36,8 @@ import {
   type HandlerProcess,
   killLaunchers,
   kubeClient,
+  releaseVmi,
+  scheduleToPod,
   startHandlerProcess,
   testVmi,
   waitFor,
@@ -31,35 +45,43 @@ import {
 } from "../helpers/handler_process.ts";
 
 const DEPLOY = new URL("../../deploy/", import.meta.url).pathname;
+const MAIN = new URL("../../main.ts", import.meta.url).pathname;
 const TEST_URI = "test:///default";
 const NAMESPACE = "kubevirt";
 const ACCOUNT = "kubevirt-handler";
 
 /**
- * Every kind of request `virtnode handler` makes (both modes, node services included),
- * as "verb group/resource". KubeVirt's virt-handler role also has VMI update and patch,
+ * Every kind of request `virtnode handler` makes in KubeVirt mode (node services
+ * included), as "verb group/resource". KubeVirt's virt-handler role also has VMI patch,
  * migrations, pods, node list/watch and events update: virtnode does none of those.
  */
-const HANDLER_CALLS = [
+const KUBEVIRT_MODE_CALLS = [
   "create /events", // the event recorder
-  "delete kubevirt.io/virtualmachineinstancemigrations", // pod-less: a gone VMI's migration
   "get /nodes", // the labeller reads its node; pod-less migrations, their target
-  "get /persistentvolumeclaims", // pod-less hotplug finds its claim
-  "get /persistentvolumes", // ... and the volume bound to it
-  "get kubevirt.io/virtualmachineinstancemigrations", // the status writer re-reads after a 409
   "get kubevirt.io/virtualmachineinstances", // the status writer re-reads after a 409
-  "list /nodes", // pod-less migrations: nodes that take VMIs
-  "list kubevirt.io/kubevirts", // pod-less migrations: the KubeVirt CR's configuration
-  "list kubevirt.io/virtualmachineinstancemigrations", // pod-less: the migration informer
   "list kubevirt.io/virtualmachineinstances", // the VMI informers (the node's, its targets')
   "patch /events", // the recorder's aggregation of repeats
   "patch /nodes", // heartbeat and labeller
-  "update kubevirt.io/virtualmachineinstancemigrations", // pod-less: a migration's finalizer
-  "update kubevirt.io/virtualmachineinstancemigrations/status", // pod-less: its phase
   "update kubevirt.io/virtualmachineinstances", // the status writer's PUT of the whole VMI
-  "watch kubevirt.io/virtualmachineinstancemigrations", // pod-less: the migration informer
   "watch kubevirt.io/virtualmachineinstances", // the VMI informers
 ];
+
+/** What pod-less mode calls besides: it stands in for virt-controller and the kubelet. */
+const PODLESS_ONLY_CALLS = [
+  "delete kubevirt.io/virtualmachineinstancemigrations", // a gone VMI's migration
+  "get /persistentvolumeclaims", // hotplug finds its claim
+  "get /persistentvolumes", // ... and the volume bound to it
+  "get kubevirt.io/virtualmachineinstancemigrations", // the status writer re-reads after a 409
+  "list /nodes", // migrations: nodes that take VMIs
+  "list kubevirt.io/kubevirts", // migrations: the KubeVirt CR's configuration
+  "list kubevirt.io/virtualmachineinstancemigrations", // the migration informer
+  "update kubevirt.io/virtualmachineinstancemigrations", // a migration's finalizer
+  "update kubevirt.io/virtualmachineinstancemigrations/status", // its phase
+  "watch kubevirt.io/virtualmachineinstancemigrations", // the migration informer
+];
+
+/** Every kind of request a pod-less handler makes. */
+const PODLESS_CALLS = [...KUBEVIRT_MODE_CALLS, ...PODLESS_ONLY_CALLS].sort();
 
 interface Rule {
   apiGroups: string[];
@@ -123,26 +145,28 @@ async function kubectl(cluster: Cluster, args: string[], stdin?: string): Promis
   return dec.decode(out.stdout);
 }
 
-/** The objects of `deploy/rbac.yaml`, as written. */
-function rbacObjects(): RbacObject[] {
-  return loadAll(Deno.readTextFileSync(join(DEPLOY, "rbac.yaml"))) as RbacObject[];
+/** The objects of a manifest of `deploy/`, as written. */
+function deployObjects(file: "rbac.yaml" | "podless-node.yaml"): RbacObject[] {
+  return loadAll(Deno.readTextFileSync(join(DEPLOY, file))) as RbacObject[];
 }
 
 /** The single object of `kind` among `objects`. */
 function only(objects: RbacObject[], kind: string): RbacObject {
   const found = objects.filter((o) => o.kind === kind);
-  assert.equal(found.length, 1, `one ${kind} in deploy/rbac.yaml`);
+  assert.equal(found.length, 1, `one ${kind} among ${objects.map((o) => o.kind).join(", ")}`);
   return found[0];
 }
 
 /**
- * A copy of deploy/rbac.yaml's objects, renamed to `name`, whose ClusterRole lacks
+ * A copy of deploy/rbac.yaml's objects, renamed to `name`, whose ClusterRole also holds
+ * deploy/podless-node.yaml's rules (what a pod-less node's ServiceAccount has) and lacks
  * `verb` on `resource` (the rule goes when it has no verb left).
  */
 function narrowed(name: string, resource: string, verb: string): RbacObject[] {
-  const copy = structuredClone(rbacObjects());
+  const copy = structuredClone(deployObjects("rbac.yaml"));
   for (const object of copy) object.metadata!.name = name;
   const role = only(copy, "ClusterRole");
+  role.rules = [...role.rules!, ...only(deployObjects("podless-node.yaml"), "ClusterRole").rules!];
   let removed = false;
   role.rules = role.rules!.flatMap((rule) => {
     if (!rule.resources.includes(resource) || !rule.verbs.includes(verb)) return [rule];
@@ -150,63 +174,19 @@ function narrowed(name: string, resource: string, verb: string): RbacObject[] {
     const verbs = rule.verbs.filter((v) => v !== verb);
     return verbs.length > 0 ? [{ ...rule, verbs }] : [];
   });
-  assert.ok(removed, `deploy/rbac.yaml grants ${verb} on ${resource}`);
+  assert.ok(removed, `deploy/ grants ${verb} on ${resource}`);
   only(copy, "ClusterRoleBinding").roleRef!.name = name;
   only(copy, "ClusterRoleBinding").subjects![0].name = name;
   return copy;
 }
 
-/**
- * A kubeconfig for the cluster that authenticates with a fresh token of the
- * ServiceAccount `namespace/name` (TokenRequest: no controller needed) and nothing else.
- */
-async function serviceAccountKubeconfig(
-  cluster: Cluster,
-  account: { namespace: string; name: string },
-  path: string,
-  node: string,
-): Promise<string> {
-  // Bound to the Node, as a pod's token carries its node: KubeVirt's NodeRestriction
-  // admits kubevirt-handler's VMI writes only for VMIs on that node.
-  const token = (await kubectl(cluster, [
-    "create",
-    "token",
-    account.name,
-    "-n",
-    account.namespace,
-    "--duration=1h",
-    "--bound-object-kind=Node",
-    `--bound-object-name=${node}`,
-  ])).trim();
-  const admin = load(await Deno.readTextFile(cluster.kubeconfigPath)) as {
-    clusters: { cluster: Record<string, string> }[];
-  };
-  const caData = admin.clusters[0].cluster["certificate-authority-data"];
-  await Deno.writeTextFile(
-    path,
-    [
-      "apiVersion: v1",
-      "kind: Config",
-      "clusters:",
-      "  - name: test",
-      "    cluster:",
-      `      server: ${cluster.server}`,
-      `      certificate-authority-data: ${caData}`,
-      "users:",
-      `  - name: ${account.name}`,
-      "    user:",
-      `      token: ${token}`,
-      "contexts:",
-      "  - name: test",
-      "    context:",
-      "      cluster: test",
-      `      user: ${account.name}`,
-      "current-context: test",
-      "",
-    ].join("\n"),
-    { mode: 0o600 },
-  );
-  return path;
+async function run(cmd: string, args: string[]): Promise<void> {
+  const out = await new Deno.Command(cmd, { args, stdout: "null", stderr: "piped" }).output();
+  if (!out.success) {
+    throw new Error(
+      `Cannot run "${cmd} ${args.join(" ")}": ${new TextDecoder().decode(out.stderr).trim()}`,
+    );
+  }
 }
 
 /** A Node for the heartbeat to patch (no kubelet registers one here). */
@@ -246,16 +226,27 @@ interface Context {
   dir: string;
 }
 
+/** What {@linkcode withServiceAccount} sets up. */
+interface Setup {
+  /** The ServiceAccount in "kubevirt" whose token the handler gets. */
+  account: string;
+  /**
+   * `podless`: the pod-less node's identity (`deploy/podless_node.ts`) on the shared
+   * control plane; `kubevirt`: deploy/rbac.yaml alone on a control plane of its own.
+   */
+  mode: "podless" | "kubevirt";
+  /** More objects to apply (a narrowed copy of the roles for another account). */
+  extra?: RbacObject[];
+}
+
 /**
- * A cluster with deploy/rbac.yaml and `extra` applied, a Node,
- * and a kubeconfig holding only a token of ServiceAccount `account` in "virtnode".
+ * A cluster with the setup's manifests applied, a Node, and a kubeconfig holding only a
+ * token of the setup's ServiceAccount, bound to that Node.
  */
-async function withServiceAccount(
-  account: string,
-  extra: RbacObject[],
-  fn: (ctx: Context) => Promise<void>,
-): Promise<void> {
-  const cluster = await useCluster();
+async function withServiceAccount(setup: Setup, fn: (ctx: Context) => Promise<void>) {
+  const cluster = setup.mode === "podless"
+    ? await useCluster()
+    : await startCluster({ admission: true });
   const admin = await kubeClient(cluster.kubeconfigPath);
   const controller = await kubeClient(cluster.handlerKubeconfigPath);
   const dir = await Deno.makeTempDir({ prefix: "virtnode-rbac-" });
@@ -265,20 +256,20 @@ async function withServiceAccount(
     // deleted afterwards: without a namespace controller a deleted namespace stays
     // Terminating and refuses new objects, and a re-apply is idempotent.
     await kubectl(cluster, ["apply", "-f", join(DEPLOY, "rbac.yaml")]);
-    if (extra.length > 0) {
+    if (setup.extra) {
       await kubectl(
         cluster,
         ["apply", "-f", "-"],
-        JSON.stringify({ apiVersion: "v1", kind: "List", items: extra }),
+        JSON.stringify({ apiVersion: "v1", kind: "List", items: setup.extra }),
       );
     }
     await createNode(admin, node);
-    const kubeconfig = await serviceAccountKubeconfig(
-      cluster,
-      { namespace: NAMESPACE, name: account },
-      join(dir, "kubeconfig"),
-      node,
-    );
+    const file = join(dir, "kubeconfig");
+    const kubeconfig = setup.mode === "podless" && setup.account === ACCOUNT
+      ? await podlessNodeKubeconfig(cluster, node, file)
+      : await serviceAccountKubeconfig(cluster, NAMESPACE, setup.account, file, {
+        boundNode: node,
+      });
     await fn({ cluster, admin, controller, node, kubeconfig, dir });
   } finally {
     await admin.request("DELETE", `/api/v1/nodes/${node}`).catch(() => {});
@@ -292,7 +283,7 @@ async function withServiceAccount(
 /** Runs a pod-less handler with `kubeconfig` for `fn`; ends it and its launchers after. */
 async function withHandler(
   ctx: Context,
-  options: { noWait?: boolean },
+  options: { noWait?: boolean; kubeletPodsDir?: string },
   fn: (h: HandlerProcess) => Promise<void>,
 ): Promise<void> {
   const h = await startHandlerProcess({
@@ -300,6 +291,7 @@ async function withHandler(
     nodeName: ctx.node,
     libvirtUri: TEST_URI,
     noWait: options.noWait,
+    kubeletPodsDir: options.kubeletPodsDir,
   });
   try {
     await fn(h);
@@ -321,52 +313,48 @@ async function withHandler(
   }
 }
 
-Deno.test("rbac: the ServiceAccount of deploy/rbac.yaml may do exactly what the handler calls, no more", async () => {
-  await withServiceAccount(ACCOUNT, [], async (ctx) => {
-    // What the apiserver says the token may do, less what any ServiceAccount may do
-    // (the default roles every authenticated user has): a ServiceAccount of no binding.
-    const baseline = "virtnode-rbac-baseline";
-    await kubectl(
-      ctx.cluster,
-      ["apply", "-f", "-"],
-      JSON.stringify({
-        apiVersion: "v1",
-        kind: "ServiceAccount",
-        metadata: { name: baseline, namespace: NAMESPACE },
-      }),
-    );
-    const everyone = new Set(
-      await grantedTo(
-        await serviceAccountKubeconfig(
-          ctx.cluster,
-          { namespace: NAMESPACE, name: baseline },
-          join(ctx.dir, "baseline"),
-          ctx.node,
-        ),
-      ),
-    );
-    const granted = (await grantedTo(ctx.kubeconfig)).filter((p) => !everyone.has(p));
+/**
+ * What the context's token may do per the apiserver, less what any ServiceAccount may do
+ * (the default roles every authenticated user has): a ServiceAccount of no binding.
+ */
+async function grantedBeyondBaseline(ctx: Context): Promise<string[]> {
+  const baseline = "virtnode-rbac-baseline";
+  const everyone = new Set(
+    await grantedTo(
+      await serviceAccountKubeconfig(ctx.cluster, NAMESPACE, baseline, join(ctx.dir, "baseline")),
+    ),
+  );
+  return (await grantedTo(ctx.kubeconfig)).filter((p) => !everyone.has(p));
+}
+
+Deno.test("rbac: a pod-less node's identity (deploy/rbac.yaml and deploy/podless-node.yaml) may do exactly what the pod-less handler calls, no more", async () => {
+  await withServiceAccount({ account: ACCOUNT, mode: "podless" }, async (ctx) => {
+    const granted = await grantedBeyondBaseline(ctx);
     assert.deepEqual(
       granted,
-      permissions(only(rbacObjects(), "ClusterRole").rules!),
-      "the token may do exactly what deploy/rbac.yaml grants",
+      permissions([
+        ...only(deployObjects("rbac.yaml"), "ClusterRole").rules!,
+        ...only(deployObjects("podless-node.yaml"), "ClusterRole").rules!,
+      ]),
+      "the token may do exactly what the two manifests grant",
     );
-    assert.deepEqual(granted, HANDLER_CALLS, "deploy/rbac.yaml grants what the handler calls");
+    assert.deepEqual(granted, PODLESS_CALLS, "they grant what the pod-less handler calls");
   });
 });
 
-Deno.test("rbac: a handler with only deploy/rbac.yaml's token runs a VMI to Running, deletes it and beats its Node, with no 403", async () => {
-  await withServiceAccount(ACCOUNT, [], async (ctx) => {
+Deno.test("rbac: a pod-less handler with only its node's identity places a VMI, runs it, deletes it and beats its Node, with no 403", async () => {
+  await withServiceAccount({ account: ACCOUNT, mode: "podless" }, async (ctx) => {
     const { admin, controller, node } = ctx;
     let stopped: Deno.CommandStatus | undefined;
     await withHandler(ctx, {}, async (h) => {
       const name = `vm-${suffix()}`;
-      // virt-controller places the VMI; the handler's own token cannot (KubeVirt's
-      // admission keeps kubevirt.io/nodeName to KubeVirt's service accounts).
-      const created = await createVmi(controller, testVmi(name, node, { placed: true }));
+      // As users make VMIs: the handler's scheduler places it (deploy/podless-node.yaml's
+      // policy lets a node place a VMI whose nodeSelector names it).
+      const created = await createVmi(admin, testVmi(name, node));
       const uid = created.metadata.uid!;
       const running = await waitForPhase(admin, "default", name, "Running");
       assert.equal(running.status!.nodeName, node);
+      assert.equal(running.metadata.labels?.["kubevirt.io/nodeName"], node);
       const hosted = `${h.stateDir}/launcher-host/vms/${uid}.json`;
       assert.ok(await exists(hosted), "the launcher host serves the VMI");
       await waitFor("Created and Started events", async () => {
@@ -376,7 +364,7 @@ Deno.test("rbac: a handler with only deploy/rbac.yaml's token runs a VMI to Runn
 
       // A VMI the converter rejects fails its sync again and again: the status writer
       // sets Synchronized=False, and the recorder aggregates the repeated SyncFailed
-      // warning into one Event (events patch).
+      // warning into one Event (events patch). virt-controller places this one.
       const bad = `vm-bad-${suffix()}`;
       await createVmi(controller, testVmi(bad, node, { placed: true, extra: { tpm: {} } }));
       await waitFor("Synchronized=False on the invalid VMI", async () => {
@@ -420,6 +408,95 @@ Deno.test("rbac: a handler with only deploy/rbac.yaml's token runs a VMI to Runn
   });
 });
 
+Deno.test("rbac: KubeVirt mode's ClusterRole grants what the KubeVirt-mode handler calls, and a handler with only it runs a launcher pod's VMI through its life with no 403", async () => {
+  await withServiceAccount({ account: ACCOUNT, mode: "kubevirt" }, async (ctx) => {
+    const { admin, controller, node } = ctx;
+    assert.deepEqual(await grantedBeyondBaseline(ctx), KUBEVIRT_MODE_CALLS);
+
+    const podsDir = join(ctx.dir, "pods");
+    const socketDir = await Deno.makeTempDir({ prefix: "vnpod-" });
+    let launcher: Deno.ChildProcess | undefined;
+    let mounted: string | undefined;
+    let stopped: Deno.CommandStatus | undefined;
+    try {
+      await withHandler(ctx, { kubeletPodsDir: podsDir }, async (h) => {
+        const name = `vm-${suffix()}`;
+        const uid = (await createVmi(controller, testVmi(name, node, { placed: true })))
+          .metadata.uid!;
+        // The launcher "pod": a launcher process whose socket is where the kubelet puts
+        // the pod's emptyDir volume, a bind mount as the kubelet makes it.
+        const podUid = crypto.randomUUID();
+        mounted = `${podsDir}/${podUid}/volumes/kubernetes.io~empty-dir/sockets`;
+        await Deno.mkdir(mounted, { recursive: true });
+        await run("mount", ["--bind", socketDir, mounted]);
+        launcher = new Deno.Command(Deno.execPath(), {
+          args: [
+            "run",
+            "-A",
+            MAIN,
+            "launcher",
+            "--namespace",
+            "default",
+            "--name",
+            name,
+            "--uid",
+            uid,
+            "--socket-dir",
+            socketDir,
+            "--libvirt-uri",
+            TEST_URI,
+            "--notify-socket",
+            `${h.runDir}/domain-notify.sock`,
+            "--run-dir",
+            join(ctx.dir, "private", uid),
+            "--disk-dir",
+            join(ctx.dir, "disks", uid),
+            "--image-dir",
+            join(ctx.dir, "images"),
+          ],
+          stdin: "null",
+          stdout: "null",
+          stderr: "null",
+        }).spawn();
+        await waitFor("the launcher socket", () => exists(`${socketDir}/launcher-sock`));
+        // virt-controller's part: the pod runs, so the VMI is Scheduled on this node.
+        await scheduleToPod(controller, "default", name, node, podUid);
+        await waitForPhase(admin, "default", name, "Running");
+        await waitFor("Created and Started events", async () => {
+          const reasons = (await eventsFor(admin, "default", name)).map((e) => e.reason);
+          return reasons.includes("Created") && reasons.includes("Started");
+        });
+        // No kubelet takes the device plugins here, so the node stays unschedulable; the
+        // heartbeat still beats.
+        await waitFor("the heartbeat", async () => {
+          const meta = (await getNode(admin, node)).metadata!;
+          return meta.annotations?.["kubevirt.io/heartbeat"] !== undefined;
+        });
+        await deleteVmi(admin, "default", name);
+        await waitFor(
+          "the ghost record to be removed after the domain is gone",
+          async () => !(await exists(`${h.stateDir}/ghost-records/${uid}`)),
+        );
+        await waitFor("a Deleted event", async () => {
+          return (await eventsFor(admin, "default", name)).some((e) => e.reason === "Deleted");
+        });
+        // virt-controller's last step, once the pod is gone.
+        await releaseVmi(controller, "default", name);
+        stopped = await h.kill("SIGTERM");
+        assert.deepEqual(await forbiddenLines(h), [], "no request was forbidden");
+      });
+      assert.equal(stopped?.code, 0, "the handler stopped cleanly");
+    } finally {
+      try {
+        launcher?.kill("SIGKILL");
+        await launcher?.status;
+      } catch { /* gone */ }
+      if (mounted) await run("umount", [mounted]).catch(() => {});
+      await Deno.remove(socketDir, { recursive: true }).catch(() => {});
+    }
+  });
+});
+
 /** One verb taken away, and what the handler must then report. */
 interface NarrowCase {
   resource: string;
@@ -460,7 +537,12 @@ const NARROW_CASES: NarrowCase[] = [
 for (const c of NARROW_CASES) {
   Deno.test(`rbac: without ${c.verb} on ${c.resource} the handler reports the 403`, async () => {
     const name = `virtnode-handler-no-${c.verb}-${c.resource.replace("/", "-")}`;
-    await withServiceAccount(name, narrowed(name, c.resource, c.verb), async (ctx) => {
+    const setup: Setup = {
+      account: name,
+      mode: "podless",
+      extra: narrowed(name, c.resource, c.verb),
+    };
+    await withServiceAccount(setup, async (ctx) => {
       await withHandler(ctx, { noWait: !c.ready }, async (h) => {
         const vmi = `vm-${suffix()}`;
         await createVmi(ctx.controller, testVmi(vmi, ctx.node, { placed: true }));

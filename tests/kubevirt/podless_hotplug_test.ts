@@ -1,11 +1,12 @@
 /**
  * Hotplug in pod-less mode, through KubeVirt's own virt-api (built from the v1.7.0 module;
  * its webhooks and its `addvolume`/`removevolume` subresources, no virt-controller): a
- * claim bound to a local PersistentVolume under the handler's host disk root is attached by
- * the launcher host to the running QEMU domain, with no attachment pod, and detached on
- * removal. A filesystem claim (`disk.img` in the volume's folder) and a block claim (a loop
- * device's node under the root) alike; a claim whose volume lies outside the root fails the
- * sync naming the field, and the guest keeps running untouched.
+ * claim bound to a local PersistentVolume in its namespace's folder of the handler's host
+ * disk root is attached by the launcher host to the running QEMU domain, with no attachment
+ * pod, and detached on removal. A filesystem claim (`disk.img` in the volume's folder) and a
+ * block claim (a loop device's node under the root) alike; a claim whose volume lies in
+ * another namespace's folder fails the sync naming the field, and the guest keeps running
+ * untouched.
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
@@ -139,21 +140,36 @@ Deno.test("pod-less hotplug through KubeVirt's virt-api: a filesystem and a bloc
       CONTROLLER_SERVICE_ACCOUNT,
       join(kubevirt.dir, "handler.kubeconfig"),
     );
-    await run("kubectl", "--kubeconfig", cluster.kubeconfigPath, "apply", "-f", "deploy/rbac.yaml");
     await run(
       "kubectl",
       "--kubeconfig",
       cluster.kubeconfigPath,
-      "create",
-      "clusterrolebinding",
-      "podless-hotplug-handler",
-      "--clusterrole=virtnode-handler",
-      `--serviceaccount=${KUBEVIRT_NAMESPACE}:${CONTROLLER_SERVICE_ACCOUNT}`,
+      "apply",
+      "-f",
+      "deploy/rbac.yaml",
+      "-f",
+      "deploy/podless-node.yaml",
     );
+    for (const role of ["virtnode-handler", "virtnode-podless-handler"]) {
+      await run(
+        "kubectl",
+        "--kubeconfig",
+        cluster.kubeconfigPath,
+        "create",
+        "clusterrolebinding",
+        `podless-hotplug-${role}`,
+        `--clusterrole=${role}`,
+        `--serviceaccount=${KUBEVIRT_NAMESPACE}:${CONTROLLER_SERVICE_ACCOUNT}`,
+      );
+    }
 
+    const id = crypto.randomUUID().slice(0, 8);
+    const ns = `hotplug-${id}`;
+    const node = `hotplug-node-${id}`;
     const root = await Deno.makeTempDir({ prefix: "virtnode-hostdisks-" });
     cleanups.push(() => Deno.remove(root, { recursive: true }));
-    const fsDir = join(root, "claims", "fs1");
+    // A claim's volume lies in its namespace's folder of the root.
+    const fsDir = join(root, ns, "claims", "fs1");
     await Deno.mkdir(fsDir, { recursive: true });
     await run("truncate", "-s", "16M", join(fsDir, "disk.img"));
     const backing = join(root, "blk1.img");
@@ -162,17 +178,15 @@ Deno.test("pod-less hotplug through KubeVirt's virt-api: a filesystem and a bloc
     cleanups.push(() => run("losetup", "-d", loop));
     const [major, minor] = (await run("stat", "-c", "%t %T", loop)).trim().split(" ")
       .map((hex) => String(parseInt(hex, 16)));
-    const blockNode = join(root, "claims", "blk1");
+    const blockNode = join(root, ns, "claims", "blk1");
     await run("mknod", blockNode, "b", major, minor);
-    const outside = await Deno.makeTempDir({ prefix: "virtnode-outside-" });
-    cleanups.push(() => Deno.remove(outside, { recursive: true }));
+    // Another namespace's volume, under the same root.
+    const outside = join(root, "someone-else", "claims", "out1");
+    await Deno.mkdir(outside, { recursive: true });
     await run("truncate", "-s", "16M", join(outside, "disk.img"));
 
     const client = await kubeClient(cluster.kubeconfigPath);
     cleanups.unshift(() => Promise.resolve(client.close()));
-    const id = crypto.randomUUID().slice(0, 8);
-    const ns = `hotplug-${id}`;
-    const node = `hotplug-node-${id}`;
     await client.request("POST", "/api/v1/namespaces", { metadata: { name: ns } });
     await claim(client, { ns, name: "fs1", node, path: fsDir });
     await claim(client, { ns, name: "blk1", node, path: blockNode, block: true });
@@ -234,8 +248,8 @@ Deno.test("pod-less hotplug through KubeVirt's virt-api: a filesystem and a bloc
     assert.equal(blk.persistentVolumeClaimInfo?.volumeMode, "Block");
     assert.deepEqual((await domainDisks(domain)).get("ua-blk1"), ["block", blockNode, "sdb"]);
 
-    // A claim whose volume is outside the root: a SyncFailed Event naming the field, the
-    // guest running on with the disks it had.
+    // A claim whose volume is in another namespace's folder: a SyncFailed Event naming the
+    // field and the folder it may use, the guest running on with the disks it had.
     /** Adds `name` and waits for the SyncFailed Event that refuses it. */
     const refused = async (name: string) => {
       await addVolume(cluster.kubeconfigPath, ns, "vm1", name);
@@ -250,7 +264,12 @@ Deno.test("pod-less hotplug through KubeVirt's virt-api: a filesystem and a bloc
     };
     const refusal = await refused("out1");
     assert.match(refusal.message, /spec\.volumes\[\d\]\.persistentVolumeClaim\.claimName/);
-    assert.match(refusal.message, /outside the host disk root/);
+    assert.ok(
+      refusal.message.includes(
+        `is outside "${join(root, ns)}/", the host disk root of namespace "${ns}"`,
+      ),
+      refusal.message,
+    );
     assert.equal((await getVmi(client, ns, "vm1"))?.status?.phase, "Running");
     assert.equal((await domainDisks(domain)).has("ua-out1"), false);
     await removeVolume(cluster.kubeconfigPath, ns, "vm1", "out1");

@@ -1,0 +1,310 @@
+/**
+ * H6: a pod-less node's credential reaches only its own node's objects. Each node gets the
+ * identity local mode gives its handler (`deploy/podless_node.ts`: KubeVirt's
+ * kubevirt-handler with a token bound to the node's Node object, under the admission
+ * policy of `deploy/podless-node.yaml`), against the real apiserver with KubeVirt's CRDs and
+ * admission. Node A's writes to node B's VMI, migration and Node are refused with the
+ * policy's 403; its writes to its own go through; and the writes pod-less mode itself makes
+ * (the scheduler's placement and the migration controller's hand-off, run here as the
+ * handler runs them, then the target's take-over) pass, while a VMI can be moved only to a
+ * node that takes it.
+ */
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { useCluster } from "../../deploy/cluster/cluster.ts";
+import { podlessNodeKubeconfig } from "../../deploy/podless_node.ts";
+import {
+  EventRecorder,
+  isApiStatus,
+  type KubeClient,
+  type KubeObject,
+} from "../../mod/kube/mod.ts";
+import type { VirtualMachineInstance, VirtualMachineInstanceMigration } from "../../mod/api/mod.ts";
+import { PodlessMigrations } from "../../mod/handler/mod.ts";
+import { PodlessScheduler } from "../../mod/handler/podless_scheduler.ts";
+import {
+  createVmi,
+  getVmi,
+  kubeClient,
+  testVmi,
+  vmiPath,
+  waitFor,
+} from "../helpers/handler_process.ts";
+
+const NS = "default";
+const NODE_LABEL = "kubevirt.io/nodeName";
+const TARGET_LABEL = "kubevirt.io/migrationTargetNodeName";
+
+function suffix(): string {
+  return crypto.randomUUID().slice(0, 8);
+}
+
+function vmimPath(name = ""): string {
+  return `/apis/kubevirt.io/v1/namespaces/${NS}/virtualmachineinstancemigrations${
+    name ? "/" + name : ""
+  }`;
+}
+
+/** Two nodes, each with its own pod-less credential, and the test's admin and controller. */
+interface Nodes {
+  admin: KubeClient;
+  /** virt-controller's identity: places VMIs as KubeVirt's admission requires. */
+  controller: KubeClient;
+  a: { name: string; client: KubeClient };
+  b: { name: string; client: KubeClient };
+}
+
+async function withTwoNodes(fn: (n: Nodes) => Promise<void>): Promise<void> {
+  const cluster = await useCluster();
+  const admin = await kubeClient(cluster.kubeconfigPath);
+  const controller = await kubeClient(cluster.handlerKubeconfigPath);
+  const dir = await Deno.makeTempDir({ prefix: "virtnode-node-identity-" });
+  const id = suffix();
+  const names = [`ident-a-${id}`, `ident-b-${id}`];
+  const clients: KubeClient[] = [];
+  try {
+    for (const name of names) {
+      await admin.request("POST", "/api/v1/nodes", {
+        apiVersion: "v1",
+        kind: "Node",
+        metadata: { name },
+      });
+      const kubeconfig = await podlessNodeKubeconfig(cluster, name, join(dir, name));
+      clients.push(await kubeClient(kubeconfig));
+    }
+    await fn({
+      admin,
+      controller,
+      a: { name: names[0], client: clients[0] },
+      b: { name: names[1], client: clients[1] },
+    });
+  } finally {
+    for (const c of clients) c.close();
+    for (const name of names) {
+      await admin.request("DELETE", `/api/v1/nodes/${name}`).catch(() => {});
+    }
+    admin.close();
+    controller.close();
+    await Deno.remove(dir, { recursive: true }).catch(() => {});
+    await cluster.stop();
+  }
+}
+
+/** Reads the object at `path` with `reader`, changes it and PUTs it back as `writer`. */
+async function update<T extends KubeObject>(
+  reader: KubeClient,
+  writer: KubeClient,
+  path: string,
+  mutate: (o: T) => void,
+): Promise<T> {
+  const object = await reader.request<T>("GET", path);
+  mutate(object);
+  return await writer.request<T>("PUT", path, object);
+}
+
+/** Asserts that `write` is refused with the admission policy's 403 matching `message`. */
+async function refused(write: Promise<unknown>, message: RegExp): Promise<void> {
+  await assert.rejects(write, (error: unknown) => {
+    assert.ok(isApiStatus(error, 403), `a 403, not ${String(error)}`);
+    assert.match(error.apiMessage, /virtnode-podless-node/);
+    assert.match(error.apiMessage, message);
+    return true;
+  });
+}
+
+/** A VMI placed on `node` by virt-controller, made Running and migratable by that node. */
+async function runningVmi(n: Nodes, node: { name: string; client: KubeClient }, name: string) {
+  await createVmi(n.controller, testVmi(name, node.name, { placed: true }));
+  return await update<VirtualMachineInstance>(n.admin, node.client, vmiPath(NS, name), (v) => {
+    v.status = {
+      ...v.status,
+      phase: "Running",
+      nodeName: node.name,
+      conditions: [{ type: "LiveMigratable", status: "True" }],
+    } as VirtualMachineInstance["status"];
+  });
+}
+
+async function createVmim(admin: KubeClient, name: string, vmiName: string, target?: string) {
+  return await admin.request<VirtualMachineInstanceMigration>("POST", vmimPath(), {
+    apiVersion: "kubevirt.io/v1",
+    kind: "VirtualMachineInstanceMigration",
+    metadata: { name, namespace: NS },
+    spec: {
+      vmiName,
+      ...(target ? { addedNodeSelector: { "kubernetes.io/hostname": target } } : {}),
+    },
+  });
+}
+
+Deno.test("a pod-less node's credential cannot change another node's VMI, migration or Node, and can change its own", async () => {
+  await withTwoNodes(async (n) => {
+    const { a, b } = n;
+    const vmiA = `vm-a-${suffix()}`;
+    const vmiB = `vm-b-${suffix()}`;
+    await runningVmi(n, a, vmiA);
+    await runningVmi(n, b, vmiB);
+
+    // Node B's VMI: no status write, no annotation, no taking it over.
+    const notItsVmi = new RegExp(`node "${a.name}" may update only the VMIs of its node`);
+    await refused(
+      update<VirtualMachineInstance>(n.admin, a.client, vmiPath(NS, vmiB), (v) => {
+        v.status!.phase = "Failed";
+      }),
+      notItsVmi,
+    );
+    await refused(
+      update<VirtualMachineInstance>(n.admin, a.client, vmiPath(NS, vmiB), (v) => {
+        v.metadata.labels = { ...v.metadata.labels, [NODE_LABEL]: a.name };
+      }),
+      notItsVmi,
+    );
+    assert.equal((await getVmi(n.admin, NS, vmiB))!.status!.phase, "Running");
+
+    // Node B's migration, once B drives it.
+    const migB = `mig-b-${suffix()}`;
+    await createVmim(n.admin, migB, vmiB);
+    await update<VirtualMachineInstanceMigration>(
+      n.admin,
+      b.client,
+      `${vmimPath(migB)}/status`,
+      (m) => {
+        m.status = { ...m.status, phase: "Pending", migrationState: { sourceNode: b.name } };
+      },
+    );
+    const notItsMigration = new RegExp(`node "${a.name}" may write only the migrations it drives`);
+    await refused(
+      update<VirtualMachineInstanceMigration>(
+        n.admin,
+        a.client,
+        `${vmimPath(migB)}/status`,
+        (m) => {
+          m.status!.phase = "Failed";
+        },
+      ),
+      notItsMigration,
+    );
+    await refused(a.client.request("DELETE", vmimPath(migB)), notItsMigration);
+
+    // Node B's Node.
+    const patchLabels = (client: KubeClient, node: string) =>
+      client.request("PATCH", `/api/v1/nodes/${node}`, {
+        metadata: { labels: { "kubevirt.io/schedulable": "false" } },
+      }, { contentType: "application/merge-patch+json" });
+    await refused(
+      patchLabels(a.client, b.name),
+      new RegExp(`node "${a.name}" may update only its own Node`),
+    );
+    // What its roles allow is not enough: an Event in node B's name.
+    await refused(
+      a.client.request("POST", `/api/v1/namespaces/${NS}/events`, {
+        metadata: { name: `forged.${suffix()}` },
+        involvedObject: { apiVersion: "v1", kind: "Node", name: b.name },
+        reason: "Forged",
+        message: "node A speaking for node B",
+        type: "Warning",
+        source: { component: "virt-handler", host: b.name },
+      }),
+      new RegExp(`node "${a.name}" may record only its own Events`),
+    );
+
+    // Its own: the VMI, a migration of it, its Node.
+    await update<VirtualMachineInstance>(n.admin, a.client, vmiPath(NS, vmiA), (v) => {
+      v.metadata.annotations = { ...v.metadata.annotations, "test/touched": "yes" };
+    });
+    const migA = `mig-a-${suffix()}`;
+    await createVmim(n.admin, migA, vmiA);
+    await update<VirtualMachineInstanceMigration>(
+      n.admin,
+      a.client,
+      `${vmimPath(migA)}/status`,
+      (m) => {
+        m.status = { ...m.status, phase: "Pending", migrationState: { sourceNode: a.name } };
+      },
+    );
+    await patchLabels(a.client, a.name);
+    assert.equal(
+      (await getVmi(n.admin, NS, vmiA))!.metadata.annotations!["test/touched"],
+      "yes",
+    );
+  });
+});
+
+Deno.test("the writes of pod-less mode pass the node policy: placement, a migration's hand-off and its target's take-over, and no node moves a VMI to itself", async () => {
+  await withTwoNodes(async (n) => {
+    const { a, b } = n;
+    const stop = new AbortController();
+    const running: Promise<void>[] = [];
+    try {
+      // A user's VMI that asks for node A: B may not place it, A's scheduler does.
+      const name = `vm-${suffix()}`;
+      await createVmi(n.admin, testVmi(name, a.name));
+      await refused(
+        update<VirtualMachineInstance>(n.admin, b.client, vmiPath(NS, name), (v) => {
+          v.metadata.labels = { ...v.metadata.labels, [NODE_LABEL]: b.name };
+        }),
+        new RegExp(`node "${b.name}" may update only the VMIs of its node`),
+      );
+      const recorder = new EventRecorder(a.client, { host: a.name });
+      const scheduler = new PodlessScheduler(a.client, a.name);
+      const migrations = new PodlessMigrations({ nodeName: a.name, client: a.client, recorder });
+      running.push(scheduler.run(stop.signal), migrations.run(stop.signal));
+      await waitFor("node A's scheduler to place the VMI", async () => {
+        const v = await getVmi(n.admin, NS, name);
+        return v?.metadata.labels?.[NODE_LABEL] === a.name && v.status?.phase === "Scheduled";
+      });
+
+      // Running on A (its handler's status write); B takes VMIs.
+      await update<VirtualMachineInstance>(n.admin, a.client, vmiPath(NS, name), (v) => {
+        v.status = {
+          ...v.status,
+          phase: "Running",
+          conditions: [{ type: "LiveMigratable", status: "True" }],
+        } as VirtualMachineInstance["status"];
+      });
+      await b.client.request("PATCH", `/api/v1/nodes/${b.name}`, {
+        metadata: { labels: { "kubevirt.io/schedulable": "true" } },
+      }, { contentType: "application/merge-patch+json" });
+
+      // A's migration controller drives the VMIM to the hand-off: the VMI names B.
+      const mig = `mig-${suffix()}`;
+      await createVmim(n.admin, mig, name, b.name);
+      const handed = await waitFor("the hand-off to node B", async () => {
+        const v = await getVmi(n.admin, NS, name);
+        return v?.metadata.labels?.[TARGET_LABEL] === b.name ? v : undefined;
+      });
+      assert.equal(handed.status?.migrationState?.targetNode, b.name);
+      const vmim = await n.admin.request<VirtualMachineInstanceMigration>("GET", vmimPath(mig));
+      assert.equal(vmim.status?.migrationState?.sourceNode, a.name);
+
+      // The target may not give the VMI to a third node, only take it itself.
+      await refused(
+        update<VirtualMachineInstance>(n.admin, b.client, vmiPath(NS, name), (v) => {
+          v.metadata.labels = { ...v.metadata.labels, [TARGET_LABEL]: "elsewhere" };
+        }),
+        new RegExp(`node "${b.name}" may not change the spec of .* nor give it to another node`),
+      );
+      stop.abort();
+      await Promise.all(running);
+      // The target's take-over (mod/handler/migration_target.ts): the node label and
+      // status.nodeName become B's, then the target label goes.
+      await update<VirtualMachineInstance>(n.admin, b.client, vmiPath(NS, name), (v) => {
+        v.metadata.labels = { ...v.metadata.labels, [NODE_LABEL]: b.name };
+        v.status!.nodeName = b.name;
+      });
+      await update<VirtualMachineInstance>(n.admin, b.client, vmiPath(NS, name), (v) => {
+        delete v.metadata.labels![TARGET_LABEL];
+      });
+      // The VMI is B's now: A can no longer write it.
+      await refused(
+        update<VirtualMachineInstance>(n.admin, a.client, vmiPath(NS, name), (v) => {
+          v.status!.phase = "Failed";
+        }),
+        new RegExp(`node "${a.name}" may update only the VMIs of its node`),
+      );
+    } finally {
+      stop.abort();
+      await Promise.allSettled(running);
+    }
+  });
+});
