@@ -10,6 +10,7 @@
  */
 
 import { ipv6FromBytes, ipv6ToBytes } from "../../ffi/mod.ts";
+import { concatBytes } from "./_bytes.ts";
 import { LEASE_SECONDS } from "./dhcp4.ts";
 
 /** A malformed DHCPv6 message. */
@@ -67,7 +68,7 @@ export interface Dhcp6Lease {
   leaseSeconds?: number;
 }
 
-/** Reads a DHCPv6 message. */
+/** Reads a DHCPv6 message; throws {@linkcode Dhcp6Error} when it is malformed. */
 export function decodeDhcp6(bytes: Uint8Array): Dhcp6Message {
   if (bytes.length < 4) throw new Dhcp6Error(`DHCPv6 message too short: ${bytes.length} bytes`);
   const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
@@ -78,6 +79,11 @@ export function decodeDhcp6(bytes: Uint8Array): Dhcp6Message {
     const length = view.getUint16(at + 2);
     if (at + 4 + length > bytes.length) {
       throw new Dhcp6Error(`DHCPv6 option ${code} runs past the end (${length} bytes)`);
+    }
+    // The answer reads an IA_NA's IAID, T1 and T2: one without them is refused here, where
+    // the server expects a guest's malformed messages, not while it answers.
+    if (code === Dhcp6Option.IaNa && length < 12) {
+      throw new Dhcp6Error(`DHCPv6 IA_NA option too short: ${length} bytes`);
     }
     options.push([code, bytes.slice(at + 4, at + 4 + length)]);
     at += 4 + length;
@@ -116,21 +122,11 @@ function u32(value: number): Uint8Array {
   return out;
 }
 
-function concat(...parts: Uint8Array[]): Uint8Array {
-  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
-  let at = 0;
-  for (const p of parts) {
-    out.set(p, at);
-    at += p.length;
-  }
-  return out;
-}
-
 function option(code: number, data: Uint8Array): Uint8Array {
   const head = new Uint8Array(4);
   new DataView(head.buffer).setUint16(0, code);
   new DataView(head.buffer).setUint16(2, data.length);
-  return concat(head, data);
+  return concatBytes([head, data]);
 }
 
 /** A DUID-LL (type 3, hardware type 1: Ethernet) for a MAC. */
@@ -182,15 +178,18 @@ export function answerDhcp6(request: Dhcp6Message, lease: Dhcp6Lease): Dhcp6Mess
   if (iaNa && request.type !== Dhcp6MessageType.InformationRequest) {
     if (iaNa.length < 12) throw new Dhcp6Error(`IA_NA option too short: ${iaNa.length} bytes`);
     const seconds = lease.leaseSeconds ?? LEASE_SECONDS;
-    const address = concat(ipv6ToBytes(lease.address), u32(seconds), u32(seconds));
+    const address = concatBytes([ipv6ToBytes(lease.address), u32(seconds), u32(seconds)]);
     // T1 and T2 zero: the client chooses when to renew (RFC 8415 21.4).
     options.push([
       Dhcp6Option.IaNa,
-      concat(iaNa.subarray(0, 4), u32(0), u32(0), option(Dhcp6Option.IaAddr, address)),
+      concatBytes([iaNa.subarray(0, 4), u32(0), u32(0), option(Dhcp6Option.IaAddr, address)]),
     ]);
   }
   if (lease.dnsServers?.length) {
-    options.push([Dhcp6Option.DnsServers, concat(...lease.dnsServers.map((s) => ipv6ToBytes(s)))]);
+    options.push([
+      Dhcp6Option.DnsServers,
+      concatBytes(lease.dnsServers.map((s) => ipv6ToBytes(s))),
+    ]);
   }
   const rapid = request.type === Dhcp6MessageType.Solicit &&
     dhcp6Option(request, Dhcp6Option.RapidCommit) !== undefined;
