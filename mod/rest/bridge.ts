@@ -49,6 +49,26 @@ export function bridge(client: Socket, head: Uint8Array, target: Socket): Bridge
     target.destroy();
   };
 
+  // A ping is answered at once while the client reads what it is sent. While its queue is
+  // full, only the latest ping waits for an answer (RFC 6455 5.5.3 lets a pong answer the
+  // most recent ping alone): a client that floods pings and reads nothing holds one pong
+  // here, not one per ping.
+  let waitingPong: Uint8Array | undefined;
+  const pong = (payload: Uint8Array) => {
+    if (!client.writableNeedDrain) {
+      client.write(pongFrame(payload));
+      return;
+    }
+    if (waitingPong === undefined) {
+      client.once("drain", () => {
+        const last = waitingPong!;
+        waitingPong = undefined;
+        if (ended === undefined && !client.destroyed) client.write(pongFrame(last));
+      });
+    }
+    waitingPong = payload;
+  };
+
   const fromClient = (bytes: Uint8Array) => {
     for (const event of reader.push(bytes)) {
       switch (event.kind) {
@@ -59,7 +79,7 @@ export function bridge(client: Socket, head: Uint8Array, target: Socket): Bridge
           }
           break;
         case "ping":
-          client.write(pongFrame(event.payload));
+          pong(event.payload);
           break;
         case "close":
           end("the client closed the WebSocket", CloseCode.Normal);

@@ -126,7 +126,15 @@ export type FrameEvent =
  * event carrying the close code to send.
  */
 export class FrameReader {
-  #buffer: Uint8Array = new Uint8Array(0);
+  /**
+   * The bytes not yet read are `#storage[#start, #end)`. The storage grows by doubling and
+   * is reused: copying everything held on every push would cost a client that sends a
+   * large frame a few bytes at a time nothing, and the handler time in the square of the
+   * frame's size.
+   */
+  #storage: Uint8Array = new Uint8Array(0);
+  #start = 0;
+  #end = 0;
   /** The opcode of the message whose continuation frames are expected, or 0. */
   #message = 0;
   #done = false;
@@ -134,7 +142,7 @@ export class FrameReader {
   /** Takes the next bytes and returns what they complete, in order. */
   push(bytes: Uint8Array): FrameEvent[] {
     if (this.#done) return [];
-    this.#buffer = this.#buffer.length ? concat(this.#buffer, bytes) : bytes;
+    this.#append(bytes);
     const events: FrameEvent[] = [];
     for (;;) {
       const frame = this.#next();
@@ -145,11 +153,37 @@ export class FrameReader {
         break;
       }
     }
+    if (this.#done || this.#start === this.#end) this.#release();
     return events;
   }
 
+  #append(bytes: Uint8Array): void {
+    const held = this.#end - this.#start;
+    if (this.#end + bytes.length > this.#storage.length) {
+      const need = held + bytes.length;
+      if (need <= this.#storage.length >> 1) {
+        this.#storage.copyWithin(0, this.#start, this.#end);
+      } else {
+        const grown = new Uint8Array(Math.max(need, this.#storage.length * 2, 4096));
+        grown.set(this.#storage.subarray(this.#start, this.#end));
+        this.#storage = grown;
+      }
+      this.#start = 0;
+      this.#end = held;
+    }
+    this.#storage.set(bytes, this.#end);
+    this.#end += bytes.length;
+  }
+
+  /** Nothing is held: an idle session keeps no large buffer (a frame may be 1 MiB). */
+  #release(): void {
+    if (this.#storage.length > 64 * 1024) this.#storage = new Uint8Array(0);
+    this.#start = 0;
+    this.#end = 0;
+  }
+
   #next(): FrameEvent | undefined {
-    const b = this.#buffer;
+    const b = this.#storage.subarray(this.#start, this.#end);
     if (b.length < 2) return undefined;
     const fin = (b[0] & 0x80) !== 0;
     const opcode = b[0] & 0x0f;
@@ -174,9 +208,10 @@ export class FrameReader {
     }
     if (b.length < at + 4 + length) return undefined;
     const mask = b.subarray(at, at + 4);
+    // A copy: the storage is reused for the next bytes.
     const payload = b.slice(at + 4, at + 4 + length);
     for (let i = 0; i < payload.length; i++) payload[i] ^= mask[i & 3];
-    this.#buffer = b.subarray(at + 4 + length);
+    this.#start += at + 4 + length;
 
     switch (opcode) {
       case 0x0: // continuation
@@ -208,13 +243,6 @@ export class FrameReader {
 
 function error(code: number, reason: string): FrameEvent {
   return { kind: "error", code, reason };
-}
-
-function concat(a: Uint8Array, b: Uint8Array): Uint8Array {
-  const out = new Uint8Array(a.length + b.length);
-  out.set(a);
-  out.set(b, a.length);
-  return out;
 }
 
 function frame(opcode: number, payload: Uint8Array): Uint8Array {
