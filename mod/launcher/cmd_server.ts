@@ -164,6 +164,23 @@ function safe<Req, Res>(
   };
 }
 
+/**
+ * `VirtualMachineOptions.interfaceMigration` as the domain manager reads it: the .proto's
+ * `InterfaceBindingMigration` carries `Method`, with a capital M, per interface name.
+ */
+function interfaceMigrationOf(
+  options: VMIRequest["options"],
+): Record<string, { method?: string }> {
+  const wire = options?.interfaceMigration;
+  if (typeof wire !== "object" || wire === null) return {};
+  return Object.fromEntries(
+    Object.entries(wire).map(([name, binding]) => {
+      const method = (binding as { Method?: unknown } | null)?.Method;
+      return [name, { method: typeof method === "string" ? method : undefined }];
+    }),
+  );
+}
+
 function vmiJsonOf(request: VMIRequest): Uint8Array | null {
   return request.vmi?.vmiJson ?? null;
 }
@@ -207,10 +224,9 @@ function buildHandlers(backend: CmdBackend): Record<string, Handler> {
     FinalizeVirtualMachineMigration: safe<VMIRequest, Response>(
       "FinalizeVirtualMachineMigration",
       async (request) => {
-        await backend.finalizeMigration(
-          request.vmi?.vmiJson ?? null,
-          request.options as Parameters<DomainManager["finalizeMigration"]>[1],
-        );
+        await backend.finalizeMigration(request.vmi?.vmiJson ?? null, {
+          interfaceMigration: interfaceMigrationOf(request.options),
+        });
         return ok();
       },
       failed,
