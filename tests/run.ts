@@ -1,5 +1,5 @@
 /**
- * Runs the test tiers (unit, integration, kubevirt, e2e, fresh, and beside them soak) with `deno test` and prints one
+ * Runs the test tiers (unit, security, integration, kubevirt, e2e, node, fresh, and beside them soak) with `deno test` and prints one
  * plain summary line, `tests: N passed, N failed, N skipped`, that CI reads.
  * Skipped tests are listed loudly: a skip is never a pass. A tier fails when it ran no
  * test, ran past its timeout, or left a process or a test guest behind: every process a
@@ -10,7 +10,7 @@
  * The soak tier (10-minute observations that mostly wait) starts first and runs beside
  * the others with a control plane of its own; its output is shown when it ends.
  *
- * Usage: `deno run -A tests/run.ts [unit|integration|e2e|fresh|soak ...]`
+ * Usage: `deno run -A tests/run.ts [unit|security|integration|kubevirt|e2e|node|fresh|soak ...]`
  *
  * @module
  */
