@@ -175,8 +175,9 @@ function checkReader(bytes: Uint8Array, rand: Rand): void {
   assert.deepEqual(pieced, whole, "the events depend on how the bytes were cut");
   const out = whole.reduce((n, e) => n + ("payload" in e ? e.payload.length : 0), 0);
   assert.ok(out <= bytes.length, `${out} bytes of payload out of ${bytes.length} in`);
-  // Linear work: a few milliseconds for the largest input, however small its pieces.
-  assert.ok(ms < 250, `${bytes.length} bytes in pieces took ${ms.toFixed(0)} ms`);
+  // Linear work: a few milliseconds for the largest input, however small its pieces (the
+  // bound leaves room for a loaded machine; the regression case below holds the quadratic).
+  assert.ok(ms < 1_000, `${bytes.length} bytes in pieces took ${ms.toFixed(0)} ms`);
 }
 
 Deno.test("WebSocket FrameReader: mutated client streams never throw, read the same however cut, in bounded time and memory", async () => {
