@@ -95,6 +95,15 @@ export interface VmiRef {
 }
 
 /**
+ * The VMI UID in a domain XML's KubeVirt metadata; undefined when it has none (the domain
+ * is no KubeVirt VMI's). Throws {@linkcode DomainXmlReadError} when the XML cannot be read.
+ */
+export function vmiUidOfDomainXml(xml: string): string | undefined {
+  const kubevirt = child(child(parseXml(xml), "metadata"), "kubevirt");
+  return text(child(kubevirt, "uid"));
+}
+
+/**
  * The domain as the handler sees it: spec parts read from `xml`, status from `state`.
  * Throws {@linkcode DomainXmlReadError} when the XML cannot be read.
  */

@@ -44,7 +44,7 @@ import {
   type XmlElement,
 } from "../xml/mod.ts";
 import { letQemuReach, prepareForQemuUser, type QemuUser } from "./qemu_user.ts";
-import { domainFromXml, type VmiRef } from "./_domain_reader.ts";
+import { domainFromXml, type VmiRef, vmiUidOfDomainXml } from "./_domain_reader.ts";
 import { deviceAliases, domainStatsToKubevirt, parseNetDev } from "./_domain_stats.ts";
 import type { ConnectionKeeper } from "./_connection_keeper.ts";
 import {
@@ -77,6 +77,11 @@ export { domainFromXml, DomainXmlReadError, parseXml } from "./_domain_reader.ts
 
 const log = getLogger("launcher", "domain-manager");
 
+/** What `#find` says of a domain that is this VMI's. */
+const OURS = Symbol("this VMI's domain");
+/** Whose a domain of our name is: {@linkcode OURS}, another VMI's UID, or no VMI's. */
+type Holder = typeof OURS | string | undefined;
+
 /** A cmd failed; the message is what the handler shows the user. */
 export class LauncherCommandError extends Error {
   /** The failed action, e.g. `sync`. */
@@ -89,6 +94,31 @@ export class LauncherCommandError extends Error {
     this.name = "LauncherCommandError";
     this.action = action;
     this.vmiKey = vmiKey;
+  }
+}
+
+/**
+ * A domain of the VMI's name is not the VMI's: another VMI's (its KubeVirt metadata names
+ * another UID) or no KubeVirt domain at all. The launcher never defines, starts or stops
+ * it; the handler removes another VMI's once that VMI is gone.
+ */
+export class DomainNameTakenError extends Error {
+  /** The domain's name, `<namespace>_<name>`. */
+  readonly domainName: string;
+  /** The UID in the holder's KubeVirt metadata; undefined when it is no KubeVirt domain. */
+  readonly holderUid: string | undefined;
+  /** Creates the error for the domain `domainName`, held by `holderUid`'s VMI (or no VMI). */
+  constructor(domainName: string, holderUid: string | undefined) {
+    super(
+      holderUid === undefined
+        ? `the domain "${domainName}" is not a KubeVirt domain (its metadata names no VMI UID); ` +
+          "remove or rename it to let this VMI start"
+        : `the domain "${domainName}" belongs to VMI UID "${holderUid}", not this VMI; ` +
+          "it is removed once that VMI is gone",
+    );
+    this.name = "DomainNameTakenError";
+    this.domainName = domainName;
+    this.holderUid = holderUid;
   }
 }
 
@@ -198,6 +228,10 @@ export class DomainManager {
   /** The guest's clock was set after a migration (or is being set): once per launcher. */
   #guestTimeSynced = false;
   readonly #migrationSocketDir: string;
+  /** The libvirt UUID of the domain found to be this VMI's (see `#find`). */
+  #ownUuid: string | undefined;
+  /** The libvirt UUIDs of domains of our name found to be another's. */
+  readonly #foreignUuids = new Set<string>();
 
   /** Creates the manager; no libvirt call happens yet. */
   constructor(options: DomainManagerOptions) {
@@ -309,14 +343,55 @@ export class DomainManager {
     return result;
   }
 
-  /** The domain, or `undefined` when libvirt has none by our name. */
+  /**
+   * The VMI's domain, or `undefined` when libvirt has none of the VMI by our name. In
+   * pod-less mode every VMI's domain lives in the host's libvirtd, where a domain of our
+   * name may be another's (an earlier run's, or no KubeVirt domain): that one is never
+   * returned, so no command of this launcher touches it.
+   */
   async lookup(): Promise<LibvirtDomain | undefined> {
+    const found = await this.#find();
+    return found && found.holderUid === OURS ? found.domain : undefined;
+  }
+
+  /**
+   * The domain of our name and whose it is: {@linkcode OURS} when its KubeVirt metadata
+   * names this VMI's UID (or this launcher knows no UID), else the UID it names, or
+   * undefined for no KubeVirt domain. A domain once found ours is known by its libvirt
+   * UUID, which a definition of another domain of this name does not keep.
+   */
+  async #find(): Promise<{ domain: LibvirtDomain; holderUid: Holder } | undefined> {
+    let domain: LibvirtDomain;
     try {
-      return await this.#conn.lookupByName(this.domainName);
+      domain = await this.#conn.lookupByName(this.domainName);
     } catch (error) {
       if (isNoDomain(error)) return undefined;
       throw error;
     }
+    if (domain.uuid === this.#ownUuid || this.vmi.uid === undefined) {
+      return { domain, holderUid: OURS };
+    }
+    let holderUid: Holder;
+    try {
+      holderUid = vmiUidOfDomainXml(await domain.getXMLDesc());
+    } catch (error) {
+      if (isNoDomain(error)) return undefined;
+      throw error;
+    }
+    if (holderUid !== this.vmi.uid) {
+      this.#foreignUuids.add(domain.uuid);
+      return { domain, holderUid };
+    }
+    this.#ownUuid = domain.uuid;
+    return { domain, holderUid: OURS };
+  }
+
+  /**
+   * Whether the libvirt domain of `uuid` was found to be another's (see
+   * {@linkcode DomainManager.lookup}): its events say nothing of this VMI's domain.
+   */
+  isForeignDomain(uuid: string): boolean {
+    return this.#foreignUuids.has(uuid);
   }
 
   /** Checks that a request's VMI is this launcher's; returns the parsed value. */
@@ -362,7 +437,14 @@ export class DomainManager {
       // Pure checks first, so a bad spec is reported even when the domain runs.
       const vmi: VirtualMachineInstance = validateVmi(raw);
       checkVmiSemantics(vmi);
-      const existing = await this.lookup();
+      const found = await this.#find();
+      if (found && found.holderUid !== OURS) {
+        // Another VMI's domain goes to the handler as that VMI's, which removes it once
+        // that VMI is gone (as an older VMI's domain); the next sync then defines ours.
+        if (found.holderUid !== undefined) this.#onChange();
+        throw new DomainNameTakenError(this.domainName, found.holderUid);
+      }
+      const existing = found?.domain;
       if (existing) {
         const info = await existing.getState();
         const state = domainStateFromLibvirt(info.state, info.reason);
@@ -374,6 +456,7 @@ export class DomainManager {
       }
       const xml = await this.#prepareEnvironment(raw, vmi);
       const domain = await this.#conn.defineXML(xml);
+      this.#ownUuid = domain.uuid;
       this.#stopRequested = false;
       await domain.start();
       log.info("Domain started", { ...this.vmi, domain: this.domainName });
@@ -917,21 +1000,24 @@ export class DomainManager {
   async getDomain(): Promise<Domain | undefined> {
     try {
       return await this.#reconnecting("get domain of", async () => {
-        const domain = await this.lookup();
-        if (!domain) return undefined;
-        const info = await domain.getState();
-        const xml = await domain.getXMLDesc();
-        const found = domainFromXml(
+        const found = await this.#find();
+        // Another VMI's domain is reported as that VMI's (its UID from the XML): the handler
+        // then removes it as an older VMI's once that VMI is gone. No KubeVirt domain is
+        // reported at all.
+        if (!found || found.holderUid === undefined) return undefined;
+        const info = await found.domain.getState();
+        const domain = domainFromXml(
           this.vmi,
-          xml,
+          await found.domain.getXMLDesc(),
           domainStateFromLibvirt(info.state, info.reason),
         );
+        if (found.holderUid !== OURS) return domain;
         const { osInfo, fsFreezeStatus } = this.#agentInfo;
-        if (osInfo) found.status.osInfo = { ...osInfo };
-        if (fsFreezeStatus) found.status.fsFreezeStatus = { status: fsFreezeStatus };
+        if (osInfo) domain.status.osInfo = { ...osInfo };
+        if (fsFreezeStatus) domain.status.fsFreezeStatus = { status: fsFreezeStatus };
         const migration = this.#migration?.metadata ?? this.#incoming?.metadata;
-        if (migration) found.spec.metadata.kubevirt.migration = migration;
-        return found;
+        if (migration) domain.spec.metadata.kubevirt.migration = migration;
+        return domain;
       });
     } catch (error) {
       if (error instanceof LauncherCommandError) throw error;

@@ -101,7 +101,13 @@ function eventLabel(event: DomainEvent): string {
 /** What the event forwarder needs from the domain manager. */
 export type ForwardedDomain = Pick<
   DomainManager,
-  "vmi" | "domainName" | "getDomain" | "nonExistentDomain" | "refreshAgentInfo" | "agentAnswered"
+  | "vmi"
+  | "domainName"
+  | "getDomain"
+  | "nonExistentDomain"
+  | "refreshAgentInfo"
+  | "agentAnswered"
+  | "isForeignDomain"
 >;
 
 /** libvirt's VIR_CONNECT_DOMAIN_EVENT_AGENT_LIFECYCLE_STATE_CONNECTED. */
@@ -326,7 +332,10 @@ export class EventForwarder {
     } else if (event?.type === "lifecycle" && event.event === EVENT_DEFINED && event.detail === 0) {
       type = DomainEventType.Added;
     }
-    const proven = event ? stateFromEvent(event) : undefined;
+    // An event of another's domain under our name (pod-less mode shares the host's
+    // libvirtd) proves nothing of this VMI's domain: it is only a reason to look again.
+    const foreign = event !== undefined && this.#manager.isForeignDomain(event.domain.uuid);
+    const proven = event && !foreign ? stateFromEvent(event) : undefined;
     if (proven) domain.status = { ...domain.status, ...proven };
     const state = { status: domain.status.status, reason: domain.status.reason };
     log.info("Domain event", {

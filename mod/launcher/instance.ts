@@ -58,9 +58,14 @@ export interface LauncherInstanceOptions {
   migrationSocketDir?: string;
 }
 
+/** The state of the VMI's own domain; undefined when there is none (another's does not count). */
 async function currentState(manager: DomainManager): Promise<DomainState | undefined> {
   const domain = await manager.getDomain();
-  return domain ? { status: domain.status.status, reason: domain.status.reason } : undefined;
+  const uid = manager.vmi.uid;
+  if (!domain || (uid !== undefined && domain.spec.metadata.kubevirt.uid !== uid)) {
+    return undefined;
+  }
+  return { status: domain.status.status, reason: domain.status.reason };
 }
 
 /** One VMI's launcher; see the module doc. */

@@ -26,7 +26,11 @@ import { ensureLibvirtd, type PrivateLibvirtd, startPrivateLibvirtd } from "./li
 /** KubeVirt's migration flags: live, peer to peer, defined on the destination. */
 export const MIGRATE_FLAGS = VIR_MIGRATE_LIVE | VIR_MIGRATE_PEER2PEER | VIR_MIGRATE_PERSIST_DEST;
 
-/** The test guest (from `guestDir`: vmlinuz, initrd, guest.img), its agent on a virtio channel. */
+/**
+ * The test guest (from `guestDir`: vmlinuz, initrd, guest.img), its agent on a virtio channel;
+ * `uuid` is its libvirt UUID and, in its KubeVirt metadata, its VMI's UID (a launcher acts
+ * only on its own VMI's domain).
+ */
 export function migrationGuestXml(
   name: string,
   uuid: string,
@@ -37,6 +41,7 @@ export function migrationGuestXml(
   return `<domain type='${kvm ? "kvm" : "qemu"}'>
   <name>${name}</name>
   <uuid>${uuid}</uuid>
+  <metadata><kubevirt xmlns="http://kubevirt.io"><uid>${uuid}</uid></kubevirt></metadata>
   <memory unit='MiB'>${memoryMiB}</memory>
   <vcpu>1</vcpu>
   <os>

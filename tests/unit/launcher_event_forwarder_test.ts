@@ -70,6 +70,7 @@ function fakeManager(
     },
     nonExistentDomain: () =>
       newDomain(VMI, { status: LifeCycle.NoState, reason: StateChangeReason.NonExistent }),
+    isForeignDomain: () => false,
     refreshAgentInfo: () => {
       current.agentAsked = (current.agentAsked ?? 0) + 1;
       if ((current.silentAsks ?? 0) > 0) {
