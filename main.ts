@@ -414,10 +414,34 @@ function handlerCommand(program: Command): void {
       Deno.addSignalListener("SIGINT", () => stop.abort());
       const client = await kubeClientWithRetry(config, stop.signal);
       const globals = ["--log-level", config.logLevel, "--log-format", "json"];
-      // The labeller starts after the handler is built; its host model is read when asked.
-      const started: { labeller?: { readonly hostCpuModel: string | undefined } } = {};
+      const services = node.nodeServices(client, {
+        nodeName: config.nodeName,
+        libvirtUri: config.libvirtUri,
+        // libvirt's libraries and workers cost the handler ~30 MB RSS for as long as they
+        // are mapped; a child reads them (what KubeVirt's node-labeller script does).
+        readCapabilities: (uri, gather) =>
+          node.readCapabilitiesInChild(
+            selfCommand([
+              ...globals,
+              "--libvirt-uri",
+              uri,
+              "labeller",
+              "--print-documents",
+              ...(gather.virttype ? ["--virttype", gather.virttype] : []),
+            ]),
+            gather,
+          ),
+        // Pod-less hosts have no kubelet to register with: no device plugins there.
+        devicePlugins: opts.podless
+          ? false
+          : { pluginDir: opts.devicePluginsDir, maxDevices: opts.maxDevices },
+        heartbeat: opts.cpuManagerState ? { cpuManagerStatePaths: [opts.cpuManagerState] } : {},
+        labeller: opts.nodeLabeller ? {} : false,
+        recorder: new EventRecorder(client, { host: config.nodeName, component: "node-labeller" }),
+      });
       const handler = await Handler.create(config, client, {
-        hostCpuModel: () => started.labeller?.hostCpuModel,
+        // Host-model VMIs are synced again once the labeller has read the host's CPU.
+        hostCpu: services.labeller,
         healthAddress: opts.healthAddress,
         metricsAddress: opts.metricsAddress,
         rest,
@@ -447,32 +471,6 @@ function handlerCommand(program: Command): void {
             ])
           : undefined,
       });
-      const services = node.nodeServices(client, {
-        nodeName: config.nodeName,
-        libvirtUri: config.libvirtUri,
-        // libvirt's libraries and workers cost the handler ~30 MB RSS for as long as they
-        // are mapped; a child reads them (what KubeVirt's node-labeller script does).
-        readCapabilities: (uri, gather) =>
-          node.readCapabilitiesInChild(
-            selfCommand([
-              ...globals,
-              "--libvirt-uri",
-              uri,
-              "labeller",
-              "--print-documents",
-              ...(gather.virttype ? ["--virttype", gather.virttype] : []),
-            ]),
-            gather,
-          ),
-        // Pod-less hosts have no kubelet to register with: no device plugins there.
-        devicePlugins: opts.podless
-          ? false
-          : { pluginDir: opts.devicePluginsDir, maxDevices: opts.maxDevices },
-        heartbeat: opts.cpuManagerState ? { cpuManagerStatePaths: [opts.cpuManagerState] } : {},
-        labeller: opts.nodeLabeller ? {} : false,
-        recorder: new EventRecorder(client, { host: config.nodeName, component: "node-labeller" }),
-      });
-      started.labeller = services.labeller;
       // Unschedulable first, so no new VMI lands here while the handler drains.
       await runStages([...services.stages, [handler]], stop.signal);
       Deno.exit(0);

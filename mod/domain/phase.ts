@@ -11,12 +11,18 @@
  * | Paused                              | PostcopyFailed                | Failed |
  * | Paused                              | other                         | Running, with a Paused condition for the reason |
  * | Shutoff or Crashed                  | Crashed, Panicked             | Failed |
- * | Shutoff                             | Destroyed                     | Failed if ACPI is on and a grace period applied, else Succeeded |
+ * | Shutoff                             | Destroyed                     | Failed when the guest had an ACPI shutdown to answer (below) or after a failed post-copy migration, else Succeeded |
  * | Shutoff                             | Shutdown, Saved, FromSnapshot | Succeeded |
  * | Shutoff                             | Migrated, Unknown, Failed     | unchanged |
  * | NoState, ShuttingDown, others       |                               | unchanged |
  *
  * A final phase (Succeeded, Failed) never changes again; the caller keeps it.
+ *
+ * A destroyed domain counts as a failure when the guest had an ACPI shutdown to answer
+ * (KubeVirt's `isACPIEnabled`): the VMI's `terminationGracePeriodSeconds` is unset or not
+ * 0, and the domain has `<features><acpi/>`. A graceful stop of such a guest ends Shutdown;
+ * Destroyed then means it was killed, whoever killed it (the end of a grace period, or
+ * `virsh destroy`). Without ACPI a destroy is the only way to stop it, and ends Succeeded.
  *
  * @module
  */
@@ -38,10 +44,28 @@ export interface PhaseInput {
   launcher: LauncherState;
   /** The VMI is the target of a live migration on this node. */
   isMigrationTarget?: boolean;
-  /** The domain has ACPI (so a shutdown was asked of the guest first). */
-  acpiEnabled?: boolean;
-  /** A non-zero grace period applied to the shutdown. */
-  gracePeriodApplied?: boolean;
+  /** The VMI's `spec.terminationGracePeriodSeconds`; undefined or null when unset. */
+  terminationGracePeriodSeconds?: number | null;
+  /** The domain has `<features><acpi/>`. */
+  domainHasAcpi?: boolean;
+  /** The VMI's last migration was post-copy and failed (`status.migrationState`). */
+  postCopyMigrationFailed?: boolean;
+}
+
+/** What {@linkcode acpiShutdownApplies} decides from: a subset of {@linkcode PhaseInput}. */
+export type AcpiFacts = Pick<PhaseInput, "terminationGracePeriodSeconds" | "domainHasAcpi">;
+
+/**
+ * Whether the guest had an ACPI shutdown to answer before its domain was destroyed
+ * (KubeVirt's `isACPIEnabled`): the VMI's grace period is unset (KubeVirt's default of
+ * 30 s applies) or not 0, and the domain has ACPI. KubeVirt also names an unset VMI value
+ * with a grace period in the domain's metadata; an unset value counts already, so the
+ * domain's metadata never changes the answer.
+ */
+export function acpiShutdownApplies(facts: AcpiFacts): boolean {
+  const grace = facts.terminationGracePeriodSeconds;
+  const graceful = grace === undefined || grace === null || grace !== 0;
+  return graceful && facts.domainHasAcpi === true;
 }
 
 /** What {@linkcode vmiPhaseFromDomain} decides. */
@@ -106,10 +130,10 @@ function phaseOfStoppedDomain(domain: DomainState, input: PhaseInput): PhaseDeci
   if (domain.status !== LifeCycle.Shutoff) return unchanged;
   switch (domain.reason) {
     case StateChangeReason.Destroyed:
-      // With ACPI the guest was asked to shut down first; destroyed means the grace
-      // period ran out.
       return {
-        phase: input.acpiEnabled && input.gracePeriodApplied ? VmiPhase.Failed : VmiPhase.Succeeded,
+        phase: acpiShutdownApplies(input) || input.postCopyMigrationFailed
+          ? VmiPhase.Failed
+          : VmiPhase.Succeeded,
         requeue: false,
       };
     case StateChangeReason.Shutdown:

@@ -42,6 +42,7 @@ import {
   type LauncherClients,
 } from "./launcher_clients.ts";
 import type { LauncherProvider } from "./launcher_provider.ts";
+import { type HostCpuSource, usesHostModel } from "./migratable.ts";
 import { podNetworkPlan, type PodNetworks, type PodNetworkTarget } from "../network/mod.ts";
 import { FailRetryManager } from "./retry_manager.ts";
 import { launcherSelinuxContext, selinuxEnabled } from "../host/mod.ts";
@@ -100,10 +101,12 @@ export interface ControllerDeps {
   /** Told once the workers run (the informer has listed). */
   onStarted?: () => void;
   /**
-   * This node's host-model CPU as the labeller found it, if any; without one a host-model
-   * VMI is not LiveMigratable, as KubeVirt's handler decides.
+   * This node's host-model CPU as the labeller finds it; without one a host-model VMI is
+   * not LiveMigratable, as KubeVirt's handler decides. Until the labeller has read it, a
+   * host-model VMI's migration conditions are left as they are; once it has (and whenever
+   * it changes), those VMIs are synced again. No source: the node has no host model.
    */
-  hostCpuModel?: () => string | undefined;
+  hostCpu?: HostCpuSource;
   /**
    * Whether another controller handles the key's VMI on this node (a migration's target
    * here: the VMI is another node's until the migration ends).
@@ -155,6 +158,22 @@ export class VmiController {
         this.#d.expectations.delete(key);
         this.#d.queue.add(key);
       },
+    });
+    deps.hostCpu?.onHostCpuModel(() => this.#hostCpuModelChanged());
+  }
+
+  /** The VMIs whose migratability hangs on the host's CPU model are synced again. */
+  #hostCpuModelChanged(): void {
+    const model = this.#d.hostCpu?.hostCpuModel;
+    let woken = 0;
+    for (const vmi of this.#d.informer.list()) {
+      if (!usesHostModel(vmi)) continue;
+      this.#d.queue.add(vmiKey(vmi.metadata));
+      woken++;
+    }
+    log.info("Host CPU model read: {model}; syncing the host-model VMIs again", {
+      model: model || "none",
+      vmis: woken,
     });
   }
 
@@ -368,14 +387,12 @@ export class VmiController {
     const key = vmiKey(vmi.metadata);
     const uid = vmi.metadata.uid!;
     const launcher = await this.#launcherState(vmi);
-    const gracePeriodApplied = (this.#shutdowns.get(uid)?.graceSeconds ?? 0) > 0;
     const decision = decideSync({
       vmi,
       vmiExists,
       domain,
       launcher,
       standsInForController: this.#d.provider.standsInForController,
-      gracePeriodApplied,
     });
     const logged = { key, uid, action: decision.action, reason: decision.reason };
     if (decision.action === "none") log.debug("Sync: {action}, {reason}", logged);
@@ -391,7 +408,7 @@ export class VmiController {
     let result: ReconcileResult = DONE;
     let syncError: unknown;
     try {
-      result = await this.#act(decision, vmi, vmiExists, domainSeen);
+      result = await this.#act(decision, vmi, domainSeen);
     } catch (error) {
       syncError = error;
     }
@@ -403,12 +420,14 @@ export class VmiController {
       // off, instead of the VMI waiting for a launcher that never comes.
       const cleanedUp = decision.action === "cleanup" && syncError === undefined &&
         this.#d.provider.standsInForController;
+      // virt-controller fails a Scheduled VMI whose pod went without an Event; the
+      // handler's "crashed" is for a guest that ran.
+      const neverRan = (vmi.status?.phase ?? VmiPhase.Unset) === VmiPhase.Scheduled;
       const { requeue, phase } = await this.#updateStatus(vmi, {
         domain: domainSeen,
-        launcher: cleanedUp && launcher === "notReady" ? "unresponsive" : launcher,
+        launcher: cleanedUp ? "unresponsive" : launcher,
         nodeName: this.#d.nodeName,
         standsInForController: this.#d.provider.standsInForController,
-        gracePeriodApplied,
         now: kubeTime(),
         syncError: syncError === undefined ? undefined : describe(syncError),
         podAddresses: await this.#d.networks.addresses(vmi),
@@ -417,8 +436,8 @@ export class VmiController {
           ? await this.#d.provider.hotplugMounted(vmi.metadata.uid!)
           : undefined,
         hotplugClaims: this.#d.provider.hotplugClaims?.(vmi.metadata.uid!),
-        migratable: { hostCpuModel: this.#d.hostCpuModel?.() },
-      });
+        migratable: { hostCpuModel: this.#d.hostCpu ? this.#d.hostCpu.hostCpuModel : "" },
+      }, { phaseEvent: !(cleanedUp && neverRan) });
       result = sooner(result, requeue);
       if (syncError === undefined && domainSeen === undefined) {
         await this.#releaseFinalizer(vmi, phase);
@@ -453,7 +472,6 @@ export class VmiController {
   async #act(
     decision: SyncDecision,
     vmi: VirtualMachineInstance,
-    vmiExists: boolean,
     domain: Domain | undefined,
   ): Promise<ReconcileResult> {
     // The IO-error backoff learns of every sync: one without the failure counts toward recovery.
@@ -463,7 +481,7 @@ export class VmiController {
     );
     switch (decision.action) {
       case "shutdown":
-        return await this.#processVmShutdown(vmi, vmiExists);
+        return await this.#processVmShutdown(vmi);
       case "destroy":
         await this.#processVmDestroy(vmi);
         return DONE;
@@ -471,6 +489,9 @@ export class VmiController {
         await this.#processVmDelete(vmi);
         return DONE;
       case "cleanup":
+        // KubeVirt's handler asks a launcher that answers to delete the domain even when
+        // it reports none (one that never started, or another's under the VMI's name).
+        if (decision.deleteFirst) await this.#processVmDelete(vmi);
         await this.#processVmCleanup(vmi);
         return DONE;
       case "update":
@@ -546,10 +567,15 @@ export class VmiController {
     }
   }
 
-  /** Writes the computed status; asks to look again while the launcher is not ready. */
+  /**
+   * Writes the computed status; asks to look again while the launcher is not ready. A
+   * phase change gets KubeVirt's handler's Event unless `phaseEvent` is false (a write
+   * made in virt-controller's stead).
+   */
   async #updateStatus(
     vmi: VirtualMachineInstance,
     input: StatusInput,
+    options: { phaseEvent: boolean },
   ): Promise<{ requeue: ReconcileResult; phase?: VmiPhase }> {
     let change: ReturnType<typeof computeStatus>["phaseChange"];
     let requeue = false;
@@ -567,7 +593,7 @@ export class VmiController {
     const key = vmiKey(vmi.metadata);
     if (written) log.debug("Status written", { key, phase: change?.to });
     if (written && change) {
-      const ev = phaseChangeEvent(change);
+      const ev = options.phaseEvent ? phaseChangeEvent(change) : undefined;
       if (ev) this.#record(vmi, ev.type, ev.reason, ev.message);
       log.info("VMI phase changed from {from} to {to}", {
         namespace: vmi.metadata.namespace,
@@ -699,10 +725,7 @@ export class VmiController {
   }
 
   /** Graceful shutdown: ACPI every {@linkcode ACPI_RESEND_MS} until the grace period ends, then kill. */
-  async #processVmShutdown(
-    vmi: VirtualMachineInstance,
-    vmiExists: boolean,
-  ): Promise<ReconcileResult> {
+  async #processVmShutdown(vmi: VirtualMachineInstance): Promise<ReconcileResult> {
     const key = vmiKey(vmi.metadata);
     const uid = vmi.metadata.uid!;
     const client = this.#d.launchers.get(uid);
@@ -712,10 +735,6 @@ export class VmiController {
     if (!st) {
       st = { startedMs: now, lastAcpiMs: 0, graceSeconds: gracePeriodSeconds(vmi) };
       this.#shutdowns.set(uid, st);
-      const [reason, message] = vmiExists && !vmi.metadata.deletionTimestamp
-        ? [EventReason.ShuttingDown, "Signaled Graceful Shutdown"]
-        : [EventReason.Deleted, "Signaled Deletion"];
-      this.#record(vmi, "Normal", reason, message);
     }
     const graceMs = st.graceSeconds * 1000;
     try {
@@ -726,6 +745,11 @@ export class VmiController {
       }
       if (now - st.lastAcpiMs >= ACPI_RESEND_MS) {
         await client.shutdownVirtualMachine(vmi);
+        // As KubeVirt's handler: the first request only, so that a long grace period's
+        // resends do not spend the Event spam filter's budget before the final Event.
+        if (st.lastAcpiMs === 0) {
+          this.#record(vmi, "Normal", EventReason.ShuttingDown, "Signaled Graceful Shutdown");
+        }
         st.lastAcpiMs = now;
         log.debug("Sent ACPI shutdown", {
           key,
@@ -756,11 +780,13 @@ export class VmiController {
     const client = this.#d.launchers.get(vmi.metadata.uid!);
     if (!client) throw new Error("no launcher client to destroy the domain with");
     await client.killVirtualMachine(vmi);
+    this.#record(vmi, "Normal", EventReason.Deleted, "VirtualMachineInstance stopping");
   }
 
   async #processVmDelete(vmi: VirtualMachineInstance): Promise<void> {
     const client = this.#d.launchers.get(vmi.metadata.uid!);
     if (!client) throw new Error("no launcher client to delete the domain with");
+    this.#record(vmi, "Normal", EventReason.Deleted, "Signaled Deletion");
     await client.deleteVirtualMachine(vmi);
   }
 

@@ -12,7 +12,7 @@
  * | 2 | the VMI is Pending/Scheduling otherwise                       | `none`     |
  * | 3 | the VMI is gone, being deleted or in a final phase, and its domain is alive | `shutdown` |
  * | 4 | the same, the domain exists but is down                       | `delete`   |
- * | 5 | the same, no domain is left, or its launcher does not answer  | `cleanup`  |
+ * | 5 | the same, no domain is left, or its launcher does not answer  | `cleanup` (a launcher that answers is asked to delete first, as KubeVirt's handler does) |
  * | 6 | the domain is paused because post-copy migration failed       | `destroy`  |
  * | 7 | the VMI is live and its status already agrees with the domain | `update`   |
  * | 8 | the VMI is live but its phase is about to change              | `none` (the status is written first; the spec is acted on in the next sync) |
@@ -60,8 +60,6 @@ export interface SyncInput {
   launcher: LauncherState;
   /** The handler plays virt-controller's part (pod-less mode): it schedules Pending VMIs. */
   standsInForController: boolean;
-  /** A graceful shutdown with a non-zero grace period was started for this VMI. */
-  gracePeriodApplied: boolean;
 }
 
 /** The result of {@linkcode decideSync}. */
@@ -74,6 +72,8 @@ export interface SyncDecision {
   writesStatus: boolean;
   /** The domain is paused by an IO error: the update resumes it (with backoff). */
   resumeAfterIOError?: boolean;
+  /** `cleanup`: the launcher answers, so it is told to delete the domain first. */
+  deleteFirst?: boolean;
 }
 
 function describeDomain(domain: Domain | undefined): string {
@@ -131,7 +131,12 @@ export function decideSync(input: SyncInput): SyncDecision {
     if (launcher === "responsive" && domainExists) {
       return { action: SyncAction.Delete, reason, writesStatus: true };
     }
-    return { action: SyncAction.Cleanup, reason, writesStatus: true };
+    return {
+      action: SyncAction.Cleanup,
+      reason,
+      writesStatus: true,
+      ...(launcher === "responsive" ? { deleteFirst: true } : {}),
+    };
   }
 
   if (
@@ -141,11 +146,7 @@ export function decideSync(input: SyncInput): SyncDecision {
     return { action: SyncAction.Destroy, reason: `${seen}: irrecoverable`, writesStatus: true };
   }
 
-  const next = nextPhase(vmi, {
-    domain: domainExists ? domain : undefined,
-    launcher,
-    gracePeriodApplied: input.gracePeriodApplied,
-  });
+  const next = nextPhase(vmi, { domain: domainExists ? domain : undefined, launcher });
   if (next !== phase) {
     return {
       action: SyncAction.None,

@@ -61,6 +61,7 @@ import { PodlessMigrations } from "./podless_migrations.ts";
 import { GhostRecordStore } from "./ghost_records.ts";
 import { LauncherClients } from "./launcher_clients.ts";
 import type { LauncherProvider } from "./launcher_provider.ts";
+import type { HostCpuSource } from "./migratable.ts";
 import {
   type K8sEventNotification,
   type NotifyHandlers,
@@ -116,8 +117,11 @@ export interface HandlerOptions {
   metricsAddress?: string;
   /** Concurrent syncs (KubeVirt's handler threadiness). */
   workers?: number;
-  /** This node's host-model CPU, once the labeller read it (LiveMigratable of host-model VMIs). */
-  hostCpuModel?: () => string | undefined;
+  /**
+   * This node's host-model CPU as the labeller reads it (LiveMigratable of host-model VMIs);
+   * none: the node has no host model.
+   */
+  hostCpu?: HostCpuSource;
   /** The kubelet's pods directory (KubeVirt mode). */
   podsDir?: string;
   /** Resync of every launcher's domain; {@linkcode DOMAIN_RESYNC_MS} unless told. */
@@ -379,7 +383,7 @@ export class Handler implements Runnable {
       networks,
       workers: options.workers,
       onStarted: () => this.#onStarted(),
-      hostCpuModel: options.hostCpuModel,
+      hostCpu: options.hostCpu,
       handledElsewhere: (key) => this.#migration?.target.handles(key) ?? false,
     });
   }

@@ -27,8 +27,10 @@ export interface MigrationBlocker {
 /** What the node contributes to the decision. */
 export interface MigratableContext {
   /**
-   * The host-model CPU of this node as the labeller found it; empty or undefined when the
-   * node has none, so a host-model VMI cannot migrate away from it.
+   * The host-model CPU of this node as the labeller found it; empty when the node has none,
+   * so a host-model VMI cannot migrate away from it. Undefined while the labeller has not
+   * read it yet: {@linkcode migratability} then counts it as none, and
+   * {@linkcode awaitsNodeFacts} tells the status not to say so yet.
    */
   hostCpuModel?: string;
   /** The cluster's network binding plugins that declare migration support, by name. */
@@ -43,6 +45,34 @@ export interface Migratability {
   storageBlockers: MigrationBlocker[];
   /** `BlockMigration` when some disk is not shared and would be copied. */
   method: "LiveMigration" | "BlockMigration";
+}
+
+/** Where the handler learns this node's host-model CPU (the node labeller). */
+export interface HostCpuSource {
+  /** The host-model CPU's name; empty when the node has none, undefined until it was read. */
+  readonly hostCpuModel: string | undefined;
+  /**
+   * Calls `listener` whenever {@linkcode HostCpuSource.hostCpuModel} changes, its first
+   * read included; returns what takes the listener off.
+   */
+  onHostCpuModel(listener: () => void): () => void;
+}
+
+/** Whether the VMI asks for the host-model CPU (KubeVirt's admission makes it the default). */
+export function usesHostModel(vmi: VirtualMachineInstance): boolean {
+  return vmi.spec.domain?.cpu?.model === "host-model";
+}
+
+/**
+ * Whether the migratability of `vmi` hangs on a fact of the node not known yet: a
+ * host-model VMI before the labeller read the host's CPU. Its migration conditions are
+ * then left as they are, not written from a guess.
+ */
+export function awaitsNodeFacts(
+  vmi: VirtualMachineInstance,
+  context: MigratableContext | undefined,
+): boolean {
+  return usesHostModel(vmi) && context?.hostCpuModel === undefined;
 }
 
 function podNetworkInterface(vmi: VirtualMachineInstance) {
@@ -98,7 +128,7 @@ function commonBlockers(
   const out: MigrationBlocker[] = [];
   const iface = interfaceBlocker(vmi, context);
   if (iface) out.push(iface);
-  if (vmi.spec.domain?.cpu?.model === "host-model" && !context.hostCpuModel) {
+  if (usesHostModel(vmi) && !context.hostCpuModel) {
     out.push({
       reason: ConditionReason.CPUModeNotMigratable,
       message: `the node "${vmi.status?.nodeName ?? ""}" does not allow migration with host-model`,

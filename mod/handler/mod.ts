@@ -132,6 +132,7 @@ export {
 } from "./status.ts";
 export {
   ALLOW_POD_BRIDGE_MIGRATION_ANNOTATION,
+  type HostCpuSource,
   joinBlockers,
   type Migratability,
   migratability,

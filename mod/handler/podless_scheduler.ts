@@ -69,7 +69,6 @@ export function scheduledStatus(
     launcher: "notReady",
     nodeName: node,
     standsInForController: true,
-    gracePeriodApplied: false,
     now,
   }).status;
 }

@@ -7,12 +7,18 @@
  *
  * @module
  */
-import { joinBlockers, migratability, type MigratableContext } from "./migratable.ts";
+import {
+  awaitsNodeFacts,
+  joinBlockers,
+  migratability,
+  type MigratableContext,
+} from "./migratable.ts";
 import {
   type ClaimInfo,
   ConditionReason,
   ConditionType,
   isFinalPhase,
+  MigrationMode,
   type VirtualMachineInstance,
   type VirtualMachineInstanceStatus,
   type VmiCondition,
@@ -60,8 +66,6 @@ export interface StatusInput {
   nodeName: string;
   /** The handler stands in for virt-controller (pod-less mode), so it also owns `Ready`. */
   standsInForController: boolean;
-  /** A graceful shutdown with a non-zero grace period was requested of this VMI. */
-  gracePeriodApplied: boolean;
   /** Now, RFC 3339 (injectable for tests). */
   now: string;
   /** The pod IPs of the VMI's pod networks set up on this node, by network name. */
@@ -72,7 +76,10 @@ export interface StatusInput {
   hotplugClaims?: ReadonlyMap<string, ClaimInfo>;
   /** The launcher's SELinux label (`none` without SELinux), once known. */
   selinuxContext?: string;
-  /** What this node adds to whether a VMI can migrate (its host-model CPU). */
+  /**
+   * What this node adds to whether a VMI can migrate (its host-model CPU); while a fact a
+   * VMI's verdict needs is not known, its migration conditions are left as they are.
+   */
   migratable?: MigratableContext;
 }
 
@@ -315,18 +322,21 @@ export function volumePhaseEvents(
 }
 
 /** What the phase of a VMI depends on: a subset of {@linkcode StatusInput}. */
-export type PhaseInputs = Pick<StatusInput, "domain" | "launcher" | "gracePeriodApplied">;
+export type PhaseInputs = Pick<StatusInput, "domain" | "launcher">;
 
 function phaseDecision(vmi: VirtualMachineInstance, input: PhaseInputs): PhaseDecision {
   const current = (vmi.status?.phase ?? VmiPhase.Unset) as VmiPhase;
   if (isFinalPhase(current)) return { phase: current, requeue: false };
   const domain = input.domain;
+  const migration = vmi.status?.migrationState;
   return vmiPhaseFromDomain({
     domain: domain ? domain.status : undefined,
     vmiPhase: current,
     launcher: input.launcher,
-    acpiEnabled: domain?.spec.features ? domain.spec.features.acpi : true,
-    gracePeriodApplied: input.gracePeriodApplied,
+    terminationGracePeriodSeconds: vmi.spec.terminationGracePeriodSeconds,
+    domainHasAcpi: domain?.spec.features?.acpi === true,
+    postCopyMigrationFailed: migration?.failed === true &&
+      migration.mode === MigrationMode.PostCopy,
   });
 }
 
@@ -386,7 +396,9 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
     ? setCondition(conditions, { type: ConditionType.AgentConnected, status: "True" }, input.now)
     : removeCondition(conditions, ConditionType.AgentConnected);
 
-  if (status.phase === VmiPhase.Running || status.phase === VmiPhase.Scheduled) {
+  const migrationConditions = status.phase === VmiPhase.Running ||
+    status.phase === VmiPhase.Scheduled;
+  if (migrationConditions && !awaitsNodeFacts(vmi, input.migratable)) {
     const verdict = migratability({ ...vmi, status }, input.migratable);
     const blocker = verdict.blockers[0];
     conditions = setCondition(

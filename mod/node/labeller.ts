@@ -385,6 +385,7 @@ export class NodeLabeller {
   readonly #nodeName: string;
   readonly #options: NodeLabellerOptions;
   #info: NodeLabelInfo | undefined;
+  readonly #hostCpuListeners = new Set<() => void>();
   /** For logs. */
   readonly name = "node-labeller";
   #wake: AbortController | undefined;
@@ -400,13 +401,40 @@ export class NodeLabeller {
 
   /** The inputs, read once from the source and cached (KubeVirt loads them at start-up). */
   async info(refresh = false): Promise<NodeLabelInfo> {
-    if (!this.#info || refresh) this.#info = await this.#options.source();
+    if (!this.#info || refresh) {
+      const before = this.hostCpuModel;
+      this.#info = await this.#options.source();
+      if (this.hostCpuModel !== before) this.#tellHostCpuModel();
+    }
     return this.#info;
   }
 
-  /** The host-model CPU of this node, once its capabilities were read; none without one. */
+  /**
+   * The host-model CPU of this node: its name once the capabilities were read, empty when
+   * the node has none, undefined before the first read.
+   */
   get hostCpuModel(): string | undefined {
-    return this.#info?.domain.hostModel?.name || undefined;
+    return this.#info ? this.#info.domain.hostModel?.name ?? "" : undefined;
+  }
+
+  /**
+   * Calls `listener` whenever {@linkcode NodeLabeller.hostCpuModel} changes, the first read
+   * included (the handler then syncs the VMIs whose migratability hangs on it); returns what
+   * takes the listener off.
+   */
+  onHostCpuModel(listener: () => void): () => void {
+    this.#hostCpuListeners.add(listener);
+    return () => this.#hostCpuListeners.delete(listener);
+  }
+
+  #tellHostCpuModel(): void {
+    for (const listener of this.#hostCpuListeners) {
+      try {
+        listener();
+      } catch (error) {
+        log.error("A host CPU model listener failed: {error}", { error });
+      }
+    }
   }
 
   /** The labels this node should carry, without touching the node. */

@@ -168,8 +168,12 @@ Deno.test("handler+QEMU: deleting a VMI whose guest ignores ACPI resends ACPI ev
     console.log(`  ACPI requests at ms: ${acpi.join(", ")}`);
     assert.equal(acpi.length, 3, "ACPI at 0, 5 and 10 s");
     assert.ok(acpi[1] >= 5_000 && acpi[2] >= 10_000);
-    const ev = (await eventsFor(client, ns, name)).filter((e) => e.reason === "Deleted");
+    // virt-handler's Events: the graceful shutdown signaled once (not at every resend),
+    // then the kill at the end of the grace period.
+    const events = await eventsFor(client, ns, name);
+    const ev = events.filter((e) => e.reason === "ShuttingDown");
     assert.equal(ev.length, 1);
     assert.equal(ev[0].count, 1, "the event is recorded once");
+    assert.ok(events.some((e) => e.message === "VirtualMachineInstance stopping"));
   });
 });

@@ -332,6 +332,19 @@ async function journey(handler: Handler): Promise<void> {
       return v?.status?.phase === "Succeeded" || v?.status?.phase === "Failed" ? v : undefined;
     }, 60_000);
     step(`node drained: vm-b's pod evicted, vm-b ${drained.status?.phase}`);
+    // The phase KubeVirt's handler gives a VMI whose launcher pod a drain evicted.
+    assert.equal(
+      drained.status?.phase,
+      "Failed",
+      `vm-b's events: ${await kubectl(kc, [
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=vm-b",
+        "-o",
+        "custom-columns=TYPE:.type,REASON:.reason,FROM:.source.component,MESSAGE:.message",
+      ]).catch((e) => String(e))}`,
+    );
     assert.equal((await handlerPods()).length, 1, "the handler stays on the drained node");
     console.log(
       `journey with ${handler}: create -> Running ${(createToRunning / 1000).toFixed(2)} s, ` +

@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import { VmiPhase } from "../../mod/api/mod.ts";
 import {
+  acpiShutdownApplies,
   LifeCycle,
   pausedConditionReason,
   StateChangeReason,
@@ -90,34 +91,60 @@ Deno.test("vmiPhaseFromDomain() maps Shutoff/Crashed and Crashed/Panicked to Fai
   }
 });
 
-Deno.test("vmiPhaseFromDomain() maps Shutoff/Destroyed to Failed when ACPI is on and a grace period applied", () => {
-  const decision = vmiPhaseFromDomain({
-    domain: { status: LifeCycle.Shutoff, reason: StateChangeReason.Destroyed },
-    vmiPhase: VmiPhase.Running,
-    launcher: "responsive",
-    acpiEnabled: true,
-    gracePeriodApplied: true,
-  });
-  assert.equal(decision.phase, VmiPhase.Failed);
-});
-
-Deno.test("vmiPhaseFromDomain() maps Shutoff/Destroyed to Succeeded without ACPI or without a grace period", () => {
-  for (
-    const [acpiEnabled, gracePeriodApplied] of [[false, true], [true, false], [false, false]]
-  ) {
+Deno.test("vmiPhaseFromDomain() maps Shutoff/Destroyed to Failed when ACPI is on with a grace period that is unset or not 0, or after a failed post-copy migration; else Succeeded", () => {
+  // KubeVirt's isACPIEnabled and the phase rule beside it, every combination written out.
+  const rows: [
+    grace: number | null | undefined,
+    acpi: boolean,
+    postCopyFailed: boolean,
+    VmiPhase,
+  ][] = [
+    [undefined, false, false, VmiPhase.Succeeded],
+    [undefined, true, false, VmiPhase.Failed],
+    [undefined, false, true, VmiPhase.Failed],
+    [undefined, true, true, VmiPhase.Failed],
+    [null, false, false, VmiPhase.Succeeded],
+    [null, true, false, VmiPhase.Failed],
+    [null, false, true, VmiPhase.Failed],
+    [null, true, true, VmiPhase.Failed],
+    [0, false, false, VmiPhase.Succeeded],
+    [0, true, false, VmiPhase.Succeeded],
+    [0, false, true, VmiPhase.Failed],
+    [0, true, true, VmiPhase.Failed],
+    [30, false, false, VmiPhase.Succeeded],
+    [30, true, false, VmiPhase.Failed],
+    [30, false, true, VmiPhase.Failed],
+    [30, true, true, VmiPhase.Failed],
+  ];
+  for (const [grace, acpi, postCopyFailed, phase] of rows) {
     const decision = vmiPhaseFromDomain({
       domain: { status: LifeCycle.Shutoff, reason: StateChangeReason.Destroyed },
       vmiPhase: VmiPhase.Running,
       launcher: "responsive",
-      acpiEnabled,
-      gracePeriodApplied,
+      terminationGracePeriodSeconds: grace,
+      domainHasAcpi: acpi,
+      postCopyMigrationFailed: postCopyFailed,
     });
-    assert.equal(
-      decision.phase,
-      VmiPhase.Succeeded,
-      `acpi=${acpiEnabled} grace=${gracePeriodApplied}`,
+    assert.deepEqual(
+      decision,
+      { phase, requeue: false },
+      `grace=${grace} acpi=${acpi} postCopyFailed=${postCopyFailed}`,
     );
   }
+});
+
+Deno.test("acpiShutdownApplies() needs ACPI in the domain and a VMI grace period that is unset or not 0", () => {
+  assert.equal(acpiShutdownApplies({ domainHasAcpi: true }), true);
+  assert.equal(
+    acpiShutdownApplies({ domainHasAcpi: true, terminationGracePeriodSeconds: 1 }),
+    true,
+  );
+  assert.equal(
+    acpiShutdownApplies({ domainHasAcpi: true, terminationGracePeriodSeconds: 0 }),
+    false,
+  );
+  assert.equal(acpiShutdownApplies({ domainHasAcpi: false }), false);
+  assert.equal(acpiShutdownApplies({ terminationGracePeriodSeconds: 30 }), false);
 });
 
 Deno.test("vmiPhaseFromDomain() maps Shutoff/Shutdown, Saved and FromSnapshot to Succeeded", () => {

@@ -41,6 +41,8 @@ interface Row {
   action: SyncAction;
   writesStatus: boolean;
   resumeAfterIOError?: boolean;
+  /** `cleanup`: the launcher answers and is told to delete the domain first. */
+  deleteFirst?: boolean;
 }
 
 const running = domain(LifeCycle.Running, StateChangeReason.Unknown);
@@ -128,10 +130,19 @@ const ROWS: Row[] = [
   },
   // 5: nothing left.
   {
-    name: "5: a deleted VMI without a domain is cleaned up",
+    name: "5: a deleted VMI without a domain is cleaned up, its launcher told to delete first",
     input: { vmi: vmi(VmiPhase.Succeeded), vmiExists: false, domain: undefined },
     action: SyncAction.Cleanup,
     writesStatus: true,
+    deleteFirst: true,
+  },
+  {
+    name:
+      "5: a VMI deleted before it started, whose launcher answers, has it delete, then is cleaned up",
+    input: { vmi: vmi(VmiPhase.Scheduled, { deleting: true }), domain: undefined },
+    action: SyncAction.Cleanup,
+    writesStatus: true,
+    deleteFirst: true,
   },
   {
     name: "5: a domain whose launcher is unresponsive counts as gone: cleanup, not shutdown",
@@ -256,7 +267,6 @@ function decide(row: Row) {
     domain: undefined,
     launcher: "responsive" as LauncherState,
     standsInForController: false,
-    gracePeriodApplied: false,
     ...row.input,
   });
 }
@@ -267,6 +277,7 @@ for (const row of ROWS) {
     assert.equal(d.action, row.action, `reason: ${d.reason}`);
     assert.equal(d.writesStatus, row.writesStatus);
     assert.equal(d.resumeAfterIOError, row.resumeAfterIOError);
+    assert.equal(d.deleteFirst, row.deleteFirst);
     assert.ok(d.reason.length > 0, "every decision says why");
   });
 }
@@ -291,7 +302,6 @@ Deno.test("decideSync() names the domain and the phase change in its reason", ()
     domain: running,
     launcher: "responsive",
     standsInForController: false,
-    gracePeriodApplied: false,
   });
   assert.match(d.reason, /domain Running/);
   assert.match(d.reason, /Scheduled becomes Running/);

@@ -67,7 +67,6 @@ Deno.test("scheduledStatus() carries what the handler's first sync computes, so 
     launcher: "notReady",
     nodeName: "node-a",
     standsInForController: true,
-    gracePeriodApplied: false,
     now: "t2",
   });
   assert.deepEqual(first.status, s);

@@ -37,7 +37,6 @@ function input(status?: LifeCycle, reason?: StateChangeReason, more: Partial<Sta
     launcher: "responsive" as const,
     nodeName: "node1",
     standsInForController: true,
-    gracePeriodApplied: false,
     now: T0,
     ...more,
   };
@@ -247,8 +246,10 @@ Deno.test("computeStatus() sets AgentConnected from the guest agent channel, not
 });
 
 Deno.test("computeStatus() makes a VMI LiveMigratable unless KubeVirt's first blocker says why not", () => {
+  // The labeller has read the host: this node has no host model.
+  const known = { migratable: { hostCpuModel: "" } };
   const liveMigratable = (v: VirtualMachineInstance) =>
-    computeStatus(v, input(LifeCycle.Running)).status.conditions?.find((c) =>
+    computeStatus(v, input(LifeCycle.Running, undefined, known)).status.conditions?.find((c) =>
       c.type === "LiveMigratable"
     );
   const rows: [string, VirtualMachineInstance, string | undefined][] = [

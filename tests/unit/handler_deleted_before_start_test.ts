@@ -1,0 +1,151 @@
+/**
+ * The Events of a VMI deleted before its guest ever ran, as KubeVirt's virt-handler records
+ * them (`pkg/virt-handler/vm.go`): a launcher that answers is told to delete the domain
+ * ("Deleted", "Signaled Deletion"), and the VMI's end is no crash. In pod-less mode the
+ * handler also writes the Failed that virt-controller writes once the launcher pod is gone,
+ * and virt-controller records no Event for it. A guest that ran and vanished is the
+ * handler's "crashed", as before.
+ */
+import assert from "node:assert/strict";
+import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
+import type { LauncherState } from "../../mod/domain/mod.ts";
+import {
+  type ControllerDeps,
+  dialDirectly,
+  type LauncherProvider,
+  VmiController,
+} from "../../mod/handler/mod.ts";
+import { Expectations, WorkQueue } from "../../mod/kube/mod.ts";
+
+const UID = "0badf00d-0000-4000-8000-0000000000e6";
+const KEY = "default/vm1";
+
+interface Recorded {
+  type: string;
+  reason: string;
+  message: string;
+}
+
+function deletedVmi(phase: string): VirtualMachineInstance {
+  return {
+    apiVersion: "kubevirt.io/v1",
+    kind: "VirtualMachineInstance",
+    metadata: {
+      namespace: "default",
+      name: "vm1",
+      uid: UID,
+      resourceVersion: "7",
+      deletionTimestamp: "2026-12-01T00:00:00Z",
+      finalizers: ["kubevirt.io/foregroundDeleteVirtualMachine"],
+    },
+    spec: { domain: { devices: {} } },
+    status: { phase, nodeName: "node1" },
+  } as VirtualMachineInstance;
+}
+
+/** One reconcile of the deleted VMI with a launcher in `launcher` state and no domain. */
+async function reconcileDeleted(phase: string, launcher: LauncherState) {
+  const events: Recorded[] = [];
+  const calls: string[] = [];
+  const written: string[] = [];
+  const vmi = deletedVmi(phase);
+  const client = {
+    deleteVirtualMachine: () => {
+      calls.push("deleteVirtualMachine");
+      return Promise.resolve();
+    },
+  };
+  const provider = {
+    name: "test-double",
+    watchesLaunchers: false,
+    standsInForController: true,
+    notReadyRequeueMs: 1_000,
+    dialResolver: dialDirectly,
+    socketOf: () => Promise.resolve(launcher === "notReady" ? undefined : "/nonexistent/sock"),
+    stop: () => {
+      calls.push("provider.stop");
+      return Promise.resolve();
+    },
+    releasePodNetwork: () => Promise.resolve(),
+    hotplugMounted: () => Promise.resolve(new Set<string>()),
+  } as unknown as LauncherProvider;
+  let served = launcher !== "notReady";
+  const deps = {
+    nodeName: "node1",
+    provider,
+    informer: {
+      addHandlers: () => {},
+      hasSynced: () => true,
+      get: (key: string) => (key === KEY ? vmi : undefined),
+    },
+    queue: new WorkQueue<string>(),
+    expectations: new Expectations(),
+    statusWriter: {
+      update: (
+        current: VirtualMachineInstance,
+        mutate: (s: NonNullable<VirtualMachineInstance["status"]>) => unknown,
+      ) => {
+        const before = structuredClone(current.status ?? {});
+        const after = (mutate(structuredClone(before)) ?? before) as typeof before;
+        const changed = JSON.stringify(after) !== JSON.stringify(before);
+        if (changed) written.push(after.phase ?? "");
+        return Promise.resolve({ written: changed });
+      },
+      removeFinalizer: () => Promise.resolve(true),
+    },
+    recorder: {
+      record: (_ref: unknown, type: string, reason: string, message: string) => {
+        events.push({ type, reason, message });
+        return Promise.resolve();
+      },
+    },
+    ghosts: {
+      get: () => undefined,
+      findByKey: () => [],
+      lastKnownUid: () => undefined,
+      delete: () => Promise.resolve(),
+    },
+    launchers: {
+      get: () => (served ? client : undefined),
+      getOrCreate: () => client,
+      state: () => Promise.resolve(launcher),
+      isReady: () => Promise.resolve(launcher === "responsive"),
+      remove: () => {
+        served = false;
+      },
+      forgetMark: () => Promise.resolve(),
+    },
+    networks: {
+      addresses: () => Promise.resolve(new Map()),
+      teardown: () => Promise.resolve(),
+    },
+  } as unknown as ControllerDeps;
+  const controller = new VmiController(deps);
+  await controller.reconcile(KEY);
+  deps.queue.shutDown();
+  return { events, calls, written };
+}
+
+const CRASHED = "The VirtualMachineInstance crashed.";
+
+Deno.test("a VMI deleted before it started, whose launcher answers, gets virt-handler's deletion Event and no crash", async () => {
+  const { events, calls, written } = await reconcileDeleted("Scheduled", "responsive");
+  assert.deepEqual(events, [{ type: "Normal", reason: "Deleted", message: "Signaled Deletion" }]);
+  assert.deepEqual(calls, ["deleteVirtualMachine", "provider.stop"]);
+  // Pod-less: virt-controller's Failed once the launcher is gone, in the same sync.
+  assert.deepEqual(written, ["Failed"]);
+});
+
+Deno.test("a VMI deleted before its launcher ever answered ends Failed without a crash Event", async () => {
+  const { events, calls, written } = await reconcileDeleted("Scheduled", "notReady");
+  assert.deepEqual(events.filter((e) => e.message === CRASHED), [], JSON.stringify(events));
+  assert.deepEqual(events, []);
+  assert.deepEqual(calls, ["provider.stop"]);
+  assert.deepEqual(written, ["Failed"]);
+});
+
+Deno.test("a Running VMI deleted after its guest vanished unseen is still the handler's crash", async () => {
+  const { events, written } = await reconcileDeleted("Running", "notReady");
+  assert.deepEqual(written, ["Failed"]);
+  assert.deepEqual(events, [{ type: "Warning", reason: "Stopped", message: CRASHED }]);
+});
