@@ -149,10 +149,14 @@ Deno.test("handler+QEMU: a guest with ACPI and a grace period destroyed with vir
       return phase === "Failed" || phase === "Succeeded" ? v : undefined;
     }, 60_000);
     assert.equal(final.status?.phase, "Failed");
-    // The handler's phase Event is virt-handler's for a Failed VMI, not a shutdown's.
-    const phaseEvents = (await eventsFor(client, ns, name)).filter((e) =>
-      e.message === CRASHED || e.message === SHUT_DOWN
-    );
+    // The handler's phase Event (recorded after the status write) is virt-handler's for a
+    // Failed VMI, not a shutdown's.
+    const phaseEvents = await waitFor("the phase Event", async () => {
+      const events = (await eventsFor(client, ns, name)).filter((e) =>
+        e.message === CRASHED || e.message === SHUT_DOWN
+      );
+      return events.length > 0 ? events : undefined;
+    });
     assert.deepEqual(phaseEvents.map((e) => [e.type, e.reason, e.message]), [
       ["Warning", "Stopped", CRASHED],
     ]);
@@ -268,25 +272,31 @@ Deno.test("handler+QEMU: a VMI whose name a foreign domain holds says why it can
       const why = condition(refused, "Synchronized")!.message ?? "";
       assert.match(why, new RegExp(`"${domain}"`), why);
       assert.match(why, /not a KubeVirt domain/, why);
-      const syncFailed = (await eventsFor(client, ns, name)).filter((e) =>
-        e.type === "Warning" && e.reason === "SyncFailed"
+      // The Event follows the status write that carries the condition.
+      await waitFor(
+        "a SyncFailed Warning saying the same",
+        async () =>
+          (await eventsFor(client, ns, name)).some((e) =>
+            e.type === "Warning" && e.reason === "SyncFailed" && e.message === why
+          ),
+        30_000,
       );
-      assert.ok(syncFailed.some((e) => e.message === why), JSON.stringify(syncFailed));
       assert.match(await virsh("domstate", domain), /running/, "a foreign domain is left alone");
 
       await deleteVmi(client, ns, name);
       await waitFor("the VMI to be gone", async () => !(await getVmi(client, ns, name)), 60_000);
-      const events = await eventsFor(client, ns, name);
+      const events = await waitFor("virt-handler's deletion Event", async () => {
+        const all = await eventsFor(client, ns, name);
+        return all.some((e) =>
+            e.type === "Normal" && e.reason === "Deleted" && e.message === "Signaled Deletion"
+          )
+          ? all
+          : undefined;
+      });
       assert.deepEqual(
         events.filter((e) => e.message === CRASHED),
         [],
         "a VMI that never started did not crash",
-      );
-      assert.ok(
-        events.some((e) =>
-          e.type === "Normal" && e.reason === "Deleted" && e.message === "Signaled Deletion"
-        ),
-        `virt-handler's deletion Event: ${JSON.stringify(events)}`,
       );
       assert.match(await virsh("domstate", domain), /running/, "a foreign domain is left alone");
     } finally {
