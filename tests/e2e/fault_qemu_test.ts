@@ -5,7 +5,7 @@
  */
 import assert from "node:assert/strict";
 import { useCluster } from "../../deploy/cluster/cluster.ts";
-import { ensureLibvirtd } from "../helpers/libvirtd.ts";
+import { ensureLibvirtd, virsh } from "../helpers/libvirtd.ts";
 import { TestCmdClient } from "../helpers/cmd_client.ts";
 import { decodeDomainJson } from "../../mod/domain/mod.ts";
 import {
@@ -36,17 +36,6 @@ async function libvirtdPid(): Promise<number | undefined> {
 
 async function qemuPid(domain: string): Promise<number> {
   return Number((await Deno.readTextFile(`/var/run/libvirt/qemu/${domain}.pid`)).trim());
-}
-
-async function virsh(...args: string[]): Promise<string> {
-  const out = await new Deno.Command("virsh", {
-    args: ["-c", "qemu:///system", ...args],
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  const text = new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr);
-  if (!out.success) throw new Error(`virsh ${args.join(" ")}: ${text}`);
-  return text;
 }
 
 Deno.test(

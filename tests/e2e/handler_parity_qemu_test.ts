@@ -10,7 +10,7 @@ import { useCluster } from "../../deploy/cluster/cluster.ts";
 import type { KubeClient } from "../../mod/kube/mod.ts";
 import { jsonLines } from "../../mod/kube/mod.ts";
 import type { VirtualMachineInstance, VmiCondition } from "../../mod/api/mod.ts";
-import { ensureLibvirtd, tinyGuestXml } from "../helpers/libvirtd.ts";
+import { ensureLibvirtd, tinyGuestXml, virsh } from "../helpers/libvirtd.ts";
 import {
   createVmi,
   deleteVmi,
@@ -28,17 +28,6 @@ import {
 
 const CRASHED = "The VirtualMachineInstance crashed.";
 const SHUT_DOWN = "The VirtualMachineInstance was shut down.";
-
-async function virsh(...args: string[]): Promise<string> {
-  const out = await new Deno.Command("virsh", {
-    args: ["-c", "qemu:///system", ...args],
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  const text = new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr);
-  if (!out.success) throw new Error(`virsh ${args.join(" ")}: ${text}`);
-  return text;
-}
 
 async function domainExists(name: string): Promise<boolean> {
   return (await virsh("list", "--all", "--name")).split("\n").includes(name);

@@ -4,7 +4,7 @@
  */
 import assert from "node:assert/strict";
 import { useCluster } from "../../deploy/cluster/cluster.ts";
-import { ensureLibvirtd } from "../helpers/libvirtd.ts";
+import { ensureLibvirtd, virsh } from "../helpers/libvirtd.ts";
 import {
   createVmi,
   deleteVmi,
@@ -18,17 +18,6 @@ import {
   waitFor,
   waitForPhase,
 } from "../helpers/handler_process.ts";
-
-async function virsh(...args: string[]): Promise<string> {
-  const out = await new Deno.Command("virsh", {
-    args: ["-c", "qemu:///system", ...args],
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  const text = new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr);
-  if (!out.success) throw new Error(`virsh ${args.join(" ")}: ${text}`);
-  return text;
-}
 
 async function withQemuHandler(
   fn: (ctx: {

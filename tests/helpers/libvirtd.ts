@@ -5,6 +5,21 @@
  */
 export { ensureLibvirtd, QEMU_SYSTEM_URI } from "../../deploy/libvirtd.ts";
 
+/**
+ * Runs `virsh -c qemu:///system` with `args` and returns what it printed (stdout, then
+ * stderr); throws naming the command and its output when it fails.
+ */
+export async function virsh(...args: string[]): Promise<string> {
+  const out = await new Deno.Command("virsh", {
+    args: ["-c", "qemu:///system", ...args],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const text = new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr);
+  if (!out.success) throw new Error(`virsh ${args.join(" ")}: ${text}`);
+  return text;
+}
+
 /** Options for {@linkcode tinyGuestXml}. */
 export interface TinyGuestOptions {
   /** Guest memory in MiB; 64 unless told. */
