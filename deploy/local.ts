@@ -4,9 +4,16 @@
  * etcd built by deploy/cluster/build.sh), a libvirtd with QEMU (or, when that
  * cannot run, libvirt's test driver, said loudly), and `virtnode handler
  * --podless` for a node named after this host; then applies the VMIs in
- * deploy/examples/ for that node and shows each VMI's phase live. Ctrl-C deletes
- * the example VMIs, waits for their launchers to stop, stops everything, and leaves the
- * host's libvirt as it found it (qemu.conf, and whether libvirtd runs).
+ * deploy/examples/ for that node and shows each VMI's phase live. It supervises the
+ * handler: one that dies is said, started again (1 s, doubling to 30 s) and the phases are
+ * marked stale until the new one is ready; the VMs keep running meanwhile.
+ *
+ * Ctrl-C deletes every VMI (the control plane is local mode's, with this host its only
+ * node, and goes away with it), waits up to a minute for the handler to stop their guests,
+ * then stops everything and removes what is left of the run: domains of its VMIs (directly
+ * through libvirt when the handler did not), mounts and pinned network namespaces below its
+ * folder, its processes and its folders. It says exactly what it could not remove, and
+ * leaves the host's libvirt as it found it (qemu.conf, and whether libvirtd runs).
  *
  * Flags: `--until-running` exits (cleanly) once every example VMI is Running, for
  * tests; `--test-driver` uses libvirt's test driver even where QEMU could run.
@@ -15,11 +22,18 @@
  */
 import { startCluster } from "./cluster/cluster.ts";
 import { type PreparedLibvirtd, prepareLibvirtd } from "./libvirtd.ts";
+import { kubectl } from "./node/daemonsets.ts";
 import { podlessNodeKubeconfig } from "./podless_node.ts";
-import { type KubeClient, loadKubeClient } from "../mod/kube/mod.ts";
+import { KubeApiError, type KubeClient, loadKubeClient } from "../mod/kube/mod.ts";
 import { sleep } from "../mod/lifecycle/mod.ts";
 import type { VirtualMachineInstance } from "../mod/api/mod.ts";
 import { V8_FLAGS } from "../mod/config/mod.ts";
+import { domainNameOf } from "../mod/domain/mod.ts";
+// The records' store alone, not the whole handler this script starts as a process of its own.
+import { type GhostRecord, GhostRecordStore } from "../mod/handler/ghost_records.ts";
+import { hostLinkExists, hostTapName } from "../mod/network/mod.ts";
+import { parseXml, path } from "../mod/xml/mod.ts";
+import { type Connection, MNT_DETACH, openLibvirt, umount2 } from "../ffi/mod.ts";
 import {
   checkSecurityDriver,
   formatReport,
@@ -78,18 +92,6 @@ async function warnSecurityDriver(uri: string): Promise<void> {
   );
 }
 
-async function kubectl(kubeconfig: string, ...argv: string[]): Promise<string> {
-  const out = await new Deno.Command("kubectl", {
-    args: ["--kubeconfig", kubeconfig, ...argv],
-    stdin: "null",
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  const text = new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr);
-  if (!out.success) throw new Error(`kubectl ${argv.join(" ")} failed: ${text.trim()}`);
-  return text;
-}
-
 /** The example manifests with their node label set to this host's node. */
 async function examples(): Promise<{ file: string; yaml: string; name: string }[]> {
   const dir = `${root}deploy/examples`;
@@ -107,78 +109,259 @@ async function examples(): Promise<{ file: string; yaml: string; name: string }[
   return out;
 }
 
-/** The handler process, its log pumped into a file. */
-interface HandlerChild {
-  process: Deno.ChildProcess;
-  /** Resolves when its output has been written out. */
-  pumped: Promise<unknown>;
-  logFile: Deno.FsFile;
+/** The first wait before a dead handler is started again; it doubles with each death. */
+const RESTART_BACKOFF_MS = 1_000;
+/** The longest wait before a dead handler is started again. */
+const RESTART_BACKOFF_MAX_MS = 30_000;
+/** A handler that ran this long was healthy: after its death the wait starts over. */
+const HEALTHY_RUN_MS = 60_000;
+/** How long the handler gets to end after SIGTERM before it is killed. */
+const HANDLER_STOP_MS = 30_000;
+
+/** Where the supervised handler stands, as the table shows it. */
+interface HandlerHealth {
+  /**
+   * When the handler died, until one started since answers `/readyz`: meanwhile nobody
+   * writes the VMIs' status, and what the table shows of them is stale.
+   */
+  downSince?: Date;
+  /** How the last handler ended, e.g. "killed by SIGKILL". */
+  reason?: string;
+  /** The PID of the handler running now, if one is. */
+  pid?: number;
 }
 
-/** Starts `virtnode handler --podless` for this host's node, its output in `<dir>/handler.log`. */
-async function startHandler(dir: string, kubeconfig: string, uri: string): Promise<HandlerChild> {
-  const handlerLog = `${dir}/handler.log`;
-  const logFile = await Deno.open(handlerLog, { create: true, write: true, append: true });
-  // Its own session: a terminal's Ctrl-C reaches local mode only, which deletes the VMIs
-  // through this handler before it stops it. setpriv has the kernel stop it should local
-  // mode die without doing so.
-  const process = new Deno.Command("setsid", {
-    args: [
-      "setpriv",
-      "--pdeathsig",
-      "SIGTERM",
-      "--",
-      Deno.execPath(),
-      "run",
-      "-A",
-      `--v8-flags=${V8_FLAGS}`,
-      `${root}main.ts`,
-      "--node-name",
-      nodeName,
-      "--kubeconfig",
-      kubeconfig,
-      "--libvirt-uri",
-      uri,
-      "--state-dir",
-      `${dir}/state`,
-      "--run-dir",
-      `${dir}/run`,
-      "--log-format",
-      "json",
-      "handler",
-      "--podless",
-      "--health-address",
-      "127.0.0.1:0",
-    ],
-    stdin: "null",
-    stdout: "piped",
-    stderr: "piped",
-  }).spawn();
-  const pump = async (s: ReadableStream<Uint8Array>) => {
-    for await (const chunk of s) await logFile.write(chunk);
-  };
-  const pumped = Promise.all([pump(process.stdout), pump(process.stderr)]);
-  say(`handler started (pid ${process.pid}); its log: ${handlerLog}`);
-  return { process, pumped, logFile };
+/** A port on the loopback address that nothing listens on now, for the handler's probes. */
+function freePort(): number {
+  const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const { port } = listener.addr;
+  listener.close();
+  return port;
 }
 
-/** The node bridge of the handler's pod network (`--pod-network-bridge`'s default). */
-const POD_BRIDGE = "virtnode0";
-
-function linkExists(name: string): boolean {
+/** Whether the handler's `/readyz` answers 200. */
+async function handlerReady(port: number): Promise<boolean> {
   try {
-    Deno.statSync(`/sys/class/net/${name}`);
-    return true;
+    const res = await fetch(`http://127.0.0.1:${port}/readyz`, {
+      signal: AbortSignal.timeout(2_000),
+    });
+    await res.body?.cancel();
+    return res.ok;
   } catch {
     return false;
   }
 }
 
+/** How a process ended, in words. */
+function describeExit(status: Deno.CommandStatus): string {
+  return status.signal ? `killed by ${status.signal}` : `exit code ${status.code}`;
+}
+
+/** A wall clock time as HH:MM:SS. */
+function clock(date: Date): string {
+  return date.toTimeString().slice(0, 8);
+}
+
+/**
+ * Runs `virtnode handler --podless` for this host's node, its output in
+ * `<dir>/handler.log`, and starts it again whenever it dies: after 1 s, doubling to 30 s
+ * (a handler that ran a minute starts over at 1 s), and at once while local mode stops,
+ * which needs a handler to shut the VMIs' guests down. A restarted handler takes the
+ * running VMs back (its ghost records and the launcher host outlive it), so no guest
+ * stops; until it answers `/readyz`, {@linkcode HandlerSupervisor.health} says it is down.
+ */
+class HandlerSupervisor {
+  readonly #dir: string;
+  readonly #kubeconfig: string;
+  readonly #uri: string;
+  readonly #logPath: string;
+  readonly #logFile: Deno.FsFile;
+  #child?: Deno.ChildProcess;
+  /** The next restart is to come without a wait (once, as local mode begins to stop). */
+  #immediate = false;
+  /** The handler is to end for good. */
+  #ending = false;
+  /** Cuts a back-off wait short. */
+  #wake = new AbortController();
+  #loop: Promise<Deno.CommandStatus | undefined> = Promise.resolve(undefined);
+  #changed = Promise.withResolvers<void>();
+  /** The handler's state now. */
+  readonly health: HandlerHealth = {};
+
+  /**
+   * A supervisor of the handler for the local node with `kubeconfig` and libvirt at
+   * `uri`, its state, run directory and log below `dir`; nothing runs before `start()`.
+   */
+  constructor(o: { dir: string; kubeconfig: string; uri: string }) {
+    this.#dir = o.dir;
+    this.#kubeconfig = o.kubeconfig;
+    this.#uri = o.uri;
+    this.#logPath = `${o.dir}/handler.log`;
+    this.#logFile = Deno.openSync(this.#logPath, { create: true, write: true, append: true });
+  }
+
+  /** Starts the handler and its supervision. */
+  start(): void {
+    this.#loop = this.#supervise();
+  }
+
+  /** Resolves at the next change of {@linkcode HandlerSupervisor.health}. */
+  changed(): Promise<void> {
+    return this.#changed.promise;
+  }
+
+  /**
+   * Local mode stops and needs a handler to shut the guests down: one that is down is
+   * started again at once (a later death waits its back-off, so that a handler that cannot
+   * start is not started over and over).
+   */
+  stopping(): void {
+    this.#immediate = true;
+    this.#wake.abort();
+  }
+
+  /**
+   * Ends the handler (SIGTERM; SIGKILL after {@linkcode HANDLER_STOP_MS}) and its
+   * supervision; resolves with how the last handler ended, undefined when none ran.
+   */
+  async end(): Promise<Deno.CommandStatus | undefined> {
+    this.#ending = true;
+    this.#wake.abort();
+    const child = this.#child;
+    if (child) {
+      try {
+        child.kill("SIGTERM");
+      } catch { /* ended meanwhile */ }
+      const killer = setTimeout(() => {
+        say(`the handler did not end within ${HANDLER_STOP_MS / 1000} s of SIGTERM: killing it`);
+        try {
+          child.kill("SIGKILL");
+        } catch { /* ended meanwhile */ }
+      }, HANDLER_STOP_MS);
+      await child.status.finally(() => clearTimeout(killer));
+    }
+    const status = await this.#loop;
+    this.#logFile.close();
+    return status;
+  }
+
+  async #supervise(): Promise<Deno.CommandStatus | undefined> {
+    let backoff = RESTART_BACKOFF_MS;
+    let last: Deno.CommandStatus | undefined;
+    while (!this.#ending) {
+      const port = freePort();
+      const child = this.#spawn(port);
+      this.#child = child;
+      this.health.pid = child.pid;
+      this.#notify();
+      say(`handler started (pid ${child.pid}); its log: ${this.#logPath}`);
+      const started = performance.now();
+      const pumped = Promise.all([this.#pump(child.stdout), this.#pump(child.stderr)]);
+      const ready = this.#untilReady(child, port);
+      last = await child.status;
+      await Promise.all([pumped, ready]);
+      this.#child = undefined;
+      this.health.pid = undefined;
+      if (this.#ending) break;
+      if (performance.now() - started > HEALTHY_RUN_MS) backoff = RESTART_BACKOFF_MS;
+      this.health.downSince ??= new Date();
+      this.health.reason = describeExit(last);
+      this.#notify();
+      const wait = this.#immediate ? 0 : backoff;
+      say(
+        `the handler (pid ${child.pid}) died (${this.health.reason}); starting it again ` +
+          `${wait > 0 ? `in ${wait / 1000} s` : "now"}; its log: ${this.#logPath}`,
+      );
+      await sleep(wait, this.#wake.signal);
+      // Whether the wait was skipped or cut short, the one immediate restart is this one.
+      this.#immediate = false;
+      if (this.#wake.signal.aborted) this.#wake = new AbortController();
+      backoff = Math.min(backoff * 2, RESTART_BACKOFF_MAX_MS);
+    }
+    return last;
+  }
+
+  /** Polls the handler's `/readyz` until it answers or the handler ends. */
+  async #untilReady(child: Deno.ChildProcess, port: number): Promise<void> {
+    let ended = false;
+    const exited = child.status.then(() => (ended = true));
+    while (!ended) {
+      if (await handlerReady(port)) {
+        const { downSince } = this.health;
+        if (downSince) {
+          const seconds = Math.round((Date.now() - downSince.getTime()) / 1000);
+          say(`the handler is ready again (pid ${child.pid}), ${seconds} s after it went down`);
+        } else {
+          say(`handler ready (pid ${child.pid})`);
+        }
+        this.health.downSince = undefined;
+        this.health.reason = undefined;
+        this.#notify();
+        return;
+      }
+      await Promise.race([exited, sleep(500)]);
+    }
+  }
+
+  #notify(): void {
+    this.#changed.resolve();
+    this.#changed = Promise.withResolvers<void>();
+  }
+
+  async #pump(stream: ReadableStream<Uint8Array>): Promise<void> {
+    for await (const chunk of stream) await this.#logFile.write(chunk);
+  }
+
+  #spawn(port: number): Deno.ChildProcess {
+    // Its own session: a terminal's Ctrl-C reaches local mode only, which deletes the VMIs
+    // through this handler before it stops it. setpriv has the kernel stop it should local
+    // mode die without doing so.
+    return new Deno.Command("setsid", {
+      args: [
+        "setpriv",
+        "--pdeathsig",
+        "SIGTERM",
+        "--",
+        Deno.execPath(),
+        "run",
+        "-A",
+        `--v8-flags=${V8_FLAGS}`,
+        `${root}main.ts`,
+        "--node-name",
+        nodeName,
+        "--kubeconfig",
+        this.#kubeconfig,
+        "--libvirt-uri",
+        this.#uri,
+        "--state-dir",
+        `${this.#dir}/state`,
+        "--run-dir",
+        `${this.#dir}/run`,
+        "--log-format",
+        "json",
+        "handler",
+        "--podless",
+        "--health-address",
+        `127.0.0.1:${port}`,
+      ],
+      stdin: "null",
+      stdout: "piped",
+      stderr: "piped",
+    }).spawn();
+  }
+}
+
+/** The node bridge of the handler's pod network (`--pod-network-bridge`'s default). */
+const POD_BRIDGE = "virtnode0";
+
 /** Resolves at the first SIGINT or SIGTERM. */
 function stopRequested(): Promise<void> {
   return new Promise<void>((resolve) => {
+    let said = false;
     const onSignal = () => {
-      say("Ctrl-C: stopping");
+      // `deno task` passes a terminal's Ctrl-C on to this process, which had it too.
+      if (!said) say("Ctrl-C: stopping");
+      said = true;
       resolve();
     };
     Deno.addSignalListener("SIGINT", onSignal);
@@ -186,20 +369,52 @@ function stopRequested(): Promise<void> {
   });
 }
 
-/** One screen of the VMIs' phases and the node's labels. */
-async function statusTable(client: KubeClient, path: string): Promise<{
+/** Every VMI of the cluster, in every namespace. */
+const ALL_VMIS = "/apis/kubevirt.io/v1/virtualmachineinstances";
+
+/** A VMI of this run, by UID: whatever of it is left on the host is this run's. */
+type RunVmi = Pick<GhostRecord, "uid" | "namespace" | "name">;
+
+/** Adds the listed VMIs to `seen`, the VMIs of this run by UID. */
+function remember(seen: Map<string, RunVmi>, vmis: VirtualMachineInstance[]): void {
+  for (const { metadata: { uid, namespace, name } } of vmis) {
+    if (uid && namespace) seen.set(uid, { uid, namespace, name });
+  }
+}
+
+/** A VMI as the table and the messages name it: with its namespace unless "default". */
+function shownName(vmi: { metadata: { namespace?: string; name: string } }): string {
+  const { namespace, name } = vmi.metadata;
+  return namespace && namespace !== "default" ? `${namespace}/${name}` : name;
+}
+
+/**
+ * One screen of the VMIs' phases and the node's labels. While no ready handler runs after
+ * one died, a line says so and every phase is marked stale: nobody keeps them current.
+ */
+async function statusTable(client: KubeClient, health: HandlerHealth): Promise<{
   table: string;
   vmis: VirtualMachineInstance[];
 }> {
-  const list = await client.request<{ items: VirtualMachineInstance[] }>("GET", path);
+  const list = await client.request<{ items: VirtualMachineInstance[] }>("GET", ALL_VMIS);
+  const stale = health.downSince !== undefined;
   const rows = list.items.map((v) => {
     const ready = v.status?.conditions?.find((c) => c.type === "Ready");
     const sync = v.status?.conditions?.find((c) => c.type === "Synchronized");
-    return `${v.metadata.name.padEnd(16)} ${(v.status?.phase ?? "Pending").padEnd(10)} ` +
+    const phase = (v.status?.phase ?? "Pending") + (stale ? " (stale)" : "");
+    return `${shownName(v).padEnd(16)} ${phase.padEnd(16)} ` +
       `${(v.status?.nodeName ?? "").padEnd(20)} ready=${ready?.status ?? "-"}` +
       (v.status?.interfaces?.[0]?.ipAddress ? `  ip=${v.status.interfaces[0].ipAddress}` : "") +
       (sync?.status === "False" ? `  sync error: ${sync.message}` : "");
   });
+  rows.unshift(`${"NAME".padEnd(16)} ${"PHASE".padEnd(16)} ${"NODE".padEnd(20)} READY`);
+  if (health.downSince) {
+    rows.unshift(
+      `handler down since ${clock(health.downSince)} (${health.reason}), ` +
+        (health.pid ? `restarted (pid ${health.pid}), not ready yet` : "restarting") +
+        ": the phases below are stale until it is ready again",
+    );
+  }
   const node = await client.request<{ metadata: { labels?: Record<string, string> } }>(
     "GET",
     `/api/v1/nodes/${nodeName}`,
@@ -219,12 +434,15 @@ async function statusTable(client: KubeClient, path: string): Promise<{
  */
 async function watch(
   client: KubeClient,
-  uri: string,
-  kubeconfig: string,
-  expected: number,
+  o: {
+    uri: string;
+    kubeconfig: string;
+    expected: number;
+    handler: HandlerSupervisor;
+    seen: Map<string, RunVmi>;
+  },
   stopped: Promise<void>,
 ): Promise<number> {
-  const path = "/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstances";
   let stopping = false;
   stopped.then(() => (stopping = true));
   let last = "";
@@ -235,20 +453,20 @@ async function watch(
       return 1;
     }
     try {
-      const { table, vmis } = await statusTable(client, path);
+      const { table, vmis } = await statusTable(client, o.handler.health);
+      remember(o.seen, vmis);
       if (table !== last) {
         if (isTerminal) {
           console.log(
             "\x1b[2J\x1b[H" + `virtnode local mode — node ${nodeName}, ` +
-              `libvirt ${uri}  (Ctrl-C stops everything)\nkubeconfig: ${kubeconfig}\n`,
+              `libvirt ${o.uri}  (Ctrl-C stops everything)\nkubeconfig: ${o.kubeconfig}\n`,
           );
         }
-        console.log(`${"NAME".padEnd(16)} ${"PHASE".padEnd(10)} ${"NODE".padEnd(20)} READY`);
         console.log(table + "\n");
         last = table;
       }
       if (
-        untilRunning && vmis.length === expected &&
+        untilRunning && vmis.length === o.expected &&
         vmis.every((v) => v.status?.phase === "Running")
       ) {
         say("every example VMI is Running");
@@ -261,32 +479,93 @@ async function watch(
     } catch (error) {
       say(`cannot list VMIs yet: ${(error as Error).message}`);
     }
-    await Promise.race([stopped, sleep(1000)]);
+    // A handler's death or readiness shows at once, not at the next round.
+    await Promise.race([stopped, sleep(1000), o.handler.changed()]);
   }
   return 0;
 }
 
-/** Deletes the example VMIs and waits (up to a minute) for the handler to clean them up. */
-async function deleteExamples(dir: string, kubeconfig: string, names: string[]): Promise<void> {
-  say("deleting the example VMIs (graceful shutdown of their guests)");
-  for (const name of names) {
-    await kubectl(kubeconfig, "delete", "vmi", name, "--ignore-not-found", "--wait=false")
-      .catch((e) => say(e.message));
+/** How long a stop waits for the handler to shut the deleted VMIs' guests down. */
+const STOP_WAIT_MS = 60_000;
+
+/** The ghost records the handler keeps in `dir`: one per VMI it has not cleaned up after. */
+async function ghostRecords(dir: string): Promise<GhostRecord[]> {
+  try {
+    await Deno.stat(dir);
+  } catch {
+    return []; // the handler never served a VMI
   }
-  const deadline = Date.now() + 60_000;
-  while (Date.now() < deadline) {
-    let left = 0;
+  const store = new GhostRecordStore(dir);
+  await store.load();
+  return store.list();
+}
+
+/**
+ * Deletes every VMI of the cluster: local mode's control plane has this host as its only
+ * node and goes away with it, so a VMI the user made is no more meant to outlive it than
+ * the examples. Waits (up to {@linkcode STOP_WAIT_MS}) until the handler has shut their
+ * guests down and cleaned up after them (no ghost record left) and the API has none;
+ * deletes any VMI made meanwhile too.
+ */
+async function deleteEveryVmi(
+  client: KubeClient,
+  o: { ghostDir: string; seen: Map<string, RunVmi> },
+): Promise<void> {
+  const deleted = new Set<string>();
+  const deadline = Date.now() + STOP_WAIT_MS;
+  let waitingFor = "";
+  for (;;) {
+    const left = new Set<string>();
     try {
-      left = [...Deno.readDirSync(`${dir}/state/ghost-records`)].filter((e) => e.isFile).length;
-    } catch { /* none yet */ }
-    if (left === 0) break;
-    await sleep(250);
+      const { items } = await client.request<{ items: VirtualMachineInstance[] }>(
+        "GET",
+        ALL_VMIS,
+      );
+      remember(o.seen, items);
+      for (const vmi of items) {
+        const name = shownName(vmi);
+        left.add(name);
+        if (vmi.metadata.deletionTimestamp || deleted.has(vmi.metadata.uid!)) continue;
+        if (deleted.size === 0) {
+          say(
+            "deleting every VMI (local mode's cluster goes away with it); their guests shut " +
+              "down as their grace periods allow",
+          );
+        }
+        deleted.add(vmi.metadata.uid!);
+        say(`deleting VMI ${name}`);
+        const path = `/apis/kubevirt.io/v1/namespaces/${vmi.metadata.namespace}` +
+          `/virtualmachineinstances/${vmi.metadata.name}`;
+        await client.request("DELETE", path).catch((error) => {
+          if (!(error instanceof KubeApiError && error.status === 404)) {
+            say(`cannot delete VMI ${name}: ${error.message}`);
+          }
+        });
+      }
+    } catch (error) {
+      say(`cannot list the VMIs: ${(error as Error).message}`);
+    }
+    for (const record of await ghostRecords(o.ghostDir).catch(() => [])) {
+      left.add(shownName({ metadata: record }));
+    }
+    if (left.size === 0) return;
+    const names = [...left].sort().join(", ");
+    if (Date.now() > deadline) {
+      say(
+        `${names}: not gone after ${STOP_WAIT_MS / 1000} s; what the handler did not ` +
+          "clean up is removed directly",
+      );
+      return;
+    }
+    if (names !== waitingFor) say(`waiting for the handler to clean up after: ${names}`);
+    waitingFor = names;
+    await sleep(500);
   }
 }
 
 /**
  * Ends the launcher host the handler started (it outlives the handler by design, so that
- * a handler restart never stops a VM); it serves nothing once the examples are deleted.
+ * a handler restart never stops a VM); it serves nothing once the VMIs are deleted.
  */
 async function stopLauncherHost(stateDir: string): Promise<void> {
   let entries: Deno.DirEntry[];
@@ -319,17 +598,139 @@ async function stopLauncherHost(stateDir: string): Promise<void> {
   }
 }
 
-/** The example VMIs' domains (`default_<name>`) that libvirt still has. */
-async function leftoverDomains(uri: string, names: string[]): Promise<string[]> {
-  if (uri.startsWith("test:")) return []; // the launcher host held the test driver's state
-  const out = await new Deno.Command("virsh", {
-    args: ["-c", uri, "list", "--all", "--name"],
-    stdin: "null",
-    stdout: "piped",
-    stderr: "null",
-  }).output();
-  const domains = new Set(new TextDecoder().decode(out.stdout).split("\n").map((l) => l.trim()));
-  return names.map((n) => `default_${n}`).filter((d) => domains.has(d));
+/**
+ * Destroys and undefines the domains the handler left of this run's VMIs (those it did
+ * not finish with in time, or at all), each only when its KubeVirt metadata names the
+ * VMI's UID: a domain of the same name from elsewhere is not this run's. Returns what
+ * could not be removed.
+ */
+async function removeDomainsLeft(uri: string, records: RunVmi[]): Promise<string[]> {
+  // The test driver's domains lived in the launcher host's connection, gone with it.
+  if (records.length === 0 || uri.startsWith("test:")) return [];
+  let conn: Connection;
+  try {
+    conn = await openLibvirt(uri);
+  } catch (error) {
+    return [
+      `domains of ${records.map((r) => shownName({ metadata: r })).join(", ")}, if any: ` +
+      `cannot connect to libvirt at "${uri}": ${(error as Error).message}`,
+    ];
+  }
+  const left: string[] = [];
+  try {
+    const present = new Map((await conn.listAllDomains()).map((d) => [d.name, d]));
+    for (const record of records) {
+      const name = domainNameOf(record.namespace, record.name);
+      const summary = present.get(name);
+      if (!summary) continue;
+      try {
+        const domain = await conn.lookupByName(name);
+        const uid = path(parseXml(await domain.getXMLDesc()), "metadata", "kubevirt", "uid");
+        if (uid?.text.trim() !== record.uid) continue;
+        if (summary.id >= 0) await domain.destroy();
+        await domain.undefine({ nvram: true });
+        say(`removed domain ${name}, which the handler did not clean up`);
+      } catch (error) {
+        left.push(`domain ${name}: ${(error as Error).message}`);
+      }
+    }
+  } catch (error) {
+    left.push(
+      `domains of ${records.map((r) => shownName({ metadata: r })).join(", ")}: ` +
+        (error as Error).message,
+    );
+  } finally {
+    await conn.close();
+  }
+  return left;
+}
+
+/**
+ * Removes the host side taps of this run's VMIs that are still in the host's namespace (a
+ * pod network binding the handler did not finish or undo).
+ */
+async function removeHostTaps(records: RunVmi[]): Promise<string[]> {
+  const left: string[] = [];
+  for (const tap of records.map((r) => hostTapName(r.uid)).filter(hostLinkExists)) {
+    const out = await new Deno.Command("ip", {
+      args: ["link", "delete", "dev", tap],
+      stdout: "null",
+      stderr: "piped",
+    }).output();
+    if (hostLinkExists(tap)) {
+      left.push(`tap ${tap}: ip: ${new TextDecoder().decode(out.stderr).trim()}`);
+    } else say(`removed tap ${tap}`);
+  }
+  return left;
+}
+
+/** The processes, other than this one, whose command line names something in `dir`. */
+function processesOf(dir: string): { pid: number; command: string }[] {
+  const found = [];
+  for (const entry of Deno.readDirSync("/proc")) {
+    if (!/^\d+$/.test(entry.name) || Number(entry.name) === Deno.pid) continue;
+    let cmdline: string;
+    try {
+      cmdline = Deno.readTextFileSync(`/proc/${entry.name}/cmdline`);
+    } catch {
+      continue; // ended meanwhile
+    }
+    if (!cmdline.includes(`${dir}/`)) continue;
+    found.push({ pid: Number(entry.name), command: cmdline.replaceAll("\0", " ").trim() });
+  }
+  return found;
+}
+
+/**
+ * Ends every process still working in `dir` (a launcher or host the handler left):
+ * SIGTERM, then SIGKILL after 5 s. Returns those that outlived both.
+ */
+async function endProcessesOf(dir: string): Promise<string[]> {
+  const signal = (pid: number, name: Deno.Signal) => {
+    try {
+      Deno.kill(pid, name);
+    } catch { /* ended meanwhile */ }
+  };
+  let left = processesOf(dir);
+  for (const p of left) {
+    say(`ending process ${p.pid} (${p.command.slice(0, 120)})`);
+    signal(p.pid, "SIGTERM");
+  }
+  for (let i = 0; i < 50 && left.length > 0; i++) {
+    await sleep(100);
+    left = processesOf(dir);
+  }
+  for (const p of left) signal(p.pid, "SIGKILL");
+  for (let i = 0; i < 20 && left.length > 0; i++) {
+    await sleep(100);
+    left = processesOf(dir);
+  }
+  return left.map((p) => `process ${p.pid}: ${p.command}`);
+}
+
+/** The mount points below `dir` in this mount namespace, the deepest first. */
+function mountsBelow(dir: string): string[] {
+  return Deno.readTextFileSync("/proc/self/mountinfo").split("\n")
+    .map((line) => line.split(" ")[4]?.replace(/\\040/g, " "))
+    .filter((point): point is string => point?.startsWith(`${dir}/`) ?? false)
+    .sort((a, b) => b.length - a.length);
+}
+
+/**
+ * Unmounts what is still mounted below `dir`: network namespaces the handler pinned for
+ * the VMIs' pod networks, volume mounts. Returns the mounts that stayed.
+ */
+function unmountBelow(dir: string): string[] {
+  const left: string[] = [];
+  for (const point of mountsBelow(dir)) {
+    try {
+      umount2(point, MNT_DETACH);
+      say(`unmounted ${point}`);
+    } catch (error) {
+      left.push(`mount ${point}: ${(error as Error).message}`);
+    }
+  }
+  return left;
 }
 
 async function main(): Promise<number> {
@@ -347,7 +748,7 @@ async function main(): Promise<number> {
   const nodeJson = JSON.stringify({ apiVersion: "v1", kind: "Node", metadata: { name: nodeName } });
   const nodeFile = `${cluster.dir}/node.json`;
   await Deno.writeTextFile(nodeFile, nodeJson);
-  await kubectl(kubeconfig, "apply", "-f", nodeFile);
+  await kubectl(kubeconfig, ["apply", "-f", nodeFile]);
   const { uri, prepared } = await pickLibvirt();
   say(`libvirt: ${uri}`);
   await warnSecurityDriver(uri);
@@ -361,45 +762,70 @@ async function main(): Promise<number> {
   );
   say(`handler identity: kubevirt/kubevirt-handler bound to Node ${nodeName}`);
   // The handler's pod network's node bridge (its default); one this run made goes at exit.
-  const bridgeWasThere = linkExists(POD_BRIDGE);
-  const handler = await startHandler(dir, handlerKubeconfig, uri);
+  const bridgeWasThere = hostLinkExists(POD_BRIDGE);
+  const handler = new HandlerSupervisor({ dir, kubeconfig: handlerKubeconfig, uri });
+  handler.start();
   const stopped = stopRequested();
 
   const manifests = await examples();
   for (const m of manifests) {
     const tmp = `${dir}/${m.file}`;
     await Deno.writeTextFile(tmp, m.yaml);
-    say((await kubectl(kubeconfig, "apply", "-f", tmp)).trim());
+    say((await kubectl(kubeconfig, ["apply", "-f", tmp])).trim());
   }
   const client = await loadKubeClient({ kubeconfigPath: kubeconfig });
-  const code = await watch(client, uri, kubeconfig, manifests.length, stopped);
+  // Every VMI local mode saw: a domain of one of them is this run's.
+  const seen = new Map<string, RunVmi>();
+  const code = await watch(client, {
+    uri,
+    kubeconfig,
+    expected: manifests.length,
+    handler,
+    seen,
+  }, stopped);
 
-  await deleteExamples(dir, kubeconfig, manifests.map((m) => m.name));
-  say("stopping the handler");
-  try {
-    handler.process.kill("SIGTERM");
-  } catch { /* gone */ }
-  const status = await handler.process.status;
-  await handler.pumped;
-  handler.logFile.close();
+  handler.stopping();
+  const ghostDir = `${dir}/state/ghost-records`;
+  await deleteEveryVmi(client, { ghostDir, seen });
   client.close();
-  say(`handler exited with code ${status.code}`);
+  say("stopping the handler");
+  const status = await handler.end();
+  if (status) {
+    say(
+      status.signal
+        ? `handler ended by ${status.signal}`
+        : `handler exited with code ${status.code}`,
+    );
+  }
   await stopLauncherHost(`${dir}/state`);
-  if (!bridgeWasThere && linkExists(POD_BRIDGE)) {
+  // What the handler did not clean up (it was gone, or a guest outlasted the wait) goes
+  // directly; what cannot go is said. The handler's records name the VMIs it served, any
+  // that local mode never saw among them.
+  for (const record of await ghostRecords(ghostDir).catch(() => [])) seen.set(record.uid, record);
+  const records = [...seen.values()];
+  const left = [
+    ...await removeDomainsLeft(uri, records),
+    ...await endProcessesOf(dir),
+    ...await removeHostTaps(records),
+    ...unmountBelow(dir),
+  ];
+  if (!bridgeWasThere && hostLinkExists(POD_BRIDGE)) {
     await new Deno.Command("ip", { args: ["link", "delete", POD_BRIDGE] }).output();
-    say(`removed the pod network's bridge ${POD_BRIDGE}`);
+    if (hostLinkExists(POD_BRIDGE)) left.push(`bridge ${POD_BRIDGE}`);
+    else say(`removed the pod network's bridge ${POD_BRIDGE}`);
   }
   say("stopping the control plane");
-  await cluster.stop();
-  const left = await leftoverDomains(uri, manifests.map((m) => m.name));
-  if (left.length > 0) say(`domains left behind in libvirt: ${left.join(", ")}`);
+  await cluster.stop().catch((error) => left.push(`the control plane: ${error.message}`));
   if (prepared) {
     await prepared.restore();
     say("libvirt: the host's configuration is as it was");
   }
-  await Deno.remove(dir, { recursive: true }).catch(() => {});
+  await Deno.remove(dir, { recursive: true })
+    .catch((error) => left.push(`folder ${dir}: ${error.message}`));
+  if (left.length === 0) say("nothing left behind");
+  else say(`left behind, could not be removed:\n${left.map((l) => `  ${l}`).join("\n")}`);
   say("done");
-  return code || (status.code === 0 && left.length === 0 ? 0 : 1);
+  return code || (left.length === 0 && status?.code === 0 ? 0 : 1);
 }
 
 Deno.exit(await main());

@@ -1,0 +1,274 @@
+/**
+ * Local mode (`deno task start`) as a user runs it from a terminal, for the e2e tests: in a
+ * session of its own (so that SIGINT to its process group is a terminal's Ctrl-C), its
+ * output collected, every process it starts marked, and afterwards a look at everything a
+ * run can leave on the host.
+ *
+ * @module
+ */
+import { kubectl } from "../../deploy/node/daemonsets.ts";
+import { findMarkedProcesses, RUN_MARKER_VAR, sweepMarkedProcesses } from "../run.ts";
+
+const root = new URL("../../", import.meta.url).pathname;
+
+/** The VMIs in deploy/examples/, which local mode applies. */
+export const EXAMPLES = ["vmi-cirros", "vmi-efi", "vmi-minimal"];
+/** Their domains' names. */
+export const EXAMPLE_DOMAINS: string[] = EXAMPLES.map((n) => `default_${n}`);
+
+/** One run of local mode. */
+export interface LocalModeRun {
+  /** `deno task start`, in its own session: its PID is its process group's. */
+  child: Deno.ChildProcess;
+  /** The value of the test runner's marker variable that every process of the run carries. */
+  marker: string;
+  /** Everything it printed so far (stdout and stderr). */
+  output(): string;
+  /** Resolves once both of its output streams have ended. */
+  drained: Promise<unknown>;
+}
+
+/** Starts `deno task start` with `args` (local mode's flags) in a session of its own. */
+export function startLocalMode(args: string[] = []): LocalModeRun {
+  const marker = `local-mode-${crypto.randomUUID()}`;
+  const child = new Deno.Command("setsid", {
+    args: [Deno.execPath(), "task", "start", ...args],
+    cwd: root,
+    env: { [RUN_MARKER_VAR]: marker },
+    stdin: "null",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  let text = "";
+  const pump = async (stream: ReadableStream<Uint8Array>) => {
+    const decoder = new TextDecoder();
+    for await (const chunk of stream) text += decoder.decode(chunk, { stream: true });
+  };
+  const drained = Promise.all([pump(child.stdout), pump(child.stderr)]);
+  return { child, marker, output: () => text, drained };
+}
+
+/**
+ * Waits until `pattern` matches the run's output after offset `from`; throws with the
+ * output when it does not within `timeoutMs`, naming `what` did not happen.
+ */
+export async function waitForOutput(
+  run: LocalModeRun,
+  pattern: RegExp,
+  o: { what: string; timeoutMs: number; from?: number },
+): Promise<RegExpExecArray> {
+  const deadline = Date.now() + o.timeoutMs;
+  for (;;) {
+    const match = pattern.exec(run.output().slice(o.from ?? 0));
+    if (match) {
+      match.index += o.from ?? 0;
+      return match;
+    }
+    if (Date.now() > deadline) {
+      throw new Error(
+        `${o.what} within ${o.timeoutMs / 1000} s; local mode printed:\n${run.output()}`,
+      );
+    }
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+/** Waits until every example VMI is shown Running; returns local mode's node name. */
+export async function waitForExamples(run: LocalModeRun, timeoutMs = 300_000): Promise<string> {
+  const [, node] = await waitForOutput(run, /\[local\] node name: (\S+)/, {
+    what: "local mode did not name its node",
+    timeoutMs: 60_000,
+  });
+  for (const name of EXAMPLES) {
+    await waitForOutput(run, new RegExp(`^${name} +Running`, "m"), {
+      what: `${name} was not shown Running`,
+      timeoutMs,
+    });
+  }
+  return node;
+}
+
+/** The kubeconfig of the run's control plane and the folder local mode made, from its output. */
+export function runPaths(run: LocalModeRun): { kubeconfig: string; dirs: string[] } {
+  const text = run.output();
+  const kubeconfig = /\[local\] kubeconfig: (\S+)/.exec(text)?.[1];
+  const localDir = /its log: (\S+)\/handler\.log/.exec(text)?.[1];
+  if (!kubeconfig || !localDir) throw new Error(`Local mode did not print its paths:\n${text}`);
+  const clusterDir = kubeconfig.slice(0, kubeconfig.lastIndexOf("/"));
+  return { kubeconfig, dirs: [clusterDir, localDir] };
+}
+
+/**
+ * Creates a VMI of the user's, not one of the examples: the smallest guest (no disk, no
+ * network, ACPI on) named `namespace/name`, for the node `node`, through kubectl, with a
+ * grace period of `gracePeriodSeconds` (0 unless given). With no OS, its guest never
+ * answers ACPI's power button: a deletion waits out the whole grace period.
+ */
+export async function createUserVmi(
+  kubeconfig: string,
+  vmi: { namespace: string; name: string; node: string; gracePeriodSeconds?: number },
+): Promise<void> {
+  if (vmi.namespace !== "default") {
+    await kubectl(kubeconfig, ["create", "namespace", vmi.namespace]);
+  }
+  const manifest = {
+    apiVersion: "kubevirt.io/v1",
+    kind: "VirtualMachineInstance",
+    metadata: { name: vmi.name, namespace: vmi.namespace },
+    spec: {
+      nodeSelector: { "kubernetes.io/hostname": vmi.node },
+      terminationGracePeriodSeconds: vmi.gracePeriodSeconds ?? 0,
+      domain: {
+        cpu: { cores: 1, features: [{ name: "arch-capabilities", policy: "disable" }] },
+        memory: { guest: "64Mi" },
+        resources: { requests: { memory: "64Mi" } },
+        features: { acpi: { enabled: true } },
+        devices: { autoattachPodInterface: false, autoattachGraphicsDevice: false },
+      },
+    },
+  };
+  await kubectl(kubeconfig, ["apply", "-f", "-"], JSON.stringify(manifest));
+}
+
+/** Waits until the API shows the VMI `namespace/name` Running. */
+export async function waitForVmiRunning(
+  kubeconfig: string,
+  vmi: { namespace: string; name: string },
+  timeoutMs = 300_000,
+): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  let phase = "";
+  while (phase !== "Running") {
+    if (Date.now() > deadline) {
+      throw new Error(`VMI ${vmi.namespace}/${vmi.name} is "${phase}", not Running`);
+    }
+    await new Promise((r) => setTimeout(r, 500));
+    phase = await kubectl(kubeconfig, [
+      "get",
+      "vmi",
+      "-n",
+      vmi.namespace,
+      vmi.name,
+      "-o",
+      "jsonpath={.status.phase}",
+    ]).catch(() => "");
+  }
+}
+
+/** libvirt's domain names (`<namespace>_<name>`) on the system libvirtd. */
+export async function domainNames(): Promise<string[]> {
+  const out = await new Deno.Command("virsh", {
+    args: ["-c", "qemu:///system", "list", "--all", "--name"],
+    stdout: "piped",
+    stderr: "null",
+  }).output();
+  return new TextDecoder().decode(out.stdout).split("\n").map((l) => l.trim()).filter(Boolean);
+}
+
+/** The ID of a running domain (a new one each time its QEMU starts), or "" when it is off. */
+export async function domainId(name: string): Promise<string> {
+  const out = await new Deno.Command("virsh", {
+    args: ["-c", "qemu:///system", "domid", name],
+    stdout: "piped",
+    stderr: "null",
+  }).output();
+  return new TextDecoder().decode(out.stdout).trim();
+}
+
+/** The network namespaces `ip netns list` names (those pinned in /run/netns). */
+export async function pinnedNetns(): Promise<string[]> {
+  const out = await new Deno.Command("ip", {
+    args: ["netns", "list"],
+    stdout: "piped",
+    stderr: "null",
+  }).output();
+  return new TextDecoder().decode(out.stdout).split("\n").map((l) => l.split(" ")[0])
+    .filter(Boolean);
+}
+
+/** What a run of local mode left on the host. */
+export interface Leftovers {
+  /** Domains of the run's VMIs that libvirt still has. */
+  domains: string[];
+  /** Network namespaces pinned in /run/netns since the run began. */
+  netns: string[];
+  /** Mounts (network namespace pins among them) below the run's folders. */
+  mounts: string[];
+  /** The run's folders that still exist. */
+  dirs: string[];
+  /** Processes that carry the run's marker. */
+  processes: string[];
+}
+
+/** The mount points below any of `dirs`, from this mount namespace's table. */
+function mountsBelow(dirs: string[]): string[] {
+  return Deno.readTextFileSync("/proc/self/mountinfo").split("\n")
+    .map((line) => line.split(" ")[4]?.replace(/\\040/g, " "))
+    .filter((point): point is string =>
+      point !== undefined && dirs.some((d) => point === d || point.startsWith(`${d}/`))
+    );
+}
+
+/**
+ * Everything of the run still on the host: domains named `domains`, network namespaces
+ * not in `netnsBefore`, mounts below and existence of `dirs`, and marked processes.
+ */
+export async function leftovers(
+  run: LocalModeRun,
+  o: { domains: string[]; dirs: string[]; netnsBefore: string[] },
+): Promise<Leftovers> {
+  const domains = (await domainNames()).filter((d) => o.domains.includes(d));
+  const netns = (await pinnedNetns()).filter((n) => !o.netnsBefore.includes(n));
+  const dirs = o.dirs.filter((d) => {
+    try {
+      Deno.statSync(d);
+      return true;
+    } catch {
+      return false;
+    }
+  });
+  const processes = findMarkedProcesses(run.marker).map((p) => `${p.pid} ${p.command}`);
+  return { domains, netns, mounts: mountsBelow(o.dirs), dirs, processes };
+}
+
+/** Nothing, as {@linkcode leftovers} reports it. */
+export const NOTHING_LEFT: Leftovers = {
+  domains: [],
+  netns: [],
+  mounts: [],
+  dirs: [],
+  processes: [],
+};
+
+/**
+ * After a test, whatever it ended with: ends every process of the run, removes the
+ * domains named `domains`, and the run's folders with the mounts below them, so that a
+ * failed run neither outlives its test nor breaks the next one.
+ */
+export async function removeRun(run: LocalModeRun, domains: string[]): Promise<void> {
+  try {
+    Deno.kill(-run.child.pid, "SIGKILL");
+  } catch { /* ended */ }
+  await run.child.status;
+  await run.drained;
+  await sweepMarkedProcesses(run.marker);
+  const present = await domainNames();
+  for (const domain of domains.filter((d) => present.includes(d))) {
+    for (const args of [["destroy", domain], ["undefine", domain, "--nvram"]]) {
+      await new Deno.Command("virsh", {
+        args: ["-c", "qemu:///system", ...args],
+        stdout: "null",
+        stderr: "null",
+      }).output();
+    }
+  }
+  let dirs: string[] = [];
+  try {
+    dirs = runPaths(run).dirs;
+  } catch { /* it printed no paths: it made none */ }
+  for (const point of mountsBelow(dirs).reverse()) {
+    await new Deno.Command("umount", { args: ["-l", point], stdout: "null", stderr: "null" })
+      .output();
+  }
+  for (const dir of dirs) await Deno.remove(dir, { recursive: true }).catch(() => {});
+}
