@@ -106,15 +106,16 @@ export const RUN_MARKER_VAR = "VIRTNODE_TEST_RUN";
 
 /**
  * How long a tier may run before the runner ends it and everything it started. Generous:
- * integration takes about 5 minutes, e2e 2.5 and fresh 2 when its root is cached (a first
- * debootstrap takes longer).
+ * on a 2-core machine integration takes about 8 minutes, security 2, e2e about 15 (local
+ * mode's lifecycle tests alone 4.5) and fresh 2 when its root is cached (a first debootstrap
+ * takes longer).
  */
 export const TIER_TIMEOUT_MS: Record<Tier, number> = {
   unit: 10 * 60_000,
   security: 10 * 60_000,
   integration: 20 * 60_000,
   kubevirt: 15 * 60_000,
-  e2e: 15 * 60_000,
+  e2e: 30 * 60_000,
   node: 15 * 60_000,
   fresh: 20 * 60_000,
   soak: 20 * 60_000,
