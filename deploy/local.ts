@@ -29,8 +29,7 @@ import { sleep } from "../mod/lifecycle/mod.ts";
 import type { VirtualMachineInstance } from "../mod/api/mod.ts";
 import { V8_FLAGS } from "../mod/config/mod.ts";
 import { domainNameOf } from "../mod/domain/mod.ts";
-// The records' store alone, not the whole handler this script starts as a process of its own.
-import { type GhostRecord, GhostRecordStore } from "../mod/handler/ghost_records.ts";
+import { type GhostRecord, GhostRecordStore } from "../mod/handler/mod.ts";
 import { hostLinkExists, hostTapName } from "../mod/network/mod.ts";
 import { parseXml, path } from "../mod/xml/mod.ts";
 import { type Connection, MNT_DETACH, openLibvirt, umount2 } from "../ffi/mod.ts";
