@@ -118,7 +118,9 @@ export const TIER_TIMEOUT_MS: Record<Tier, number> = {
   e2e: 30 * 60_000,
   node: 15 * 60_000,
   fresh: 20 * 60_000,
-  soak: 20 * 60_000,
+  // Two 10-minute soaks one after the other (the orphaned launcher host's, the handler's
+  // with its 20 guests' start), about 23 minutes in all.
+  soak: 35 * 60_000,
 };
 
 /** A process that still carries a tier's marker after the tier ended. */

@@ -46,6 +46,8 @@ export interface HandlerProcessOptions {
   openMetrics?: boolean;
   /** The run directory; `<dir>/run` unless told. */
   runDir?: string;
+  /** Flags of `deno run` itself (e.g. `--inspect=127.0.0.1:9229`), before the script. */
+  denoFlags?: string[];
 }
 
 /** A pod-less pod network for one test handler: its own node bridge and /24. */
@@ -147,6 +149,8 @@ export interface HandlerArgsOptions {
   openMetrics?: boolean;
   /** The run directory; `<dir>/run` unless told. */
   runDir?: string;
+  /** Flags of `deno run` itself, before the script. */
+  denoFlags?: string[];
 }
 
 /**
@@ -158,6 +162,7 @@ export function handlerArgs(o: HandlerArgsOptions): string[] {
     "run",
     "-A",
     `--v8-flags=${V8_FLAGS}`,
+    ...(o.denoFlags ?? []),
     MAIN,
     "--node-name",
     o.nodeName,

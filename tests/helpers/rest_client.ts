@@ -168,9 +168,30 @@ export async function reissueServerCertificate(certs: TestCertificates): Promise
  * Issues the handler a new server certificate and key (same CA and name) in
  * `<certs.dir>/<folder>/`, left there; returns their paths.
  */
-export async function issueServerCertificate(
+export function issueServerCertificate(
   certs: TestCertificates,
   folder = "next",
+): Promise<{ cert: string; key: string }> {
+  return issueCertificate(certs, folder, "kubevirt.io:system:node:virt-handler", "server.ext");
+}
+
+/**
+ * Issues a new client certificate of virt-handler's name (what a handler presents to
+ * another node's migration listener) and its key, of the same CA, in
+ * `<certs.dir>/<folder>/`, left there; returns their paths.
+ */
+export function issueClientCertificate(
+  certs: TestCertificates,
+  folder = "next-client",
+): Promise<{ cert: string; key: string }> {
+  return issueCertificate(certs, folder, "kubevirt.io:system:client:virt-handler", "client.ext");
+}
+
+async function issueCertificate(
+  certs: TestCertificates,
+  folder: string,
+  commonName: string,
+  extensions: string,
 ): Promise<{ cert: string; key: string }> {
   const dir = certs.dir;
   await Deno.mkdir(join(dir, folder), { recursive: true });
@@ -187,7 +208,7 @@ export async function issueServerCertificate(
     "-out",
     `${folder}/tls.csr`,
     "-subj",
-    "/CN=kubevirt.io:system:node:virt-handler",
+    `/CN=${commonName}`,
   );
   await openssl(
     dir,
@@ -205,7 +226,7 @@ export async function issueServerCertificate(
     "-days",
     "1",
     "-extfile",
-    "server.ext",
+    extensions,
   );
   return { cert: join(dir, folder, "tls.crt"), key: join(dir, folder, "tls.key") };
 }
