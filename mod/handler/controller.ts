@@ -491,7 +491,17 @@ export class VmiController {
       case "cleanup":
         // KubeVirt's handler asks a launcher that answers to delete the domain even when
         // it reports none (one that never started, or another's under the VMI's name).
-        if (decision.deleteFirst) await this.#processVmDelete(vmi);
+        if (decision.deleteFirst) {
+          // A launcher that went away since it last answered has nothing left to delete:
+          // KubeVirt's handler, too, counts a disconnect as done and cleans up.
+          await this.#processVmDelete(vmi).catch((error) => {
+            if (!(error instanceof LauncherCallError && error.unreachable)) throw error;
+            log.debug("Launcher gone before the delete: cleaning up", {
+              key: vmiKey(vmi.metadata),
+              uid: vmi.metadata.uid,
+            });
+          });
+        }
         await this.#processVmCleanup(vmi);
         return DONE;
       case "update":

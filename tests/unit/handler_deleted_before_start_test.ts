@@ -12,6 +12,7 @@ import type { LauncherState } from "../../mod/domain/mod.ts";
 import {
   type ControllerDeps,
   dialDirectly,
+  LauncherCallError,
   type LauncherProvider,
   VmiController,
 } from "../../mod/handler/mod.ts";
@@ -44,7 +45,11 @@ function deletedVmi(phase: string): VirtualMachineInstance {
 }
 
 /** One reconcile of the deleted VMI with a launcher in `launcher` state and no domain. */
-async function reconcileDeleted(phase: string, launcher: LauncherState) {
+async function reconcileDeleted(
+  phase: string,
+  launcher: LauncherState,
+  deleteFails?: Error,
+) {
   const events: Recorded[] = [];
   const calls: string[] = [];
   const written: string[] = [];
@@ -52,7 +57,7 @@ async function reconcileDeleted(phase: string, launcher: LauncherState) {
   const client = {
     deleteVirtualMachine: () => {
       calls.push("deleteVirtualMachine");
-      return Promise.resolve();
+      return deleteFails ? Promise.reject(deleteFails) : Promise.resolve();
     },
   };
   const provider = {
@@ -148,4 +153,22 @@ Deno.test("a Running VMI deleted after its guest vanished unseen is still the ha
   const { events, written } = await reconcileDeleted("Running", "notReady");
   assert.deepEqual(written, ["Failed"]);
   assert.deepEqual(events, [{ type: "Warning", reason: "Stopped", message: CRASHED }]);
+});
+
+Deno.test("a VMI deleted after its launcher went away unseen is cleaned up: the failed delete of a disconnected launcher is not an error", async () => {
+  const gone = new LauncherCallError("DeleteVirtualMachine", "connect ECONNREFUSED", {
+    unreachable: true,
+  });
+  const { calls, written } = await reconcileDeleted("Scheduled", "responsive", gone);
+  assert.deepEqual(calls, ["deleteVirtualMachine", "provider.stop"]);
+  assert.deepEqual(written, ["Failed"]);
+  // A launcher that answered and refused is the sync's error (retried with backoff).
+  await assert.rejects(
+    reconcileDeleted(
+      "Scheduled",
+      "responsive",
+      new LauncherCallError("DeleteVirtualMachine", "no"),
+    ),
+    /command DeleteVirtualMachine failed: no/,
+  );
 });
