@@ -433,3 +433,30 @@ export function mutateJson(value: Json, rand: Rand): { value: Json; applied: str
   }
   return { value: root, applied: `${op}@${path.join(".")}` };
 }
+
+/** How the cases of a fuzz run against a server ended, and its slowest answer. */
+export class Outcomes {
+  readonly #counts = new Map<string, number>();
+  #slowestMs = 0;
+
+  /** Counts one case that ended as `what`. */
+  count(what: string): void {
+    this.#counts.set(what, (this.#counts.get(what) ?? 0) + 1);
+  }
+
+  /** Notes how long one answer took. */
+  timed(ms: number): void {
+    this.#slowestMs = Math.max(this.#slowestMs, ms);
+  }
+
+  /** Prints the tally and asserts each of `expected` happened, unless one case is replayed. */
+  report(...expected: string[]): void {
+    const tally = [...this.#counts].map(([k, v]) => `${k} ${v}`).join(", ");
+    console.log(`  outcomes: ${tally}; slowest ${this.#slowestMs.toFixed(0)} ms`);
+    // Both kinds of answer, or the run did not reach past the decoding.
+    if (replaying()) return;
+    for (const what of expected) {
+      if (!this.#counts.get(what)) throw new Error(`No case ended "${what}": ${tally}`);
+    }
+  }
+}
