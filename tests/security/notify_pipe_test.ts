@@ -42,7 +42,12 @@ async function setup() {
     handlers: { onDomainEvent: (e) => domains.push(e), onK8sEvent: (e) => events.push(e) },
     dialResolver: provider.dialResolver,
   });
-  await pipes.open(OWN, socket);
+  try {
+    await pipes.open(OWN, socket);
+  } catch (error) {
+    await pod.stop(); // the pod and its folder go even when the pipe could not open
+    throw error;
+  }
   return {
     pod,
     pipes,
