@@ -184,6 +184,7 @@ async function migrationOptions(
     clientCaFile?: string;
     migrationIp?: string;
     migrationSocketDir?: string;
+    migrationCnTypes?: string[];
   },
   o: {
     config: { runDir: string; libvirtUri: string };
@@ -221,6 +222,7 @@ async function migrationOptions(
     serverTls: await o.serverTls(),
     clientTls,
     caConfigMap: o.caConfigMap,
+    clientCommonNames: opts.migrationCnTypes?.map((t) => `kubevirt.io:system:client:${t}`),
     socketDir: opts.migrationSocketDir ?? o.config.runDir,
     libvirtSocket: libvirtSocketOfUri(o.config.libvirtUri),
   };
@@ -277,6 +279,11 @@ function handlerCommand(program: Command): void {
       portNumber,
     )
     .option("--console-server-address <host>", "address of the REST API", "0.0.0.0")
+    .option(
+      "--migration-cn-types <type>",
+      "a migration client's certificate must be kubevirt.io:system:client:<type>; repeatable, as virt-handler's (default: virt-handler, migration)",
+      (value: string, previous?: string[]) => [...(previous ?? []), value],
+    )
     .option(
       "--health-tls",
       "serve /healthz, /readyz and /metrics over TLS with --server-cert-dir's certificate (as virt-handler serves 8443)",

@@ -154,6 +154,11 @@ export interface HandlerMigrationOptions {
   /** The ConfigMap (`namespace/name`, key `ca-bundle`) of the CA, unless the material has a CA file. */
   caConfigMap?: string;
   /**
+   * The common names a migration client's certificate may have (`--migration-cn-types`);
+   * KubeVirt's default (`kubevirt.io:system:client:virt-handler` and `...:migration`) unless given.
+   */
+  clientCommonNames?: readonly string[];
+  /**
    * Pod-less mode: the folder of the proxy's sockets (`migrationproxy/` in it), which
    * libvirtd and QEMU see at the same path. It must be the same path on every node: the
    * target's QEMU listens where the source's migration URI points.
@@ -402,6 +407,7 @@ export class Handler implements Runnable {
       serverTls: () => m.serverTls.context(),
       clientTls: () => m.clientTls.context(),
       bindAddress: m.address,
+      clientNames: m.clientCommonNames,
     });
     const informer = new Informer<VirtualMachineInstance>(this.#client, {
       path: `/apis/kubevirt.io/v1/${VMI_RESOURCE}`,

@@ -90,6 +90,8 @@ export interface MigrationProxyOptions {
   bindAddress?: string;
   /** Owner of the source sockets (the user the launcher's libvirt runs as), if not root. */
   socketOwner?: { uid: number; gid: number };
+  /** The common names a migration client may have; {@linkcode MIGRATION_CLIENT_NAMES} unless given. */
+  clientNames?: readonly string[];
 }
 
 /** Why a peer's certificate is refused, or undefined when it is let in. */
@@ -139,13 +141,14 @@ interface Running {
  */
 export function refuseMigrationClient(
   client: Pick<tls.TLSSocket, "authorized" | "authorizationError" | "getPeerCertificate">,
+  names: readonly string[] = MIGRATION_CLIENT_NAMES,
 ): string | undefined {
   if (client.authorized !== true) {
     return `the peer certificate is not verified against the CA bundle: ${
       String(client.authorizationError ?? "no verification result")
     }`;
   }
-  return refusePeer(client.getPeerCertificate(), MIGRATION_CLIENT_NAMES);
+  return refusePeer(client.getPeerCertificate(), names);
 }
 
 /** A target listener: TLS on a free port, each connection carried to `target`. */
@@ -154,7 +157,13 @@ class TargetProxy implements Running {
   readonly #connections = new Set<net.Socket>();
   port = 0;
 
-  constructor(key: string, readonly launcherPort: number, target: ProxyTarget, material: ProxyTls) {
+  constructor(
+    key: string,
+    readonly launcherPort: number,
+    target: ProxyTarget,
+    material: ProxyTls,
+    clientNames: readonly string[],
+  ) {
     // The material as it is when the migration begins: a listener lives for one migration.
     this.server = tls.createServer({
       requestCert: true,
@@ -164,7 +173,7 @@ class TargetProxy implements Running {
       key: material.key,
       ca: material.ca,
     }, (client) => {
-      const why = refuseMigrationClient(client);
+      const why = refuseMigrationClient(client, clientNames);
       if (why) {
         log.warn("Migration connection refused: {why}", { key, why });
         client.destroy();
@@ -331,7 +340,13 @@ export class MigrationProxyManager {
     const proxies: TargetProxy[] = [];
     try {
       for (const target of targets) {
-        const proxy = new TargetProxy(key, target.port, target, material);
+        const proxy = new TargetProxy(
+          key,
+          target.port,
+          target,
+          material,
+          this.#o.clientNames ?? MIGRATION_CLIENT_NAMES,
+        );
         proxies.push(proxy);
         await proxy.listen(this.#o.bindAddress ?? "0.0.0.0");
       }
