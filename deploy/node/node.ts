@@ -68,8 +68,11 @@ export interface Node {
   readonly devicePluginsDir: string;
   /** The pods' address range. */
   readonly podCidr: string;
-  /** Imports an OCI image archive into containerd's Kubernetes namespace. */
-  importImage(archive: string): Promise<void>;
+  /**
+   * Imports an OCI image archive into containerd's Kubernetes namespace, also under each of
+   * `names` (the same image under the names a manifest expects).
+   */
+  importImage(archive: string, names?: string[]): Promise<void>;
   /** The last lines of each process's log with warnings and errors, for a failing test. */
   complaints(): Promise<string>;
   /** Ends every process the node started and removes its files. */
@@ -555,7 +558,7 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
     kubeletDir,
     devicePluginsDir: isolated ? join(kubeletDir, "device-plugins") : DEVICE_PLUGINS_DIR,
     podCidr,
-    importImage: async (archive) => {
+    importImage: async (archive, names = []) => {
       await ctr(["images", "import", archive]);
       // A registry's image has a repo digest (name@sha256:<manifest>), which the kubelet
       // reports as a container's imageID and virt-controller pins a migration target's
@@ -566,8 +569,11 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
       for (const m of index.manifests ?? []) {
         const name = m.annotations?.["io.containerd.image.name"];
         if (!name) continue;
-        const repo = name.replace(/:[^:/]+$/, "");
-        await ctr(["images", "tag", "--force", name, `${repo}@${m.digest}`]);
+        for (const alias of [name, ...names]) {
+          if (alias !== name) await ctr(["images", "tag", "--force", name, alias]);
+          const repo = alias.replace(/:[^:/]+$/, "");
+          await ctr(["images", "tag", "--force", name, `${repo}@${m.digest}`]);
+        }
       }
     },
     complaints: async () => {

@@ -25,6 +25,8 @@ export interface ImageSpec {
   env?: string[];
   /** The working directory. */
   workingDir?: string;
+  /** The user the container runs as (numeric, so that `runAsNonRoot` can be checked). */
+  user?: string;
 }
 
 async function run(cmd: string, args: string[]): Promise<void> {
@@ -86,6 +88,7 @@ export async function buildImageArchive(spec: ImageSpec, archive: string): Promi
         Entrypoint: spec.entrypoint,
         Env: spec.env ?? ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
         ...(spec.workingDir ? { WorkingDir: spec.workingDir } : {}),
+        ...(spec.user ? { User: spec.user } : {}),
       },
       rootfs: { type: "layers", diff_ids: layers.map((l) => `sha256:${l.digest}`) },
     });
