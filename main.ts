@@ -263,6 +263,12 @@ function handlerCommand(program: Command): void {
     .option("--cpu-manager-state <file>", "kubelet CPU manager state file", absoluteDir)
     .option("--no-node-labeller", "do not label this node from libvirt's capabilities")
     .option(
+      "--node-labeller-dir <dir>",
+      "read libvirt's capabilities from the files KubeVirt's node-labeller init container writes here, when it holds them",
+      absoluteDir,
+      "/var/lib/kubevirt-node-labeller",
+    )
+    .option(
       "--pod-network-cidr <cidrs>",
       "pod-less mode: the VMs' pod address ranges, one per family, comma-separated",
       "10.245.0.0/16",
@@ -426,18 +432,20 @@ function handlerCommand(program: Command): void {
         libvirtUri: config.libvirtUri,
         // libvirt's libraries and workers cost the handler ~30 MB RSS for as long as they
         // are mapped; a child reads them (what KubeVirt's node-labeller script does).
-        readCapabilities: (uri, gather) =>
-          node.readCapabilitiesInChild(
-            selfCommand([
-              ...globals,
-              "--libvirt-uri",
-              uri,
-              "labeller",
-              "--print-documents",
-              ...(gather.virttype ? ["--virttype", gather.virttype] : []),
-            ]),
-            gather,
-          ),
+        // Under virt-operator, KubeVirt's init container has written them: no libvirt here.
+        readCapabilities: async (uri, gather) =>
+          await node.readCapabilityFiles(opts.nodeLabellerDir, gather) ??
+            node.readCapabilitiesInChild(
+              selfCommand([
+                ...globals,
+                "--libvirt-uri",
+                uri,
+                "labeller",
+                "--print-documents",
+                ...(gather.virttype ? ["--virttype", gather.virttype] : []),
+              ]),
+              gather,
+            ),
         // Pod-less hosts have no kubelet to register with: no device plugins there.
         devicePlugins: opts.podless
           ? false

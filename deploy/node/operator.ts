@@ -166,7 +166,9 @@ interface ComponentPatch {
 /**
  * The CR's patches of the `virt-handler` DaemonSet on `node`: the host folders a test node
  * keeps below its own folder, and, for virtnode, the handler container's image, command
- * and the folders virtnode keeps besides KubeVirt's (deploy/daemonset.yaml's arguments).
+ * and the folder virtnode keeps besides KubeVirt's (deploy/daemonset.yaml's arguments). It
+ * labels the node from what KubeVirt's node-labeller init container wrote, as virt-handler
+ * does.
  */
 export function handlerPatches(
   node: Node,
@@ -188,10 +190,7 @@ export function handlerPatches(
   ];
   const containers = [];
   if (handler === "virtnode") {
-    volumes.push(
-      hostPath("virtnode-state", "/var/lib/virtnode"),
-      hostPath("virtnode-libvirt-run", join(node.dir, "virtnode-libvirt-run")),
-    );
+    volumes.push(hostPath("virtnode-state", "/var/lib/virtnode"));
     containers.push({
       name: "virt-handler",
       image: virtnodeImageName,
@@ -208,10 +207,7 @@ export function handlerPatches(
         `--ca-configmap=${KUBEVIRT_NAMESPACE}/kubevirt-ca`,
         "--client-cert-dir=/etc/virt-handler/clientcertificates",
       ],
-      volumeMounts: [
-        { name: "virtnode-state", mountPath: "/var/lib/virtnode" },
-        { name: "virtnode-libvirt-run", mountPath: "/var/run/libvirt", readOnly: true },
-      ],
+      volumeMounts: [{ name: "virtnode-state", mountPath: "/var/lib/virtnode" }],
     });
   }
   return [{

@@ -76,9 +76,11 @@ export {
   type CapabilityReader,
   CapabilityReadError,
   type ChildReadOptions,
+  KUBEVIRT_LABELLER_DIR,
   type NodeServices,
   nodeServices,
   type NodeServicesOptions,
   readCapabilities,
   readCapabilitiesInChild,
+  readCapabilityFiles,
 } from "./services.ts";

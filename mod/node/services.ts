@@ -146,6 +146,51 @@ function message(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
 }
 
+/**
+ * Where virt-operator's handler DaemonSet has KubeVirt's node-labeller init container (in
+ * the launcher image) write what libvirt says of the node, for the handler to read:
+ * `capabilities.xml`, `virsh_domcapabilities.xml` and `supported_features.xml` (the
+ * host-model baseline). A KubeVirt node has no libvirt of its own to ask.
+ */
+export const KUBEVIRT_LABELLER_DIR = "/var/lib/kubevirt-node-labeller";
+
+/**
+ * Reads the labeller's inputs from the documents KubeVirt's node-labeller script wrote in
+ * `dir` (see {@linkcode KUBEVIRT_LABELLER_DIR}); undefined when it holds no
+ * `capabilities.xml`. The domain capabilities and the baseline are optional, as the
+ * script writes the baseline on some architectures only.
+ */
+export async function readCapabilityFiles(
+  dir: string,
+  options: GatherOptions = {},
+): Promise<GatheredCapabilities | undefined> {
+  const read = async (name: string) => {
+    try {
+      const text = await Deno.readTextFile(`${dir}/${name}`);
+      return text.trim() === "" ? undefined : text;
+    } catch (error) {
+      if (error instanceof Deno.errors.NotFound) return undefined;
+      throw new CapabilityReadError(`Cannot read "${dir}/${name}": ${message(error)}`, {
+        cause: error,
+      });
+    }
+  };
+  const capabilities = await read("capabilities.xml");
+  if (capabilities === undefined) return undefined;
+  const domainCapabilities = await read("virsh_domcapabilities.xml");
+  // The script writes a baseline on x86_64 and s390x only; elsewhere the host model has no
+  // features to label.
+  const baseline = await read("supported_features.xml") ?? "<cpu mode='custom' match='exact'/>";
+  return await gatherNodeLabelInfo(
+    replaySource({
+      capabilities,
+      ...(domainCapabilities !== undefined ? { domainCapabilities } : {}),
+      baseline,
+    }),
+    options,
+  );
+}
+
 /** The node services of one node, ready to run. */
 export interface NodeServices {
   /** The heartbeat. */
