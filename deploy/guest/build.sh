@@ -35,8 +35,11 @@
 #   deploy/guest/build.sh
 set -euo pipefail
 build_name=guest/build.sh
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=../build_lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../build_lib.sh"
+source "$here/../build_lib.sh"
+# shellcheck source=guest_lib.sh
+source "$here/guest_lib.sh"
 
 # The kernel's modules the initramfs loads, in dependency order.
 MODULES=(
@@ -69,12 +72,7 @@ MODULES=(
 # library it loads must come from these).
 AGENT_PACKAGES=(qemu-guest-agent libglib2.0-0 libnuma1 libudev1 liburing2 libpcre2-8-0 libc6)
 
-kernel_package=$(apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-[0-9].*-amd64\)$/\1/p' | head -1)
-[[ -n $kernel_package ]] || {
-  echo "guest/build.sh: Cannot find the kernel package linux-image-amd64 depends on (apt-get update?)" >&2
-  exit 1
-}
-kernel_version=$(apt-cache policy "$kernel_package" | sed -n 's/^ *Candidate: //p')
+guest_kernel
 for tool in busybox syslinux mformat mcopy gzip; do
   command -v "$tool" >/dev/null || {
     echo "guest/build.sh: Cannot build the test guest: \"$tool\" is missing (deploy/setup.sh installs it)" >&2
@@ -83,19 +81,12 @@ for tool in busybox syslinux mformat mcopy gzip; do
 done
 busybox_version=$(dpkg-query -W -f='${Version}' busybox-static)
 syslinux_version=$(dpkg-query -W -f='${Version}' syslinux)
-agent_versions=()
-for package in "${AGENT_PACKAGES[@]}"; do
-  version=$(apt-cache policy "$package" | sed -n 's/^ *Candidate: //p')
-  [[ -n $version && $version != "(none)" ]] || {
-    echo "guest/build.sh: Cannot find the package $package (apt-get update?)" >&2
-    exit 1
-  }
-  agent_versions+=("$package=$version")
-done
+package_versions "${AGENT_PACKAGES[@]}"
+agent_versions=("${package_pins[@]}")
 
 key=$(
   {
-    sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1
+    cat "${BASH_SOURCE[0]}" "$here/guest_lib.sh" "$here/lease.sh" "$here/utmp.sh" | sha256sum | cut -d' ' -f1
     echo "$kernel_package $kernel_version busybox-static $busybox_version syslinux $syslinux_version"
     echo "${agent_versions[*]}"
   } | sha256sum | cut -c1-16
@@ -108,32 +99,20 @@ cache_enter "$cache" built
 work=$(mktemp -d "$cache/.build-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 log "fetching $kernel_package $kernel_version (apt-get download)"
-(cd "$work" && apt-get download -qq "$kernel_package=$kernel_version" 2>/dev/null)
-dpkg-deb -x "$work"/"$kernel_package"_*.deb "$work/kernel"
-abi=${kernel_package#linux-image-}
+unpack_packages "$work/kernel" "$kernel_package=$kernel_version"
 log "fetching the guest agent: ${agent_versions[*]} (apt-get download)"
-mkdir -p "$work/agent-debs"
-(cd "$work/agent-debs" && apt-get download -qq "${agent_versions[@]}" 2>/dev/null)
-for deb in "$work"/agent-debs/*.deb; do dpkg-deb -x "$deb" "$work/agent"; done
+unpack_packages "$work/agent" "${agent_versions[@]}"
 
 log "initramfs: busybox $busybox_version, ${#MODULES[@]} modules"
 root=$work/root
 mkdir -p "$root"/{bin,dev,proc,sys,etc,www/cgi-bin,lib/modules,tmp,run}
 cp /bin/busybox "$root/bin/busybox"
 # The agent and, resolved against the unpacked packages alone, every library it loads.
-mkdir -p "$root"/{usr/sbin,lib/x86_64-linux-gnu,lib64,var,boot}
+mkdir -p "$root"/{var,boot}
 ln -s ../run "$root/var/run"
-cp "$work/agent/usr/sbin/qemu-ga" "$root/usr/sbin/qemu-ga"
-libs=$work/agent/lib/x86_64-linux-gnu:$work/agent/usr/lib/x86_64-linux-gnu
-while read -r name arrow path _; do
-  [[ $arrow == "=>" ]] || continue
-  [[ $path == "$work/agent/"* ]] || {
-    echo "guest/build.sh: qemu-ga loads $name from $path, outside ${AGENT_PACKAGES[*]}" >&2
-    exit 1
-  }
-  cp -L "$path" "$root/lib/x86_64-linux-gnu/$name"
-done < <(LD_LIBRARY_PATH=$libs ldd "$root/usr/sbin/qemu-ga")
-cp -L "$work/agent/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" "$root/lib64/ld-linux-x86-64.so.2"
+copy_program "$root" "$work/agent" usr/sbin/qemu-ga
+cp "$here/lease.sh" "$root/etc/lease"
+cp "$here/utmp.sh" "$root/etc/utmp.sh"
 cat >"$root/etc/os-release" <<'OSRELEASE'
 PRETTY_NAME="virtnode test guest"
 NAME="virtnode test guest"
@@ -210,24 +189,8 @@ mke2fs -q /dev/ram0 2>/dev/null && mount -t ext4 /dev/ram0 /data &&
   echo "virtnode-guest: /data on a RAM disk"
 # One logged-in user for the agent's guest-get-users: a USER_PROCESS record of glibc's
 # 384-byte struct utmp for "virtnode" on ttyS0, logged in now.
-field() { printf '%s' "$1"; dd if=/dev/zero bs=1 count=$(($2 - ${#1})) 2>/dev/null; }
-le32() {
-  v=$1
-  for byte in 0 1 2 3; do printf "\\$(printf %03o $((v & 255)))"; v=$((v >> 8)); done
-}
-{
-  printf '\007\000\000\000'
-  le32 $$
-  field ttyS0 32
-  field S0 4
-  field virtnode 32
-  field "" 256
-  le32 0
-  le32 0
-  le32 "$(date +%s)"
-  le32 0
-  field "" 36
-} >/run/utmp
+. /etc/utmp.sh
+utmp_record 7 $$ ttyS0 S0 virtnode >/run/utmp
 # The agent's port appears once the host has told the console driver about it, which can
 # come well after this point on a busy host under emulation: looked for in the background
 # for as long as the guest runs (said once on the console after 30 s without it; a domain
@@ -250,55 +213,6 @@ le32() {
 while :; do sh </dev/ttyS0 >/dev/ttyS0 2>&1; sleep 1; done
 INIT
 
-# udhcpc's script: apply the lease, record it, say so on the console.
-cat >"$root/etc/lease" <<'LEASE'
-#!/bin/sh
-case "$1" in
-  deconfig)
-    ip addr flush dev "$interface"
-    ip link set "$interface" up
-    ;;
-  bound|renew)
-    prefix=$(ipcalc -p "$ip" "$subnet" | cut -d= -f2)
-    ip addr flush dev "$interface"
-    ip addr add "$ip/$prefix" dev "$interface"
-    [ -n "$mtu" ] && ip link set "$interface" mtu "$mtu"
-    if [ -n "$staticroutes" ]; then
-      set -- $staticroutes
-      while [ $# -ge 2 ]; do
-        if [ "$1" = 0.0.0.0/0 ]; then ip route replace default via "$2" dev "$interface" onlink
-        else ip route replace "$1" via "$2" dev "$interface" onlink; fi
-        shift 2
-      done
-    elif [ -n "$router" ]; then
-      for gw in $router; do ip route replace default via "$gw" dev "$interface" onlink; break; done
-    fi
-    : >/etc/resolv.conf
-    [ -n "$search" ] && echo "search $search" >>/etc/resolv.conf
-    for server in $dns; do echo "nameserver $server" >>/etc/resolv.conf; done
-    [ -n "$hostname" ] && hostname "$hostname"
-    {
-      echo "interface=$interface"
-      echo "ip=$ip"
-      echo "prefix=$prefix"
-      echo "router=$router"
-      echo "dns=$dns"
-      echo "domain=$domain"
-      echo "search=$search"
-      echo "hostname=$hostname"
-      echo "mtu=$mtu"
-      echo "staticroutes=$staticroutes"
-      echo "lease=$lease"
-      echo "serverid=$serverid"
-      echo "mac=$(cat /sys/class/net/$interface/address)"
-      echo "linkmtu=$(cat /sys/class/net/$interface/mtu)"
-    } >/www/dhcp
-    echo "virtnode-guest: ready ip=$ip"
-    ;;
-esac
-exit 0
-LEASE
-
 cat >"$root/www/index.html" <<'HTML'
 virtnode test guest
 HTML
@@ -311,26 +225,12 @@ cat >"$root/www/cgi-bin/uptime" <<'CGI'
 printf 'Content-Type: text/plain\r\n\r\n%s\n' "$(cut -d' ' -f1 /proc/uptime)"
 CGI
 chmod 0755 "$root/init" "$root/etc/lease" "$root/www/cgi-bin/echo" "$root/www/cgi-bin/uptime"
-(cd "$root" && find . | LC_ALL=C sort | busybox cpio -o -H newc 2>/dev/null) | gzip -9 >"$work/initrd"
+pack_initramfs "$root" "$work/initrd"
 
 log "disk: FAT with SYSLINUX"
 disk=$work/guest.img
-size_kib=$(($(du -k "$work/kernel/boot/vmlinuz-$abi" | cut -f1) + $(du -k "$work/initrd" | cut -f1) + 4096))
-truncate -s "${size_kib}K" "$disk"
-mformat -i "$disk" -v VIRTNODE ::
-cat >"$work/syslinux.cfg" <<'CFG'
-DEFAULT guest
-PROMPT 0
-TIMEOUT 0
-LABEL guest
-  KERNEL /vmlinuz
-  INITRD /initrd
-  APPEND console=ttyS0,115200 quiet loglevel=3 panic=-1 mitigations=off
-CFG
-mcopy -i "$disk" "$work/kernel/boot/vmlinuz-$abi" ::/vmlinuz
-mcopy -i "$disk" "$work/initrd" ::/initrd
-mcopy -i "$disk" "$work/syslinux.cfg" ::/syslinux.cfg
-syslinux --install "$disk"
+boot_disk "$disk" VIRTNODE "$work/kernel/boot/vmlinuz-$abi" "$work/initrd" \
+  "console=ttyS0,115200 quiet loglevel=3 panic=-1 mitigations=off"
 
 mkdir -p "$out.tmp"
 mv "$disk" "$out.tmp/guest.img"
