@@ -1,0 +1,99 @@
+/**
+ * KubeVirt v1.7.0's own conformance specs, with substitute guest images, on a real node:
+ * KubeVirt installed by its own virt-operator (deploy/node/operator.ts), the specs run
+ * first with virtnode in the operator's `virt-handler` DaemonSet, then with KubeVirt's own
+ * virt-handler on the same node, the yardstick. Each run prints its line
+ * (`KubeVirt v1.7.0 conformance, substitute guests (<handler>): N passed, ...`) and each
+ * failed spec with the first line of its failure; the test fails when virtnode fails a
+ * spec virt-handler passes.
+ *
+ * Which specs: `VIRTNODE_CONFORMANCE=all` runs the 62 that fit one node
+ * ({@linkcode ONE_NODE_CONFORMANCE}); otherwise the CI subset ({@linkcode CI_FOCUS}).
+ * `VIRTNODE_CONFORMANCE_FOCUS` (Ginkgo focus expressions, separated by `;`) runs those
+ * specs instead. The results of both runs are written as JSON to
+ * `$VIRTNODE_CONFORMANCE_RESULTS` when set (docs/conformance.md is made from the full run's).
+ */
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { buildVirtctl, startCluster } from "../../deploy/cluster/cluster.ts";
+import { startNode } from "../../deploy/node/node.ts";
+import { type HandlerKind, installByOperator } from "../../deploy/node/operator.ts";
+import { runSuite, type SpecResult, summaryLine } from "../helpers/kubevirt_suite.ts";
+
+/**
+ * The specs CI runs (Ginkgo focus expressions): a subset that fits its time beside the
+ * other tiers.
+ */
+export const CI_FOCUS: string[] = [
+  "lead to get the burstable QOS class assigned when limit and requests differ",
+];
+
+const ALL = Deno.env.get("VIRTNODE_CONFORMANCE") === "all";
+const FOCUS = Deno.env.get("VIRTNODE_CONFORMANCE_FOCUS")?.split(";").filter(Boolean);
+
+Deno.test({
+  name:
+    "KubeVirt v1.7.0 conformance specs with substitute guests: virtnode passes every spec virt-handler passes on the same node",
+  sanitizeOps: false,
+  sanitizeResources: false,
+  fn: async () => {
+    const cluster = await startCluster({ podNetwork: true, crdDir: false });
+    let node: Awaited<ReturnType<typeof startNode>> | undefined;
+    let install: Awaited<ReturnType<typeof installByOperator>> | undefined;
+    const artifacts = await Deno.makeTempDir({ prefix: "virtnode-conformance-" });
+    try {
+      node = await startNode(cluster, { isolated: true });
+      const virtctl = await buildVirtctl();
+      install = await installByOperator(cluster, node, "virtnode");
+      const focus = FOCUS ?? (ALL ? [] : CI_FOCUS);
+      const results: Partial<Record<HandlerKind, SpecResult[]>> = {};
+      for (const handler of ["virtnode", "virt-handler"] as const) {
+        if (install.handler !== handler) await install.useHandler(handler);
+        const started = Date.now();
+        const specs = await runSuite({
+          suiteDir: install.suiteDir,
+          kubeconfig: cluster.kubeconfigPath,
+          virtctl,
+          artifacts: join(artifacts, handler),
+          focus,
+          timeout: ALL ? "4h" : "1h",
+          log: (line) => {
+            // The spec headers and outcomes only: the whole log is in the artifacts.
+            if (/^(• |\[FAIL\]|\[It\]|S \[SKIPPED\]|Ran \d+ of)/.test(line)) {
+              console.log(`  [${handler}] ${line.slice(0, 240)}`);
+            }
+          },
+        });
+        results[handler] = specs;
+        console.log(summaryLine(handler, specs));
+        for (const s of specs.filter((s) => s.status === "failed")) {
+          console.log(`  FAILED (${handler}): ${s.name}\n    ${s.reason}`);
+        }
+        console.log(`  (${((Date.now() - started) / 60_000).toFixed(1)} min)`);
+      }
+      const out = Deno.env.get("VIRTNODE_CONFORMANCE_RESULTS");
+      if (out) {
+        await Deno.writeTextFile(
+          out,
+          JSON.stringify({ date: new Date().toISOString(), focus, results }, null, 2),
+        );
+      }
+      const passedByYardstick = new Set(
+        (results["virt-handler"] ?? []).filter((s) => s.status === "passed").map((s) => s.name),
+      );
+      const passedByVirtnode = new Set(
+        (results.virtnode ?? []).filter((s) => s.status === "passed").map((s) => s.name),
+      );
+      const behind = [...passedByYardstick].filter((n) => !passedByVirtnode.has(n));
+      assert.deepEqual(behind, [], "specs virt-handler passes and virtnode does not");
+      await Deno.remove(artifacts, { recursive: true });
+    } catch (error) {
+      console.log(`Artifacts kept for the failure: ${artifacts}`);
+      throw error;
+    } finally {
+      await install?.uninstall().catch((e) => console.log(`uninstall: ${e}`));
+      await node?.stop();
+      await cluster.stop();
+    }
+  },
+});
