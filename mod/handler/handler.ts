@@ -58,6 +58,7 @@ import { MigrationProxyManager } from "../migration/mod.ts";
 import { MigrationSourceController } from "./migration_source.ts";
 import { MigrationTargetController } from "./migration_target.ts";
 import { PodlessMigrations } from "./podless_migrations.ts";
+import { type HealthAnswer, HealthStatus } from "./healthz.ts";
 import { GhostRecordStore } from "./ghost_records.ts";
 import { LauncherClients } from "./launcher_clients.ts";
 import type { LauncherProvider } from "./launcher_provider.ts";
@@ -568,7 +569,10 @@ export class Handler implements Runnable {
       );
     }
     const { healthAddress, metricsAddress } = this.#options;
+    const health = new HealthStatus(this.#client);
+    if (healthAddress || metricsAddress) parts.push(...health.parts());
     const endpoints = {
+      health: () => health.answer(),
       ready: () => this.#ready,
       metrics: () => this.metrics(),
       tls: this.#options.healthTls,
@@ -769,7 +773,7 @@ export class Handler implements Runnable {
 }
 
 /**
- * `/healthz` (alive), `/readyz` (`ready()`) and `/metrics` (to the clients `metricsFrom`
+ * `/healthz` (alive: virt-handler's JSON, healthz.ts), `/readyz` (`ready()`) and `/metrics` (to the clients `metricsFrom`
  * names) on `address` until the signal aborts; over TLS with `tls`'s certificate when
  * given (served anew when it changes).
  */
@@ -777,6 +781,7 @@ function healthServer(
   name: string,
   address: string,
   o: {
+    health: () => Promise<HealthAnswer>;
     ready: () => boolean;
     metrics: () => Promise<string>;
     tls?: TlsMaterial;
@@ -787,7 +792,10 @@ function healthServer(
   let scraping = 0;
   const handler = async (req: Request, info: Deno.ServeHandlerInfo<Deno.Addr>) => {
     const path = new URL(req.url).pathname;
-    if (path === "/healthz") return new Response("ok\n");
+    if (path === "/healthz") {
+      const { status, body } = await o.health();
+      return Response.json(body, { status });
+    }
     if (path === "/readyz") {
       return o.ready() ? new Response("ok\n") : new Response("not ready\n", { status: 503 });
     }

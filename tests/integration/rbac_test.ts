@@ -59,10 +59,12 @@ const KUBEVIRT_MODE_CALLS = [
   "create /events", // the event recorder
   "get /nodes", // the labeller reads its node; pod-less migrations, their target
   "get kubevirt.io/virtualmachineinstances", // the status writer re-reads after a 409
+  "list kubevirt.io/kubevirts", // /healthz's config-resource-version; pod-less migrations
   "list kubevirt.io/virtualmachineinstances", // the VMI informers (the node's, its targets')
   "patch /events", // the recorder's aggregation of repeats
   "patch /nodes", // heartbeat and labeller
   "update kubevirt.io/virtualmachineinstances", // the status writer's PUT of the whole VMI
+  "watch kubevirt.io/kubevirts", // the KubeVirt CR's watch (/healthz)
   "watch kubevirt.io/virtualmachineinstances", // the VMI informers
 ];
 
@@ -73,7 +75,6 @@ const PODLESS_ONLY_CALLS = [
   "get /persistentvolumes", // ... and the volume bound to it
   "get kubevirt.io/virtualmachineinstancemigrations", // the status writer re-reads after a 409
   "list /nodes", // migrations: nodes that take VMIs
-  "list kubevirt.io/kubevirts", // migrations: the KubeVirt CR's configuration
   "list kubevirt.io/virtualmachineinstancemigrations", // the migration informer
   "update kubevirt.io/virtualmachineinstancemigrations", // a migration's finalizer
   "update kubevirt.io/virtualmachineinstancemigrations/status", // its phase

@@ -1,0 +1,53 @@
+/**
+ * `/healthz` answers as virt-handler's does: JSON with the apiserver's connectivity and
+ * version, and `config-resource-version`, the KubeVirt CR's resourceVersion the handler has
+ * seen. KubeVirt's functional suite changes the CR and then waits, pod by pod, until each
+ * handler's `config-resource-version` has caught up (tests/libkubevirt/config/kvconfig.go).
+ */
+import assert from "node:assert/strict";
+import { waitFor, withHandler } from "../helpers/handler_process.ts";
+
+interface Healthz {
+  apiserver: { connectivity: string; version?: { gitVersion?: string } };
+  "config-resource-version": string;
+}
+
+Deno.test("/healthz answers virt-handler's JSON and follows the KubeVirt CR's resourceVersion", async () => {
+  await withHandler("healthz", async ({ h, client }) => {
+    const healthz = async (): Promise<Healthz> => {
+      const r = await fetch(`${h.health}/healthz`);
+      assert.equal(r.status, 200);
+      assert.match(r.headers.get("content-type") ?? "", /application\/json/);
+      return await r.json();
+    };
+    type Kubevirt = { metadata: { name: string; namespace: string; resourceVersion: string } };
+    const crs = await client.request<{ items: Kubevirt[] }>(
+      "GET",
+      "/apis/kubevirt.io/v1/kubevirts",
+    );
+    assert.equal(crs.items.length, 1, "the test cluster has one KubeVirt CR");
+    const cr = crs.items[0];
+    const first = await waitFor(
+      "the CR's version in /healthz",
+      async () => {
+        const body = await healthz();
+        return body["config-resource-version"] === cr.metadata.resourceVersion ? body : undefined;
+      },
+    );
+    assert.equal(first.apiserver.connectivity, "ok");
+    assert.match(first.apiserver.version?.gitVersion ?? "", /^v1\.\d+/);
+
+    // A change of the CR, as the suite's config updates make: /healthz catches up.
+    const changed = await client.request<Kubevirt>(
+      "PATCH",
+      `/apis/kubevirt.io/v1/namespaces/${cr.metadata.namespace}/kubevirts/${cr.metadata.name}`,
+      { metadata: { annotations: { "virtnode.test/healthz": crypto.randomUUID() } } },
+      { contentType: "application/merge-patch+json" },
+    );
+    assert.notEqual(changed.metadata.resourceVersion, cr.metadata.resourceVersion);
+    await waitFor("the changed CR's version in /healthz", async () => {
+      const body = await healthz();
+      return body["config-resource-version"] === changed.metadata.resourceVersion || undefined;
+    });
+  });
+});
