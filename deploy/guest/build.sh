@@ -73,14 +73,6 @@ MODULES=(
 AGENT_PACKAGES=(qemu-guest-agent libglib2.0-0 libnuma1 libudev1 liburing2 libpcre2-8-0 libc6)
 
 guest_kernel
-for tool in busybox syslinux mformat mcopy gzip; do
-  command -v "$tool" >/dev/null || {
-    echo "guest/build.sh: Cannot build the test guest: \"$tool\" is missing (deploy/setup.sh installs it)" >&2
-    exit 1
-  }
-done
-busybox_version=$(dpkg-query -W -f='${Version}' busybox-static)
-syslinux_version=$(dpkg-query -W -f='${Version}' syslinux)
 package_versions "${AGENT_PACKAGES[@]}"
 agent_versions=("${package_pins[@]}")
 

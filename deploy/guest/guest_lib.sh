@@ -1,7 +1,8 @@
 # Sourced by the guest builders (guest/build.sh, guest/suite_images.sh), after
 # build_lib.sh: the pieces every guest made from Debian's packages shares.
 #
-#   guest_kernel                       # sets kernel_package, kernel_version, abi
+#   guest_kernel                       # checks the build's tools; sets kernel_package,
+#                                      # kernel_version, abi, busybox_version, syslinux_version
 #   package_versions <pkg>...          # sets package_pins: pkg=version, as apt has them
 #   unpack_packages <dir> <pkg=ver>... # apt-get download and dpkg-deb -x into <dir>
 #   copy_program <root> <tree> <path>  # <tree>/<path> to <root>/<path>, with every
@@ -20,6 +21,15 @@ guest_kernel() {
   }
   kernel_version=$(apt-cache policy "$kernel_package" | sed -n 's/^ *Candidate: //p')
   abi=${kernel_package#linux-image-}
+  local tool
+  for tool in busybox syslinux mformat mcopy gzip; do
+    command -v "$tool" >/dev/null || {
+      echo "$build_name: Cannot build a guest: \"$tool\" is missing (deploy/setup.sh installs it)" >&2
+      exit 1
+    }
+  done
+  busybox_version=$(dpkg-query -W -f='${Version}' busybox-static)
+  syslinux_version=$(dpkg-query -W -f='${Version}' syslinux)
 }
 
 package_versions() {

@@ -92,14 +92,6 @@ case $flavour in
 esac
 
 guest_kernel
-for tool in busybox syslinux mformat mcopy gzip; do
-  command -v "$tool" >/dev/null || {
-    echo "$build_name: Cannot build the suite's guests: \"$tool\" is missing (deploy/setup.sh installs it)" >&2
-    exit 1
-  }
-done
-busybox_version=$(dpkg-query -W -f='${Version}' busybox-static)
-syslinux_version=$(dpkg-query -W -f='${Version}' syslinux)
 package_versions "${PACKAGES[@]}"
 
 key=$(
