@@ -415,7 +415,7 @@ function handlerCommand(program: Command): void {
         }
       }
       await keepAliveOnUnhandledRejections();
-      const [{ Handler }, node, { EventRecorder }, { runStages }] = await Promise.all([
+      const [{ Handler }, node, kube, { runStages }] = await Promise.all([
         import("./mod/handler/mod.ts"),
         import("./mod/node/mod.ts"),
         import("./mod/kube/mod.ts"),
@@ -452,9 +452,22 @@ function handlerCommand(program: Command): void {
           : { pluginDir: opts.devicePluginsDir, maxDevices: opts.maxDevices },
         heartbeat: opts.cpuManagerState ? { cpuManagerStatePaths: [opts.cpuManagerState] } : {},
         labeller: opts.nodeLabeller ? {} : false,
-        recorder: new EventRecorder(client, { host: config.nodeName, component: "node-labeller" }),
+        recorder: new kube.EventRecorder(client, {
+          host: config.nodeName,
+          component: "node-labeller",
+        }),
       });
+      // The KubeVirt CR: /healthz reports its version; the labeller follows its obsolete CPU
+      // models, as virt-handler's does.
+      const kubevirtCr = new kube.KubevirtCrWatch(client);
+      const labeller = services.labeller;
+      if (labeller) {
+        kubevirtCr.onChange(() =>
+          labeller.setObsoleteModels(kube.obsoleteCpuModels(kubevirtCr.configuration()))
+        );
+      }
       const handler = await Handler.create(config, client, {
+        kubevirtCr,
         // Host-model VMIs are synced again once the labeller has read the host's CPU.
         hostCpu: services.labeller,
         healthAddress: opts.healthAddress,
@@ -487,7 +500,7 @@ function handlerCommand(program: Command): void {
           : undefined,
       });
       // Unschedulable first, so no new VMI lands here while the handler drains.
-      await runStages([...services.stages, [handler]], stop.signal);
+      await runStages([...services.stages, [handler], [kubevirtCr]], stop.signal);
       Deno.exit(0);
     });
 }

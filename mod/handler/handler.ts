@@ -30,6 +30,7 @@ import {
   Informer,
   type KubeClient,
   type KubeObject,
+  type KubevirtCrWatch,
   restClientStats,
   StatusWriter,
   WorkQueue,
@@ -123,6 +124,8 @@ export interface HandlerOptions {
    * none: the node has no host model.
    */
   hostCpu?: HostCpuSource;
+  /** The KubeVirt CR's watch (run by the caller): `/healthz` reports its version. */
+  kubevirtCr?: KubevirtCrWatch;
   /** The kubelet's pods directory (KubeVirt mode). */
   podsDir?: string;
   /** Resync of every launcher's domain; {@linkcode DOMAIN_RESYNC_MS} unless told. */
@@ -569,7 +572,10 @@ export class Handler implements Runnable {
       );
     }
     const { healthAddress, metricsAddress } = this.#options;
-    const health = new HealthStatus(this.#client);
+    const health = new HealthStatus(
+      this.#client,
+      () => this.#options.kubevirtCr?.resourceVersion() ?? "",
+    );
     if (healthAddress || metricsAddress) parts.push(...health.parts());
     const endpoints = {
       health: () => health.answer(),

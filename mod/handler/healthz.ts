@@ -13,7 +13,7 @@
  * @module
  */
 import { getLogger } from "../log/mod.ts";
-import { Informer, type KubeClient, type KubeObject } from "../kube/mod.ts";
+import type { KubeClient } from "../kube/mod.ts";
 import { type Runnable, runnable, sleep } from "../lifecycle/mod.ts";
 
 const log = getLogger("handler", "healthz");
@@ -29,37 +29,21 @@ export interface HealthAnswer {
 /** The KubeVirt CR's version and the apiserver's, for `/healthz`. */
 export class HealthStatus {
   readonly #client: KubeClient;
-  readonly #kubevirts: Informer<KubeObject>;
+  readonly #configVersion: () => string;
   #version: unknown;
 
-  /** Watches the KubeVirt CRs (one per cluster, in KubeVirt's namespace) through `client`. */
-  constructor(client: KubeClient) {
+  /**
+   * Reads the apiserver's version through `client`; `configVersion` gives the KubeVirt
+   * CR's resourceVersion as last seen (mod/kube/kubevirt_cr.ts).
+   */
+  constructor(client: KubeClient, configVersion: () => string) {
     this.#client = client;
-    this.#kubevirts = new Informer<KubeObject>(client, {
-      path: "/apis/kubevirt.io/v1/kubevirts",
-      resource: "kubevirts",
-      onError: (error) => log.warn("KubeVirt CR watch interrupted, retrying: {error}", { error }),
-      // Only its version is read here.
-      transform: (kv) => ({
-        apiVersion: kv.apiVersion,
-        kind: kv.kind,
-        metadata: {
-          name: kv.metadata?.name,
-          namespace: kv.metadata?.namespace,
-          resourceVersion: kv.metadata?.resourceVersion,
-        },
-      }),
-    });
-  }
-
-  /** The KubeVirt CR's resourceVersion as last seen; empty before it is listed, or without one. */
-  configResourceVersion(): string {
-    return this.#kubevirts.list()[0]?.metadata?.resourceVersion ?? "";
+    this.#configVersion = configVersion;
   }
 
   /** What `/healthz` answers now. */
   async answer(): Promise<HealthAnswer> {
-    const config = this.configResourceVersion();
+    const config = this.#configVersion();
     if (this.#version === undefined) {
       try {
         await this.#readVersion();
@@ -88,10 +72,9 @@ export class HealthStatus {
     });
   }
 
-  /** The KubeVirt CR's watch, and the first read of the apiserver's version (retried). */
+  /** The first read of the apiserver's version (retried until it is read). */
   parts(): Runnable[] {
     return [
-      this.#kubevirts,
       runnable("apiserver-version", async (signal) => {
         while (this.#version === undefined && !signal.aborted) {
           try {

@@ -15,6 +15,7 @@ export {
   type RequestOptions,
   type StreamOptions,
 } from "./client.ts";
+export { type KubevirtConfiguration, KubevirtCrWatch, obsoleteCpuModels } from "./kubevirt_cr.ts";
 export {
   detailOf,
   isApiStatus,

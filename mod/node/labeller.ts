@@ -383,7 +383,7 @@ export class NodeLabellerError extends Error {
 export class NodeLabeller {
   readonly #client: KubeClient;
   readonly #nodeName: string;
-  readonly #options: NodeLabellerOptions;
+  #options: NodeLabellerOptions;
   #info: NodeLabelInfo | undefined;
   readonly #hostCpuListeners = new Set<() => void>();
   /** For logs. */
@@ -555,6 +555,22 @@ export class NodeLabeller {
       await sleep(delay, AbortSignal.any([signal, wake.signal]));
       this.#wake = undefined;
     }
+  }
+
+  /**
+   * Follows the cluster's obsolete CPU models (the KubeVirt CR's `obsoleteCPUModels`;
+   * KubeVirt's list when undefined) and labels the node anew when they change.
+   */
+  setObsoleteModels(models: Iterable<string> | undefined): void {
+    const next = models === undefined ? undefined : [...models].sort();
+    const current = this.#options.obsoleteModels === undefined
+      ? undefined
+      : [...this.#options.obsoleteModels].sort();
+    if (JSON.stringify(next) === JSON.stringify(current)) return;
+    this.#options = { ...this.#options, obsoleteModels: next };
+    this.#lastObsoleteWarning = undefined;
+    log.info("Obsolete CPU models changed", { models: next ?? "KubeVirt's default list" });
+    this.trigger();
   }
 
   /** Asks {@linkcode run} for a pass as soon as the current one (if any) is done. */
