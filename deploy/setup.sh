@@ -25,6 +25,8 @@ APT_PACKAGES=(
   # Pod networks: masquerade's rules; the test guest (Debian's kernel is fetched with
   # apt-get download, never installed: deploy/guest/build.sh); a real DHCP client.
   nftables busybox-static syslinux syslinux-common mtools isc-dhcp-client
+  # The conformance tier's cluster DNS (kube-system/kube-dns), which KubeVirt's suite needs.
+  dnsmasq-base
 )
 # Debian 12's own Go is 1.19; backports has one that can fetch a newer toolchain.
 GO_BACKPORTS_PACKAGE=golang-1.23-go
