@@ -293,7 +293,9 @@ export async function installByOperator(
   const apply = async (kind: HandlerKind) => {
     await kubectl(
       kc,
-      ["apply", "--server-side", "--force-conflicts", "-f", "-"],
+      // A client-side apply: a server-side one drops the empty obsoleteCPUModels map, which
+      // is how the CR says that no model is obsolete.
+      ["apply", "-f", "-"],
       JSON.stringify(cr(kind)),
     );
     current = kind;
