@@ -38,8 +38,10 @@ case $image in
     launcher_bin=(virt-launcher virt-launcher-monitor virt-tail virt-probe virt-freezer
       container-disk)
     # nftables: KubeVirt's virt-handler image, built on this root, runs nft for masquerade.
+    # xorriso: the launcher writes a VMI's cloud-init disk with xorrisofs, as KubeVirt's
+    # image has it.
     PACKAGES=(libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86
-      qemu-utils ovmf procps nftables)
+      qemu-utils ovmf procps nftables xorriso)
     inputs() {
       sha256sum "${launcher_bin[@]/#/$kubevirt/}" "$kubevirt"/launcher-files/* | cut -d' ' -f1
     }
