@@ -293,11 +293,24 @@ export async function installByOperator(
   const apply = async (kind: HandlerKind) => {
     await kubectl(
       kc,
-      // A client-side apply: a server-side one drops the empty obsoleteCPUModels map, which
-      // is how the CR says that no model is obsolete.
       ["apply", "-f", "-"],
       JSON.stringify(cr(kind)),
     );
+    if (useEmulation) {
+      // An apply leaves out the empty map (the CR's way to say that no model is obsolete):
+      // a JSON patch sets it.
+      await kubectl(kc, [
+        "patch",
+        "kubevirt",
+        "kubevirt",
+        "-n",
+        KUBEVIRT_NAMESPACE,
+        "--type",
+        "json",
+        "-p",
+        '[{"op":"add","path":"/spec/configuration/obsoleteCPUModels","value":{}}]',
+      ]);
+    }
     current = kind;
     await waitAvailable(kc, kind);
   };
