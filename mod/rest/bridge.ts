@@ -17,7 +17,11 @@ const KEEPALIVE_MS = 30_000;
 export interface Bridge {
   /** Settles once both sockets are closed; the reason it ended. */
   readonly done: Promise<string>;
-  /** Ends the bridge with a normal close frame (a newer session took over). */
+  /**
+   * Ends the bridge by closing both connections, without a close frame, as virt-handler
+   * ends a session a newer one took over: virt-api then gives its client an EOF, which is
+   * what KubeVirt's clients wait for.
+   */
   stop(reason: string): void;
 }
 
@@ -108,6 +112,11 @@ export function bridge(client: Socket, head: Uint8Array, target: Socket): Bridge
 
   return {
     done,
-    stop: (reason) => end(reason, CloseCode.Normal),
+    stop: (reason) => {
+      if (ended !== undefined) return;
+      ended = reason;
+      client.destroy();
+      target.destroy();
+    },
   };
 }

@@ -126,6 +126,9 @@ Deno.test("REST+QEMU (pod-less): the console WebSocket reaches the guest's shell
     assert.equal(second.status, 101, second.refusal);
     await second.waitFor((t) => t.startsWith("RFB 003.008\n"));
     await waitFor("the first VNC session to be closed", () => vnc.closed(), 5_000);
+    // As virt-handler ends it: the connection closed without a close frame, which virt-api
+    // passes on to its client as an EOF (KubeVirt's console spec 1591 waits for one).
+    assert.equal(vnc.gotCloseFrame(), false, "the replaced session got a close frame");
     await second.close();
 
     const shot = await restRequest(good, "GET", `${base}/vnc/screenshot`);

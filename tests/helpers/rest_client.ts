@@ -349,6 +349,8 @@ export interface WsSession {
   received(): Uint8Array;
   /** Whether the server sent a close frame or the connection ended. */
   closed(): boolean;
+  /** Whether the server sent a close frame (not only cut the connection). */
+  gotCloseFrame(): boolean;
   /** Sends a close frame and ends the connection; resolves when it is closed. */
   close(): Promise<void>;
   /** Cuts the connection without a close frame (a vanished client). */
@@ -397,6 +399,7 @@ export function openWebSocket(
     let upgraded = false;
     let refused = 0;
     let ended = false;
+    let closeFrameSeen = false;
     let frames = new Uint8Array(0);
     const data: Uint8Array[] = [];
     let size = 0;
@@ -440,6 +443,7 @@ export function openWebSocket(
           size += payload.length;
         } else if (opcode === 0x8) {
           ended = true;
+          closeFrameSeen = true;
         }
       }
     };
@@ -471,6 +475,7 @@ export function openWebSocket(
         }),
       received: all,
       closed: () => ended,
+      gotCloseFrame: () => closeFrameSeen,
       close: () =>
         new Promise((ok) => {
           if (socket.destroyed) return ok();
