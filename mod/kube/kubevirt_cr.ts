@@ -24,6 +24,7 @@ interface KubevirtCr extends KubeObject {
 export interface KubevirtConfiguration {
   /** CPU models never offered; `true` marks a model obsolete. KubeVirt's list when unset. */
   obsoleteCPUModels?: Record<string, boolean>;
+  /** The configuration's other fields, as the CR has them. */
   [field: string]: unknown;
 }
 

@@ -10,7 +10,8 @@
  * Which specs: `VIRTNODE_CONFORMANCE=all` runs the 62 that fit one node
  * ({@linkcode ONE_NODE_CONFORMANCE}); otherwise the CI subset ({@linkcode CI_FOCUS}).
  * `VIRTNODE_CONFORMANCE_FOCUS` (Ginkgo focus expressions, separated by `;`) runs those
- * specs instead. The results of both runs are written as JSON to
+ * specs instead, and `VIRTNODE_CONFORMANCE_HANDLERS` (`virtnode`, `virt-handler`) one
+ * handler's run only. The results of both runs are written as JSON to
  * `$VIRTNODE_CONFORMANCE_RESULTS` when set (docs/conformance.md is made from the full run's).
  */
 import assert from "node:assert/strict";
@@ -32,6 +33,9 @@ export const CI_FOCUS: string[] = [
 
 const ALL = Deno.env.get("VIRTNODE_CONFORMANCE") === "all";
 const FOCUS = Deno.env.get("VIRTNODE_CONFORMANCE_FOCUS")?.split(";").filter(Boolean);
+/** `VIRTNODE_CONFORMANCE_HANDLERS=virt-handler` (or `virtnode`): one run only, by hand. */
+const HANDLERS = (Deno.env.get("VIRTNODE_CONFORMANCE_HANDLERS")?.split(",") ??
+  ["virtnode", "virt-handler"]) as HandlerKind[];
 
 Deno.test({
   name:
@@ -49,7 +53,7 @@ Deno.test({
       // The suite gives its guests the cluster DNS Service's address.
       dns = await startClusterDns(cluster);
       const virtctl = await buildVirtctl();
-      install = await installByOperator(cluster, node, "virtnode");
+      install = await installByOperator(cluster, node, HANDLERS[0]);
       // The suite's guests and its helper pod's image, under the names it gives them:
       // substitutes built here (deploy/guest/suite_images.sh).
       for (const image of SUITE_IMAGES) {
@@ -57,7 +61,7 @@ Deno.test({
       }
       const focus = FOCUS ?? (ALL ? [] : CI_FOCUS);
       const results: Partial<Record<HandlerKind, SpecResult[]>> = {};
-      for (const handler of ["virtnode", "virt-handler"] as const) {
+      for (const handler of HANDLERS) {
         if (install.handler !== handler) await install.useHandler(handler);
         const started = Date.now();
         const specs = await runSuite({
@@ -99,7 +103,7 @@ Deno.test({
       if (!ALL && !FOCUS) {
         // CI's subset holds specs both handlers pass here: every one must pass, so that a
         // broken set-up (nothing passing on either side) fails too.
-        for (const handler of ["virtnode", "virt-handler"] as const) {
+        for (const handler of HANDLERS) {
           const failed = (results[handler] ?? []).filter((s) => s.status !== "passed");
           assert.deepEqual(failed.map((s) => s.name), [], `${handler}: CI's specs not passed`);
           assert.ok((results[handler] ?? []).length >= CI_FOCUS.length, `${handler}: specs run`);
