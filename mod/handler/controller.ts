@@ -64,6 +64,8 @@ const log = getLogger("handler", "controller");
 
 /** How soon a VMI is looked at again when its launcher went away during its shutdown, ms. */
 const LAUNCHER_GONE_REQUEUE_MS = 1_000;
+/** How long a launcher pod may live without its socket before it counts as gone (KubeVirt's). */
+const SOCKETLESS_LAUNCHER_MS = 3 * 60_000;
 
 /** ACPI shutdown is sent again this often while the grace period runs (as KubeVirt does). */
 export const ACPI_RESEND_MS = 5_000;
@@ -136,6 +138,8 @@ export class VmiController {
   readonly #domains = new Map<string, Domain>();
   /** Last seen copy of VMIs the informer deleted, until cleanup is done. */
   readonly #deleted = new Map<string, VirtualMachineInstance>();
+  /** KubeVirt mode: since when each launcher (by VMI UID) has been seen without its socket. */
+  readonly #socketless = new Map<string, number>();
   readonly #shutdowns = new Map<string, ShutdownState>();
   /** The host's NUMA cells for the launchers' options, read once. */
   #topology?: NumaCell[];
@@ -372,10 +376,34 @@ export class VmiController {
     const uid = vmi.metadata.uid!;
     if (!this.#d.launchers.get(uid)) {
       const socket = await this.#d.provider.socketOf(vmi);
-      if (!socket) return "notReady";
+      if (!socket) return await this.#withoutSocket(vmi);
+      this.#socketless.delete(uid);
       this.#d.launchers.getOrCreate(uid, socket);
     }
     return await this.#d.launchers.state(uid);
+  }
+
+  /**
+   * A launcher that has not made its socket, as virt-handler judges it: unresponsive once
+   * its pod is gone from this node (a launcher that crashed at its start), or after 3
+   * minutes without a socket; not ready until then.
+   */
+  async #withoutSocket(vmi: VirtualMachineInstance): Promise<LauncherState> {
+    const uid = vmi.metadata.uid!;
+    const gone = this.#d.provider.launcherPodGone;
+    // Pod-less launchers are the handler's own to start: no pod to look for.
+    if (!gone) return "notReady";
+    if (vmi.status?.activePods && await gone.call(this.#d.provider, vmi)) {
+      this.#socketless.delete(uid);
+      return "unresponsive";
+    }
+    const since = this.#socketless.get(uid) ?? Date.now();
+    this.#socketless.set(uid, since);
+    if (Date.now() - since > SOCKETLESS_LAUNCHER_MS) {
+      this.#socketless.delete(uid);
+      return "unresponsive";
+    }
+    return "notReady";
   }
 
   /** Read, decide, act, report. */
@@ -386,6 +414,7 @@ export class VmiController {
   ): Promise<ReconcileResult> {
     const key = vmiKey(vmi.metadata);
     const uid = vmi.metadata.uid!;
+    if (!vmiExists) this.#socketless.delete(uid);
     const launcher = await this.#launcherState(vmi);
     const decision = decideSync({
       vmi,

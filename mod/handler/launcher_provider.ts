@@ -73,6 +73,12 @@ export interface LauncherProvider extends Runnable {
   /** The cmd socket of the VMI's launcher if one is known; starts nothing. */
   socketOf(vmi: VirtualMachineInstance): Promise<string | undefined>;
   /**
+   * KubeVirt mode: whether the launcher pod that never made its socket is gone from this
+   * node (none of the VMI's active pods here has its sockets folder on the host any more,
+   * as virt-handler's `FindPodDirOnHost` finds). A provider without pods leaves it out.
+   */
+  launcherPodGone?(vmi: VirtualMachineInstance): Promise<boolean>;
+  /**
    * Makes sure the VMI has a launcher (pod-less: starts one) and records its ghost record.
    * With `sync`, a provider that starts the launcher itself may sync the domain in the same
    * step (pod-less: one control round trip to the launcher host) and say so in `synced`.

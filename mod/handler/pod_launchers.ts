@@ -129,6 +129,21 @@ export class PodLaunchers implements LauncherProvider {
     return Promise.resolve(undefined);
   }
 
+  /** See {@linkcode LauncherProvider.launcherPodGone}. */
+  launcherPodGone(vmi: VirtualMachineInstance): Promise<boolean> {
+    for (const [podUid, node] of Object.entries(vmi.status?.activePods ?? {})) {
+      if (node !== this.#o.nodeName || !POD_UID.test(podUid)) continue;
+      try {
+        // Whether it is there, not what it holds: a link is not followed.
+        Deno.lstatSync(launcherSocketDirOnHost(podUid, this.#o.podsDir));
+        return Promise.resolve(false);
+      } catch {
+        // This pod's folder is gone; another active pod may still have one.
+      }
+    }
+    return Promise.resolve(true);
+  }
+
   /**
    * Opens a launcher pod's socket beneath the pod's directory, following no symlink: a
    * pod that replaced its socket or a directory on the way with a link gets no connection.

@@ -29,6 +29,8 @@ interface Doubles {
   cache: Map<string, VirtualMachineInstance>;
   /** The statuses written, when the double writes (`writes`). */
   statuses: NonNullable<VirtualMachineInstance["status"]>[];
+  /** Gives the provider KubeVirt mode's pod check. */
+  setLauncherPodGone(check: (v: VirtualMachineInstance) => Promise<boolean>): void;
 }
 
 function vmi(phase: string): VirtualMachineInstance {
@@ -139,6 +141,9 @@ function doubles(standsInForController = true, writes = false): Doubles {
   } as unknown as ControllerDeps;
   return {
     controller: new VmiController(deps),
+    setLauncherPodGone: (check) => {
+      provider.launcherPodGone = check;
+    },
     expectations,
     queue,
     handlers,
@@ -349,4 +354,20 @@ Deno.test("reconcile() forgets domains under names no VMI, deleted VMI or ghost 
   }
   for (let i = 0; i < 50; i++) await s.controller.reconcile(`flood/vm-${i}`);
   assert.equal(s.controller.domains.size, 0);
+});
+
+Deno.test("reconcile() fails a Scheduled VMI whose launcher pod ended before it made its socket, as virt-handler does", async () => {
+  for (const podGone of [true, false]) {
+    const s = doubles(false, true);
+    // KubeVirt mode: the provider looks for the launcher pod's folder on the host.
+    const v = vmi("Scheduled");
+    v.status!.activePods = { "5ca1ab1e-0000-4000-8000-000000000001": "node1" };
+    s.cache.set(KEY, v);
+    s.setLauncherPodGone(() => Promise.resolve(podGone));
+    await s.controller.reconcile(KEY);
+    const phases = s.statuses.map((st) => st.phase);
+    if (podGone) assert.ok(phases.includes("Failed"), `phases written: ${phases.join(",")}`);
+    else assert.ok(!phases.includes("Failed"), "a pod still starting is waited for");
+    s.queue.shutDown();
+  }
 });
