@@ -89,13 +89,17 @@ export class KubevirtCrWatch implements Runnable {
 }
 
 /**
- * The obsolete CPU models a configuration names (`obsoleteCPUModels` entries set to true);
- * undefined when it names none at all, so KubeVirt's default list applies.
+ * The obsolete CPU models a configuration names: every key of `obsoleteCPUModels`, whatever
+ * its value (KubeVirt's labeller tests a model's presence in the map, not its value).
+ * Undefined when the map is absent or empty: virt-handler reads the CR through a JSON
+ * round trip whose `omitempty` drops an empty map, so `{}` means what no map means there,
+ * KubeVirt's default list for the `cpu-model` labels and no host model marked obsolete.
  */
 export function obsoleteCpuModels(
   configuration: KubevirtConfiguration | undefined,
 ): string[] | undefined {
   const set = configuration?.obsoleteCPUModels;
   if (set === undefined || set === null) return undefined;
-  return Object.entries(set).filter(([, obsolete]) => obsolete === true).map(([m]) => m).sort();
+  const models = Object.keys(set).sort();
+  return models.length > 0 ? models : undefined;
 }

@@ -121,7 +121,11 @@ export interface NodeLabelInfo {
 
 /** Options of {@linkcode computeNodeLabels}. */
 export interface ComputeLabelsOptions {
-  /** Models never labelled; {@linkcode DEFAULT_OBSOLETE_CPU_MODELS} unless told. */
+  /**
+   * The cluster's obsolete models: never labelled, and the host model among them is marked
+   * obsolete. Unset, {@linkcode DEFAULT_OBSOLETE_CPU_MODELS} are not labelled and no host
+   * model is marked, as virt-handler does without `obsoleteCPUModels`.
+   */
   obsoleteModels?: Iterable<string>;
 }
 
@@ -167,7 +171,11 @@ export function computeNodeLabels(
   info: NodeLabelInfo,
   options: ComputeLabelsOptions = {},
 ): ComputedLabels {
-  const obsolete = new Set(options.obsoleteModels ?? DEFAULT_OBSOLETE_CPU_MODELS);
+  const listed = options.obsoleteModels ? [...options.obsoleteModels] : undefined;
+  const obsolete = new Set(listed ?? DEFAULT_OBSOLETE_CPU_MODELS);
+  // The host model is marked obsolete only by a list the cluster configured: virt-handler
+  // looks it up in the configured map, which is nil without one (then nothing is obsolete).
+  const configured = new Set(listed ?? []);
   const labels: Record<string, string> = {};
   const invalid: string[] = [];
   const set = (key: string, value = "true") => {
@@ -190,7 +198,7 @@ export function computeNodeLabels(
   let obsoleteHostModel: string | undefined;
   const hostModel = domain.hostModel;
   if (hostModel) {
-    if (obsolete.has(hostModel.name)) {
+    if (configured.has(hostModel.name)) {
       obsoleteHostModel = hostModel.name;
       set(LabellerLabels.ObsoleteHostModel);
     }

@@ -35,13 +35,15 @@ function fixtureInfo(host: string): NodeLabelInfo {
   };
 }
 
-Deno.test("obsoleteCpuModels() reads the CR's map: true entries only, none set means KubeVirt's list", () => {
+Deno.test("obsoleteCpuModels() reads the CR's map as virt-handler does: every key counts, an empty map is no map", () => {
   assert.equal(obsoleteCpuModels(undefined), undefined);
   assert.equal(obsoleteCpuModels({}), undefined);
-  assert.deepEqual(obsoleteCpuModels({ obsoleteCPUModels: {} }), []);
+  // virt-handler's JSON round trip drops an empty map (omitempty): KubeVirt's list applies.
+  assert.equal(obsoleteCpuModels({ obsoleteCPUModels: {} }), undefined);
+  // Its labeller tests a key's presence, not its value.
   assert.deepEqual(
     obsoleteCpuModels({ obsoleteCPUModels: { kvm64: true, qemu64: false, "486": true } }),
-    ["486", "kvm64"],
+    ["486", "kvm64", "qemu64"],
   );
 });
 

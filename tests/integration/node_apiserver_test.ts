@@ -310,6 +310,9 @@ Deno.test("heartbeat and labeller against a real apiserver", async (t) => {
               ),
             ),
           recorder,
+          // As the KubeVirt CR's obsoleteCPUModels names them: without a list virt-handler
+          // marks no host model obsolete.
+          obsoleteModels: ["kvm64"],
         });
         await labeller.labelOnce();
         const labels = (await getNode(client, "lb-5")).metadata?.labels ?? {};

@@ -97,13 +97,22 @@ Deno.test("computeNodeLabels() never labels obsolete models, even usable ones", 
   assert.equal(custom.labels["cpu-model.node.kubevirt.io/qemu64"], "true");
 });
 
-Deno.test("computeNodeLabels() flags an obsolete host model", () => {
+Deno.test("computeNodeLabels() flags a host model the configured list names, and none without a list, as virt-handler does", () => {
   const domcaps = fixture("intel-skylake-server.domcapabilities.xml")
     .replace("<model fallback='forbid'>Skylake-Server-IBRS</model>", "<model>kvm64</model>");
-  const { labels, obsoleteHostModel } = computeNodeLabels(infoOf("intel-skylake-server", domcaps));
+  const info = infoOf("intel-skylake-server", domcaps);
+  const { labels, obsoleteHostModel } = computeNodeLabels(info, { obsoleteModels: ["kvm64"] });
   assert.equal(obsoleteHostModel, "kvm64");
   assert.equal(labels["node-labeller.kubevirt.io/obsolete-host-model"], "true");
   assert.equal(labels["host-model-cpu.node.kubevirt.io/kvm64"], "true");
+  // No obsoleteCPUModels in the cluster's configuration: virt-handler looks the host model
+  // up in a nil map, and kvm64, though in KubeVirt's default list, is not marked.
+  const byDefault = computeNodeLabels(info);
+  assert.equal(byDefault.obsoleteHostModel, undefined);
+  assert.equal(byDefault.labels["node-labeller.kubevirt.io/obsolete-host-model"], undefined);
+  assert.equal(byDefault.labels["host-model-cpu.node.kubevirt.io/kvm64"], "true");
+  // The default list still keeps its models out of the cpu-model labels.
+  assert.equal(byDefault.labels["cpu-model.node.kubevirt.io/kvm64"], undefined);
 });
 
 Deno.test("parseDomainCapabilities() reads SEV-SNP, TDX and SEV without ES", () => {
