@@ -1,5 +1,6 @@
 /**
- * Runs the test tiers (unit, security, integration, kubevirt, e2e, node, fresh, and beside them soak) with `deno test` and prints one
+ * Runs the test tiers (unit, security, integration, kubevirt, e2e, node, fresh, and beside
+ * them soak and conformance) with `deno test` and prints one
  * plain summary line, `tests: N passed, N failed, N skipped`, that CI reads.
  * Skipped tests are listed loudly: a skip is never a pass. A tier fails when it ran no
  * test, ran past its timeout, or left a process or a test guest behind: every process a
@@ -34,7 +35,9 @@ const TIERS = [
  * Tiers that mostly wait (long observations): they run beside the others, from the start,
  * with a control plane of their own, and their output is shown when they end.
  */
-const BESIDE: readonly Tier[] = ["soak"];
+const BESIDE: readonly Tier[] = ["soak", "conformance"];
+/** A tier beside the others that must have ended before the tier named here starts. */
+const BESIDE_ENDS_BEFORE: Partial<Record<Tier, Tier>> = { conformance: "node" };
 /** A test tier: a folder of `*_test.ts` files below `tests/`. */
 export type Tier = typeof TIERS[number];
 
@@ -441,15 +444,25 @@ async function main(): Promise<number> {
   // it carries no tier's marker and no tier's sweep ends it.
   let cluster: Cluster | undefined;
   const env: Record<string, string> = {};
-  const beside = (asked as Tier[]).filter((t) => BESIDE.includes(t)).map((tier) => {
+  // Beside others only: a tier asked for alone (e.g. `deno task test:conformance`) runs in
+  // the foreground, its output as it comes.
+  const besideTiers = (asked as Tier[]).some((t) => !BESIDE.includes(t))
+    ? (asked as Tier[]).filter((t) => BESIDE.includes(t))
+    : [];
+  const beside = besideTiers.map((tier) => {
     const logFile = Deno.makeTempFileSync({ prefix: `virtnode-${tier}-`, suffix: ".log" });
     console.log(`\n=== ${tier}: runs beside the other tiers; its output: ${logFile}`);
     const result = runTier(tier, {}, { signal: interrupt.signal, checkDomains: false, logFile });
     return { tier, logFile, result };
   });
   try {
-    for (const tier of (asked as Tier[]).filter((t) => !BESIDE.includes(t))) {
+    for (const tier of (asked as Tier[]).filter((t) => !besideTiers.includes(t))) {
       if (interrupt.signal.aborted) break;
+      const first = beside.filter((b) => BESIDE_ENDS_BEFORE[b.tier] === tier);
+      if (first.length > 0) {
+        console.log(`\n=== ${tier} waits for ${first.map((b) => b.tier).join(", ")} to end`);
+        await Promise.all(first.map((b) => b.result));
+      }
       if (tier !== "unit" && tier !== "fresh" && !cluster && testFiles(tier).length > 0) {
         console.log(
           "\n=== starting the shared test control plane (kube-apiserver + etcd, KubeVirt's CRDs and admission)",
