@@ -364,7 +364,7 @@ export interface NodeLabellerOptions {
   source: () => Promise<NodeLabelInfo>;
   /** Records the obsolete-host-model Warning on the Node. */
   recorder?: EventRecorder;
-  /** Models never labelled; KubeVirt's default list unless told. */
+  /** The cluster's obsolete models, as {@linkcode ComputeLabelsOptions.obsoleteModels}. */
   obsoleteModels?: Iterable<string>;
   /** Period of the labelling loop (3 min, KubeVirt's); jittered by up to 1.2 times. */
   intervalMs?: number;
@@ -522,7 +522,8 @@ export class NodeLabeller {
     // One event per model per process; the recorder aggregates repeats anyway.
     if (!this.#options.recorder || this.#lastObsoleteWarning === model) return;
     this.#lastObsoleteWarning = model;
-    const obsolete = [...new Set(this.#options.obsoleteModels ?? DEFAULT_OBSOLETE_CPU_MODELS)];
+    // Only a configured list marks a host model obsolete (computeNodeLabels).
+    const obsolete = [...new Set(this.#options.obsoleteModels ?? [])];
     this.#options.recorder.record(
       { ...node, kind: node.kind ?? "Node", apiVersion: node.apiVersion ?? "v1" },
       "Warning",
