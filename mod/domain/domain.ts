@@ -134,6 +134,8 @@ export interface DomainKubevirtMetadata {
     abortStatus?: string;
     mode?: string;
   };
+  /** Whether the launcher put the VMI's access credentials into the guest, and its message. */
+  accessCredential?: { succeeded: boolean; message?: string };
 }
 
 /** The parts of the domain spec the handler reads. */
@@ -300,6 +302,12 @@ export function domainToWire(domain: Domain): Json {
               Mode: migration.mode ?? "",
             })
             : undefined,
+          AccessCredential: kv.accessCredential
+            ? compact({
+              Succeeded: kv.accessCredential.succeeded || undefined,
+              Message: kv.accessCredential.message || undefined,
+            })
+            : undefined,
         }),
       },
       // Go's api.Memory and api.OS are values, not pointers: always present, zero when unset.
@@ -456,6 +464,10 @@ export function domainFromWire(raw: unknown): Domain {
   const migration = migrationRaw === undefined || migrationRaw === null
     ? undefined
     : object(migrationRaw, "Spec.Metadata.KubeVirt.Migration");
+  const credentialRaw = kv.AccessCredential;
+  const credential = credentialRaw === undefined || credentialRaw === null
+    ? undefined
+    : object(credentialRaw, "Spec.Metadata.KubeVirt.AccessCredential");
   const features = spec.Features === undefined || spec.Features === null
     ? undefined
     : object(spec.Features, "Spec.Features");
@@ -508,6 +520,12 @@ export function domainFromWire(raw: unknown): Domain {
               failureReason: optString(migration.FailureReason, "Migration.FailureReason"),
               abortStatus: optString(migration.AbortStatus, "Migration.AbortStatus"),
               mode: optString(migration.Mode, "Migration.Mode"),
+            })
+            : undefined,
+          accessCredential: credential
+            ? compact({
+              succeeded: credential.Succeeded === true,
+              message: optString(credential.Message, "AccessCredential.Message"),
             })
             : undefined,
         }),

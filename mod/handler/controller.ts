@@ -50,6 +50,7 @@ import {
   computeStatus,
   EventReason,
   phaseChangeEvent,
+  type StatusEvent,
   type StatusInput,
   volumePhaseEvents,
 } from "./status.ts";
@@ -619,15 +620,18 @@ export class VmiController {
     let change: ReturnType<typeof computeStatus>["phaseChange"];
     let requeue = false;
     let volumeEvents: ReturnType<typeof volumePhaseEvents> = [];
+    let statusEvents: StatusEvent[] = [];
     const written = await this.#writeStatus(vmi, (s) => {
       const r = computeStatus({ ...vmi, status: s }, input);
       change = r.phaseChange;
       requeue = r.requeue;
       volumeEvents = volumePhaseEvents(s?.volumeStatus, r.status.volumeStatus);
+      statusEvents = r.events;
       return r.status;
     });
     if (written) {
       for (const ev of volumeEvents) this.#record(vmi, "Normal", ev.reason, ev.message);
+      for (const ev of statusEvents) this.#record(vmi, ev.type, ev.reason, ev.message);
     }
     const key = vmiKey(vmi.metadata);
     if (written) log.debug("Status written", { key, phase: change?.to });

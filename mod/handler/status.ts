@@ -52,7 +52,16 @@ export const EventReason = {
   SyncFailed: "SyncFailed",
   Resumed: "Resumed",
   IOError: "IOerror",
+  AccessCredentialsSyncSuccess: "AccessCredentialsSyncSuccess",
+  AccessCredentialsSyncFailed: "AccessCredentialsSyncFailed",
 } as const;
+
+/** An Event a status change deserves. */
+export interface StatusEvent {
+  type: "Normal" | "Warning";
+  reason: string;
+  message: string;
+}
 
 /** Everything the status of one VMI is computed from. */
 export interface StatusInput {
@@ -99,6 +108,8 @@ export interface ComputedStatus {
   phaseChange?: PhaseChange;
   /** The launcher is not ready yet: look at the VMI again soon. */
   requeue: boolean;
+  /** Events the new status deserves once written (besides the phase change's). */
+  events: StatusEvent[];
 }
 
 /**
@@ -396,6 +407,43 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
     ? setCondition(conditions, { type: ConditionType.AgentConnected, status: "True" }, input.now)
     : removeCondition(conditions, ConditionType.AgentConnected);
 
+  const events: StatusEvent[] = [];
+  const credential = domain?.spec.metadata.kubevirt.accessCredential;
+  if (credential) {
+    // As virt-handler: the launcher's verdict on the access credentials, with an Event
+    // whenever it changes; without a verdict the condition is left as it is.
+    const message = credential.message ?? "";
+    const old = conditions.find((c) => c.type === ConditionType.AccessCredentialsSynchronized);
+    const state = credential.succeeded ? "True" : "False";
+    if (!old || old.status !== state || (old.message ?? "") !== message) {
+      conditions = [
+        ...removeCondition(conditions, ConditionType.AccessCredentialsSynchronized),
+        {
+          type: ConditionType.AccessCredentialsSynchronized,
+          status: state,
+          ...(message ? { message } : {}),
+          lastProbeTime: null,
+          lastTransitionTime: input.now,
+        },
+      ];
+      events.push(
+        credential.succeeded
+          ? {
+            type: "Normal",
+            reason: EventReason.AccessCredentialsSyncSuccess,
+            message: message
+              ? `Access credentials sync successful: ${message}`
+              : "Access credentials sync successful.",
+          }
+          : {
+            type: "Warning",
+            reason: EventReason.AccessCredentialsSyncFailed,
+            message: `Access credentials sync failed: ${message}`,
+          },
+      );
+    }
+  }
+
   const migrationConditions = status.phase === VmiPhase.Running ||
     status.phase === VmiPhase.Scheduled;
   if (migrationConditions && !awaitsNodeFacts(vmi, input.migratable)) {
@@ -462,7 +510,7 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
     else if (freeze) status.fsFreezeStatus = freeze;
     if (input.selinuxContext !== undefined) status.selinuxContext = input.selinuxContext;
   }
-  return { status, phaseChange, requeue };
+  return { status, phaseChange, requeue, events };
 }
 
 /** The Event a phase change deserves, as KubeVirt's handler records it. */

@@ -36,6 +36,7 @@ const KUBEVIRT_DOMAIN_JSON = JSON.stringify({
       KubeVirt: {
         UID: "5a3c0e1e-4a55-4f6b-9d7a-1f1f0c1b2c3d",
         GracePeriod: { DeletionGracePeriodSeconds: 30, DeletionTimestamp: null },
+        AccessCredential: { Succeeded: true, Message: "" },
       },
     },
     Features: { ACPI: {}, APIC: null },
@@ -88,6 +89,8 @@ Deno.test("decodeDomainJson() reads the JSON KubeVirt's launcher sends", () => {
   assert.equal(domain.spec.type, "kvm");
   assert.equal(domain.spec.metadata.kubevirt.uid, "5a3c0e1e-4a55-4f6b-9d7a-1f1f0c1b2c3d");
   assert.equal(domain.spec.metadata.kubevirt.gracePeriod?.deletionGracePeriodSeconds, 30);
+  // The launcher's verdict on the access credentials (virt-handler's condition reads it).
+  assert.deepEqual(domain.spec.metadata.kubevirt.accessCredential, { succeeded: true });
   assert.deepEqual(domain.spec.features, { acpi: true });
   assert.deepEqual(domain.spec.devices.interfaces[0], {
     type: "user",
@@ -119,6 +122,7 @@ Deno.test("encodeDomainJson() writes KubeVirt's field names and decodes back to 
     deletionTimestamp: "2024-01-01T00:00:00Z",
     markedForGracefulShutdown: true,
   };
+  domain.spec.metadata.kubevirt.accessCredential = { succeeded: false, message: "no agent" };
   domain.status.interfaces = [{ mac: "02:00:00:00:00:02", ip: "10.0.2.15", ips: ["10.0.2.15"] }];
   domain.spec.os = { machine: "pc-q35-9.2" };
   domain.spec.memory = { value: 2097152, unit: "KiB" };

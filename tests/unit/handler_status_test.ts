@@ -475,3 +475,55 @@ Deno.test("computeStatus() reports the launcher's SELinux context once a domain 
   );
   assert.equal(none.status.selinuxContext, undefined, "no domain, nothing to say");
 });
+
+Deno.test("computeStatus() reports the launcher's access-credential verdict as virt-handler does: AccessCredentialsSynchronized with its message, and an Event per change", () => {
+  const withVerdict = (succeeded: boolean, message?: string, now = T0) => {
+    const i = input(LifeCycle.Running, undefined, { now });
+    i.domain!.spec.metadata.kubevirt.accessCredential = { succeeded, message };
+    return i;
+  };
+  const condition = (r: ReturnType<typeof computeStatus>) =>
+    r.status.conditions?.find((c) => c.type === "AccessCredentialsSynchronized");
+
+  // No verdict from the launcher: no condition, no Event.
+  const none = computeStatus(vmi("Running"), input(LifeCycle.Running));
+  assert.equal(condition(none), undefined);
+  assert.deepEqual(none.events, []);
+
+  const ok = computeStatus(vmi("Running"), withVerdict(true));
+  assert.deepEqual(condition(ok), {
+    type: "AccessCredentialsSynchronized",
+    status: "True",
+    lastProbeTime: null,
+    lastTransitionTime: T0,
+  });
+  assert.deepEqual(ok.events, [{
+    type: "Normal",
+    reason: "AccessCredentialsSyncSuccess",
+    message: "Access credentials sync successful.",
+  }]);
+  // The same verdict again: nothing changes, no second Event.
+  const again = computeStatus({ ...vmi(), status: ok.status }, withVerdict(true, undefined, T1));
+  assert.deepEqual(again.status, ok.status);
+  assert.deepEqual(again.events, []);
+
+  const failed = computeStatus(
+    { ...vmi(), status: ok.status },
+    withVerdict(false, "guest agent lacks guest-ssh-add-authorized-keys", T1),
+  );
+  assert.deepEqual(condition(failed), {
+    type: "AccessCredentialsSynchronized",
+    status: "False",
+    message: "guest agent lacks guest-ssh-add-authorized-keys",
+    lastProbeTime: null,
+    lastTransitionTime: T1,
+  });
+  assert.deepEqual(failed.events, [{
+    type: "Warning",
+    reason: "AccessCredentialsSyncFailed",
+    message: "Access credentials sync failed: guest agent lacks guest-ssh-add-authorized-keys",
+  }]);
+  // A launcher that stops saying leaves the condition as it was.
+  const silent = computeStatus({ ...vmi(), status: failed.status }, input(LifeCycle.Running));
+  assert.deepEqual(condition(silent), condition(failed));
+});
