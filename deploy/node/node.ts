@@ -49,6 +49,8 @@ const CONTAINERD_SHIM_SOCKETS = "/run/containerd/s";
 /** Where the CNI library caches each attachment's result (its default; containerd names none). */
 const CNI_RESULTS = "/var/lib/cni/results";
 const READY_TIMEOUT_MS = 90_000;
+/** The cluster's DNS domain, Kubernetes' default. */
+export const CLUSTER_DOMAIN = "cluster.local";
 
 /** A running node. */
 export interface Node {
@@ -99,6 +101,12 @@ export interface StartNodeOptions {
    * them to the first.
    */
   clusterServices?: boolean;
+  /**
+   * The cluster DNS Service's address (deploy/node/cluster_dns.ts): the kubelet gives its
+   * pods that nameserver and the `cluster.local` search domains, as a kubelet of a cluster
+   * with CoreDNS does. Unset: pods get the host's /etc/resolv.conf as it is.
+   */
+  clusterDns?: string;
 }
 
 /** The host paths an isolated node has of its own, and its folder each is bound from. */
@@ -471,6 +479,9 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
         podCIDR: podCidr,
         podLogsDir: join(dir, "pod-logs"),
         resolvConf: "/etc/resolv.conf",
+        ...(options.clusterDns
+          ? { clusterDNS: [options.clusterDns], clusterDomain: CLUSTER_DOMAIN }
+          : {}),
         imageGCHighThresholdPercent: 100,
         imageGCLowThresholdPercent: 99,
         evictionHard: {

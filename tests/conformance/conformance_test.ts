@@ -49,9 +49,10 @@ Deno.test({
     let dns: ClusterDns | undefined;
     const artifacts = await Deno.makeTempDir({ prefix: "virtnode-conformance-" });
     try {
-      node = await startNode(cluster, { isolated: true });
-      // The suite gives its guests the cluster DNS Service's address.
+      // The suite gives its guests the cluster DNS Service's address, and its Jobs reach
+      // Services by name: the kubelet hands that nameserver to every pod.
       dns = await startClusterDns(cluster);
+      node = await startNode(cluster, { isolated: true, clusterDns: dns.address });
       const virtctl = await buildVirtctl();
       install = await installByOperator(cluster, node, HANDLERS[0]);
       // The suite's guests and its helper pod's image, under the names it gives them:
