@@ -14,12 +14,14 @@ import denoJson from "./deno.json" with { type: "json" };
 import {
   type Config,
   ConfigError,
+  featureGateEnabled,
+  logLevelForVerbosity,
   parseConfig,
   type RawConfig,
   SETTINGS,
   V8_FLAGS,
 } from "./mod/config/mod.ts";
-import { getLogger, setupLogging } from "./mod/log/mod.ts";
+import { getLogger, setLogLevel, setupLogging } from "./mod/log/mod.ts";
 import type { TlsMaterial } from "./mod/rest/mod.ts";
 import type { HandlerOptions } from "./mod/handler/mod.ts";
 
@@ -427,6 +429,12 @@ function handlerCommand(program: Command): void {
       Deno.addSignalListener("SIGINT", () => stop.abort());
       const client = await kubeClientWithRetry(config, stop.signal);
       const globals = ["--log-level", config.logLevel, "--log-format", "json"];
+      // The KubeVirt CR: the cluster's configuration, followed live (mod/config/kubevirt.ts);
+      // /healthz reports the version in force.
+      const kubevirtCr = new kube.KubevirtCrWatch(client, {
+        nodeName: config.nodeName,
+        podless: opts.podless,
+      });
       const services = node.nodeServices(client, {
         nodeName: config.nodeName,
         libvirtUri: config.libvirtUri,
@@ -450,22 +458,33 @@ function handlerCommand(program: Command): void {
         devicePlugins: opts.podless
           ? false
           : { pluginDir: opts.devicePluginsDir, maxDevices: opts.maxDevices },
-        heartbeat: opts.cpuManagerState ? { cpuManagerStatePaths: [opts.cpuManagerState] } : {},
+        heartbeat: {
+          ...(opts.cpuManagerState ? { cpuManagerStatePaths: [opts.cpuManagerState] } : {}),
+          cpuManagerGate: () => featureGateEnabled(kubevirtCr.config(), "CPUManager"),
+        },
         labeller: opts.nodeLabeller ? {} : false,
         recorder: new kube.EventRecorder(client, {
           host: config.nodeName,
           component: "node-labeller",
         }),
       });
-      // The KubeVirt CR: /healthz reports its version; the labeller follows its obsolete CPU
-      // models, as virt-handler's does.
-      const kubevirtCr = new kube.KubevirtCrWatch(client);
-      const labeller = services.labeller;
-      if (labeller) {
-        kubevirtCr.onChange(() =>
-          labeller.setObsoleteModels(kube.obsoleteCpuModels(kubevirtCr.configuration()))
+      // What follows the cluster's configuration at once, as in virt-handler: the labeller's
+      // obsolete CPU models, the CPU manager labels (one beat now) and the log level.
+      let cpuManagerGate = false;
+      kubevirtCr.onChange(() => {
+        const cluster = kubevirtCr.config();
+        setLogLevel(
+          cluster.handlerLogVerbositySet
+            ? logLevelForVerbosity(cluster.handlerLogVerbosity)
+            : config.logLevel,
         );
-      }
+        services.labeller?.setObsoleteModels(cluster.obsoleteCpuModels?.slice());
+        const gate = featureGateEnabled(cluster, "CPUManager");
+        if (gate !== cpuManagerGate) {
+          cpuManagerGate = gate;
+          services.heartbeat.beatNow();
+        }
+      });
       const handler = await Handler.create(config, client, {
         kubevirtCr,
         // Host-model VMIs are synced again once the labeller has read the host's CPU.

@@ -33,6 +33,7 @@ import type {
   WorkQueue,
 } from "../kube/mod.ts";
 import { isHotplugVolume } from "../storage/mod.ts";
+import type { KubevirtConfig } from "../config/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import { decideSync, type SyncDecision } from "./decide.ts";
 import type { GhostRecordStore } from "./ghost_records.ts";
@@ -115,6 +116,8 @@ export interface ControllerDeps {
    * here: the VMI is another node's until the migration ends).
    */
   handledElsewhere?: (key: string) => boolean;
+  /** The cluster's configuration in force (the KubeVirt CR's); KubeVirt's defaults unless told. */
+  clusterConfig?: () => KubevirtConfig;
 }
 
 interface ShutdownState {
@@ -756,7 +759,10 @@ export class VmiController {
     }
     if (alive && this.#synced.get(uid) === spec) return DONE;
     this.#topology ??= hostTopology();
-    await client.syncVirtualMachine(forLauncher, virtualMachineOptions(vmi, this.#topology));
+    await client.syncVirtualMachine(
+      forLauncher,
+      virtualMachineOptions(vmi, this.#topology, this.#d.clusterConfig?.()),
+    );
     // The launcher detached what left the spec: its mounts can go.
     if (alive) await this.#d.provider.unplug(vmi);
     await this.#afterStart(vmi, network);

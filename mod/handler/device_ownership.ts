@@ -20,16 +20,30 @@ export const LAUNCHER_DEVICES: readonly string[] = Object.freeze([
 /**
  * Gives `user` the devices of {@linkcode LAUNCHER_DEVICES} present in `root` (a launcher's
  * `/proc/<pid>/root`), resolved beneath that root without following any symlink; returns
- * those it changed. A device the pod lacks (no KVM: emulation) is skipped.
+ * those it changed. A device the pod lacks is skipped, except `/dev/kvm` while the cluster
+ * does not allow emulation (`options.emulation` false): then, as in virt-handler, the
+ * launcher's set-up fails.
  */
-export function claimLauncherDevices(root: string, user: number): string[] {
+export function claimLauncherDevices(
+  root: string,
+  user: number,
+  options: { emulation: boolean } = { emulation: true },
+): string[] {
   const claimed: string[] = [];
   for (const device of LAUNCHER_DEVICES) {
     try {
       chownBeneath(root, device, user, user);
       claimed.push(`/${device}`);
     } catch (error) {
-      if (error instanceof ErrnoError && error.code === "ENOENT") continue;
+      if (error instanceof ErrnoError && error.code === "ENOENT") {
+        if (device === "dev/kvm" && !options.emulation) {
+          throw new Error(
+            "failed to set up file ownership for /dev/kvm: the launcher has no /dev/kvm and the KubeVirt CR does not allow emulation (developerConfiguration.useEmulation)",
+            { cause: error },
+          );
+        }
+        continue;
+      }
       throw new Error(
         `Cannot give /${device} of the launcher to user ${user}: ${(error as Error).message}`,
         { cause: error },

@@ -364,6 +364,7 @@ export class Handler implements Runnable {
         notify: this.#notify,
         mountRecordDir: join(config.runDir, "container-disk-mounts"),
         hotplugRecordDir: join(config.runDir, "hotplug-volume-mounts"),
+        emulation: options.kubevirtCr ? () => options.kubevirtCr!.config().useEmulation : undefined,
       });
     this.#launchers = new LauncherClients({
       onUnresponsive: (uid) => this.controller.launcherGone(uid),
@@ -394,6 +395,7 @@ export class Handler implements Runnable {
       onStarted: () => this.#onStarted(),
       hostCpu: options.hostCpu,
       handledElsewhere: (key) => this.#migration?.target.handles(key) ?? false,
+      clusterConfig: options.kubevirtCr ? () => options.kubevirtCr!.config() : undefined,
     });
   }
 
@@ -446,6 +448,9 @@ export class Handler implements Runnable {
     });
     const source = new MigrationSourceController({
       ...common,
+      clusterConfig: this.#options.kubevirtCr
+        ? () => this.#options.kubevirtCr!.config()
+        : undefined,
       informer: this.informer,
       queue: new WorkQueue<string>(),
       expectations: new Expectations(),
@@ -458,6 +463,9 @@ export class Handler implements Runnable {
         nodeName: config.nodeName,
         client: this.#client,
         recorder: this.#recorder,
+        clusterConfig: this.#options.kubevirtCr
+          ? () => this.#options.kubevirtCr!.config()
+          : undefined,
       })
       : undefined;
     if (podless) {

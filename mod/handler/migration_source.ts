@@ -22,6 +22,7 @@ import {
   vmiKey,
   VmiPhase,
 } from "../api/mod.ts";
+import type { KubevirtConfig } from "../config/mod.ts";
 import type { Domain } from "../domain/mod.ts";
 import type {
   EventRecorder,
@@ -73,6 +74,8 @@ export interface MigrationSourceDeps {
   recorder: EventRecorder;
   /** The node's migration proxies. */
   proxy: MigrationProxyManager;
+  /** The cluster's configuration in force: its migrations, for a VMI without its own. */
+  clusterConfig?: () => KubevirtConfig;
   /** Concurrent syncs. */
   workers?: number;
 }
@@ -205,7 +208,7 @@ export class MigrationSourceController {
     } catch (error) {
       throw new Error(`failed to handle migration proxy: ${describe(error)}`, { cause: error });
     }
-    const options = migrationOptions(vmi);
+    const options = migrationOptions(vmi, this.#d.clusterConfig?.().migrations);
     log.info("Migration options matched", { uid, options: JSON.stringify(options) });
     await client.migrateVirtualMachine(this.#d.provider.forLauncher(vmi), options);
     this.#record(vmi, "Normal", MigrationEvents.Migrating, MigrationEvents.MigratingMessage);

@@ -98,13 +98,18 @@ export function domainPausedFailedPostCopy(domain: Domain | undefined): boolean 
 
 /**
  * KubeVirt's `cmdclient.MigrationOptions` (Go field names: the launcher reads them so) from
- * the migration's configuration, KubeVirt's defaults for what it leaves out; parallel
- * connections as KubeVirt's handler asks for them (none with post-copy or a CPU limit).
+ * the migration's configuration (virt-controller's, in the VMI's migration state; the
+ * cluster's, `cluster`, when the VMI has none), KubeVirt's defaults for what it leaves out;
+ * parallel connections as KubeVirt's handler asks for them (none with post-copy or a CPU
+ * limit).
  */
-export function migrationOptions(vmi: VirtualMachineInstance): Record<string, unknown> {
+export function migrationOptions(
+  vmi: VirtualMachineInstance,
+  cluster: MigrationConfiguration = MIGRATION_DEFAULTS,
+): Record<string, unknown> {
   const c: MigrationConfiguration = {
     ...MIGRATION_DEFAULTS,
-    ...(vmi.status?.migrationState?.migrationConfiguration ?? {}),
+    ...(vmi.status?.migrationState?.migrationConfiguration ?? cluster),
   };
   const allowPostCopy = c.allowPostCopy === true;
   const options: Record<string, unknown> = {

@@ -81,6 +81,11 @@ export interface PodLaunchersOptions {
   mountRecordDir: string;
   /** Where the hotplugged volume mounts of each VMI are recorded. */
   hotplugRecordDir: string;
+  /**
+   * The cluster's `useEmulation`, read at each use: only then may a launcher lack
+   * `/dev/kvm` (default: it may, as if emulation were on).
+   */
+  emulation?: () => boolean;
 }
 
 /** Launchers as the pods virt-controller creates. */
@@ -180,7 +185,9 @@ export class PodLaunchers implements LauncherProvider {
       // Before the domain is defined: QEMU opens them as this user. A failure is the
       // sync's (it retries), so no domain starts that could not open its devices.
       const pid = await this.#pipes.launcherPid(socket);
-      const devices = claimLauncherDevices(`/proc/${pid}/root`, runtimeUser);
+      const devices = claimLauncherDevices(`/proc/${pid}/root`, runtimeUser, {
+        emulation: this.#o.emulation?.() ?? true,
+      });
       this.#claimed.set(uid, socket);
       log.debug("Launcher devices handed to the runtime user", { uid, pid, runtimeUser, devices });
     }

@@ -60,6 +60,7 @@ import {
   StatusWriter,
   WorkQueue,
 } from "../kube/mod.ts";
+import { KUBEVIRT_DEFAULTS, type KubevirtConfig } from "../config/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import type { Runnable } from "../lifecycle/mod.ts";
 import { DONE, type ReconcileResult, requeueAfter, runWorkers } from "./_workers.ts";
@@ -95,6 +96,8 @@ export interface PodlessMigrationsOptions {
   recorder: EventRecorder;
   /** Concurrent syncs. */
   workers?: number;
+  /** The cluster's configuration in force (the KubeVirt CR's); KubeVirt's defaults unless told. */
+  clusterConfig?: () => KubevirtConfig;
 }
 
 function isFinal(phase: VmimPhase | undefined): boolean {
@@ -301,7 +304,7 @@ export class PodlessMigrations implements Runnable {
             m.metadata.uid !== vmim.metadata.uid && handedOff(m.status?.phase) &&
             !isFinal(m.status?.phase) && m.status?.migrationState?.sourceNode === this.#o.nodeName
           ).length;
-        if (busy >= MIGRATION_DEFAULTS.parallelOutboundMigrationsPerNode) {
+        if (busy >= this.#parallelOutbound()) {
           return {
             kind: "wait",
             ms: 5 * WAIT_MS,
@@ -470,7 +473,7 @@ export class PodlessMigrations implements Runnable {
   /** virt-controller's hand-off: the VMI names the migration and its target. */
   async #handOff(vmim: VirtualMachineInstanceMigration, vmi: VirtualMachineInstance) {
     const targetNode = vmim.status?.migrationState?.targetNode ?? "";
-    const migrationConfiguration = await this.#clusterConfiguration();
+    const migrationConfiguration = this.#clusterConfiguration();
     await this.#writeVmi(vmi, (v) => {
       v.status!.migrationState = {
         migrationUid: vmim.metadata.uid,
@@ -494,30 +497,18 @@ export class PodlessMigrations implements Runnable {
   }
 
   /**
-   * The cluster's migration configuration: the KubeVirt CR's
-   * `spec.configuration.migrations` over KubeVirt's defaults (MigrationPolicies are not
-   * read in pod-less mode), `allowWorkloadDisruption` following `allowPostCopy` when unset.
+   * The cluster's migration configuration: the KubeVirt CR's `spec.configuration.migrations`
+   * over KubeVirt's defaults (MigrationPolicies are not read in pod-less mode),
+   * `allowWorkloadDisruption` following `allowPostCopy` when unset.
    */
-  async #clusterConfiguration(): Promise<MigrationConfiguration> {
-    let set: MigrationConfiguration = {};
-    try {
-      const list = await this.#o.client.request<
-        { items?: { spec?: { configuration?: { migrations?: MigrationConfiguration } } }[] }
-      >("GET", "/apis/kubevirt.io/v1/kubevirts", undefined);
-      set = list.items?.[0]?.spec?.configuration?.migrations ?? {};
-    } catch (error) {
-      log.warn(
-        "Cannot read the KubeVirt CR's migration configuration, using KubeVirt's defaults: {error}",
-        {
-          error,
-        },
-      );
-    }
-    const merged: MigrationConfiguration = { ...MIGRATION_DEFAULTS, ...set };
-    if (set.allowWorkloadDisruption === undefined) {
-      merged.allowWorkloadDisruption = merged.allowPostCopy === true;
-    }
-    return merged;
+  /** Migrations at once leaving this node: the cluster's `parallelOutboundMigrationsPerNode`. */
+  #parallelOutbound(): number {
+    const n = Number(this.#clusterConfiguration().parallelOutboundMigrationsPerNode);
+    return Number.isInteger(n) && n > 0 ? n : MIGRATION_DEFAULTS.parallelOutboundMigrationsPerNode;
+  }
+
+  #clusterConfiguration(): MigrationConfiguration {
+    return { ...(this.#o.clusterConfig?.() ?? KUBEVIRT_DEFAULTS).migrations };
   }
 
   /** Once final: the VMI's migration state into the VMIM, and the finalizer off. */

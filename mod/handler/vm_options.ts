@@ -6,25 +6,15 @@
  * needs them (its topology drives dedicated CPUs and NUMA passthrough, the cluster
  * settings its devices); virtnode's launcher reads what it uses and ignores the rest.
  *
- * The cluster-wide values are KubeVirt's defaults (`pkg/virt-config`); the handler does not
- * read the KubeVirt CR's configuration yet.
+ * The cluster-wide values come from the KubeVirt CR's configuration in force
+ * (`mod/config/kubevirt.ts`), KubeVirt's defaults where it says nothing; like KubeVirt's, a
+ * change reaches the domains defined after it.
  *
  * @module
  */
 import type { VirtualMachineInstance } from "../api/mod.ts";
+import { featureGateEnabled, KUBEVIRT_DEFAULTS, type KubevirtConfig } from "../config/mod.ts";
 import type { VirtualMachineOptions } from "../proto/mod.ts";
-
-/** KubeVirt's default SMBIOS (`SmbiosConfigDefault*`). */
-export const DEFAULT_SMBIOS = {
-  manufacturer: "KubeVirt",
-  product: "None",
-  version: "",
-  sku: "",
-  family: "KubeVirt",
-};
-
-/** KubeVirt's default memory balloon statistics period, seconds. */
-export const DEFAULT_MEM_BALLOON_STATS_PERIOD = 10;
 
 /** `kubevirt.cmd.v1.Cell`: one NUMA cell of the host. */
 export interface NumaCell {
@@ -122,25 +112,29 @@ export function interfaceDomainAttachment(vmi: VirtualMachineInstance): Record<s
   return out;
 }
 
-/** The options of one `SyncVirtualMachine` call for `vmi` on a host of `topology`. */
+/**
+ * The options of one `SyncVirtualMachine` call for `vmi` on a host of `topology`, under the
+ * cluster's configuration `config`.
+ */
 export function virtualMachineOptions(
   vmi: VirtualMachineInstance,
   topology: NumaCell[],
+  config: KubevirtConfig = KUBEVIRT_DEFAULTS,
 ): VirtualMachineOptions {
+  const expandDisks = featureGateEnabled(config, "ExpandDisks");
   return {
-    VirtualMachineSMBios: { ...DEFAULT_SMBIOS },
-    MemBalloonStatsPeriod: DEFAULT_MEM_BALLOON_STATS_PERIOD,
+    VirtualMachineSMBios: { ...config.smbios },
+    MemBalloonStatsPeriod: config.memBalloonStatsPeriod,
     PreallocatedVolumes: [],
     topology: { numa_cells: topology },
     // Kept empty by KubeVirt's handler too: launchers read disk facts themselves now.
     DisksInfo: {},
-    ExpandDisksEnabled: false,
+    ExpandDisksEnabled: expandDisks,
     clusterConfig: {
-      ExpandDisksEnabled: false,
-      FreePageReportingDisabled: false,
-      // KubeVirt's default: Bochs for EFI guests unless VGADisplayForEFIGuests is on.
-      BochsDisplayForEFIGuests: true,
-      SerialConsoleLogDisabled: false,
+      ExpandDisksEnabled: expandDisks,
+      FreePageReportingDisabled: config.freePageReportingDisabled,
+      BochsDisplayForEFIGuests: config.bochsDisplayForEfiGuests,
+      SerialConsoleLogDisabled: config.serialConsoleLogDisabled,
     },
     interfaceDomainAttachment: interfaceDomainAttachment(vmi),
   };

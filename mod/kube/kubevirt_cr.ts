@@ -1,12 +1,23 @@
 /**
- * The cluster's KubeVirt CR, watched: its resourceVersion (what `/healthz` reports as
- * `config-resource-version`, as KubeVirt's components do) and its `spec.configuration`,
- * which the parts that follow KubeVirt's configuration read (the node labeller's obsolete
- * CPU models). One CR per cluster, in KubeVirt's namespace; listed across namespaces, as
- * KubeVirt's handler role allows.
+ * The cluster's KubeVirt CR, watched and read as virt-handler reads it: the CR of the
+ * handler's own namespace (its service account's, `kubevirt` outside a pod) once virt-operator
+ * has given it a phase and while it is not being deleted; its `spec.configuration` parsed
+ * over KubeVirt's defaults (`mod/config/kubevirt.ts`). A CR that does not parse is refused
+ * whole, with KubeVirt's log line, and the last good configuration stays in force; so does
+ * the last one when the CR goes away. `/healthz` reports the resourceVersion of the
+ * configuration in force as `config-resource-version`.
+ *
+ * Pod-less mode has no virt-operator to give the CR its phase: there a CR without one is
+ * read too, and without any CR KubeVirt's defaults apply, said once in the log.
  *
  * @module
  */
+import {
+  KUBEVIRT_DEFAULTS,
+  type KubevirtConfig,
+  KubevirtConfigError,
+  parseKubevirtConfiguration,
+} from "../config/kubevirt.ts";
 import { getLogger } from "../log/mod.ts";
 import type { Runnable } from "../lifecycle/mod.ts";
 import type { KubeClient } from "./client.ts";
@@ -15,17 +26,42 @@ import type { KubeObject } from "./types.ts";
 
 const log = getLogger("kube", "kubevirt-cr");
 
+/** Where a pod's service account names its namespace. */
+const SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+/** KubeVirt's namespace when the handler runs outside a pod. */
+const DEFAULT_NAMESPACE = "kubevirt";
+
 /** What is kept of the CR. */
 interface KubevirtCr extends KubeObject {
   spec?: { configuration?: KubevirtConfiguration };
+  status?: { phase?: string };
 }
 
-/** The fields of the CR's `spec.configuration` virtnode reads. */
+/** The CR's `spec.configuration`, as the CR has it. */
 export interface KubevirtConfiguration {
   /** CPU models never offered; `true` marks a model obsolete. KubeVirt's list when unset. */
   obsoleteCPUModels?: Record<string, boolean>;
   /** The configuration's other fields, as the CR has them. */
   [field: string]: unknown;
+}
+
+/** The handler's namespace as virt-handler finds it: its service account's, else `kubevirt`. */
+export function handlerNamespace(file = SERVICE_ACCOUNT_NAMESPACE): string {
+  try {
+    return Deno.readTextFileSync(file).trim() || DEFAULT_NAMESPACE;
+  } catch {
+    return DEFAULT_NAMESPACE;
+  }
+}
+
+/** Options of {@linkcode KubevirtCrWatch}. */
+export interface KubevirtCrWatchOptions {
+  /** This node, for `nodeVerbosity` (default: none matches). */
+  nodeName?: string;
+  /** The namespace whose CR counts (default: {@linkcode handlerNamespace}). */
+  namespace?: string;
+  /** Pod-less mode: a CR without a phase counts, and no CR is said once. */
+  podless?: boolean;
 }
 
 /** Watches the KubeVirt CR; run it as a {@linkcode Runnable}. */
@@ -34,14 +70,23 @@ export class KubevirtCrWatch implements Runnable {
   readonly name = "kubevirt-cr";
   readonly #informer: Informer<KubevirtCr>;
   readonly #listeners = new Set<() => void>();
+  readonly #nodeName: string;
+  readonly #namespace: string;
+  readonly #podless: boolean;
+  #config: KubevirtConfig = KUBEVIRT_DEFAULTS;
+  #configuration: KubevirtConfiguration | undefined;
+  #invalidVersion = "";
 
   /** A watch through `client`; nothing is listed until {@linkcode run}. */
-  constructor(client: KubeClient) {
+  constructor(client: KubeClient, options: KubevirtCrWatchOptions = {}) {
+    this.#nodeName = options.nodeName ?? "";
+    this.#namespace = options.namespace ?? handlerNamespace();
+    this.#podless = options.podless ?? false;
     this.#informer = new Informer<KubevirtCr>(client, {
       path: "/apis/kubevirt.io/v1/kubevirts",
       resource: "kubevirts",
       onError: (error) => log.warn("KubeVirt CR watch interrupted, retrying: {error}", { error }),
-      // Its version and configuration are read, nothing else (the status is large).
+      // What the configuration needs, nothing else (the status is large).
       transform: (kv) => ({
         apiVersion: kv.apiVersion,
         kind: kv.kind,
@@ -49,11 +94,15 @@ export class KubevirtCrWatch implements Runnable {
           name: kv.metadata?.name,
           namespace: kv.metadata?.namespace,
           resourceVersion: kv.metadata?.resourceVersion,
+          annotations: kv.metadata?.annotations,
+          deletionTimestamp: kv.metadata?.deletionTimestamp,
         },
         spec: { configuration: kv.spec?.configuration },
+        status: { phase: kv.status?.phase },
       }),
     });
-    const tell = () => {
+    const changed = () => {
+      if (!this.#read()) return;
       for (const listener of this.#listeners) {
         try {
           listener();
@@ -62,21 +111,62 @@ export class KubevirtCrWatch implements Runnable {
         }
       }
     };
-    this.#informer.addHandlers({ onAdd: tell, onUpdate: tell, onDelete: tell });
+    this.#informer.addHandlers({ onAdd: changed, onUpdate: changed, onDelete: changed });
   }
 
-  /** The CR's resourceVersion as last seen; empty before it is listed, or without a CR. */
+  /** The CR that counts: this namespace's, with a phase (pod-less: any), not being deleted. */
+  #current(): KubevirtCr | undefined {
+    return this.#informer.list().find((kv) =>
+      kv.metadata?.namespace === this.#namespace && !kv.metadata?.deletionTimestamp &&
+      (this.#podless || !!kv.status?.phase)
+    );
+  }
+
+  /** Parses the current CR if it is new; true when the configuration in force changed. */
+  #read(): boolean {
+    const cr = this.#current();
+    const version = cr?.metadata?.resourceVersion ?? "";
+    if (!cr || version === this.#config.resourceVersion || version === this.#invalidVersion) {
+      return false;
+    }
+    try {
+      this.#config = parseKubevirtConfiguration(cr.spec?.configuration, {
+        resourceVersion: version,
+        annotations: cr.metadata?.annotations,
+        nodeName: this.#nodeName,
+      });
+      this.#configuration = cr.spec?.configuration ?? {};
+    } catch (error) {
+      if (!(error instanceof KubevirtConfigError)) throw error;
+      this.#invalidVersion = version;
+      log.error(
+        "Invalid cluster config using KubeVirt resource version '{version}', falling back to last good resource version '{good}': {error}",
+        { version, good: this.#config.resourceVersion, error: error.message },
+      );
+      return false;
+    }
+    log.info("Updating cluster config from KubeVirt to resource version '{version}'", {
+      version,
+    });
+    return true;
+  }
+
+  /** The configuration in force: the last good CR's, else KubeVirt's defaults. */
+  config(): KubevirtConfig {
+    return this.#config;
+  }
+
+  /** The resourceVersion of the configuration in force; empty while it is the defaults. */
   resourceVersion(): string {
-    return this.#informer.list()[0]?.metadata?.resourceVersion ?? "";
+    return this.#config.resourceVersion;
   }
 
-  /** The CR's `spec.configuration` as last seen; undefined without a CR. */
+  /** The last good CR's `spec.configuration` as it has it; undefined before one. */
   configuration(): KubevirtConfiguration | undefined {
-    const cr = this.#informer.list()[0];
-    return cr ? cr.spec?.configuration ?? {} : undefined;
+    return this.#configuration;
   }
 
-  /** Calls `listener` after every change of the CR; returns its removal. */
+  /** Calls `listener` after every change of the configuration in force; returns its removal. */
   onChange(listener: () => void): () => void {
     this.#listeners.add(listener);
     return () => this.#listeners.delete(listener);
@@ -84,7 +174,16 @@ export class KubevirtCrWatch implements Runnable {
 
   /** Lists and watches until `signal` aborts. */
   run(signal: AbortSignal): Promise<void> {
-    return this.#informer.run(signal);
+    const running = this.#informer.run(signal);
+    this.#informer.waitForSync().then(() => {
+      if (this.#podless && !signal.aborted && this.#current() === undefined) {
+        log.info(
+          "No KubeVirt CR in namespace {namespace}: KubeVirt's default configuration applies",
+          { namespace: this.#namespace },
+        );
+      }
+    });
+    return running;
   }
 }
 

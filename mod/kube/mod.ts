@@ -15,7 +15,13 @@ export {
   type RequestOptions,
   type StreamOptions,
 } from "./client.ts";
-export { type KubevirtConfiguration, KubevirtCrWatch, obsoleteCpuModels } from "./kubevirt_cr.ts";
+export {
+  handlerNamespace,
+  type KubevirtConfiguration,
+  KubevirtCrWatch,
+  type KubevirtCrWatchOptions,
+  obsoleteCpuModels,
+} from "./kubevirt_cr.ts";
 export {
   detailOf,
   isApiStatus,

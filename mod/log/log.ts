@@ -209,15 +209,38 @@ export function setupLogging(options: LoggingOptions): void {
         : formatText(record, options.component),
     );
   };
+  active = { sink, level: options.level };
+  configure(active.sink, active.level);
+}
+
+/** The sink and level of the last {@linkcode setupLogging}. */
+let active: { sink: Sink; level: LogLevel } | undefined;
+
+function configure(sink: Sink, level: LogLevel): void {
   resetSync();
   configureSync({
     reset: true,
     sinks: { main: sink },
     loggers: [
-      { category: [ROOT], lowestLevel: options.level, sinks: ["main"] },
+      { category: [ROOT], lowestLevel: level, sinks: ["main"] },
       { category: ["logtape", "meta"], lowestLevel: "warning", sinks: ["main"] },
     ],
   });
+}
+
+/**
+ * Changes the lowest level written, keeping the format and the destination (the KubeVirt
+ * CR's handler verbosity, followed live); the current level again changes nothing.
+ */
+export function setLogLevel(level: LogLevel): void {
+  if (!active || active.level === level) return;
+  active.level = level;
+  configure(active.sink, level);
+}
+
+/** The lowest level written now; undefined before {@linkcode setupLogging}. */
+export function currentLogLevel(): LogLevel | undefined {
+  return active?.level;
 }
 
 /** Returns the logger for a part of virtnode, e.g. `getLogger("handler", "queue")`. */

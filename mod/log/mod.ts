@@ -13,6 +13,7 @@
  */
 
 export {
+  currentLogLevel,
   formatJson,
   formatText,
   getLogger,
@@ -25,6 +26,7 @@ export {
   type LogRecord,
   renderMessage,
   resolveFormat,
+  setLogLevel,
   setupLogging,
 } from "./log.ts";
 export {

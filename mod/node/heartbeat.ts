@@ -42,6 +42,12 @@ export interface HeartbeatOptions {
   jitterFactor?: number;
   /** CPU manager state files, first existing wins ({@linkcode DEFAULT_CPU_MANAGER_STATE_PATHS}). */
   cpuManagerStatePaths?: string[];
+  /**
+   * KubeVirt's `CPUManager` feature gate, read at every beat: while it is off the CPU manager
+   * labels say "false" whatever the kubelet runs, as virt-handler's do. Unset: the labels
+   * follow the kubelet's state file alone (a beat with no cluster configuration).
+   */
+  cpuManagerGate?: () => boolean;
   /** How long start-up waits for `isReady` before the periodic beats (10 s). */
   readyWaitMs?: number;
   /** Poll period of `isReady` during that wait (1 s). */
@@ -185,9 +191,11 @@ export class Heartbeat {
     const schedulable = options.schedulable === "unchanged"
       ? undefined
       : options.schedulable ?? (this.#options.isReady?.() ?? true);
-    const cpuManager = await readCpuManagerEnabled(
-      this.#options.cpuManagerStatePaths ?? DEFAULT_CPU_MANAGER_STATE_PATHS,
-    );
+    const gate = this.#options.cpuManagerGate?.() ?? true;
+    const cpuManager = gate &&
+      await readCpuManagerEnabled(
+        this.#options.cpuManagerStatePaths ?? DEFAULT_CPU_MANAGER_STATE_PATHS,
+      );
     const heartbeat = rfc3339(this.#options.now?.() ?? new Date());
     try {
       await patchNodeMetadata(this.#client, this.#nodeName, {
@@ -212,6 +220,15 @@ export class Heartbeat {
     this.#last = state;
     log.debug("Heartbeat sent", { name: this.#nodeName, ...state });
     return state;
+  }
+
+  /**
+   * One beat now, between the periodic ones: what it writes follows a changed cluster
+   * configuration at once (the CPUManager gate) instead of at the next beat. Failures are
+   * logged, as a periodic beat's are.
+   */
+  beatNow(): Promise<void> {
+    return this.#tryBeat();
   }
 
   async #tryBeat(options: { schedulable?: boolean } = {}): Promise<void> {

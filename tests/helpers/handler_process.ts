@@ -544,7 +544,7 @@ export interface HandlerTestContext {
 export async function withHandler(
   name: string,
   fn: (ctx: HandlerTestContext) => Promise<void>,
-  options: { libvirtUri?: string } = {},
+  options: { libvirtUri?: string; extraArgs?: string[] } = {},
 ): Promise<void> {
   const cluster = await useCluster();
   const node = `${name}-${crypto.randomUUID().slice(0, 8)}`;
@@ -553,6 +553,7 @@ export async function withHandler(
     kubeconfig: cluster.handlerKubeconfigPath,
     nodeName: node,
     libvirtUri: options.libvirtUri ?? "test:///default",
+    extraArgs: options.extraArgs,
   });
   let ok = false;
   try {

@@ -21,7 +21,7 @@ import {
   parseDomainCapabilities,
   parseHostCapabilities,
 } from "../../mod/node/mod.ts";
-import { waitFor } from "../helpers/handler_process.ts";
+import { waitFor, withHandler } from "../helpers/handler_process.ts";
 
 const FIXTURES = fileURLToPath(new URL("../fixtures/labeller/", import.meta.url));
 const OBSOLETE_LABEL = "node-labeller.kubevirt.io/obsolete-host-model";
@@ -121,5 +121,116 @@ Deno.test("the labeller follows the KubeVirt CR's obsoleteCPUModels through the 
     await Promise.allSettled(running);
     client.close();
     await cluster.stop();
+  }
+});
+
+Deno.test("a running handler follows the KubeVirt CR live: the CPUManager gate turns its cpumanager label on, a verbosity of 1 ends its debug lines (the test's handler starts at debug), and a value KubeVirt refuses leaves the last good configuration in force", async () => {
+  // The kubelet runs the static CPU manager policy: only KubeVirt's gate keeps the label off.
+  const stateDir = await Deno.makeTempDir({ prefix: "virtnode-cpumanager-" });
+  const stateFile = `${stateDir}/cpu_manager_state`;
+  await Deno.writeTextFile(stateFile, JSON.stringify({ policyName: "static" }));
+  try {
+    await withHandler("cr-live", async ({ h, node, client }) => {
+      type Cr = {
+        metadata: { name: string; namespace: string; resourceVersion: string };
+        spec: { configuration?: Record<string, unknown> };
+      };
+      const cr = (await client.request<{ items: Cr[] }>("GET", "/apis/kubevirt.io/v1/kubevirts"))
+        .items[0];
+      const path =
+        `/apis/kubevirt.io/v1/namespaces/${cr.metadata.namespace}/kubevirts/${cr.metadata.name}`;
+      const original = cr.spec.configuration ?? {};
+      const configure = (configuration: Record<string, unknown>) =>
+        client.request<Cr>("PATCH", path, [{
+          op: "replace",
+          path: "/spec/configuration",
+          value: configuration,
+        }], { contentType: "application/json-patch+json" });
+      const healthzVersion = async () =>
+        ((await (await fetch(`${h.health}/healthz`)).json()) as Record<string, string>)[
+          "config-resource-version"
+        ];
+      const label = async () =>
+        (await client.request<KubeObject>("GET", `/api/v1/nodes/${node}`)).metadata?.labels
+          ?.cpumanager;
+      const pid = h.child.pid;
+      /** The debug lines logged after the handler took `version` into force. */
+      const debugLinesAfter = (log: string, version: Cr) => {
+        const mark = log.indexOf(
+          `Updating cluster config from KubeVirt to resource version '${version.metadata.resourceVersion}'`,
+        );
+        if (mark < 0) return undefined;
+        return log.slice(mark).split("\n").filter((l) => l.includes('"level":"debug"'));
+      };
+      try {
+        await waitFor(
+          "the CR's version in /healthz",
+          async () => (await healthzVersion()) === cr.metadata.resourceVersion,
+        );
+        // A pod-less node's Node is its operator's to create (the handler's first beat found
+        // none); no beat says cpumanager=true while the gate is off (Alpha, off by default).
+        await client.request("POST", "/api/v1/nodes", {
+          apiVersion: "v1",
+          kind: "Node",
+          metadata: { name: node },
+        });
+        assert.notEqual(await label(), "true");
+
+        const dev = (original.developerConfiguration ?? {}) as Record<string, unknown>;
+        const gates = (dev.featureGates ?? []) as string[];
+        const on = await configure({
+          ...original,
+          developerConfiguration: {
+            ...dev,
+            featureGates: [...gates, "CPUManager"],
+            logVerbosity: { virtHandler: 1 },
+          },
+        });
+        await waitFor(
+          "the new version in /healthz",
+          async () => (await healthzVersion()) === on.metadata.resourceVersion,
+        );
+        // One beat at once, not at the next minute's.
+        await waitFor("cpumanager=true", async () => (await label()) === "true", 10_000);
+        // Its beat logs a debug line, which verbosity 1 no longer writes.
+        await new Promise((r) => setTimeout(r, 1_000));
+        assert.deepEqual(debugLinesAfter(await Deno.readTextFile(h.logFile), on), []);
+        assert.equal(h.child.pid, pid);
+
+        // KubeVirt refuses the whole version; the gate stays on and /healthz stays put.
+        const bad = await configure({
+          ...original,
+          network: { defaultNetworkInterface: "vhostuser" },
+        });
+        await waitFor(
+          "the refusal in the log",
+          async () =>
+            (await Deno.readTextFile(h.logFile)).includes(
+              `Invalid cluster config using KubeVirt resource version '${bad.metadata.resourceVersion}', falling back to last good resource version '${on.metadata.resourceVersion}'`,
+            ),
+        );
+        assert.equal(await healthzVersion(), on.metadata.resourceVersion);
+        assert.equal(await label(), "true");
+
+        // The gate off again: the label follows without a restart.
+        const off = await configure(original);
+        await waitFor(
+          "the restored version in /healthz",
+          async () => (await healthzVersion()) === off.metadata.resourceVersion,
+        );
+        await waitFor("cpumanager=false", async () => (await label()) === "false", 10_000);
+        // No verbosity in the CR: the handler's own --log-level (debug) is back.
+        await waitFor(
+          "debug lines again",
+          async () => (debugLinesAfter(await Deno.readTextFile(h.logFile), off)?.length ?? 0) > 0,
+        );
+        assert.equal(h.child.pid, pid);
+      } finally {
+        await configure(original).catch(() => {});
+        await client.request("DELETE", `/api/v1/nodes/${node}`).catch(() => {});
+      }
+    }, { extraArgs: ["--cpu-manager-state", stateFile] });
+  } finally {
+    await Deno.remove(stateDir, { recursive: true });
   }
 });

@@ -50,3 +50,18 @@ Deno.test("device ownership: a /dev that is a symlink out of the root is refused
     await Deno.remove(outside, { recursive: true });
   }
 });
+
+Deno.test("device ownership follows the cluster's useEmulation as virt-handler does: a launcher without /dev/kvm fails its set-up unless emulation is allowed", async () => {
+  const root = await Deno.makeTempDir();
+  try {
+    await Deno.mkdir(`${root}/dev/net`, { recursive: true });
+    await Deno.writeTextFile(`${root}/dev/net/tun`, "");
+    assert.throws(
+      () => claimLauncherDevices(root, 107, { emulation: false }),
+      /failed to set up file ownership for \/dev\/kvm: .*useEmulation/,
+    );
+    assert.deepEqual(claimLauncherDevices(root, 107, { emulation: true }), ["/dev/net/tun"]);
+  } finally {
+    await Deno.remove(root, { recursive: true });
+  }
+});

@@ -1,0 +1,404 @@
+/**
+ * The cluster's configuration: the KubeVirt CR's `spec.configuration`, read as KubeVirt
+ * v1.7.0's components read it (`pkg/virt-config`), into one typed value with KubeVirt's
+ * defaults. Pure: the watch that feeds it is `mod/kube/kubevirt_cr.ts`.
+ *
+ * How KubeVirt reads it, and so how this does:
+ * - The CR's configuration goes over a fresh copy of the defaults as a JSON merge: nested
+ *   objects merge field by field, lists replace, and a field at its zero value (`0`,
+ *   `false`, `""`, an empty list or map) is no field at all (Go's `omitempty` drops it on
+ *   the way), so it cannot override a default. `memBalloonStatsPeriod` is the exception:
+ *   a pointer, so `0` is kept (no balloon statistics).
+ * - Five values are checked ({@linkcode parseKubevirtConfiguration}); one bad value refuses
+ *   the whole resourceVersion with KubeVirt's message, and the last good configuration
+ *   stays in force.
+ * - A feature gate is on when it is GA in v1.7.0 or listed in
+ *   `developerConfiguration.featureGates`; Beta gates are off until listed.
+ *
+ * Every key virt-handler or virt-launcher reads, with KubeVirt's default and what in
+ * virtnode follows it ({@linkcode KUBEVIRT_KEYS} is this table as data, for the README and
+ * the tests):
+ *
+ * | key (under `spec.configuration`) | KubeVirt's default | virtnode |
+ * |---|---|---|
+ * | `developerConfiguration.featureGates` | none listed | `CPUManager`: heartbeat's `cpumanager` label; `ExpandDisks`: launcher options; `ImageVolume`: container disks |
+ * | `developerConfiguration.useEmulation` | `false` | device ownership accepts a missing `/dev/kvm` |
+ * | `developerConfiguration.logVerbosity.virtHandler`, `.nodeVerbosity[node]` | `2` | the handler's log level (4 and up: debug) |
+ * | `handlerConfiguration.restClient.rateLimiter.tokenBucketRateLimiter` | 50 QPS, burst 100 | read, reported; not applied |
+ * | `developerConfiguration.pvcTolerateLessSpaceUpToPercent` | `10` | host-disk images |
+ * | `developerConfiguration.minimumReservePVCBytes` | `131072` | host-disk images |
+ * | `smbios` | KubeVirt / None / KubeVirt | `VirtualMachineOptions` |
+ * | `memBalloonStatsPeriod` | `10` | `VirtualMachineOptions` |
+ * | `virtualMachineOptions.disableFreePageReporting` | absent: reporting on | `VirtualMachineOptions` |
+ * | `virtualMachineOptions.disableSerialConsoleLog` | absent: log on | `VirtualMachineOptions` |
+ * | annotation `kubevirt.io/vga-display-efi-x86` | absent: Bochs | `VirtualMachineOptions` |
+ * | `supportedGuestAgentVersions` | `2.*,3.*,4.*,5.*` | read, reported |
+ * | `evictionStrategy` | `None` | read, reported |
+ * | `migrations` | KubeVirt's migration defaults | pod-less migrations; the fallback of a VMI without its own |
+ * | `obsoleteCPUModels` | none | node labeller |
+ * | `minCPUModel` | `""` | none (no reader in KubeVirt v1.7.0 either) |
+ * | `permittedHostDevices` | none | read, reported |
+ *
+ * @module
+ */
+import { MIGRATION_DEFAULTS, type MigrationConfiguration } from "../api/mod.ts";
+
+/** KubeVirt v1.7.0's GA feature gates: on whether listed or not. */
+export const GA_FEATURE_GATES: readonly string[] = Object.freeze([
+  "LiveMigration",
+  "SRIOVLiveMigration",
+  "NonRoot",
+  "PSA",
+  "CPUNodeDiscovery",
+  "NUMA",
+  "CommonInstancetypesDeploymentGate",
+  "GPU",
+  "HotplugNICs",
+  "BochsDisplayForEFIGuests",
+  "VMLiveUpdateFeatures",
+  "NetworkBindingPlugins",
+  "DynamicPodInterfaceNaming",
+  "VolumesUpdateStrategy",
+  "VolumeMigration",
+  "DisableCustomSELinuxPolicy",
+  "AutoResourceLimitsGate",
+  "ClusterProfiler",
+  "VMPersistentState",
+  "InstancetypeReferencePolicy",
+]);
+
+/** The SMBIOS system fields every domain gets. */
+export interface Smbios {
+  manufacturer: string;
+  product: string;
+  version: string;
+  sku: string;
+  family: string;
+}
+
+/** The cluster's configuration as the handler uses it. */
+export interface KubevirtConfig {
+  /** The CR's resourceVersion it came from; `""`: KubeVirt's defaults, no CR read. */
+  resourceVersion: string;
+  /** The gates listed in `developerConfiguration.featureGates`. */
+  featureGates: readonly string[];
+  /** `developerConfiguration.useEmulation`. */
+  useEmulation: boolean;
+  /** The handler's verbosity on this node (`nodeVerbosity[node]` over `virtHandler`). */
+  handlerLogVerbosity: number;
+  /** Whether the CR set that verbosity (else the handler's own `--log-level` stays). */
+  handlerLogVerbositySet: boolean;
+  /** The handler's apiserver token bucket. */
+  handlerRateLimit: { qps: number; burst: number };
+  /** `developerConfiguration.pvcTolerateLessSpaceUpToPercent`. */
+  pvcTolerateLessSpaceUpToPercent: number;
+  /** `developerConfiguration.minimumReservePVCBytes`. */
+  minimumReservePVCBytes: number;
+  /** `smbios`, merged field by field over KubeVirt's. */
+  smbios: Smbios;
+  /** `memBalloonStatsPeriod`, seconds; 0: no statistics. */
+  memBalloonStatsPeriod: number;
+  /** `virtualMachineOptions.disableFreePageReporting` is present. */
+  freePageReportingDisabled: boolean;
+  /** `virtualMachineOptions.disableSerialConsoleLog` is present. */
+  serialConsoleLogDisabled: boolean;
+  /** Bochs display for EFI guests unless the CR's VGA annotation says otherwise. */
+  bochsDisplayForEfiGuests: boolean;
+  /** `supportedGuestAgentVersions`: regular expressions. */
+  supportedGuestAgentVersions: readonly string[];
+  /** `evictionStrategy`. */
+  evictionStrategy: string;
+  /** `migrations`, over KubeVirt's defaults. */
+  migrations: MigrationConfiguration;
+  /** `obsoleteCPUModels`' keys; undefined when the CR names none. */
+  obsoleteCpuModels: readonly string[] | undefined;
+  /** `minCPUModel`. */
+  minCpuModel: string;
+  /** `permittedHostDevices`, as the CR has it. */
+  permittedHostDevices: Record<string, unknown> | undefined;
+}
+
+/** KubeVirt v1.7.0's configuration when no CR says otherwise. */
+export const KUBEVIRT_DEFAULTS: Readonly<KubevirtConfig> = Object.freeze({
+  resourceVersion: "",
+  featureGates: [],
+  useEmulation: false,
+  handlerLogVerbosity: 2,
+  handlerLogVerbositySet: false,
+  handlerRateLimit: { qps: 50, burst: 100 },
+  pvcTolerateLessSpaceUpToPercent: 10,
+  minimumReservePVCBytes: 131072,
+  smbios: { manufacturer: "KubeVirt", product: "None", version: "", sku: "", family: "KubeVirt" },
+  memBalloonStatsPeriod: 10,
+  freePageReportingDisabled: false,
+  serialConsoleLogDisabled: false,
+  bochsDisplayForEfiGuests: true,
+  supportedGuestAgentVersions: ["2.*", "3.*", "4.*", "5.*"],
+  evictionStrategy: "None",
+  migrations: { ...MIGRATION_DEFAULTS, allowWorkloadDisruption: false },
+  obsoleteCpuModels: undefined,
+  minCpuModel: "",
+  permittedHostDevices: undefined,
+});
+
+/** The KubeVirt CR's annotation that gives EFI guests VGA instead of Bochs. */
+export const VGA_DISPLAY_EFI_ANNOTATION = "kubevirt.io/vga-display-efi-x86";
+
+/** One row of the key table: a key, KubeVirt's default, and what in virtnode follows it. */
+export interface KubevirtKey {
+  key: string;
+  kubevirtDefault: string;
+  virtnode: string;
+  /** Whether a change takes effect without a handler restart (as in virt-handler). */
+  live: boolean;
+}
+
+/** The module doc's table, as data. */
+export const KUBEVIRT_KEYS: readonly KubevirtKey[] = Object.freeze([
+  {
+    key: "developerConfiguration.featureGates",
+    kubevirtDefault: "none listed (GA gates on)",
+    virtnode: "CPUManager: the heartbeat's cpumanager label; ExpandDisks: launcher options",
+    live: true,
+  },
+  {
+    key: "developerConfiguration.useEmulation",
+    kubevirtDefault: "false",
+    virtnode: "device ownership accepts a missing /dev/kvm",
+    live: true,
+  },
+  {
+    key: "developerConfiguration.logVerbosity.virtHandler / .nodeVerbosity",
+    kubevirtDefault: "2",
+    virtnode: "the handler's log level (4 and up: debug; set: info)",
+    live: true,
+  },
+  {
+    key: "handlerConfiguration.restClient.rateLimiter.tokenBucketRateLimiter",
+    kubevirtDefault: "qps 50, burst 100",
+    virtnode: "read; not applied (no client-side limit)",
+    live: true,
+  },
+  {
+    key: "smbios",
+    kubevirtDefault: "KubeVirt / None / KubeVirt",
+    virtnode: "VirtualMachineOptions of new domains",
+    live: true,
+  },
+  {
+    key: "memBalloonStatsPeriod",
+    kubevirtDefault: "10",
+    virtnode: "VirtualMachineOptions of new domains",
+    live: true,
+  },
+  {
+    key: "virtualMachineOptions.disableFreePageReporting",
+    kubevirtDefault: "absent",
+    virtnode: "VirtualMachineOptions of new domains",
+    live: true,
+  },
+  {
+    key: "virtualMachineOptions.disableSerialConsoleLog",
+    kubevirtDefault: "absent",
+    virtnode: "VirtualMachineOptions of new domains",
+    live: true,
+  },
+  {
+    key: `metadata.annotations["${VGA_DISPLAY_EFI_ANNOTATION}"]`,
+    kubevirtDefault: "absent (Bochs)",
+    virtnode: "VirtualMachineOptions of new domains",
+    live: true,
+  },
+  {
+    key: "migrations",
+    kubevirtDefault: "KubeVirt's migration defaults",
+    virtnode: "pod-less migrations; a VMI's migration without its own configuration",
+    live: true,
+  },
+  {
+    key: "obsoleteCPUModels",
+    kubevirtDefault: "none",
+    virtnode: "node labeller",
+    live: true,
+  },
+  {
+    key: "minCPUModel",
+    kubevirtDefault: '""',
+    virtnode: "none (KubeVirt v1.7.0 reads it nowhere either)",
+    live: true,
+  },
+]);
+
+/** Why a configuration was refused, in KubeVirt's words. */
+export class KubevirtConfigError extends Error {
+  /** Creates the error. */
+  constructor(message: string) {
+    super(message);
+    this.name = "KubevirtConfigError";
+  }
+}
+
+type Json = Record<string, unknown>;
+
+function object(value: unknown): Json | undefined {
+  return value !== null && typeof value === "object" && !Array.isArray(value)
+    ? value as Json
+    : undefined;
+}
+
+/** Go's `omitempty`: the zero value of a field is no field. */
+function set(value: unknown): boolean {
+  if (value === undefined || value === null || value === false || value === 0 || value === "") {
+    return false;
+  }
+  if (Array.isArray(value)) return value.length > 0;
+  if (typeof value === "object") return Object.keys(value).length > 0;
+  return true;
+}
+
+function integer(value: unknown, fallback: number): number {
+  return set(value) && typeof value === "number" && Number.isFinite(value) ? value : fallback;
+}
+
+function text(value: unknown, fallback: string): string {
+  return set(value) && typeof value === "string" ? value : fallback;
+}
+
+/** Where the configuration came from: the CR's metadata and the node reading it. */
+export interface KubevirtConfigSource {
+  /** The CR's resourceVersion. */
+  resourceVersion: string;
+  /** The CR's annotations. */
+  annotations?: Record<string, string>;
+  /** This node's name, for `nodeVerbosity`. */
+  nodeName: string;
+}
+
+/**
+ * The configuration a CR's `spec.configuration` gives, over KubeVirt's defaults. Throws a
+ * {@linkcode KubevirtConfigError} with KubeVirt's message for the values KubeVirt refuses:
+ * an image pull policy other than Always, Never or IfNotPresent, a memory overcommit or a
+ * CPU allocation ratio at or below 0, a PVC tolerance outside 0..100, and a default network
+ * interface other than bridge, slirp or masquerade.
+ */
+export function parseKubevirtConfiguration(
+  configuration: unknown,
+  source: KubevirtConfigSource,
+): KubevirtConfig {
+  const c = object(configuration) ?? {};
+  const dev = object(c.developerConfiguration) ?? {};
+  const network = object(c.network) ?? {};
+
+  // KubeVirt's checks, on the merged values, in its order and words.
+  const pullPolicy = text(c.imagePullPolicy, "IfNotPresent");
+  if (!["Always", "Never", "IfNotPresent"].includes(pullPolicy)) {
+    throw new KubevirtConfigError(`invalid dev.imagePullPolicy in config: ${pullPolicy}`);
+  }
+  const overcommit = integer(dev.memoryOvercommit, 100);
+  if (overcommit <= 0) {
+    throw new KubevirtConfigError(`invalid memoryOvercommit in ConfigMap: ${overcommit}`);
+  }
+  const ratio = integer(dev.cpuAllocationRatio, 10);
+  if (ratio <= 0) {
+    throw new KubevirtConfigError(`invalid cpu allocation ratio in ConfigMap: ${ratio}`);
+  }
+  const tolerance = integer(
+    dev.pvcTolerateLessSpaceUpToPercent,
+    KUBEVIRT_DEFAULTS.pvcTolerateLessSpaceUpToPercent,
+  );
+  if (tolerance < 0 || tolerance > 100) {
+    throw new KubevirtConfigError(`invalid lessPVCSpaceToleration in ConfigMap: ${tolerance}`);
+  }
+  const defaultInterface = text(network.defaultNetworkInterface, "bridge");
+  if (!["bridge", "slirp", "masquerade"].includes(defaultInterface)) {
+    throw new KubevirtConfigError(
+      `invalid default-network-interface in config: ${defaultInterface}`,
+    );
+  }
+
+  const verbosity = object(dev.logVerbosity) ?? {};
+  const nodeVerbosity = integer(object(verbosity.nodeVerbosity)?.[source.nodeName], 0);
+  const handlerVerbosity = nodeVerbosity > 0
+    ? nodeVerbosity
+    : integer(verbosity.virtHandler, KUBEVIRT_DEFAULTS.handlerLogVerbosity);
+
+  const bucket = object(
+    object(object(object(c.handlerConfiguration)?.restClient)?.rateLimiter)
+      ?.tokenBucketRateLimiter,
+  ) ?? {};
+
+  const smbios = object(c.smbios) ?? {};
+  const d = KUBEVIRT_DEFAULTS.smbios;
+
+  const migrationsSet = object(c.migrations) ?? {};
+  const migrations: MigrationConfiguration = { ...MIGRATION_DEFAULTS };
+  for (const [field, value] of Object.entries(migrationsSet)) {
+    if (set(value)) migrations[field] = value;
+  }
+  if (migrations.allowWorkloadDisruption === undefined) {
+    migrations.allowWorkloadDisruption = migrations.allowPostCopy === true;
+  }
+
+  const vmOptions = object(c.virtualMachineOptions) ?? {};
+  const gates = Array.isArray(dev.featureGates)
+    ? dev.featureGates.filter((g): g is string => typeof g === "string")
+    : [];
+  const agentVersions = Array.isArray(c.supportedGuestAgentVersions) &&
+      c.supportedGuestAgentVersions.length > 0
+    ? c.supportedGuestAgentVersions.filter((v): v is string => typeof v === "string")
+    : KUBEVIRT_DEFAULTS.supportedGuestAgentVersions;
+  const obsolete = object(c.obsoleteCPUModels);
+  const obsoleteModels = obsolete ? Object.keys(obsolete).sort() : [];
+
+  return {
+    resourceVersion: source.resourceVersion,
+    featureGates: gates,
+    useEmulation: dev.useEmulation === true,
+    handlerLogVerbosity: handlerVerbosity,
+    handlerLogVerbositySet: nodeVerbosity > 0 || set(verbosity.virtHandler),
+    handlerRateLimit: {
+      qps: typeof bucket.qps === "number" ? bucket.qps : KUBEVIRT_DEFAULTS.handlerRateLimit.qps,
+      burst: typeof bucket.burst === "number"
+        ? bucket.burst
+        : KUBEVIRT_DEFAULTS.handlerRateLimit.burst,
+    },
+    pvcTolerateLessSpaceUpToPercent: tolerance,
+    minimumReservePVCBytes: integer(
+      dev.minimumReservePVCBytes,
+      KUBEVIRT_DEFAULTS.minimumReservePVCBytes,
+    ),
+    smbios: {
+      manufacturer: text(smbios.manufacturer, d.manufacturer),
+      product: text(smbios.product, d.product),
+      version: text(smbios.version, d.version),
+      sku: text(smbios.sku, d.sku),
+      family: text(smbios.family, d.family),
+    },
+    // A pointer in KubeVirt's type: 0 is kept.
+    memBalloonStatsPeriod: typeof c.memBalloonStatsPeriod === "number" &&
+        Number.isInteger(c.memBalloonStatsPeriod) && c.memBalloonStatsPeriod >= 0
+      ? c.memBalloonStatsPeriod
+      : KUBEVIRT_DEFAULTS.memBalloonStatsPeriod,
+    freePageReportingDisabled: vmOptions.disableFreePageReporting !== undefined &&
+      vmOptions.disableFreePageReporting !== null,
+    serialConsoleLogDisabled: vmOptions.disableSerialConsoleLog !== undefined &&
+      vmOptions.disableSerialConsoleLog !== null,
+    bochsDisplayForEfiGuests: source.annotations?.[VGA_DISPLAY_EFI_ANNOTATION] === undefined,
+    supportedGuestAgentVersions: agentVersions,
+    evictionStrategy: text(c.evictionStrategy, KUBEVIRT_DEFAULTS.evictionStrategy),
+    migrations,
+    obsoleteCpuModels: obsoleteModels.length > 0 ? obsoleteModels : undefined,
+    minCpuModel: text(c.minCPUModel, ""),
+    permittedHostDevices: object(c.permittedHostDevices),
+  };
+}
+
+/** Whether `gate` is on in `config`: GA in KubeVirt v1.7.0, or listed. */
+export function featureGateEnabled(config: KubevirtConfig, gate: string): boolean {
+  return GA_FEATURE_GATES.includes(gate) || config.featureGates.includes(gate);
+}
+
+/** The log level a KubeVirt verbosity means here: 4 and up is debug, below it info. */
+export function logLevelForVerbosity(verbosity: number): "debug" | "info" {
+  return verbosity >= 4 ? "debug" : "info";
+}
