@@ -5,7 +5,7 @@
  * the CLI turns it into exit code 2. And the cluster's: the KubeVirt CR's
  * `spec.configuration` read as KubeVirt's components read it (`kubevirt.ts`).
  *
- @module
+ * @module
  */
 
 export {
