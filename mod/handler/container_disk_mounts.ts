@@ -23,6 +23,12 @@
  * aside and reported, and cleanup goes on with what the VMI's spec tells: the sockets its
  * containerDisks have in the pod; the mounts, in the launcher's namespace only, end with it.
  *
+ * With KubeVirt's `ImageVolume` gate on, virt-controller gives the launcher pod each
+ * containerDisk as a Kubernetes image volume and the launcher links it into place itself:
+ * there is no server to find and nothing to mount, as in virt-handler. A pod made before the
+ * gate was turned on (it has KubeVirt's `container-disk-binary` init container) is still
+ * served the old way.
+ *
  * @module
  */
 
@@ -54,6 +60,21 @@ const KERNEL_BOOT = "kernel-boot";
 const KERNEL_BOOT_VOLUME = "kernel-boot-volume";
 /** The folder of a containerDisk image that holds its disk (KubeVirt's fallback). */
 const DISK_FOLDER = "/disk";
+/** The init container virt-controller gives a launcher pod of bind-mounted containerDisks. */
+const LEGACY_INIT_CONTAINER = "container-disk-binary";
+
+/**
+ * Whether the pod at `podDir` gets its containerDisks bind-mounted although image volumes
+ * are on: the kubelet keeps a folder per container of the pod, and one of KubeVirt's
+ * `container-disk-binary` init container marks a pod made before the gate.
+ */
+function madeBeforeImageVolumes(podDir: string): boolean {
+  try {
+    return Deno.lstatSync(join(podDir, "containers", LEGACY_INIT_CONTAINER)).isDirectory;
+  } catch {
+    return false;
+  }
+}
 
 /** What a VMI's mounts were: enough for a restarted handler to undo them. */
 interface MountRecord {
@@ -169,9 +190,15 @@ export class ContainerDiskMounts {
   /** VMIs whose disks are mounted, by UID (saves a look at the record each sync). */
   readonly #mounted = new Set<string>();
 
-  /** Records go below `recordDir`. */
-  constructor(recordDir: string) {
+  readonly #imageVolume: () => boolean;
+
+  /**
+   * Records go below `recordDir`; `imageVolume` is KubeVirt's `ImageVolume` gate, read at
+   * each mount (default off).
+   */
+  constructor(recordDir: string, options: { imageVolume?: () => boolean } = {}) {
     this.#recordDir = recordDir;
+    this.#imageVolume = options.imageVolume ?? (() => false);
   }
 
   #record(uid: string): string {
@@ -191,6 +218,8 @@ export class ContainerDiskMounts {
     const wanted = wantedFiles(vmi);
     const kernel = vmi.spec.domain.firmware?.kernelBoot?.container;
     if ((wanted.length === 0 && !kernel?.image) || this.#mounted.has(uid)) return "mounted";
+    // Image volumes: the launcher links its disks itself.
+    if (this.#imageVolume() && !madeBeforeImageVolumes(podDir)) return "mounted";
     const key = vmiKey(vmi.metadata);
     const found: { volume: string; pid: number; source: string; target: string; socket: string }[] =
       [];

@@ -22,7 +22,7 @@ import {
   VMI_RESOURCE,
   vmiKey,
 } from "../api/mod.ts";
-import type { Config } from "../config/mod.ts";
+import { type Config, featureGateEnabled } from "../config/mod.ts";
 import {
   EventRecorder,
   EventSpamFilter,
@@ -365,6 +365,9 @@ export class Handler implements Runnable {
         mountRecordDir: join(config.runDir, "container-disk-mounts"),
         hotplugRecordDir: join(config.runDir, "hotplug-volume-mounts"),
         emulation: options.kubevirtCr ? () => options.kubevirtCr!.config().useEmulation : undefined,
+        imageVolume: options.kubevirtCr
+          ? () => featureGateEnabled(options.kubevirtCr!.config(), "ImageVolume")
+          : undefined,
       });
     this.#launchers = new LauncherClients({
       onUnresponsive: (uid) => this.controller.launcherGone(uid),

@@ -86,6 +86,8 @@ export interface PodLaunchersOptions {
    * `/dev/kvm` (default: it may, as if emulation were on).
    */
   emulation?: () => boolean;
+  /** KubeVirt's `ImageVolume` gate, read at each use: containerDisks come as image volumes. */
+  imageVolume?: () => boolean;
 }
 
 /** Launchers as the pods virt-controller creates. */
@@ -108,7 +110,9 @@ export class PodLaunchers implements LauncherProvider {
   /** Creates the provider; it only looks, so nothing starts. */
   constructor(options: PodLaunchersOptions) {
     this.#o = options;
-    this.#disks = new ContainerDiskMounts(options.mountRecordDir);
+    this.#disks = new ContainerDiskMounts(options.mountRecordDir, {
+      imageVolume: options.imageVolume,
+    });
     this.#hotplug = new HotplugMounts(options.hotplugRecordDir, options.podsDir);
     this.#pipes = new NotifyPipes({
       handlers: options.notify,
