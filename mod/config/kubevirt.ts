@@ -15,29 +15,36 @@
  * - A feature gate is on when it is GA in v1.7.0 or listed in
  *   `developerConfiguration.featureGates`; Beta gates are off until listed.
  *
- * Every key virt-handler or virt-launcher reads, with KubeVirt's default and what in
- * virtnode follows it ({@linkcode KUBEVIRT_KEYS} is this table as data, for the README and
- * the tests):
+ * Every key virt-handler or virt-launcher reads, with KubeVirt's default, what in virtnode
+ * follows it, and the test that shows it ({@linkcode KUBEVIRT_KEYS} is this table as data;
+ * docs/cluster-configuration.md has it for operators). Every row takes effect without a
+ * handler restart, as in virt-handler; launcher options reach the domains defined after.
  *
- * | key (under `spec.configuration`) | KubeVirt's default | virtnode |
- * |---|---|---|
- * | `developerConfiguration.featureGates` | none listed | `CPUManager`: heartbeat's `cpumanager` label; `ExpandDisks`: launcher options; `ImageVolume`: container disks |
- * | `developerConfiguration.useEmulation` | `false` | device ownership accepts a missing `/dev/kvm` |
- * | `developerConfiguration.logVerbosity.virtHandler`, `.nodeVerbosity[node]` | `2` | the handler's log level (4 and up: debug) |
- * | `handlerConfiguration.restClient.rateLimiter.tokenBucketRateLimiter` | 50 QPS, burst 100 | read, reported; not applied |
- * | `developerConfiguration.pvcTolerateLessSpaceUpToPercent` | `10` | host-disk images |
- * | `developerConfiguration.minimumReservePVCBytes` | `131072` | host-disk images |
- * | `smbios` | KubeVirt / None / KubeVirt | `VirtualMachineOptions` |
- * | `memBalloonStatsPeriod` | `10` | `VirtualMachineOptions` |
- * | `virtualMachineOptions.disableFreePageReporting` | absent: reporting on | `VirtualMachineOptions` |
- * | `virtualMachineOptions.disableSerialConsoleLog` | absent: log on | `VirtualMachineOptions` |
- * | annotation `kubevirt.io/vga-display-efi-x86` | absent: Bochs | `VirtualMachineOptions` |
- * | `supportedGuestAgentVersions` | `2.*,3.*,4.*,5.*` | read, reported |
- * | `evictionStrategy` | `None` | read, reported |
- * | `migrations` | KubeVirt's migration defaults | pod-less migrations; the fallback of a VMI without its own |
- * | `obsoleteCPUModels` | none | node labeller |
- * | `minCPUModel` | `""` | none (no reader in KubeVirt v1.7.0 either) |
- * | `permittedHostDevices` | none | read, reported |
+ * | key (under `spec.configuration`) | KubeVirt's default | virtnode | test |
+ * |---|---|---|---|
+ * | `developerConfiguration.featureGates: CPUManager` | off (Alpha) | heartbeat's `cpumanager` label | I1 |
+ * | `developerConfiguration.featureGates: ExpandDisks` | off (Alpha) | launcher options | U2 |
+ * | `developerConfiguration.featureGates: ImageVolume` | off (Beta) | containerDisks: nothing to mount | U3 |
+ * | `developerConfiguration.useEmulation` | `false` | a launcher may lack `/dev/kvm` | U4 |
+ * | `developerConfiguration.logVerbosity.virtHandler, .nodeVerbosity` | `2` | the handler's log level | I1 |
+ * | `smbios` | KubeVirt, None, KubeVirt | launcher options | U2 |
+ * | `memBalloonStatsPeriod` | `10` | launcher options | U2 |
+ * | `virtualMachineOptions.disableFreePageReporting` | absent | launcher options | U2 |
+ * | `virtualMachineOptions.disableSerialConsoleLog` | absent | launcher options | U2 |
+ * | `annotation kubevirt.io/vga-display-efi-x86` | absent (Bochs) | launcher options | U2 |
+ * | `migrations` | KubeVirt's migration defaults | migration options; pod-less migrations | U1, E1 |
+ * | `obsoleteCPUModels` | none | node labeller | I2 |
+ * | `minCPUModel` | `""` | nothing (nor in KubeVirt v1.7.0) | U1 |
+ * | `handlerConfiguration.restClient.rateLimiter.tokenBucketRateLimiter` | 50 QPS, burst 100 | parsed; not applied | U1 |
+ * | `supportedGuestAgentVersions` | `2.*` to `5.*` | parsed; not applied | U1 |
+ * | `developerConfiguration.pvcTolerateLessSpaceUpToPercent` | `10` | validated; not applied | U1 |
+ * | `permittedHostDevices` | none | parsed; not applied | U1 |
+ *
+ * Tests: U1 tests/unit/kubevirt_config_test.ts (parsing and checks), U2 the same file
+ * (launcher options), U3 tests/unit/container_disk_image_volume_test.ts, U4
+ * tests/unit/handler_device_ownership_test.ts, I1 and I2
+ * tests/integration/kubevirt_cr_config_test.ts (a running handler; the labeller), E1
+ * tests/e2e/migration_qemu_test.ts (pod-less bandwidth).
  *
  * @module
  */
@@ -144,88 +151,113 @@ export const KUBEVIRT_DEFAULTS: Readonly<KubevirtConfig> = Object.freeze({
 /** The KubeVirt CR's annotation that gives EFI guests VGA instead of Bochs. */
 export const VGA_DISPLAY_EFI_ANNOTATION = "kubevirt.io/vga-display-efi-x86";
 
-/** One row of the key table: a key, KubeVirt's default, and what in virtnode follows it. */
+/** One row of the key table: a key, KubeVirt's default, what follows it here, its tests. */
 export interface KubevirtKey {
   key: string;
   kubevirtDefault: string;
   virtnode: string;
-  /** Whether a change takes effect without a handler restart (as in virt-handler). */
-  live: boolean;
+  /** The module doc's test names (U1, I1, ...). */
+  tests: string;
 }
 
 /** The module doc's table, as data. */
 export const KUBEVIRT_KEYS: readonly KubevirtKey[] = Object.freeze([
   {
-    key: "developerConfiguration.featureGates",
-    kubevirtDefault: "none listed (GA gates on)",
-    virtnode: "CPUManager: the heartbeat's cpumanager label; ExpandDisks: launcher options",
-    live: true,
+    key: "developerConfiguration.featureGates: CPUManager",
+    kubevirtDefault: "off (Alpha)",
+    virtnode: "the heartbeat's cpumanager label",
+    tests: "I1",
+  },
+  {
+    key: "developerConfiguration.featureGates: ExpandDisks",
+    kubevirtDefault: "off (Alpha)",
+    virtnode: "launcher options",
+    tests: "U2",
+  },
+  {
+    key: "developerConfiguration.featureGates: ImageVolume",
+    kubevirtDefault: "off (Beta)",
+    virtnode: "containerDisks: nothing to mount",
+    tests: "U3",
   },
   {
     key: "developerConfiguration.useEmulation",
     kubevirtDefault: "false",
-    virtnode: "device ownership accepts a missing /dev/kvm",
-    live: true,
+    virtnode: "a launcher may lack /dev/kvm",
+    tests: "U4",
   },
   {
-    key: "developerConfiguration.logVerbosity.virtHandler / .nodeVerbosity",
+    key: "developerConfiguration.logVerbosity.virtHandler, .nodeVerbosity",
     kubevirtDefault: "2",
-    virtnode: "the handler's log level (4 and up: debug; set: info)",
-    live: true,
-  },
-  {
-    key: "handlerConfiguration.restClient.rateLimiter.tokenBucketRateLimiter",
-    kubevirtDefault: "qps 50, burst 100",
-    virtnode: "read; not applied (no client-side limit)",
-    live: true,
+    virtnode: "the handler's log level",
+    tests: "I1",
   },
   {
     key: "smbios",
-    kubevirtDefault: "KubeVirt / None / KubeVirt",
-    virtnode: "VirtualMachineOptions of new domains",
-    live: true,
+    kubevirtDefault: "KubeVirt, None, KubeVirt",
+    virtnode: "launcher options",
+    tests: "U2",
   },
   {
     key: "memBalloonStatsPeriod",
     kubevirtDefault: "10",
-    virtnode: "VirtualMachineOptions of new domains",
-    live: true,
+    virtnode: "launcher options",
+    tests: "U2",
   },
   {
     key: "virtualMachineOptions.disableFreePageReporting",
     kubevirtDefault: "absent",
-    virtnode: "VirtualMachineOptions of new domains",
-    live: true,
+    virtnode: "launcher options",
+    tests: "U2",
   },
   {
     key: "virtualMachineOptions.disableSerialConsoleLog",
     kubevirtDefault: "absent",
-    virtnode: "VirtualMachineOptions of new domains",
-    live: true,
+    virtnode: "launcher options",
+    tests: "U2",
   },
   {
-    key: `metadata.annotations["${VGA_DISPLAY_EFI_ANNOTATION}"]`,
+    key: "annotation kubevirt.io/vga-display-efi-x86",
     kubevirtDefault: "absent (Bochs)",
-    virtnode: "VirtualMachineOptions of new domains",
-    live: true,
+    virtnode: "launcher options",
+    tests: "U2",
   },
   {
     key: "migrations",
     kubevirtDefault: "KubeVirt's migration defaults",
-    virtnode: "pod-less migrations; a VMI's migration without its own configuration",
-    live: true,
+    virtnode: "migration options; pod-less migrations",
+    tests: "U1, E1",
   },
-  {
-    key: "obsoleteCPUModels",
-    kubevirtDefault: "none",
-    virtnode: "node labeller",
-    live: true,
-  },
+  { key: "obsoleteCPUModels", kubevirtDefault: "none", virtnode: "node labeller", tests: "I2" },
   {
     key: "minCPUModel",
     kubevirtDefault: '""',
-    virtnode: "none (KubeVirt v1.7.0 reads it nowhere either)",
-    live: true,
+    virtnode: "nothing (nor in KubeVirt v1.7.0)",
+    tests: "U1",
+  },
+  {
+    key: "handlerConfiguration.restClient.rateLimiter.tokenBucketRateLimiter",
+    kubevirtDefault: "50 QPS, burst 100",
+    virtnode: "parsed; not applied",
+    tests: "U1",
+  },
+  {
+    key: "supportedGuestAgentVersions",
+    kubevirtDefault: "2.* to 5.*",
+    virtnode: "parsed; not applied",
+    tests: "U1",
+  },
+  {
+    key: "developerConfiguration.pvcTolerateLessSpaceUpToPercent",
+    kubevirtDefault: "10",
+    virtnode: "validated; not applied",
+    tests: "U1",
+  },
+  {
+    key: "permittedHostDevices",
+    kubevirtDefault: "none",
+    virtnode: "parsed; not applied",
+    tests: "U1",
   },
 ]);
 

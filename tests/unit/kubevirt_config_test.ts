@@ -188,3 +188,20 @@ Deno.test("migrationOptions(): the VMI's own migration configuration wins; witho
   assert.equal(own.Bandwidth, "8Mi");
   assert.equal(own.ProgressTimeout, 150);
 });
+
+Deno.test("the key table is the same in the module doc, KUBEVIRT_KEYS and docs/cluster-configuration.md", async () => {
+  const root = new URL("../../", import.meta.url);
+  const moduleDoc = await Deno.readTextFile(new URL("mod/config/kubevirt.ts", root));
+  const operatorsDoc = await Deno.readTextFile(new URL("docs/cluster-configuration.md", root));
+  const { KUBEVIRT_KEYS } = await import("../../mod/config/mod.ts");
+  const rows = (text: string, prefix: string) =>
+    text.split("\n").filter((l) => l.startsWith(`${prefix}| \``)).map((l) =>
+      l.slice(prefix.length).split("|").map((c) => c.trim().replaceAll("`", ""))
+    );
+  const inModule = rows(moduleDoc, " * ").map((c) => [c[1], c[4]]);
+  const inDocs = rows(operatorsDoc, "").map((c) => [c[1], c[4]]);
+  const data = KUBEVIRT_KEYS.map((k) => [k.key, k.tests]);
+  const norm = (r: string[][]) => r.map(([key, tests]) => `${key} ${tests}`);
+  assert.deepEqual(norm(inModule), norm(data));
+  assert.deepEqual(norm(inDocs), norm(data));
+});
