@@ -34,6 +34,7 @@
  * | `annotation kubevirt.io/vga-display-efi-x86` | absent (Bochs) | launcher options | U2 |
  * | `migrations` | KubeVirt's migration defaults | migration options; pod-less migrations | U1, E1 |
  * | `obsoleteCPUModels` | none | node labeller | I2 |
+ * | `evictionStrategy` | None | a Warning Event when such a VMI cannot migrate | U5 |
  * | `minCPUModel` | `""` | nothing (nor in KubeVirt v1.7.0) | U1 |
  * | `handlerConfiguration.restClient.rateLimiter.tokenBucketRateLimiter` | 50 QPS, burst 100 | parsed; not applied | U1 |
  * | `supportedGuestAgentVersions` | `2.*` to `5.*` | parsed; not applied | U1 |
@@ -42,7 +43,7 @@
  *
  * Tests: U1 tests/unit/kubevirt_config_test.ts (parsing and checks), U2 the same file
  * (launcher options), U3 tests/unit/container_disk_image_volume_test.ts, U4
- * tests/unit/handler_device_ownership_test.ts, I1 and I2
+ * tests/unit/handler_device_ownership_test.ts, U5 tests/unit/handler_status_test.ts, I1 and I2
  * tests/integration/kubevirt_cr_config_test.ts (a running handler; the labeller), E1
  * tests/e2e/migration_qemu_test.ts (pod-less bandwidth).
  *
@@ -229,6 +230,12 @@ export const KUBEVIRT_KEYS: readonly KubevirtKey[] = Object.freeze([
     tests: "U1, E1",
   },
   { key: "obsoleteCPUModels", kubevirtDefault: "none", virtnode: "node labeller", tests: "I2" },
+  {
+    key: "evictionStrategy",
+    kubevirtDefault: "None",
+    virtnode: "a Warning Event when such a VMI cannot migrate",
+    tests: "U5",
+  },
   {
     key: "minCPUModel",
     kubevirtDefault: '""',

@@ -470,6 +470,7 @@ export class VmiController {
           : undefined,
         hotplugClaims: this.#d.provider.hotplugClaims?.(vmi.metadata.uid!),
         migratable: { hostCpuModel: this.#d.hostCpu ? this.#d.hostCpu.hostCpuModel : "" },
+        clusterEvictionStrategy: this.#d.clusterConfig?.().evictionStrategy,
       }, { phaseEvent: !(cleanedUp && neverRan) });
       result = sooner(result, requeue);
       if (syncError === undefined && domainSeen === undefined) {

@@ -90,6 +90,8 @@ export interface StatusInput {
    * VMI's verdict needs is not known, its migration conditions are left as they are.
    */
   migratable?: MigratableContext;
+  /** The KubeVirt CR's `evictionStrategy`, for a VMI that sets none (KubeVirt's: None). */
+  clusterEvictionStrategy?: string;
 }
 
 /** The phase change a status update makes, for Events. */
@@ -449,6 +451,7 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
   if (migrationConditions && !awaitsNodeFacts(vmi, input.migratable)) {
     const verdict = migratability({ ...vmi, status }, input.migratable);
     const blocker = verdict.blockers[0];
+    const wasMigratable = conditions.find((c) => c.type === ConditionType.LiveMigratable);
     conditions = setCondition(
       conditions,
       blocker
@@ -456,6 +459,20 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
         : { type: ConditionType.LiveMigratable, status: "True" },
       input.now,
     );
+    // As virt-handler: a VMI to be migrated on eviction that cannot migrate gets a Warning
+    // (KubeVirt repeats it each sync and its recorder folds the repeats; here it is said
+    // when the verdict changes).
+    const strategy = vmi.spec.evictionStrategy ?? input.clusterEvictionStrategy;
+    if (
+      blocker && strategy === "LiveMigrate" &&
+      (wasMigratable?.status !== "False" || wasMigratable.message !== blocker.message)
+    ) {
+      events.push({
+        type: "Warning",
+        reason: "Migrated",
+        message: `EvictionStrategy is set but vmi is not migratable; ${blocker.message ?? ""}`,
+      });
+    }
     conditions = setCondition(
       conditions,
       verdict.storageBlockers.length > 0

@@ -527,3 +527,39 @@ Deno.test("computeStatus() reports the launcher's access-credential verdict as v
   const silent = computeStatus({ ...vmi(), status: failed.status }, input(LifeCycle.Running));
   assert.deepEqual(condition(silent), condition(failed));
 });
+
+Deno.test("computeStatus() warns, as virt-handler does, when a VMI to be live-migrated on eviction cannot migrate: its own evictionStrategy or the cluster's", () => {
+  const hostDevice = { domain: { devices: { hostDevices: [{ name: "h", deviceName: "x" }] } } };
+  const warning = {
+    type: "Warning",
+    reason: "Migrated",
+    message: "EvictionStrategy is set but vmi is not migratable; VMI uses a PCI host devices",
+  };
+  // The cluster's strategy (the KubeVirt CR's) applies to a VMI without its own.
+  const byCluster = computeStatus(
+    vmi("Running", hostDevice),
+    input(LifeCycle.Running, undefined, { clusterEvictionStrategy: "LiveMigrate" }),
+  );
+  assert.deepEqual(byCluster.events, [warning]);
+  // Said once per verdict, not at every sync.
+  const again = computeStatus(
+    { ...vmi("Running", hostDevice), status: byCluster.status },
+    input(LifeCycle.Running, undefined, { clusterEvictionStrategy: "LiveMigrate", now: T1 }),
+  );
+  assert.deepEqual(again.events, []);
+  // The VMI's own None wins over the cluster's; KubeVirt's default is None.
+  const own = computeStatus(
+    vmi("Running", { ...hostDevice, evictionStrategy: "None" }),
+    input(LifeCycle.Running, undefined, { clusterEvictionStrategy: "LiveMigrate" }),
+  );
+  assert.deepEqual(own.events, []);
+  assert.deepEqual(computeStatus(vmi("Running", hostDevice), input(LifeCycle.Running)).events, []);
+  // A migratable VMI: nothing to say.
+  assert.deepEqual(
+    computeStatus(
+      vmi("Running", { evictionStrategy: "LiveMigrate" }),
+      input(LifeCycle.Running),
+    ).events,
+    [],
+  );
+});
