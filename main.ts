@@ -15,6 +15,7 @@ import {
   type Config,
   ConfigError,
   featureGateEnabled,
+  KUBEVIRT_DEFAULTS,
   logLevelForVerbosity,
   parseConfig,
   type RawConfig,
@@ -431,6 +432,8 @@ function handlerCommand(program: Command): void {
       const globals = ["--log-level", config.logLevel, "--log-format", "json"];
       // The KubeVirt CR: the cluster's configuration, followed live (mod/config/kubevirt.ts);
       // /healthz reports the version in force.
+      // virt-handler's apiserver budget from the start, until the CR says otherwise.
+      if (!opts.podless) client.setRateLimit(KUBEVIRT_DEFAULTS.handlerRateLimit);
       const kubevirtCr = new kube.KubevirtCrWatch(client, {
         nodeName: config.nodeName,
         podless: opts.podless,
@@ -479,6 +482,17 @@ function handlerCommand(program: Command): void {
             : config.logLevel,
         );
         services.labeller?.setObsoleteModels(cluster.obsoleteCpuModels?.slice());
+        // KubeVirt mode stands where virt-handler stands: its apiserver budget too. Pod-less
+        // mode also does virt-controller's writes, and is not limited.
+        if (!opts.podless) {
+          try {
+            client.setRateLimit(cluster.handlerRateLimit);
+          } catch (error) {
+            getLogger("handler").warn("Keeping the apiserver rate limit in force: {error}", {
+              error,
+            });
+          }
+        }
         const gate = featureGateEnabled(cluster, "CPUManager");
         if (gate !== cpuManagerGate) {
           cpuManagerGate = gate;

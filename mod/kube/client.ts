@@ -18,6 +18,7 @@
 import { detailOf, KubeApiError, KubeConfigError, KubeConnectionError } from "./errors.ts";
 import { Transport, type TransportResponse } from "./_https.ts";
 import { restClientStats } from "./rest_stats.ts";
+import { type RateLimit, TokenBucket, usableRateLimit } from "./rate_limit.ts";
 
 const SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount";
 const DEFAULT_TIMEOUT_MS = 30_000;
@@ -108,6 +109,7 @@ export class KubeClient {
   readonly #transport: Transport;
   readonly #timeoutMs: number;
   #tokenCache: { value: string; readAt: number } | undefined;
+  #bucket: TokenBucket | undefined;
 
   /** Use {@linkcode loadKubeClient}; the constructor is for tests and embedding. */
   constructor(creds: KubeCredentials, options?: { timeoutMs?: number }) {
@@ -123,6 +125,31 @@ export class KubeClient {
       ? Deno.createHttpClient(tls as Deno.CreateHttpClientOptions)
       : undefined;
     this.#transport = new Transport(creds.server, creds);
+  }
+
+  /**
+   * Limits the requests as client-go's token bucket does (one token per request, each retry
+   * and each watch's start included); undefined: no limit (the default). The same rate again
+   * keeps the bucket as it is; an unusable one (not positive) is refused with an error.
+   */
+  setRateLimit(limit: RateLimit | undefined): void {
+    if (limit === undefined) {
+      this.#bucket = undefined;
+      return;
+    }
+    if (!usableRateLimit(limit)) {
+      throw new RangeError(
+        `Cannot limit apiserver requests to qps ${limit.qps}, burst ${limit.burst}: both must be positive`,
+      );
+    }
+    const b = this.#bucket?.limit;
+    if (b?.qps === limit.qps && b.burst === limit.burst) return;
+    this.#bucket = new TokenBucket(limit);
+  }
+
+  /** The request rate limit in force; undefined without one. */
+  get rateLimit(): RateLimit | undefined {
+    return this.#bucket ? { ...this.#bucket.limit } : undefined;
   }
 
   /** The apiserver URL, e.g. "https://127.0.0.1:6443". */
@@ -159,6 +186,7 @@ export class KubeClient {
     }
     try {
       for (let attempt = 1;; attempt++) {
+        await this.#bucket?.take(signal);
         const started = performance.now();
         let res: TransportResponse;
         try {
@@ -209,6 +237,7 @@ export class KubeClient {
       : connect.signal;
     const url = this.#url(path, options?.query);
     try {
+      await this.#bucket?.take(signal);
       const res = await fetch(url, { headers: await this.#headers(), signal, client: this.#http });
       if (!res.ok) throw apiError("GET", path, res.status, await res.text());
       if (!res.body) {

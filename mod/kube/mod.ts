@@ -95,3 +95,4 @@ export {
   type RestLatency,
   type RestRequestCount,
 } from "./rest_stats.ts";
+export { type RateLimit, TokenBucket, usableRateLimit } from "./rate_limit.ts";
