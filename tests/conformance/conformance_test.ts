@@ -11,7 +11,9 @@
  * ({@linkcode ONE_NODE_CONFORMANCE}); otherwise the CI subset ({@linkcode CI_FOCUS}).
  * `VIRTNODE_CONFORMANCE_FOCUS` (Ginkgo focus expressions, separated by `;`) runs those
  * specs instead, and `VIRTNODE_CONFORMANCE_HANDLERS` (`virtnode`, `virt-handler`) one
- * handler's run only. The results of both runs are written as JSON to
+ * handler's run only. `VIRTNODE_CONFORMANCE_LABELS` replaces the label filter, to run specs
+ * beyond the conformance label (e.g. the config-changing node-labeller specs, labelled
+ * `Serial`). The results of both runs are written as JSON to
  * `$VIRTNODE_CONFORMANCE_RESULTS` when set (docs/conformance.md is made from the full run's).
  */
 import assert from "node:assert/strict";
@@ -32,6 +34,8 @@ export const CI_FOCUS: string[] = [
 ];
 
 const ALL = Deno.env.get("VIRTNODE_CONFORMANCE") === "all";
+/** A Ginkgo label filter instead of the one-node conformance one, by hand. */
+const LABELS = Deno.env.get("VIRTNODE_CONFORMANCE_LABELS");
 const FOCUS = Deno.env.get("VIRTNODE_CONFORMANCE_FOCUS")?.split(";").filter(Boolean);
 /** `VIRTNODE_CONFORMANCE_HANDLERS=virt-handler` (or `virtnode`): one run only, by hand. */
 const HANDLERS = (Deno.env.get("VIRTNODE_CONFORMANCE_HANDLERS")?.split(",") ??
@@ -71,6 +75,7 @@ Deno.test({
           virtctl,
           artifacts: join(artifacts, handler),
           focus,
+          labelFilter: LABELS,
           timeout: ALL ? "4h" : "1h",
           log: (line) => {
             // The spec headers and outcomes only: the whole log is in the artifacts.
