@@ -482,6 +482,7 @@ function handlerCommand(program: Command): void {
             : config.logLevel,
         );
         services.labeller?.setObsoleteModels(cluster.obsoleteCpuModels?.slice());
+        services.devicePlugins?.setHostDevices(node.pciDevicePlugins(cluster.permittedHostDevices));
         // KubeVirt mode stands where virt-handler stands: its apiserver budget too. Pod-less
         // mode also does virt-controller's writes, and is not limited.
         if (!opts.podless) {

@@ -39,12 +39,12 @@
  * | `handlerConfiguration.restClient.rateLimiter.tokenBucketRateLimiter` | 50 QPS, burst 100 | KubeVirt mode: the apiserver token bucket | U6 |
  * | `supportedGuestAgentVersions` | `2.*` to `5.*` | parsed; not applied | U1 |
  * | `developerConfiguration.pvcTolerateLessSpaceUpToPercent` | `10` | validated; not applied | U1 |
- * | `permittedHostDevices` | none | parsed; not applied | U1 |
+ * | `permittedHostDevices` | none | PCI: a device plugin per resource; mdev, USB: not served | I3 |
  *
  * Tests: U1 tests/unit/kubevirt_config_test.ts (parsing and checks), U2 the same file
  * (launcher options), U3 tests/unit/container_disk_image_volume_test.ts, U4
  * tests/unit/handler_device_ownership_test.ts, U5 tests/unit/handler_status_test.ts, U6
- * tests/unit/kube_rate_limit_test.ts, I1 and I2
+ * tests/unit/kube_rate_limit_test.ts, I3 tests/integration/node_device_plugins_test.ts, I1 and I2
  * tests/integration/kubevirt_cr_config_test.ts (a running handler; the labeller), E1
  * tests/e2e/migration_qemu_test.ts (pod-less bandwidth).
  *
@@ -264,8 +264,8 @@ export const KUBEVIRT_KEYS: readonly KubevirtKey[] = Object.freeze([
   {
     key: "permittedHostDevices",
     kubevirtDefault: "none",
-    virtnode: "parsed; not applied",
-    tests: "U1",
+    virtnode: "PCI: a device plugin per resource; mdev, USB: not served",
+    tests: "I3",
   },
 ]);
 

@@ -22,6 +22,7 @@ import { getLogger } from "../log/mod.ts";
 import {
   type AllocateRequest,
   type AllocateResponse,
+  type ContainerAllocateResponse,
   type Device,
   DEVICE_PLUGIN_API_VERSION,
   DeviceHealth,
@@ -49,12 +50,26 @@ export const DEFAULT_BACKOFF_MS: readonly number[] = Object.freeze([1_000, 2_000
 export interface PermanentDevice {
   /** Short name: the socket is `kubevirt-<name>.sock`, device IDs `<name><n>`. */
   name: string;
-  /** Device node path on the host and in the container. */
+  /** Device node path on the host and in the container; its presence is the health. */
   path: string;
   /** Extended resource name. */
   resourceName: string;
   /** Open and close the node once before serving (loads tun/vhost-net modules). */
   preOpen: boolean;
+  /**
+   * The devices, when they are distinct (a permitted host device's IOMMU groups), with the
+   * NUMA node each is attached to (-1: none known); unset, `maxDevices` interchangeable
+   * ones named `<name><n>`.
+   */
+  ids?: readonly { id: string; numaNode: number }[];
+  /**
+   * What a container is given for `ids` (default: the device node at `path`, no variable);
+   * `permissions` is the plugin's cgroup permissions.
+   */
+  allocate?: (ids: string[], permissions: string) => Pick<
+    ContainerAllocateResponse,
+    "envs" | "devices"
+  >;
 }
 
 /** KubeVirt's permanent host devices. */
@@ -177,6 +192,7 @@ export class GenericDevicePlugin {
   /** Where the device node is looked for (device root + device path). */
   readonly watchedPath: string;
   readonly #ids: string[];
+  readonly #numa = new Map<string, number>();
   readonly #permissions: string;
   readonly #backoff: readonly number[];
   readonly #pollMs: number;
@@ -195,7 +211,10 @@ export class GenericDevicePlugin {
     this.socketPath = join(pluginDir, pluginSocketName(device.name));
     this.kubeletSocket = join(pluginDir, KUBELET_SOCKET);
     this.watchedPath = join(config.deviceRoot ?? "/", device.path);
-    this.#ids = deviceIds(device.name, config.maxDevices ?? DEFAULT_MAX_DEVICES);
+    this.#ids = device.ids
+      ? device.ids.map((d) => d.id)
+      : deviceIds(device.name, config.maxDevices ?? DEFAULT_MAX_DEVICES);
+    for (const d of device.ids ?? []) if (d.numaNode >= 0) this.#numa.set(d.id, d.numaNode);
     this.#permissions = config.permissions ?? "rw";
     this.#backoff = config.backoffMs?.length ? config.backoffMs : DEFAULT_BACKOFF_MS;
     this.#pollMs = config.pollIntervalMs ?? 5_000;
@@ -225,7 +244,12 @@ export class GenericDevicePlugin {
   /** The device list as ListAndWatch sends it. */
   devices(): Device[] {
     const health = this.#healthy ? DeviceHealth.Healthy : DeviceHealth.Unhealthy;
-    return this.#ids.map((ID) => ({ ID, health }));
+    return this.#ids.map((ID) => {
+      const numa = this.#numa.get(ID);
+      return numa === undefined
+        ? { ID, health }
+        : { ID, health, topology: { nodes: [{ ID: String(numa) }] } };
+    });
   }
 
   /**
@@ -439,17 +463,22 @@ export class GenericDevicePlugin {
           return;
         }
         log.debug("Allocate", { resource: this.resourceName });
-        const spec = {
-          container_path: this.device.path,
-          host_path: this.device.path,
-          permissions: this.#permissions,
-        };
-        const requests = Math.max(call.request.container_requests.length, 1);
-        callback(null, {
-          container_responses: Array.from({ length: requests }, () => ({
+        const given = (ids: string[]) =>
+          this.device.allocate?.(ids, this.#permissions) ?? {
             envs: {},
+            devices: [{
+              container_path: this.device.path,
+              host_path: this.device.path,
+              permissions: this.#permissions,
+            }],
+          };
+        const requests = call.request.container_requests.length > 0
+          ? call.request.container_requests
+          : [{ devices_ids: [] }];
+        callback(null, {
+          container_responses: requests.map((r) => ({
+            ...given(r.devices_ids),
             mounts: [],
-            devices: [spec],
             annotations: {},
             cdi_devices: [],
           })),
@@ -479,6 +508,12 @@ export function preferredAllocation(
   };
 }
 
+/** Whether two host devices serve the same resource with the same devices. */
+function sameDevices(a: PermanentDevice, b: PermanentDevice): boolean {
+  return a.resourceName === b.resourceName && a.path === b.path &&
+    JSON.stringify(a.ids ?? []) === JSON.stringify(b.ids ?? []);
+}
+
 /** Options of {@linkcode DevicePluginManager}. */
 export interface DevicePluginManagerOptions extends DevicePluginConfig {
   /** The devices to serve ({@linkcode PERMANENT_DEVICES}). */
@@ -487,11 +522,15 @@ export interface DevicePluginManagerOptions extends DevicePluginConfig {
 
 /**
  * Runs one plugin per device whose node exists; devices that appear later get their
- * plugin on the next poll. {@linkcode allRegistered} feeds the heartbeat.
+ * plugin on the next poll. Permitted host devices ({@linkcode setHostDevices}) follow the
+ * cluster's configuration: a resource no longer permitted has its plugin stopped, a new one
+ * started, a changed one restarted. {@linkcode allRegistered} feeds the heartbeat.
  */
 export class DevicePluginManager {
   readonly #config: DevicePluginManagerOptions;
-  readonly #plugins = new Map<string, GenericDevicePlugin>();
+  readonly #plugins = new Map<string, { plugin: GenericDevicePlugin; stop: AbortController }>();
+  #hostDevices: readonly PermanentDevice[] = [];
+  #running: { signal: AbortSignal; runs: Promise<void>[] } | undefined;
   /** For logs. */
   readonly name = "device-plugins";
 
@@ -500,9 +539,32 @@ export class DevicePluginManager {
     this.#config = options;
   }
 
-  /** The running plugins, by device name. */
+  /** The running plugins. */
   get plugins(): GenericDevicePlugin[] {
-    return [...this.#plugins.values()];
+    return [...this.#plugins.values()].map((p) => p.plugin);
+  }
+
+  /**
+   * The permitted host devices to serve besides the permanent ones (the KubeVirt CR's
+   * `permittedHostDevices` as found on this host); takes effect at once when running.
+   */
+  setHostDevices(devices: readonly PermanentDevice[]): void {
+    this.#hostDevices = devices;
+    const wanted = new Map(devices.map((d) => [d.name, d]));
+    for (const [name, entry] of this.#plugins) {
+      const permanent = (this.#config.devices ?? PERMANENT_DEVICES).some((d) => d.name === name);
+      if (permanent) continue;
+      const now = wanted.get(name);
+      if (now && sameDevices(now, entry.plugin.device)) continue;
+      log.info("Stopping device plugin", { resource: entry.plugin.resourceName });
+      entry.stop.abort();
+      this.#plugins.delete(name);
+    }
+    if (this.#running) {
+      this.#startPresent(this.#running.signal, this.#running.runs).catch((error) =>
+        log.error("Cannot start the host device plugins: {error}", { error })
+      );
+    }
   }
 
   /**
@@ -512,6 +574,7 @@ export class DevicePluginManager {
   async run(signal: AbortSignal): Promise<void> {
     await Deno.mkdir(this.#config.pluginDir ?? DEFAULT_DEVICE_PLUGIN_DIR, { recursive: true });
     const runs: Promise<void>[] = [];
+    this.#running = { signal, runs };
     await every(
       this.#config.pollIntervalMs ?? 5_000,
       () => this.#startPresent(signal, runs),
@@ -520,20 +583,22 @@ export class DevicePluginManager {
         onError: (error) => log.error("Cannot look for devices: {error}", { error }),
       },
     );
+    this.#running = undefined;
     await Promise.all(runs);
     this.#plugins.clear();
   }
 
   async #startPresent(signal: AbortSignal, runs: Promise<void>[]): Promise<void> {
-    for (const device of this.#config.devices ?? PERMANENT_DEVICES) {
+    for (const device of [...(this.#config.devices ?? PERMANENT_DEVICES), ...this.#hostDevices]) {
       if (signal.aborted || this.#plugins.has(device.name)) continue;
       const path = join(this.#config.deviceRoot ?? "/", device.path);
-      if (!(await statOrUndefined(path))) continue;
+      if (!device.ids && !(await statOrUndefined(path))) continue;
       if (signal.aborted || this.#plugins.has(device.name)) continue;
       const plugin = new GenericDevicePlugin(device, this.#config);
-      this.#plugins.set(device.name, plugin);
+      const stop = new AbortController();
+      this.#plugins.set(device.name, { plugin, stop });
       log.info("Starting device plugin", { resource: device.resourceName, path: device.path });
-      runs.push(plugin.run(signal));
+      runs.push(plugin.run(AbortSignal.any([signal, stop.signal])));
     }
   }
 

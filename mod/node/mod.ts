@@ -84,3 +84,11 @@ export {
   readCapabilitiesInChild,
   readCapabilityFiles,
 } from "./services.ts";
+export {
+  discoverPciHostDevices,
+  pciDevicePlugin,
+  pciDevicePlugins,
+  type PciHostDevice,
+  pciResourceEnvVar,
+  pciSelectors,
+} from "./pci_host_devices.ts";

@@ -8,7 +8,13 @@
 import * as grpc from "@grpc/grpc-js";
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { DevicePluginManager, type DevicePluginManagerOptions } from "../../mod/node/mod.ts";
+import {
+  DevicePluginManager,
+  type DevicePluginManagerOptions,
+  discoverPciHostDevices,
+  pciDevicePlugins,
+  pciSelectors,
+} from "../../mod/node/mod.ts";
 import {
   type AllocateResponse,
   type DevicePluginClient,
@@ -424,3 +430,115 @@ Deno.test("a plugin retries with backoff until a kubelet answers", grpcTest, asy
     await teardown(env);
   }
 });
+
+/** A sysfs PCI device: its uevent, driver and IOMMU group links, NUMA node. */
+async function pciDevice(
+  sysRoot: string,
+  address: string,
+  o: { pciId: string; driver?: string; group?: string; numa?: number },
+): Promise<void> {
+  const dir = join(sysRoot, "bus/pci/devices", address);
+  await Deno.mkdir(dir, { recursive: true });
+  await Deno.writeTextFile(
+    join(dir, "uevent"),
+    `DRIVER=${o.driver ?? ""}\nPCI_CLASS=30000\nPCI_ID=${o.pciId}\nPCI_SLOT_NAME=${address}\n`,
+  );
+  if (o.driver) await Deno.symlink(`../../../bus/pci/drivers/${o.driver}`, join(dir, "driver"));
+  if (o.group) {
+    await Deno.symlink(`../../../kernel/iommu_groups/${o.group}`, join(dir, "iommu_group"));
+  }
+  await Deno.writeTextFile(join(dir, "numa_node"), `${o.numa ?? -1}\n`);
+}
+
+Deno.test(
+  "permitted PCI host devices: one plugin per resource of vfio-pci devices, IOMMU groups as devices, KubeVirt's variable and VFIO nodes on Allocate, following the configuration",
+  grpcTest,
+  async () => {
+    const env = await setup(["dev/kvm", "dev/vfio/vfio", "dev/vfio/12", "dev/vfio/13"]);
+    const sysRoot = join(env.dir, "sys");
+    const gpu = newDevicePluginClient(join(env.pluginDir, "kubevirt-nvidia.com-TU104GL.sock"));
+    try {
+      // Two of the permitted ID on vfio-pci, one on another driver, one without a group, one
+      // of an ID nobody permits.
+      await pciDevice(sysRoot, "0000:65:00.0", {
+        pciId: "10DE:1EB8",
+        driver: "vfio-pci",
+        group: "12",
+        numa: 1,
+      });
+      await pciDevice(sysRoot, "0000:66:00.0", {
+        pciId: "10DE:1EB8",
+        driver: "vfio-pci",
+        group: "13",
+      });
+      await pciDevice(sysRoot, "0000:67:00.0", {
+        pciId: "10DE:1EB8",
+        driver: "nvidia",
+        group: "14",
+      });
+      await pciDevice(sysRoot, "0000:68:00.0", { pciId: "10DE:1EB8", driver: "vfio-pci" });
+      await pciDevice(sysRoot, "0000:69:00.0", {
+        pciId: "8086:1572",
+        driver: "vfio-pci",
+        group: "15",
+      });
+      const permitted = {
+        pciHostDevices: [
+          { pciVendorSelector: "10de:1eb8", resourceName: "nvidia.com/TU104GL" },
+          {
+            pciVendorSelector: "8086:1572",
+            resourceName: "intel.com/x710",
+            externalResourceProvider: true,
+          },
+        ],
+      };
+      const found = discoverPciHostDevices(pciSelectors(permitted), sysRoot);
+      assert.deepEqual(Object.fromEntries(found), {
+        "nvidia.com/TU104GL": [
+          { address: "0000:65:00.0", iommuGroup: "12", numaNode: 1 },
+          { address: "0000:66:00.0", iommuGroup: "13", numaNode: -1 },
+        ],
+      });
+      env.start();
+      await waitFor("kvm registration", () => env.kubelet.registrations.length === 1);
+      env.manager.setHostDevices(pciDevicePlugins(permitted, sysRoot));
+      await waitFor(
+        "the GPU resource's registration",
+        () => env.kubelet.resources().includes("nvidia.com/TU104GL"),
+      );
+      const listed = watch(gpu);
+      await waitFor("the device list", () => listed.messages.length > 0);
+      assert.deepEqual(listed.messages[0].devices, [
+        { ID: "12", health: "Healthy", topology: { nodes: [{ ID: "1" }] } },
+        { ID: "13", health: "Healthy", topology: null },
+      ]);
+      const allocated = await unary<AllocateResponse>((cb) =>
+        gpu.Allocate({ container_requests: [{ devices_ids: ["13", "12"] }] }, cb)
+      );
+      assert.deepEqual(allocated.container_responses[0].envs, {
+        PCI_RESOURCE_NVIDIA_COM_TU104GL: "0000:66:00.0,0000:65:00.0",
+      });
+      assert.deepEqual(allocated.container_responses[0].devices.map((d) => d.host_path), [
+        "/dev/vfio/vfio",
+        "/dev/vfio/13",
+        "/dev/vfio/vfio",
+        "/dev/vfio/12",
+      ]);
+      // The configuration no longer permits it: the plugin stops and its socket goes.
+      env.manager.setHostDevices(pciDevicePlugins({}, sysRoot));
+      await waitFor("the GPU plugin's socket gone", () => {
+        try {
+          Deno.statSync(join(env.pluginDir, "kubevirt-nvidia.com-TU104GL.sock"));
+          return false;
+        } catch {
+          return true;
+        }
+      });
+      assert.deepEqual(env.manager.plugins.map((p) => p.resourceName), ["devices.kubevirt.io/kvm"]);
+      listed.stream.cancel();
+    } finally {
+      gpu.close();
+      await teardown(env);
+    }
+  },
+);
