@@ -37,13 +37,8 @@ interface KubevirtCr extends KubeObject {
   status?: { phase?: string };
 }
 
-/** The CR's `spec.configuration`, as the CR has it. */
-export interface KubevirtConfiguration {
-  /** CPU models never offered; `true` marks a model obsolete. KubeVirt's list when unset. */
-  obsoleteCPUModels?: Record<string, boolean>;
-  /** The configuration's other fields, as the CR has them. */
-  [field: string]: unknown;
-}
+/** The CR's `spec.configuration`, as the CR has it (`mod/config/kubevirt.ts` reads it). */
+type KubevirtConfiguration = Record<string, unknown>;
 
 /** The handler's namespace as virt-handler finds it: its service account's, else `kubevirt`. */
 export function handlerNamespace(file = SERVICE_ACCOUNT_NAMESPACE): string {
@@ -74,7 +69,6 @@ export class KubevirtCrWatch implements Runnable {
   readonly #namespace: string;
   readonly #podless: boolean;
   #config: KubevirtConfig = KUBEVIRT_DEFAULTS;
-  #configuration: KubevirtConfiguration | undefined;
   #invalidVersion = "";
 
   /** A watch through `client`; nothing is listed until {@linkcode run}. */
@@ -135,7 +129,6 @@ export class KubevirtCrWatch implements Runnable {
         annotations: cr.metadata?.annotations,
         nodeName: this.#nodeName,
       });
-      this.#configuration = cr.spec?.configuration ?? {};
     } catch (error) {
       if (!(error instanceof KubevirtConfigError)) throw error;
       this.#invalidVersion = version;
@@ -161,11 +154,6 @@ export class KubevirtCrWatch implements Runnable {
     return this.#config.resourceVersion;
   }
 
-  /** The last good CR's `spec.configuration` as it has it; undefined before one. */
-  configuration(): KubevirtConfiguration | undefined {
-    return this.#configuration;
-  }
-
   /** Calls `listener` after every change of the configuration in force; returns its removal. */
   onChange(listener: () => void): () => void {
     this.#listeners.add(listener);
@@ -185,20 +173,4 @@ export class KubevirtCrWatch implements Runnable {
     });
     return running;
   }
-}
-
-/**
- * The obsolete CPU models a configuration names: every key of `obsoleteCPUModels`, whatever
- * its value (KubeVirt's labeller tests a model's presence in the map, not its value).
- * Undefined when the map is absent or empty: virt-handler reads the CR through a JSON
- * round trip whose `omitempty` drops an empty map, so `{}` means what no map means there,
- * KubeVirt's default list for the `cpu-model` labels and no host model marked obsolete.
- */
-export function obsoleteCpuModels(
-  configuration: KubevirtConfiguration | undefined,
-): string[] | undefined {
-  const set = configuration?.obsoleteCPUModels;
-  if (set === undefined || set === null) return undefined;
-  const models = Object.keys(set).sort();
-  return models.length > 0 ? models : undefined;
 }

@@ -15,13 +15,7 @@ export {
   type RequestOptions,
   type StreamOptions,
 } from "./client.ts";
-export {
-  handlerNamespace,
-  type KubevirtConfiguration,
-  KubevirtCrWatch,
-  type KubevirtCrWatchOptions,
-  obsoleteCpuModels,
-} from "./kubevirt_cr.ts";
+export { handlerNamespace, KubevirtCrWatch, type KubevirtCrWatchOptions } from "./kubevirt_cr.ts";
 export {
   detailOf,
   isApiStatus,

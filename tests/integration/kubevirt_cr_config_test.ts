@@ -8,12 +8,8 @@
 import assert from "node:assert/strict";
 import { fileURLToPath } from "node:url";
 import { startCluster } from "../../deploy/cluster/cluster.ts";
-import {
-  type KubeObject,
-  KubevirtCrWatch,
-  loadKubeClient,
-  obsoleteCpuModels,
-} from "../../mod/kube/mod.ts";
+import { type KubeObject, KubevirtCrWatch, loadKubeClient } from "../../mod/kube/mod.ts";
+import { parseKubevirtConfiguration } from "../../mod/config/mod.ts";
 import {
   type NodeLabelInfo,
   NodeLabeller,
@@ -35,7 +31,10 @@ function fixtureInfo(host: string): NodeLabelInfo {
   };
 }
 
-Deno.test("obsoleteCpuModels() reads the CR's map as virt-handler does: every key counts, an empty map is no map", () => {
+Deno.test("obsoleteCPUModels is read as virt-handler reads it: every key counts, an empty map is no map", () => {
+  const obsoleteCpuModels = (configuration: unknown) =>
+    parseKubevirtConfiguration(configuration, { resourceVersion: "1", nodeName: "n" })
+      .obsoleteCpuModels;
   assert.equal(obsoleteCpuModels(undefined), undefined);
   assert.equal(obsoleteCpuModels({}), undefined);
   // virt-handler's JSON round trip drops an empty map (omitempty): KubeVirt's list applies.
@@ -67,7 +66,7 @@ Deno.test("the labeller follows the KubeVirt CR's obsoleteCPUModels through the 
       intervalMs: 3_600_000,
     });
     const watch = new KubevirtCrWatch(client);
-    watch.onChange(() => labeller.setObsoleteModels(obsoleteCpuModels(watch.configuration())));
+    watch.onChange(() => labeller.setObsoleteModels(watch.config().obsoleteCpuModels?.slice()));
     running.push(watch.run(stop.signal), labeller.run(stop.signal));
     const labels = async () =>
       (await client.request<KubeObject>("GET", `/api/v1/nodes/${node}`)).metadata?.labels ?? {};
