@@ -34,6 +34,17 @@ export const CI_FOCUS: string[] = [
 ];
 
 const ALL = Deno.env.get("VIRTNODE_CONFORMANCE") === "all";
+
+/** The commit of the tree the run used, for the results; "unknown" outside a git tree. */
+async function headCommit(): Promise<string> {
+  const out = await new Deno.Command("git", {
+    args: ["rev-parse", "--short", "HEAD"],
+    cwd: new URL("../../", import.meta.url).pathname,
+    stdout: "piped",
+    stderr: "null",
+  }).output().catch(() => undefined);
+  return out?.success ? new TextDecoder().decode(out.stdout).trim() : "unknown";
+}
 /** A Ginkgo label filter instead of the one-node conformance one, by hand. */
 const LABELS = Deno.env.get("VIRTNODE_CONFORMANCE_LABELS");
 const FOCUS = Deno.env.get("VIRTNODE_CONFORMANCE_FOCUS")?.split(";").filter(Boolean);
@@ -95,7 +106,17 @@ Deno.test({
       if (out) {
         await Deno.writeTextFile(
           out,
-          JSON.stringify({ date: new Date().toISOString(), focus, results }, null, 2),
+          JSON.stringify(
+            {
+              date: new Date().toISOString(),
+              commit: await headCommit(),
+              focus,
+              labelFilter: LABELS,
+              results,
+            },
+            null,
+            2,
+          ),
         );
       }
       const passedByYardstick = new Set(

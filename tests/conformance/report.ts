@@ -1,10 +1,12 @@
 /**
- * Writes the results document of a full conformance run (docs/conformance.md) from the
- * JSON the tier writes to `$VIRTNODE_CONFORMANCE_RESULTS`, with the reasons kept by hand
- * in docs/conformance-reasons.json (spec name -> why it fails, with the evidence), which a
- * rerun keeps.
+ * Writes the results document of the conformance runs (docs/conformance.md) from the JSON the
+ * tier writes to `$VIRTNODE_CONFORMANCE_RESULTS`, with the reasons kept by hand in
+ * docs/conformance-reasons.json (spec name -> why it fails, with the evidence), which a rerun
+ * keeps. Several runs may be given, oldest first: a later run's result for a spec and handler
+ * replaces an earlier one (a full run, then reruns of some specs after fixes). A run's commit
+ * is the one its JSON names, or the one after `@` in its argument.
  *
- *   deno run -A tests/conformance/report.ts <results.json> <commit> > docs/conformance.md
+ *   deno run -A tests/conformance/report.ts <results.json>[@<commit>] ... > docs/conformance.md
  *
  * @module
  */
@@ -13,24 +15,42 @@ import { summaryLine } from "../helpers/kubevirt_suite.ts";
 
 interface Results {
   date: string;
+  commit?: string;
   focus: string[];
+  labelFilter?: string;
   results: { virtnode?: SpecResult[]; "virt-handler"?: SpecResult[] };
 }
 
-const [file, commit] = Deno.args;
-if (!file || !commit) {
-  console.error("usage: report.ts <results.json> <commit>");
+if (Deno.args.length === 0) {
+  console.error("usage: report.ts <results.json>[@<commit>] ...");
   Deno.exit(2);
 }
-const run: Results = JSON.parse(await Deno.readTextFile(file));
+const runs: (Results & { commit: string })[] = [];
+for (const arg of Deno.args) {
+  const [file, given] = arg.split("@");
+  const run: Results = JSON.parse(await Deno.readTextFile(file));
+  runs.push({ ...run, commit: given ?? run.commit ?? "unknown" });
+}
 const reasonsFile = new URL("../../docs/conformance-reasons.json", import.meta.url);
 const reasons: Record<string, string> = await Deno.readTextFile(reasonsFile)
   .then((t) => JSON.parse(t), () => ({}));
 
-const virtnode = run.results.virtnode ?? [];
-const yardstick = run.results["virt-handler"] ?? [];
-const names = [...new Set([...virtnode, ...yardstick].filter((r) => !r.setup).map((r) => r.name))]
-  .sort();
+/**
+ * Per handler, each spec's latest result: of the conformance runs, or of the runs with a
+ * label filter of their own (`extra`: specs beyond the conformance label).
+ */
+function latest(handler: "virtnode" | "virt-handler", extra: boolean): SpecResult[] {
+  const bySpec = new Map<string, SpecResult>();
+  for (const run of runs.filter((r) => !!r.labelFilter === extra)) {
+    for (const r of run.results[handler] ?? []) bySpec.set(r.name, r);
+  }
+  return [...bySpec.values()];
+}
+const virtnode = latest("virtnode", false);
+const yardstick = latest("virt-handler", false);
+const specNames = (a: SpecResult[], b: SpecResult[]) =>
+  [...new Set([...a, ...b].filter((r) => !r.setup).map((r) => r.name))].sort();
+const names = specNames(virtnode, yardstick);
 const cell = (r: SpecResult | undefined) =>
   r ? `${r.status}${r.status === "passed" ? "" : r.reason ? `: ${esc(r.reason)}` : ""}` : "not run";
 const esc = (s: string) => s.replaceAll("|", "\\|").replaceAll("\n", " ").slice(0, 200);
@@ -38,21 +58,28 @@ const esc = (s: string) => s.replaceAll("|", "\\|").replaceAll("\n", " ").slice(
 const short = (name: string) =>
   name.replace(/\[(rfe_id|crit|vendor|level|test_id|posneg|label|release-blocker)[^\]]*\]/g, "")
     .replace(/\s+/g, " ").trim();
+const runLine = (run: Results & { commit: string }) => {
+  const handlers = (["virtnode", "virt-handler"] as const).filter((h) => run.results[h]);
+  const scope = run.focus.length === 0 ? "all specs of its filter" : `${run.focus.length} focused`;
+  return `- ${run.date.slice(0, 16).replace("T", " ")} UTC, commit ${run.commit}, ${
+    handlers.join(" and ")
+  }, ${scope}${run.labelFilter ? ` (label filter \`${run.labelFilter}\`)` : ""}`;
+};
 
 const lines = [
   "# KubeVirt v1.7.0 conformance specs with substitute guest images",
   "",
-  `Latest full run: ${
-    run.date.slice(0, 10)
-  }, commit ${commit}, \`deno task test:conformance --all\`.`,
+  "Runs, oldest first (a later run's result for a spec replaces an earlier one):",
+  "",
+  ...runs.map(runLine),
   "",
   "KubeVirt's own functional suite (`kubevirt.io/kubevirt/tests`, v1.7.0, built from the Go",
   "module), its `conformance` specs that fit one node, IPv4 only, offline and without CDI (62",
   "of 96), on one real node (kubelet, containerd, kube-proxy) with KubeVirt installed by its",
   "own virt-operator. First with virtnode in the operator's `virt-handler` DaemonSet (the",
   "KubeVirt CR's `customizeComponents` patches), then with KubeVirt's own virt-handler, the",
-  "yardstick, on the same node. Guests run under QEMU's software emulation (TCG): this kind",
-  "of machine's KVM is kvm-pvm, which cannot run them.",
+  "yardstick, on the same node. Guests run under QEMU's software emulation (TCG): the",
+  "machine of these runs had no /dev/kvm.",
   "",
   "The guest images are **substitutes** built here from Debian's packages under the suite's",
   "names (deploy/guest/suite_images.sh): none of KubeVirt's can be fetched. The fedora one is",
@@ -72,7 +99,32 @@ for (const name of names) {
   const why = a?.status === "failed" || b?.status === "failed" ? esc(reasons[name] ?? "") : "";
   lines.push(`| ${esc(short(name))} | ${cell(a)} | ${cell(b)} | ${why} |`);
 }
-const setup = [...virtnode, ...yardstick].filter((r) => r.setup);
+const extraVirtnode = latest("virtnode", true);
+const extraYardstick = latest("virt-handler", true);
+if (extraVirtnode.length + extraYardstick.length > 0) {
+  lines.push(
+    "",
+    "## Config-changing specs beyond the conformance label",
+    "",
+    "Specs that change the KubeVirt CR and wait for every handler's `/healthz`",
+    "`config-resource-version` (runs with a label filter of their own, above):",
+    "",
+    "- " + summaryLine("virtnode", extraVirtnode).replace(/ of \d+$/, ""),
+    "- " + summaryLine("virt-handler", extraYardstick).replace(/ of \d+$/, ""),
+    "",
+    "| Spec | virtnode | virt-handler | Why (where either fails) |",
+    "|---|---|---|---|",
+  );
+  for (const name of specNames(extraVirtnode, extraYardstick)) {
+    const a = extraVirtnode.find((r) => r.name === name);
+    const b = extraYardstick.find((r) => r.name === name);
+    const why = a?.status === "failed" || b?.status === "failed" ? esc(reasons[name] ?? "") : "";
+    lines.push(`| ${esc(short(name))} | ${cell(a)} | ${cell(b)} | ${why} |`);
+  }
+}
+const setup = [...virtnode, ...yardstick, ...extraVirtnode, ...extraYardstick].filter((r) =>
+  r.setup
+);
 if (setup.length > 0) {
   lines.push("", "Set-up nodes that failed:", "");
   for (const r of setup) lines.push(`- ${r.name}: ${esc(r.reason ?? "")}`);
