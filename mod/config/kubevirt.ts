@@ -78,10 +78,15 @@ export const GA_FEATURE_GATES: readonly string[] = Object.freeze([
 
 /** The SMBIOS system fields every domain gets. */
 export interface Smbios {
+  /** `<entry name="manufacturer">`. */
   manufacturer: string;
+  /** `<entry name="product">`. */
   product: string;
+  /** `<entry name="version">`. */
   version: string;
+  /** `<entry name="sku">`. */
   sku: string;
+  /** `<entry name="family">`. */
   family: string;
 }
 
@@ -155,8 +160,11 @@ export const VGA_DISPLAY_EFI_ANNOTATION = "kubevirt.io/vga-display-efi-x86";
 
 /** One row of the key table: a key, KubeVirt's default, what follows it here, its tests. */
 export interface KubevirtKey {
+  /** The key under `spec.configuration` (or the CR's annotation). */
   key: string;
+  /** KubeVirt v1.7.0's default. */
   kubevirtDefault: string;
+  /** What in virtnode follows it. */
   virtnode: string;
   /** The module doc's test names (U1, I1, ...). */
   tests: string;

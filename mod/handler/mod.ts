@@ -127,6 +127,7 @@ export {
   nextPhase,
   type PhaseChange,
   type PhaseInputs,
+  type StatusEvent,
   type StatusInput,
   SYNC_FAILED_REASON,
 } from "./status.ts";

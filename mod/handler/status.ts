@@ -58,8 +58,11 @@ export const EventReason = {
 
 /** An Event a status change deserves. */
 export interface StatusEvent {
+  /** The Event's type. */
   type: "Normal" | "Warning";
+  /** KubeVirt's reason. */
   reason: string;
+  /** KubeVirt's message. */
   message: string;
 }
 

@@ -17,7 +17,7 @@ import {
   type KubevirtConfig,
   KubevirtConfigError,
   parseKubevirtConfiguration,
-} from "../config/kubevirt.ts";
+} from "../config/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import type { Runnable } from "../lifecycle/mod.ts";
 import type { KubeClient } from "./client.ts";

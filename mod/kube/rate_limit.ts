@@ -9,7 +9,9 @@
 
 /** A rate: requests per second and how many may go at once. */
 export interface RateLimit {
+  /** Requests a second, once the burst is spent. */
   qps: number;
+  /** Requests at once. */
   burst: number;
 }
 
@@ -21,6 +23,7 @@ export function usableRateLimit(limit: RateLimit): boolean {
 
 /** A token bucket; {@linkcode TokenBucket.take} waits for a token. */
 export class TokenBucket {
+  /** The rate it keeps. */
   readonly limit: RateLimit;
   readonly #now: () => number;
   #tokens: number;
