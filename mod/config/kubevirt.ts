@@ -27,10 +27,10 @@
  * | `developerConfiguration.featureGates: ImageVolume` | off (Beta) | containerDisks: nothing to mount | U3 |
  * | `developerConfiguration.useEmulation` | `false` | a launcher may lack `/dev/kvm` | U4 |
  * | `developerConfiguration.logVerbosity.virtHandler, .nodeVerbosity` | `2` | the handler's log level | I1 |
- * | `smbios` | KubeVirt, None, KubeVirt | launcher options | U2 |
- * | `memBalloonStatsPeriod` | `10` | launcher options | U2 |
- * | `virtualMachineOptions.disableFreePageReporting` | absent | launcher options | U2 |
- * | `virtualMachineOptions.disableSerialConsoleLog` | absent | launcher options | U2 |
+ * | `smbios` | KubeVirt, None, KubeVirt | launcher options | U2, U7 |
+ * | `memBalloonStatsPeriod` | `10` | launcher options | U2, U7 |
+ * | `virtualMachineOptions.disableFreePageReporting` | absent | launcher options | U2, U7 |
+ * | `virtualMachineOptions.disableSerialConsoleLog` | absent | KubeVirt's launcher only | U2 |
  * | `annotation kubevirt.io/vga-display-efi-x86` | absent (Bochs) | launcher options | U2 |
  * | `migrations` | KubeVirt's migration defaults | migration options; pod-less migrations | U1, E1 |
  * | `obsoleteCPUModels` | none | node labeller | I2 |
@@ -44,7 +44,7 @@
  * Tests: U1 tests/unit/kubevirt_config_test.ts (parsing and checks), U2 the same file
  * (launcher options), U3 tests/unit/container_disk_image_volume_test.ts, U4
  * tests/unit/handler_device_ownership_test.ts, U5 tests/unit/handler_status_test.ts, U6
- * tests/unit/kube_rate_limit_test.ts, I3 tests/integration/node_device_plugins_test.ts, I1 and I2
+ * tests/unit/kube_rate_limit_test.ts, U7 tests/unit/converter_volumes_test.ts, I3 tests/integration/node_device_plugins_test.ts, I1 and I2
  * tests/integration/kubevirt_cr_config_test.ts (a running handler; the labeller), E1
  * tests/e2e/migration_qemu_test.ts (pod-less bandwidth).
  *
@@ -206,24 +206,24 @@ export const KUBEVIRT_KEYS: readonly KubevirtKey[] = Object.freeze([
     key: "smbios",
     kubevirtDefault: "KubeVirt, None, KubeVirt",
     virtnode: "launcher options",
-    tests: "U2",
+    tests: "U2, U7",
   },
   {
     key: "memBalloonStatsPeriod",
     kubevirtDefault: "10",
     virtnode: "launcher options",
-    tests: "U2",
+    tests: "U2, U7",
   },
   {
     key: "virtualMachineOptions.disableFreePageReporting",
     kubevirtDefault: "absent",
     virtnode: "launcher options",
-    tests: "U2",
+    tests: "U2, U7",
   },
   {
     key: "virtualMachineOptions.disableSerialConsoleLog",
     kubevirtDefault: "absent",
-    virtnode: "launcher options",
+    virtnode: "KubeVirt's launcher only",
     tests: "U2",
   },
   {

@@ -12,6 +12,7 @@
  *
  * @module
  */
+import type { VirtualMachineOptions } from "../proto/mod.ts";
 import {
   Finalizers,
   isFinalPhase,
@@ -664,7 +665,7 @@ export class VmiController {
    */
   async #ensureLauncher(
     vmi: VirtualMachineInstance,
-    sync?: { vmi: VirtualMachineInstance },
+    sync?: { vmi: VirtualMachineInstance; options?: VirtualMachineOptions },
   ): Promise<{ client: LauncherClient; synced?: { error?: string } } | ReconcileResult> {
     const uid = vmi.metadata.uid!;
     const started = await this.#d.provider.start(vmi, sync);
@@ -727,7 +728,9 @@ export class VmiController {
       network = built;
     }
     // No domain runs: the provider may define and start it as it starts the launcher.
-    const ensured = await this.#ensureLauncher(vmi, alive ? undefined : { vmi });
+    this.#topology ??= hostTopology();
+    const options = virtualMachineOptions(vmi, this.#topology, this.#d.clusterConfig?.());
+    const ensured = await this.#ensureLauncher(vmi, alive ? undefined : { vmi, options });
     if (!("client" in ensured)) return ensured;
     const { client, synced } = ensured;
     if (synced) {
@@ -759,11 +762,7 @@ export class VmiController {
       this.#synced.set(uid, "");
     }
     if (alive && this.#synced.get(uid) === spec) return DONE;
-    this.#topology ??= hostTopology();
-    await client.syncVirtualMachine(
-      forLauncher,
-      virtualMachineOptions(vmi, this.#topology, this.#d.clusterConfig?.()),
-    );
+    await client.syncVirtualMachine(forLauncher, options);
     // The launcher detached what left the spec: its mounts can go.
     if (alive) await this.#d.provider.unplug(vmi);
     await this.#afterStart(vmi, network);

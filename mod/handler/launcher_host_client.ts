@@ -6,6 +6,7 @@
  * @module
  */
 
+import type { VirtualMachineOptions } from "../proto/mod.ts";
 import {
   type HostedVmSpec,
   type HostedVmStatus,
@@ -149,8 +150,13 @@ export class LauncherHostClient {
     spec: HostedVmSpec,
     vmiJson: string,
     timeoutMs: number,
+    options?: VirtualMachineOptions,
   ): Promise<{ status: HostedVmStatus; synced?: { error?: string } }> {
-    const reply = await this.#request("start", { spec, sync: vmiJson }, timeoutMs);
+    const reply = await this.#request(
+      "start",
+      { spec, sync: vmiJson, ...(options ? { options } : {}) },
+      timeoutMs,
+    );
     const synced = reply.synced as { error?: unknown } | undefined;
     return {
       status: reply.vm as HostedVmStatus,

@@ -14,6 +14,7 @@
  *
  * @module
  */
+import type { VirtualMachineOptions } from "../proto/mod.ts";
 import type { ClaimInfo, VirtualMachineInstance } from "../api/mod.ts";
 import type { PodNetworkTarget } from "../network/mod.ts";
 import type { Runnable } from "../lifecycle/mod.ts";
@@ -85,7 +86,7 @@ export interface LauncherProvider extends Runnable {
    */
   start(
     vmi: VirtualMachineInstance,
-    sync?: { vmi: VirtualMachineInstance },
+    sync?: { vmi: VirtualMachineInstance; options?: VirtualMachineOptions },
   ): Promise<LauncherStart>;
   /** Ends the VMI's launcher once its domain is gone and removes what it left on the node. */
   stop(vmi: VirtualMachineInstance): Promise<void>;

@@ -15,6 +15,7 @@
  *
  * @module
  */
+import type { VirtualMachineOptions } from "../proto/mod.ts";
 import { join } from "node:path";
 import {
   type ClaimInfo,
@@ -232,7 +233,7 @@ export class PodlessLaunchers implements LauncherProvider {
    */
   async start(
     vmi: VirtualMachineInstance,
-    sync?: { vmi: VirtualMachineInstance },
+    sync?: { vmi: VirtualMachineInstance; options?: VirtualMachineOptions },
   ): Promise<LauncherStart> {
     const uid = vmi.metadata.uid!;
     const known = this.#served.get(uid);
@@ -273,7 +274,12 @@ export class PodlessLaunchers implements LauncherProvider {
     let started;
     try {
       started = sync
-        ? await client.startAndSync(spec, JSON.stringify(sync.vmi), LAUNCHER_TIMEOUTS.sync)
+        ? await client.startAndSync(
+          spec,
+          JSON.stringify(sync.vmi),
+          LAUNCHER_TIMEOUTS.sync,
+          sync.options,
+        )
         : { status: await client.start(spec), synced: undefined };
     } finally {
       this.#starting.delete(uid);

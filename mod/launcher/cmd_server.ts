@@ -193,7 +193,10 @@ function buildHandlers(backend: CmdBackend): Record<string, Handler> {
     }, failed);
 
   const implemented: Partial<Record<CmdMethod, Handler>> = {
-    SyncVirtualMachine: command("SyncVirtualMachine", (json) => backend.syncVmi(json)),
+    SyncVirtualMachine: safe<VMIRequest, Response>("SyncVirtualMachine", async (request) => {
+      await backend.syncVmi(vmiJsonOf(request), request.options ?? null);
+      return ok();
+    }, failed),
     PauseVirtualMachine: command("PauseVirtualMachine", (json) => backend.pause(json)),
     UnpauseVirtualMachine: command("UnpauseVirtualMachine", (json) => backend.unpause(json)),
     ShutdownVirtualMachine: command("ShutdownVirtualMachine", (json) => backend.shutdown(json)),

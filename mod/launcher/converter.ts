@@ -8,7 +8,7 @@
  */
 
 import { checkVmiSemantics, generateDomainXml } from "./converter_xml.ts";
-import type { PreparedEfi, PreparedVolume } from "./converter_xml.ts";
+import type { DomainClusterOptions, PreparedEfi, PreparedVolume } from "./converter_xml.ts";
 import { prepareVolumes } from "./converter_volumes.ts";
 import type { PrepareOptions } from "./converter_volumes.ts";
 import { validateVmi } from "./converter_validate.ts";
@@ -25,12 +25,18 @@ export {
   checkVmiSemantics,
   cpuTopology,
   deviceName,
+  domainClusterOptions,
   domainNameForVmi,
   generateDomainXml,
   guestMemoryBytes,
   hotplugDiskXml,
 } from "./converter_xml.ts";
-export type { DomainXmlOptions, PreparedEfi, PreparedVolume } from "./converter_xml.ts";
+export type {
+  DomainClusterOptions,
+  DomainXmlOptions,
+  PreparedEfi,
+  PreparedVolume,
+} from "./converter_xml.ts";
 export {
   containerDiskFileName,
   DEFAULT_OVMF_DIR,
@@ -47,6 +53,8 @@ export interface ConvertOptions extends PrepareOptions {
   runDir: string;
   /** What the launcher found of each pod-network interface (`prepareGuestNetwork`). */
   interfaces?: Record<string, PreparedInterface>;
+  /** The cluster's settings the handler sent with the sync. */
+  cluster?: DomainClusterOptions;
 }
 
 /** The result of a conversion. */
@@ -81,6 +89,7 @@ export async function convertVmiToDomainXml(
     volumes: prepared.volumes,
     efi: prepared.efi,
     interfaces: options.interfaces,
+    cluster: options.cluster,
   });
   return { xml, volumes: prepared.volumes, efi: prepared.efi, created: prepared.created };
 }

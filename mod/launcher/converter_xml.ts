@@ -62,6 +62,63 @@ export interface DomainXmlOptions {
   efi?: PreparedEfi;
   /** What the launcher found of each pod-network interface, by interface name. */
   interfaces?: Record<string, PreparedInterface>;
+  /** The cluster's settings the handler sent (`VirtualMachineOptions`); none: fields unset. */
+  cluster?: DomainClusterOptions;
+}
+
+/** The cluster's settings a domain follows, from the handler's `VirtualMachineOptions`. */
+export interface DomainClusterOptions {
+  /** The SMBIOS system entries every domain gets. */
+  smbios?: {
+    manufacturer?: string;
+    product?: string;
+    version?: string;
+    sku?: string;
+    family?: string;
+  };
+  /** Seconds between balloon statistics; 0: none. */
+  memBalloonStatsPeriod: number;
+  /** The cluster leaves free page reporting on (KubeVirt's default). */
+  freePageReporting: boolean;
+}
+
+/** The cluster settings of a `VirtualMachineOptions` (the handler's, as the wire has them). */
+export function domainClusterOptions(
+  options: Record<string, unknown> | null | undefined,
+): DomainClusterOptions | undefined {
+  if (!options) return undefined;
+  const smbios = options.VirtualMachineSMBios as Record<string, unknown> | null | undefined;
+  const cluster = options.clusterConfig as Record<string, unknown> | null | undefined;
+  const text = (v: unknown) => typeof v === "string" ? v : undefined;
+  const period = Number(options.MemBalloonStatsPeriod ?? 0);
+  return {
+    smbios: smbios
+      ? {
+        manufacturer: text(smbios.manufacturer),
+        product: text(smbios.product),
+        version: text(smbios.version),
+        sku: text(smbios.sku),
+        family: text(smbios.family),
+      }
+      : undefined,
+    memBalloonStatsPeriod: Number.isInteger(period) && period >= 0 ? period : 0,
+    freePageReporting: cluster?.FreePageReportingDisabled !== true,
+  };
+}
+
+/**
+ * Whether the domain's balloon reports free pages, as KubeVirt's launcher decides: the
+ * cluster allows it and the VMI has a balloon, is no high-performance VMI (dedicated or
+ * realtime CPUs, huge pages) and does not opt out by annotation.
+ */
+function freePageReporting(vmi: VirtualMachineInstance, cluster: DomainClusterOptions): boolean {
+  const cpu = vmi.spec.domain.cpu as Record<string, unknown> | undefined;
+  const memory = vmi.spec.domain.memory as Record<string, unknown> | undefined;
+  return cluster.freePageReporting &&
+    vmi.spec.domain.devices.autoattachMemBalloon !== false &&
+    cpu?.dedicatedCpuPlacement !== true && cpu?.realtime === undefined &&
+    memory?.hugepages === undefined &&
+    vmi.metadata.annotations?.["kubevirt.io/free-page-reporting-disabled"] !== "true";
 }
 
 /** The libvirt domain name of a VMI: `<namespace>_<name>`, as KubeVirt names it. */
@@ -466,19 +523,57 @@ function firmwareUuid(vmi: VirtualMachineInstance): string | undefined {
   return uuid;
 }
 
-function buildSysinfo(vmi: VirtualMachineInstance): XmlElement | undefined {
+function buildSysinfo(
+  vmi: VirtualMachineInstance,
+  cluster: DomainClusterOptions | undefined,
+): XmlElement | undefined {
   const firmware = vmi.spec.domain.firmware;
   const uuid = firmwareUuid(vmi);
-  if (uuid === undefined && firmware?.serial === undefined) return undefined;
+  const smbios = cluster?.smbios;
+  if (uuid === undefined && firmware?.serial === undefined && !smbios) return undefined;
+  // KubeVirt's order: the firmware's entries, then the cluster's SMBIOS ones.
+  const entry = (name: string, value: string | undefined) =>
+    value !== undefined && el("entry", { name }, value);
   return el(
     "sysinfo",
     { type: "smbios" },
     el(
       "system",
       {},
-      uuid !== undefined && el("entry", { name: "uuid" }, uuid),
-      firmware?.serial !== undefined && el("entry", { name: "serial" }, firmware.serial),
+      entry("uuid", uuid),
+      entry("serial", firmware?.serial),
+      ...(smbios
+        ? [
+          entry("manufacturer", smbios.manufacturer ?? ""),
+          entry("family", smbios.family ?? ""),
+          entry("product", smbios.product ?? ""),
+          entry("sku", smbios.sku ?? ""),
+          entry("version", smbios.version ?? ""),
+        ]
+        : []),
     ),
+  );
+}
+
+/**
+ * The memory balloon: KubeVirt's statistics period (10 s unless the cluster says) and, when
+ * the cluster's settings came, free page reporting as KubeVirt's launcher decides it.
+ */
+function buildMemBalloon(
+  vmi: VirtualMachineInstance,
+  cluster: DomainClusterOptions | undefined,
+): XmlElement {
+  if (vmi.spec.domain.devices.autoattachMemBalloon === false) {
+    return el("memballoon", { model: "none" });
+  }
+  const period = cluster ? cluster.memBalloonStatsPeriod : 10;
+  return el(
+    "memballoon",
+    {
+      model: "virtio",
+      ...(cluster ? { freePageReporting: freePageReporting(vmi, cluster) ? "on" : "off" } : {}),
+    },
+    period > 0 && el("stats", { period }),
   );
 }
 
@@ -744,7 +839,7 @@ export function generateDomainXml(vmi: VirtualMachineInstance, options: DomainXm
   const topology = cpuTopology(vmi);
   // libvirt 9 insists on a slot count beside the maximum; virtio-mem needs none.
   const maxGuest = maxGuestMemoryBytes(vmi);
-  const sysinfo = buildSysinfo(vmi);
+  const sysinfo = buildSysinfo(vmi, options.cluster);
   const uuid = firmwareUuid(vmi);
   const domain = el(
     "domain",
@@ -776,9 +871,7 @@ export function generateDomainXml(vmi: VirtualMachineInstance, options: DomainXm
       // No source: libvirt picks the socket path, as with KubeVirt's launcher.
       el("channel", { type: "unix" }, el("target", { type: "virtio", name: GUEST_AGENT_CHANNEL })),
       buildConsoleAndGraphics(vmi, options),
-      (devices.autoattachMemBalloon ?? true)
-        ? el("memballoon", { model: "virtio" }, el("stats", { period: 10 }))
-        : el("memballoon", { model: "none" }),
+      buildMemBalloon(vmi, options.cluster),
       devices.rng !== undefined &&
         el("rng", { model: "virtio" }, el("backend", { model: "random" }, "/dev/urandom")),
       devices.watchdog !== undefined &&

@@ -31,6 +31,8 @@ import {
   checkVmiSemantics,
   ConversionError,
   convertVmiToDomainXml,
+  type DomainClusterOptions,
+  domainClusterOptions,
   hotplugDiskXml,
   type PrepareOptions,
   prepareVolume,
@@ -431,7 +433,10 @@ export class DomainManager {
    * launcher does): once a VMI was Running, a domain that went down (QEMU crashed or was
    * killed) stays down, and its VMI fails when this launcher exits.
    */
-  syncVmi(vmiJson: Uint8Array | string | null | undefined): Promise<void> {
+  syncVmi(
+    vmiJson: Uint8Array | string | null | undefined,
+    options?: Record<string, unknown> | null,
+  ): Promise<void> {
     return this.#run("sync", async () => {
       const raw = this.#checkVmi("sync", vmiJson);
       // Pure checks first, so a bad spec is reported even when the domain runs.
@@ -454,7 +459,7 @@ export class DomainManager {
         }
         if (isFinalPhase(vmi.status?.phase) || vmi.status?.phase === VmiPhase.Running) return;
       }
-      const xml = await this.#prepareEnvironment(raw, vmi);
+      const xml = await this.#prepareEnvironment(raw, vmi, domainClusterOptions(options));
       const domain = await this.#conn.defineXML(xml);
       this.#ownUuid = domain.uuid;
       this.#stopRequested = false;
@@ -467,13 +472,18 @@ export class DomainManager {
    * Makes what the VMI's domain uses here (folders, the guest's network side, its disks)
    * and lets QEMU reach them; returns the domain's XML.
    */
-  async #prepareEnvironment(raw: unknown, vmi: VirtualMachineInstance): Promise<string> {
+  async #prepareEnvironment(
+    raw: unknown,
+    vmi: VirtualMachineInstance,
+    cluster: DomainClusterOptions | undefined,
+  ): Promise<string> {
     await this.#prepareDirs();
     const interfaces = await this.#prepareNetwork(vmi);
     const { xml, volumes, efi } = await convertVmiToDomainXml(raw, {
       ...this.#converter,
       domainType: this.#converter.domainType ?? (kvmUsable() ? "kvm" : "qemu"),
       interfaces,
+      cluster,
     });
     letQemuReach(this.#converter.qemuUser, [
       ...Object.values(volumes).map((v) => v.path),
@@ -841,7 +851,7 @@ export class DomainManager {
           log: { ...this.vmi },
         });
       }
-      await this.#prepareEnvironment(raw, vmi);
+      await this.#prepareEnvironment(raw, vmi, undefined);
       const sockets = join(this.#migrationSocketDir, "migrationproxy");
       await Deno.mkdir(sockets, { recursive: true, mode: 0o750 });
       prepareForQemuUser(this.#converter.qemuUser, { writable: [sockets], readable: [] });

@@ -261,12 +261,13 @@ export class LauncherHost {
   async startAndSync(
     raw: unknown,
     vmiJson: string,
+    options?: Record<string, unknown> | null,
   ): Promise<{ status: HostedVmStatus; synced?: { error?: string } }> {
     const { hosted, status } = await this.#serve(raw);
     const instance = hosted.instance;
     if (status.state !== "ready" || !instance) return { status };
     try {
-      await instance.manager.syncVmi(vmiJson);
+      await instance.manager.syncVmi(vmiJson, options);
       return { status, synced: {} };
     } catch (error) {
       const message = error instanceof Error ? error.message : String(error);
@@ -529,7 +530,15 @@ export class LauncherHost {
             return { id, ok: true, vm: await this.start(request.spec) };
           }
           if (typeof request.sync !== "string") throw new HostedVmSpecError("sync is not a string");
-          const { status, synced } = await this.startAndSync(request.spec, request.sync);
+          const options = request.options;
+          if (options !== undefined && (options === null || typeof options !== "object")) {
+            throw new HostedVmSpecError("options is not an object");
+          }
+          const { status, synced } = await this.startAndSync(
+            request.spec,
+            request.sync,
+            options as Record<string, unknown> | undefined,
+          );
           return { id, ok: true, vm: status, ...(synced ? { synced } : {}) };
         }
         case "stop":

@@ -3,6 +3,7 @@ import * as path from "node:path";
 import {
   containerDiskFileName,
   convertVmiToDomainXml,
+  domainClusterOptions,
   generateDomainXml,
   hotplugDiskXml,
   InvalidFieldError,
@@ -502,5 +503,49 @@ Deno.test("generateDomainXml() refuses control characters libvirt cannot parse",
         volumes: { scratch: { path: "/d.qcow2", format: "qcow2" } },
       }),
     /control character/,
+  );
+});
+
+Deno.test("generateDomainXml() follows the cluster's settings the handler sends: SMBIOS system entries, balloon statistics period, free page reporting as KubeVirt's launcher decides it", async () => {
+  const volumes = { scratch: { path: "/d.qcow2", format: "qcow2" as const } };
+  const vmi = validateVmi(vmiWith({ name: "scratch", emptyDisk: { capacity: "1Mi" } }));
+  const cluster = domainClusterOptions({
+    VirtualMachineSMBios: { manufacturer: "KubeVirt", product: "None", family: "Lab" },
+    MemBalloonStatsPeriod: 0,
+    clusterConfig: { FreePageReportingDisabled: false },
+  })!;
+  const flat = (x: string) => x.replace(/>\s+</g, "><");
+  const xml = generateDomainXml(vmi, { domainType: "qemu", runDir: "/run", volumes, cluster });
+  assert.match(
+    flat(xml),
+    /<sysinfo type='smbios'><system><entry name='manufacturer'>KubeVirt<\/entry><entry name='family'>Lab<\/entry><entry name='product'>None<\/entry><entry name='sku'><\/entry><entry name='version'><\/entry><\/system><\/sysinfo>/,
+  );
+  assert.match(xml, /<smbios mode='sysinfo'\/>/);
+  // Period 0: no statistics; reporting on unless the cluster or the VMI says otherwise.
+  assert.match(flat(xml), /<memballoon model='virtio' freePageReporting='on'\/>/);
+  const validated = await virtXmlValidate(xml);
+  assert.ok(validated.ok, validated.output);
+
+  const disabled = domainClusterOptions({
+    MemBalloonStatsPeriod: 7,
+    clusterConfig: { FreePageReportingDisabled: true },
+  })!;
+  assert.match(
+    flat(
+      generateDomainXml(vmi, { domainType: "qemu", runDir: "/run", volumes, cluster: disabled }),
+    ),
+    /<memballoon model='virtio' freePageReporting='off'><stats period='7'\/><\/memballoon>/,
+  );
+  // A high-performance VMI (dedicated CPUs) never reports free pages, as in KubeVirt.
+  const dedicated = structuredClone(vmi);
+  dedicated.spec.domain.cpu = { ...dedicated.spec.domain.cpu, dedicatedCpuPlacement: true };
+  assert.match(
+    generateDomainXml(dedicated, { domainType: "qemu", runDir: "/run", volumes, cluster }),
+    /freePageReporting='off'/,
+  );
+  // Without the handler's settings (a launcher called directly), as before: period 10.
+  assert.match(
+    flat(generateDomainXml(vmi, { domainType: "qemu", runDir: "/run", volumes })),
+    /<memballoon model='virtio'><stats period='10'\/><\/memballoon>/,
   );
 });
