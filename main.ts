@@ -482,7 +482,9 @@ function handlerCommand(program: Command): void {
             : config.logLevel,
         );
         services.labeller?.setObsoleteModels(cluster.obsoleteCpuModels?.slice());
-        services.devicePlugins?.setHostDevices(node.pciDevicePlugins(cluster.permittedHostDevices));
+        services.devicePlugins?.setHostDevices(
+          node.hostDevicePlugins(cluster.permittedHostDevices),
+        );
         // KubeVirt mode stands where virt-handler stands: its apiserver budget too. Pod-less
         // mode also does virt-controller's writes, and is not limited.
         if (!opts.podless) {

@@ -475,14 +475,21 @@ export class GenericDevicePlugin {
         const requests = call.request.container_requests.length > 0
           ? call.request.container_requests
           : [{ devices_ids: [] }];
-        callback(null, {
-          container_responses: requests.map((r) => ({
+        let responses;
+        try {
+          responses = requests.map((r) => ({
             ...given(r.devices_ids),
             mounts: [],
             annotations: {},
             cdi_devices: [],
-          })),
-        });
+          }));
+        } catch (error) {
+          // A device that went away since the kubelet listed it: the kubelet tries again.
+          log.warn("Allocate failed: {error}", { resource: this.resourceName, error });
+          callback({ code: grpc.status.INTERNAL, details: message(error) });
+          return;
+        }
+        callback(null, { container_responses: responses });
       },
       PreStartContainer: (
         _call: grpc.ServerUnaryCall<unknown, unknown>,

@@ -85,10 +85,15 @@ export {
   readCapabilityFiles,
 } from "./services.ts";
 export {
+  discoverMediatedHostDevices,
   discoverPciHostDevices,
+  hostDevicePlugins,
+  mdevDevicePlugin,
+  mdevSelectors,
+  type MediatedHostDevice,
   pciDevicePlugin,
-  pciDevicePlugins,
   type PciHostDevice,
   pciResourceEnvVar,
   pciSelectors,
-} from "./pci_host_devices.ts";
+  resourceEnvVar,
+} from "./host_devices.ts";

@@ -12,7 +12,7 @@ import {
   DevicePluginManager,
   type DevicePluginManagerOptions,
   discoverPciHostDevices,
-  pciDevicePlugins,
+  hostDevicePlugins,
   pciSelectors,
 } from "../../mod/node/mod.ts";
 import {
@@ -501,7 +501,7 @@ Deno.test(
       });
       env.start();
       await waitFor("kvm registration", () => env.kubelet.registrations.length === 1);
-      env.manager.setHostDevices(pciDevicePlugins(permitted, sysRoot));
+      env.manager.setHostDevices(hostDevicePlugins(permitted, { sysRoot }));
       await waitFor(
         "the GPU resource's registration",
         () => env.kubelet.resources().includes("nvidia.com/TU104GL"),
@@ -525,7 +525,7 @@ Deno.test(
         "/dev/vfio/12",
       ]);
       // The configuration no longer permits it: the plugin stops and its socket goes.
-      env.manager.setHostDevices(pciDevicePlugins({}, sysRoot));
+      env.manager.setHostDevices(hostDevicePlugins({}, { sysRoot }));
       await waitFor("the GPU plugin's socket gone", () => {
         try {
           Deno.statSync(join(env.pluginDir, "kubevirt-nvidia.com-TU104GL.sock"));
@@ -538,6 +538,78 @@ Deno.test(
       listed.stream.cancel();
     } finally {
       gpu.close();
+      await teardown(env);
+    }
+  },
+);
+
+Deno.test(
+  "permitted mediated devices: one plugin per type, IOMMU groups as devices with the parent's NUMA node, UUIDs in KubeVirt's variable; a group whose VFIO node went fails the allocation",
+  grpcTest,
+  async () => {
+    const env = await setup(["dev/vfio/vfio", "dev/vfio/20"]);
+    const sysRoot = join(env.dir, "sys");
+    const grid = newDevicePluginClient(join(env.pluginDir, "kubevirt-nvidia.com-GRID_T4-1Q.sock"));
+    try {
+      // Two mdevs of type "GRID T4-1Q" under one parent GPU, one of another type.
+      const parent = "0000:3b:00.0";
+      await Deno.mkdir(join(sysRoot, "bus/pci/devices", parent), { recursive: true });
+      await Deno.writeTextFile(join(sysRoot, "bus/pci/devices", parent, "numa_node"), "0\n");
+      const mdev = async (uuid: string, typeName: string, group: string) => {
+        const real = join(sysRoot, "devices/pci0000:3a", parent, uuid);
+        await Deno.mkdir(join(real, "mdev_type"), { recursive: true });
+        await Deno.writeTextFile(join(real, "mdev_type/name"), `${typeName}\n`);
+        await Deno.symlink(`../../../kernel/iommu_groups/${group}`, join(real, "iommu_group"));
+        await Deno.mkdir(join(sysRoot, "bus/mdev/devices"), { recursive: true });
+        await Deno.symlink(
+          `../../../devices/pci0000:3a/${parent}/${uuid}`,
+          join(sysRoot, "bus/mdev/devices", uuid),
+        );
+      };
+      await mdev("4b20d080-1b54-4048-85b3-a6a62d165c01", "GRID T4-1Q", "20");
+      await mdev("4b20d080-1b54-4048-85b3-a6a62d165c02", "GRID T4-1Q", "21");
+      await mdev("4b20d080-1b54-4048-85b3-a6a62d165c03", "GRID T4-2Q", "22");
+      const permitted = {
+        mediatedDevices: [{
+          mdevNameSelector: "GRID T4-1Q",
+          resourceName: "nvidia.com/GRID_T4-1Q",
+        }],
+      };
+      env.start();
+      env.manager.setHostDevices(
+        hostDevicePlugins(permitted, { sysRoot, deviceRoot: env.deviceRoot }),
+      );
+      await waitFor(
+        "the mdev resource's registration",
+        () => env.kubelet.resources().includes("nvidia.com/GRID_T4-1Q"),
+      );
+      const listed = watch(grid);
+      await waitFor("the device list", () => listed.messages.length > 0);
+      assert.deepEqual(listed.messages[0].devices, [
+        { ID: "20", health: "Healthy", topology: { nodes: [{ ID: "0" }] } },
+        { ID: "21", health: "Healthy", topology: { nodes: [{ ID: "0" }] } },
+      ]);
+      const allocated = await unary<AllocateResponse>((cb) =>
+        grid.Allocate({ container_requests: [{ devices_ids: ["20"] }] }, cb)
+      );
+      assert.deepEqual(allocated.container_responses[0].envs, {
+        // KubeVirt's name: only "/" and "." become "_".
+        "MDEV_PCI_RESOURCE_NVIDIA_COM_GRID_T4-1Q": "4b20d080-1b54-4048-85b3-a6a62d165c01",
+      });
+      assert.deepEqual(allocated.container_responses[0].devices.map((d) => d.host_path), [
+        "/dev/vfio/vfio",
+        "/dev/vfio/20",
+      ]);
+      // Group 21 has no VFIO node on this host: KubeVirt refuses the allocation.
+      await assert.rejects(
+        unary((cb) => grid.Allocate({ container_requests: [{ devices_ids: ["21"] }] }, cb)),
+        (error: grpc.ServiceError) =>
+          error.code === grpc.status.INTERNAL &&
+          /Failed to allocate resource nvidia.com\/GRID_T4-1Q/.test(error.details),
+      );
+      listed.stream.cancel();
+    } finally {
+      grid.close();
       await teardown(env);
     }
   },
