@@ -39,7 +39,7 @@
  * | `handlerConfiguration.restClient.rateLimiter.tokenBucketRateLimiter` | 50 QPS, burst 100 | KubeVirt mode: the apiserver token bucket | U6 |
  * | `supportedGuestAgentVersions` | `2.*` to `5.*` | parsed; not applied | U1 |
  * | `developerConfiguration.pvcTolerateLessSpaceUpToPercent` | `10` | validated; not applied | U1 |
- * | `permittedHostDevices` | none | PCI and mediated devices: a device plugin per resource; USB: not served | I3 |
+ * | `permittedHostDevices` | none | PCI, mediated and USB devices: a device plugin per resource | I3 |
  *
  * Tests: U1 tests/unit/kubevirt_config_test.ts (parsing and checks), U2 the same file
  * (launcher options), U3 tests/unit/container_disk_image_volume_test.ts, U4
@@ -272,7 +272,7 @@ export const KUBEVIRT_KEYS: readonly KubevirtKey[] = Object.freeze([
   {
     key: "permittedHostDevices",
     kubevirtDefault: "none",
-    virtnode: "PCI and mediated devices: a device plugin per resource; USB: not served",
+    virtnode: "PCI, mediated and USB devices: a device plugin per resource",
     tests: "I3",
   },
 ]);

@@ -18,12 +18,21 @@
  * allocation, as in KubeVirt. Creating mediated devices from `mediatedDevicesConfiguration` is
  * not done: the ones that exist are served.
  *
+ * `usb`: each entry permits a set of USB devices (one of each `vendor:product` selector, all
+ * of them present) under one resource name; the host's plugged devices (`uevent` under
+ * `/sys/bus/usb/devices`, controllers left out) are taken set by set, each set one device of the
+ * plugin (its ID the resource and the set's first bus and device number), none in two sets. A
+ * container gets the sets' device nodes (`mrw`), handed to
+ * KubeVirt's non-root user 107 first (resolved beneath the device root, no symlink followed),
+ * and their `bus:device` numbers in `USB_RESOURCE_<RESOURCE>`. A set's health follows its first
+ * device's node.
+ *
  * Entries with `externalResourceProvider: true` are left to another plugin, as in KubeVirt.
- * USB devices are not served.
  *
  * @module
  */
 import { basename, join } from "node:path";
+import { chownBeneath } from "../../ffi/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import type { PermanentDevice } from "./device_plugins.ts";
 
@@ -260,7 +269,139 @@ export function mdevDevicePlugin(
   };
 }
 
-/** The plugins of every permitted PCI and mediated-device resource found on this host. */
+/** A plugged USB device of this host. */
+export interface UsbHostDevice {
+  /** Its vendor ID. */
+  vendor: number;
+  /** Its product ID. */
+  product: number;
+  /** Its bus number. */
+  bus: number;
+  /** Its device number on the bus. */
+  device: number;
+  /** Its node, e.g. `/dev/bus/usb/001/004`. */
+  path: string;
+}
+
+/** The host's plugged USB devices (their `uevent`), controllers left out, in sysfs order. */
+export function discoverUsbHostDevices(sysRoot = "/sys"): UsbHostDevice[] {
+  const dir = join(sysRoot, "bus/usb/devices");
+  let names: string[];
+  try {
+    names = [...Deno.readDirSync(dir)].map((e) => e.name).sort();
+  } catch {
+    return [];
+  }
+  const found: UsbHostDevice[] = [];
+  for (const name of names) {
+    if (name.startsWith("usb")) continue;
+    const device = join(dir, name);
+    if (read(join(device, "idVendor")) === undefined) continue;
+    const fields = new Map(
+      (read(join(device, "uevent")) ?? "").split("\n").map((l) => l.split("=") as [string, string])
+        .filter((kv) => kv.length === 2),
+    );
+    const [vendor, product] = (fields.get("PRODUCT") ?? "").split("/").map((h) => parseInt(h, 16));
+    const bus = Number(fields.get("BUSNUM"));
+    const number = Number(fields.get("DEVNUM"));
+    const devName = fields.get("DEVNAME");
+    if (
+      !Number.isInteger(vendor) || !Number.isInteger(product) || !Number.isInteger(bus) ||
+      !Number.isInteger(number) || !devName || devName.includes("..")
+    ) continue;
+    found.push({ vendor, product, bus, device: number, path: join("/dev", devName) });
+  }
+  return found;
+}
+
+/**
+ * The permitted USB resources' device sets on this host, by resource name: for each entry,
+ * one device per selector, as long as every selector finds one not taken yet.
+ */
+export function usbDeviceSets(
+  permitted: Record<string, unknown> | undefined,
+  devices: readonly UsbHostDevice[],
+): Map<string, UsbHostDevice[][]> {
+  const sets = new Map<string, UsbHostDevice[][]>();
+  const entries = permitted?.usb;
+  if (!Array.isArray(entries)) return sets;
+  const free = [...devices];
+  for (const entry of entries) {
+    const e = entry as Record<string, unknown>;
+    if (typeof e?.resourceName !== "string" || !Array.isArray(e.selectors)) continue;
+    if (e.externalResourceProvider === true || e.selectors.length === 0) continue;
+    const wanted = e.selectors.map((sel) => {
+      const x = sel as Record<string, unknown>;
+      return { vendor: parseInt(String(x?.vendor), 16), product: parseInt(String(x?.product), 16) };
+    });
+    if (wanted.some((w) => !Number.isInteger(w.vendor) || !Number.isInteger(w.product))) {
+      log.warn("A USB selector of {resource} is not hexadecimal vendor and product", {
+        resource: e.resourceName,
+      });
+      continue;
+    }
+    for (;;) {
+      const set: UsbHostDevice[] = [];
+      for (const w of wanted) {
+        const i = free.findIndex((d) =>
+          d.vendor === w.vendor && d.product === w.product && !set.includes(d)
+        );
+        if (i < 0) break;
+        set.push(free[i]);
+      }
+      if (set.length < wanted.length) break;
+      for (const d of set) free.splice(free.indexOf(d), 1);
+      const list = sets.get(e.resourceName) ?? [];
+      list.push(set);
+      sets.set(e.resourceName, list);
+    }
+  }
+  return sets;
+}
+
+/** KubeVirt's non-root user, who gets a USB device node before QEMU opens it. */
+const NON_ROOT_UID = 107;
+
+/**
+ * The device plugin of one permitted USB resource: one device per set. `deviceRoot` is where
+ * the host's `/` is seen; a set's nodes go to KubeVirt's non-root user on Allocate.
+ */
+export function usbDevicePlugin(
+  resourceName: string,
+  sets: UsbHostDevice[][],
+  deviceRoot = "/",
+): PermanentDevice {
+  // Named after the set's first device (bus and device number), so the same plugged set
+  // keeps its ID whenever the configuration is read again, and a re-plugged one gets a new one.
+  const byId = new Map(sets.map((set) => [`${resourceName}-${set[0].bus}.${set[0].device}`, set]));
+  return {
+    name: resourceName.replaceAll("/", "-"),
+    path: sets[0]?.[0]?.path ?? "/dev/bus/usb",
+    resourceName,
+    preOpen: false,
+    ids: [...byId.keys()].map((id) => ({ id, numaNode: -1 })),
+    allocate: (ids) => {
+      const chosen = ids.flatMap((id) => byId.get(id) ?? []);
+      for (const d of chosen) chownBeneath(deviceRoot, d.path.slice(1), NON_ROOT_UID, NON_ROOT_UID);
+      return {
+        envs: chosen.length > 0
+          ? {
+            [resourceEnvVar("USB_RESOURCE", resourceName)]: chosen.map((d) =>
+              `${d.bus}:${d.device}`
+            ).join(","),
+          }
+          : {},
+        devices: chosen.map((d) => ({
+          container_path: d.path,
+          host_path: d.path,
+          permissions: "mrw",
+        })),
+      };
+    },
+  };
+}
+
+/** The plugins of every permitted PCI, mediated-device and USB resource found on this host. */
 export function hostDevicePlugins(
   permitted: Record<string, unknown> | undefined,
   options: { sysRoot?: string; deviceRoot?: string } = {},
@@ -273,5 +414,8 @@ export function hostDevicePlugins(
     ...[...discoverMediatedHostDevices(mdevSelectors(permitted), sysRoot)].map((
       [resource, list],
     ) => mdevDevicePlugin(resource, list, options.deviceRoot)),
+    ...[...usbDeviceSets(permitted, discoverUsbHostDevices(sysRoot))].map(([resource, sets]) =>
+      usbDevicePlugin(resource, sets, options.deviceRoot)
+    ),
   ];
 }

@@ -87,6 +87,7 @@ export {
 export {
   discoverMediatedHostDevices,
   discoverPciHostDevices,
+  discoverUsbHostDevices,
   hostDevicePlugins,
   mdevDevicePlugin,
   mdevSelectors,
@@ -96,4 +97,7 @@ export {
   pciResourceEnvVar,
   pciSelectors,
   resourceEnvVar,
+  usbDevicePlugin,
+  usbDeviceSets,
+  type UsbHostDevice,
 } from "./host_devices.ts";

@@ -614,3 +614,86 @@ Deno.test(
     }
   },
 );
+
+Deno.test(
+  "permitted USB devices: sets of one device per selector, KubeVirt's bus:device variable, nodes handed to user 107 beneath the device root, the same IDs when the configuration is read again",
+  grpcTest,
+  async () => {
+    const env = await setup(["dev/bus/usb/001/004", "dev/bus/usb/001/005", "dev/bus/usb/002/007"]);
+    const sysRoot = join(env.dir, "sys");
+    const keys = newDevicePluginClient(join(env.pluginDir, "kubevirt-kubevirt.io-token.sock"));
+    try {
+      const usb = async (name: string, product: string, bus: number, dev: number) => {
+        const dir = join(sysRoot, "bus/usb/devices", name);
+        await Deno.mkdir(dir, { recursive: true });
+        const [vendor, prod] = product.split(":");
+        await Deno.writeTextFile(join(dir, "idVendor"), `${vendor}\n`);
+        await Deno.writeTextFile(
+          join(dir, "uevent"),
+          `MAJOR=189\nDEVNAME=bus/usb/${String(bus).padStart(3, "0")}/${
+            String(dev).padStart(3, "0")
+          }\nDEVTYPE=usb_device\nPRODUCT=${vendor}/${prod}/100\nBUSNUM=${bus}\nDEVNUM=${dev}\n`,
+        );
+      };
+      // Two tokens and a reader; a root hub (a controller) is left out.
+      await usb("1-1", "1050:0407", 1, 4);
+      await usb("1-2", "1050:0407", 1, 5);
+      await usb("2-1", "072f:b100", 2, 7);
+      await usb("usb1", "1d6b:0002", 1, 1);
+      const permitted = {
+        usb: [{
+          resourceName: "kubevirt.io/token",
+          selectors: [{ vendor: "1050", product: "0407" }, { vendor: "072f", product: "b100" }],
+        }],
+      };
+      // One complete set only: the second token has no reader left to pair with.
+      const first = hostDevicePlugins(permitted, { sysRoot, deviceRoot: env.deviceRoot });
+      assert.deepEqual(first.map((d) => d.ids), [[{ id: "kubevirt.io/token-1.4", numaNode: -1 }]]);
+      assert.deepEqual(
+        hostDevicePlugins(permitted, { sysRoot, deviceRoot: env.deviceRoot }).map((d) => d.ids),
+        first.map((d) => d.ids),
+      );
+      env.start();
+      env.manager.setHostDevices(first);
+      await waitFor(
+        "the USB resource's registration",
+        () => env.kubelet.resources().includes("kubevirt.io/token"),
+      );
+      const allocated = await unary<AllocateResponse>((cb) =>
+        keys.Allocate({ container_requests: [{ devices_ids: ["kubevirt.io/token-1.4"] }] }, cb)
+      );
+      assert.deepEqual(allocated.container_responses[0].envs, {
+        USB_RESOURCE_KUBEVIRT_IO_TOKEN: "1:4,2:7",
+      });
+      assert.deepEqual(allocated.container_responses[0].devices, [
+        {
+          container_path: "/dev/bus/usb/001/004",
+          host_path: "/dev/bus/usb/001/004",
+          permissions: "mrw",
+        },
+        {
+          container_path: "/dev/bus/usb/002/007",
+          host_path: "/dev/bus/usb/002/007",
+          permissions: "mrw",
+        },
+      ]);
+      assert.equal((await Deno.lstat(join(env.deviceRoot, "dev/bus/usb/001/004"))).uid, 107);
+      assert.equal((await Deno.lstat(join(env.deviceRoot, "dev/bus/usb/001/005"))).uid, 0);
+      // A node that is a symlink out of the device root is refused, its target untouched.
+      const outside = await Deno.makeTempFile();
+      await Deno.remove(join(env.deviceRoot, "dev/bus/usb/002/007"));
+      await Deno.symlink(outside, join(env.deviceRoot, "dev/bus/usb/002/007"));
+      await assert.rejects(
+        unary((cb) =>
+          keys.Allocate({ container_requests: [{ devices_ids: ["kubevirt.io/token-1.4"] }] }, cb)
+        ),
+        (error: grpc.ServiceError) => error.code === grpc.status.INTERNAL,
+      );
+      assert.equal((await Deno.lstat(outside)).uid, 0);
+      await Deno.remove(outside);
+    } finally {
+      keys.close();
+      await teardown(env);
+    }
+  },
+);
