@@ -119,6 +119,8 @@ export interface ControllerDeps {
   handledElsewhere?: (key: string) => boolean;
   /** The cluster's configuration in force (the KubeVirt CR's); KubeVirt's defaults unless told. */
   clusterConfig?: () => KubevirtConfig;
+  /** Resolves once the cluster's configuration has been read (the KubeVirt CR listed). */
+  configReady?: () => Promise<void>;
 }
 
 interface ShutdownState {
@@ -248,7 +250,8 @@ export class VmiController {
       workers: this.#d.workers ?? DEFAULT_WORKERS,
       log,
       counts: this.syncs,
-      ready: this.#d.informer.waitForSync(),
+      // As virt-handler: no VMI is synced before the cluster's configuration is read.
+      ready: Promise.all([this.#d.informer.waitForSync(), this.#d.configReady?.()]).then(() => {}),
       onStarted: this.#d.onStarted,
     }, signal);
   }

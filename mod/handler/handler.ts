@@ -399,6 +399,7 @@ export class Handler implements Runnable {
       hostCpu: options.hostCpu,
       handledElsewhere: (key) => this.#migration?.target.handles(key) ?? false,
       clusterConfig: options.kubevirtCr ? () => options.kubevirtCr!.config() : undefined,
+      configReady: options.kubevirtCr ? () => options.kubevirtCr!.synced() : undefined,
     });
   }
 

@@ -154,6 +154,11 @@ export class KubevirtCrWatch implements Runnable {
     return this.#config.resourceVersion;
   }
 
+  /** Resolves once the CRs have been listed (or the watch stopped). */
+  synced(): Promise<void> {
+    return this.#informer.waitForSync();
+  }
+
   /** Calls `listener` after every change of the configuration in force; returns its removal. */
   onChange(listener: () => void): () => void {
     this.#listeners.add(listener);
