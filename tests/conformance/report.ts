@@ -32,8 +32,13 @@ for (const arg of Deno.args) {
   runs.push({ ...run, commit: given ?? run.commit ?? "unknown" });
 }
 const reasonsFile = new URL("../../docs/conformance-reasons.json", import.meta.url);
-const reasons: Record<string, string> = await Deno.readTextFile(reasonsFile)
+const reasonsJson: Record<string, string | string[]> = await Deno.readTextFile(reasonsFile)
   .then((t) => JSON.parse(t), () => ({}));
+/** Paragraphs about the runs as a whole (`_notes`), shown under the summary lines. */
+const notes = Array.isArray(reasonsJson._notes) ? reasonsJson._notes : [];
+const reasons = Object.fromEntries(
+  Object.entries(reasonsJson).filter((e): e is [string, string] => typeof e[1] === "string"),
+);
 
 /**
  * Per handler, each spec's latest result: of the conformance runs, or of the runs with a
@@ -90,6 +95,7 @@ const lines = [
   "- " + summaryLine("virtnode", virtnode),
   "- " + summaryLine("virt-handler", yardstick),
   "",
+  ...notes.flatMap((n) => [n, ""]),
   "| Spec | virtnode | virt-handler | Why (where either fails) |",
   "|---|---|---|---|",
 ];
