@@ -791,6 +791,21 @@ export class Handler implements Runnable {
 }
 
 /**
+ * A URL path as Go's `path.Clean` leaves it (repeated slashes one, `.` and `..` resolved,
+ * rooted), keeping a trailing slash as Go's ServeMux does.
+ */
+export function cleanUrlPath(path: string): string {
+  const out: string[] = [];
+  for (const part of path.split("/")) {
+    if (part === "" || part === ".") continue;
+    if (part === "..") out.pop();
+    else out.push(part);
+  }
+  const cleaned = `/${out.join("/")}`;
+  return path.endsWith("/") && cleaned !== "/" ? `${cleaned}/` : cleaned;
+}
+
+/**
  * `/healthz` (alive: virt-handler's JSON, healthz.ts), `/readyz` (`ready()`) and `/metrics` (to the clients `metricsFrom`
  * names) on `address` until the signal aborts; over TLS with `tls`'s certificate when
  * given (served anew when it changes).
@@ -809,7 +824,17 @@ function healthServer(
   const [hostname, port] = splitHostPort(address);
   let scraping = 0;
   const handler = async (req: Request, info: Deno.ServeHandlerInfo<Deno.Addr>) => {
-    const path = new URL(req.url).pathname;
+    const url = new URL(req.url);
+    const path = url.pathname;
+    // As Go's ServeMux, which serves virt-handler's: a path with repeated slashes or dot
+    // segments is sent to its clean form (KubeVirt's suite asks for `//healthz`).
+    const clean = cleanUrlPath(path);
+    if (clean !== path) {
+      return new Response(null, {
+        status: 301,
+        headers: { Location: `${clean}${url.search}` },
+      });
+    }
     if (path === "/healthz") {
       const { status, body } = await o.health();
       return Response.json(body, { status });

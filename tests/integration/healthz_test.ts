@@ -51,3 +51,20 @@ Deno.test("/healthz answers virt-handler's JSON and follows the KubeVirt CR's re
     });
   });
 });
+
+Deno.test("/healthz asked as KubeVirt's suite asks it (`https://host:port//healthz`) is redirected to /healthz as Go's ServeMux does, and a following client gets the JSON", async () => {
+  await withHandler("healthz-slashes", async ({ h }) => {
+    const raw = await fetch(`${h.health}//healthz`, { redirect: "manual" });
+    assert.equal(raw.status, 301);
+    assert.equal(raw.headers.get("location"), "/healthz");
+    await raw.body?.cancel();
+    const followed = await fetch(`${h.health}//healthz`);
+    assert.equal(followed.status, 200);
+    const body = await followed.json() as Healthz;
+    assert.equal(typeof body["config-resource-version"], "string");
+    const dots = await fetch(`${h.health}/metrics/../readyz`, { redirect: "manual" });
+    // fetch resolves dot segments itself; the server sees /readyz.
+    assert.notEqual(dots.status, 404);
+    await dots.body?.cancel();
+  });
+});
