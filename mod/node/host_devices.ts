@@ -131,9 +131,18 @@ export function discoverPciHostDevices(
   return found;
 }
 
-/** The device plugin of one permitted PCI resource and its devices on this host. */
-export function pciDevicePlugin(resourceName: string, devices: PciHostDevice[]): PermanentDevice {
-  const byGroup = new Map(devices.map((d) => [d.iommuGroup, d.address]));
+/**
+ * A plugin of VFIO devices: one device per IOMMU group; a container gets the groups' VFIO
+ * nodes and, in `<envPrefix>_<RESOURCE>`, each group's `value` (KubeVirt's PCI and mediated
+ * device plugins). `check` may refuse an allocation of the groups it is given.
+ */
+function vfioDevicePlugin(
+  resourceName: string,
+  devices: readonly { iommuGroup: string; numaNode: number; value: string }[],
+  envPrefix: string,
+  check?: (groups: string[]) => void,
+): PermanentDevice {
+  const byGroup = new Map(devices.map((d) => [d.iommuGroup, d.value]));
   return {
     name: resourceName.replaceAll("/", "-"),
     path: VFIO_CONTAINER,
@@ -142,8 +151,11 @@ export function pciDevicePlugin(resourceName: string, devices: PciHostDevice[]):
     ids: devices.map((d) => ({ id: d.iommuGroup, numaNode: d.numaNode })),
     allocate: (ids, permissions) => {
       const known = ids.filter((id) => byGroup.has(id));
+      check?.(known);
       return {
-        envs: { [pciResourceEnvVar(resourceName)]: known.map((id) => byGroup.get(id)).join(",") },
+        envs: {
+          [resourceEnvVar(envPrefix, resourceName)]: known.map((id) => byGroup.get(id)).join(","),
+        },
         devices: known.flatMap((id) =>
           [VFIO_CONTAINER, `${VFIO_DIR}/${id}`].map((path) => ({
             container_path: path,
@@ -154,6 +166,15 @@ export function pciDevicePlugin(resourceName: string, devices: PciHostDevice[]):
       };
     },
   };
+}
+
+/** The device plugin of one permitted PCI resource and its devices on this host. */
+export function pciDevicePlugin(resourceName: string, devices: PciHostDevice[]): PermanentDevice {
+  return vfioDevicePlugin(
+    resourceName,
+    devices.map((d) => ({ ...d, value: d.address })),
+    "PCI_RESOURCE",
+  );
 }
 
 /**
@@ -233,40 +254,23 @@ export function mdevDevicePlugin(
   devices: MediatedHostDevice[],
   deviceRoot = "/",
 ): PermanentDevice {
-  const byGroup = new Map(devices.map((d) => [d.iommuGroup, d.uuid]));
-  return {
-    name: resourceName.replaceAll("/", "-"),
-    path: VFIO_CONTAINER,
+  return vfioDevicePlugin(
     resourceName,
-    preOpen: false,
-    ids: devices.map((d) => ({ id: d.iommuGroup, numaNode: d.numaNode })),
-    allocate: (ids, permissions) => {
-      const known = ids.filter((id) => byGroup.has(id));
-      for (const id of known) {
+    devices.map((d) => ({ ...d, value: d.uuid })),
+    "MDEV_PCI_RESOURCE",
+    (groups) => {
+      for (const id of groups) {
         try {
           Deno.statSync(join(deviceRoot, VFIO_DIR, id));
         } catch {
           throw new Error(`Failed to allocate resource ${resourceName}`);
         }
       }
-      if (known.length === 0) {
+      if (groups.length === 0) {
         throw new Error(`failed to allocate resource for resourceName: ${resourceName}`);
       }
-      return {
-        envs: {
-          [resourceEnvVar("MDEV_PCI_RESOURCE", resourceName)]: known.map((id) => byGroup.get(id))
-            .join(","),
-        },
-        devices: known.flatMap((id) =>
-          [VFIO_CONTAINER, `${VFIO_DIR}/${id}`].map((path) => ({
-            container_path: path,
-            host_path: path,
-            permissions,
-          }))
-        ),
-      };
     },
-  };
+  );
 }
 
 /** A plugged USB device of this host. */
