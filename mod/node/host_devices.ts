@@ -75,11 +75,6 @@ export function resourceEnvVar(prefix: string, resourceName: string): string {
   return `${prefix}_${resourceName.toUpperCase().replaceAll("/", "_").replaceAll(".", "_")}`;
 }
 
-/** The variable a container gets its devices' PCI addresses in (KubeVirt's name for it). */
-export function pciResourceEnvVar(resourceName: string): string {
-  return resourceEnvVar("PCI_RESOURCE", resourceName);
-}
-
 function read(path: string): string | undefined {
   try {
     return Deno.readTextFileSync(path);

@@ -94,7 +94,6 @@ export {
   type MediatedHostDevice,
   pciDevicePlugin,
   type PciHostDevice,
-  pciResourceEnvVar,
   pciSelectors,
   resourceEnvVar,
   usbDevicePlugin,
