@@ -58,14 +58,33 @@ export interface PciHostDevice {
  * resource name, externally provided entries left out. Malformed entries are skipped.
  */
 export function pciSelectors(permitted: Record<string, unknown> | undefined): Map<string, string> {
+  return permittedSelectors(
+    permitted,
+    "pciHostDevices",
+    "pciVendorSelector",
+    (v) => v.toLowerCase(),
+  );
+}
+
+/**
+ * The entries of `permitted[list]` this handler serves, by their `field` (normalized) to
+ * their resource name: externally provided and malformed entries left out.
+ */
+function permittedSelectors(
+  permitted: Record<string, unknown> | undefined,
+  list: string,
+  field: string,
+  normalize: (selector: string) => string,
+): Map<string, string> {
   const out = new Map<string, string>();
-  const entries = permitted?.pciHostDevices;
+  const entries = permitted?.[list];
   if (!Array.isArray(entries)) return out;
   for (const entry of entries) {
     const e = entry as Record<string, unknown>;
-    if (typeof e?.pciVendorSelector !== "string" || typeof e.resourceName !== "string") continue;
+    const selector = e?.[field];
+    if (typeof selector !== "string" || typeof e.resourceName !== "string") continue;
     if (e.externalResourceProvider === true) continue;
-    out.set(e.pciVendorSelector.toLowerCase(), e.resourceName);
+    out.set(normalize(selector), e.resourceName);
   }
   return out;
 }
@@ -177,16 +196,12 @@ export function pciDevicePlugin(resourceName: string, devices: PciHostDevice[]):
  * to resource name, externally provided entries left out.
  */
 export function mdevSelectors(permitted: Record<string, unknown> | undefined): Map<string, string> {
-  const out = new Map<string, string>();
-  const entries = permitted?.mediatedDevices;
-  if (!Array.isArray(entries)) return out;
-  for (const entry of entries) {
-    const e = entry as Record<string, unknown>;
-    if (typeof e?.mdevNameSelector !== "string" || typeof e.resourceName !== "string") continue;
-    if (e.externalResourceProvider === true) continue;
-    out.set(e.mdevNameSelector.replaceAll(" ", "_").trim(), e.resourceName);
-  }
-  return out;
+  return permittedSelectors(
+    permitted,
+    "mediatedDevices",
+    "mdevNameSelector",
+    (v) => v.replaceAll(" ", "_").trim(),
+  );
 }
 
 /** One mediated device of this host that a permitted resource may hand out. */
