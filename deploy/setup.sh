@@ -27,6 +27,8 @@ APT_PACKAGES=(
   nftables busybox-static syslinux syslinux-common mtools isc-dhcp-client
   # The conformance tier's cluster DNS (kube-system/kube-dns), which KubeVirt's suite needs.
   dnsmasq-base
+  # The conformance tier records the commit its results came from.
+  git
 )
 # Debian 12's own Go is 1.19; backports has one that can fetch a newer toolchain.
 GO_BACKPORTS_PACKAGE=golang-1.23-go
