@@ -438,6 +438,9 @@ function handlerCommand(program: Command): void {
         nodeName: config.nodeName,
         podless: opts.podless,
       });
+      // Mediated devices follow the cluster's configuration and the node's labels, which each
+      // heartbeat brings back (KubeVirt mode: the plugins are the kubelet's).
+      let hostDevices: InstanceType<typeof node.HostDeviceConfiguration> | undefined;
       const services = node.nodeServices(client, {
         nodeName: config.nodeName,
         libvirtUri: config.libvirtUri,
@@ -464,6 +467,7 @@ function handlerCommand(program: Command): void {
         heartbeat: {
           ...(opts.cpuManagerState ? { cpuManagerStatePaths: [opts.cpuManagerState] } : {}),
           cpuManagerGate: () => featureGateEnabled(kubevirtCr.config(), "CPUManager"),
+          onNode: (n) => hostDevices?.nodeLabels(n.metadata?.labels ?? {}),
         },
         labeller: opts.nodeLabeller ? {} : false,
         recorder: new kube.EventRecorder(client, {
@@ -471,6 +475,9 @@ function handlerCommand(program: Command): void {
           component: "node-labeller",
         }),
       });
+      if (services.devicePlugins) {
+        hostDevices = new node.HostDeviceConfiguration(services.devicePlugins);
+      }
       // What follows the cluster's configuration at once, as in virt-handler: the labeller's
       // obsolete CPU models, the CPU manager labels (one beat now) and the log level.
       let cpuManagerGate = false;
@@ -482,9 +489,11 @@ function handlerCommand(program: Command): void {
             : config.logLevel,
         );
         services.labeller?.setObsoleteModels(cluster.obsoleteCpuModels?.slice());
-        services.devicePlugins?.setHostDevices(
-          node.hostDevicePlugins(cluster.permittedHostDevices),
-        );
+        hostDevices?.configure({
+          permittedHostDevices: cluster.permittedHostDevices,
+          mediatedDevicesConfiguration: cluster.mediatedDevicesConfiguration,
+          mdevHandling: !featureGateEnabled(cluster, "DisableMDEVConfiguration"),
+        });
         // KubeVirt mode stands where virt-handler stands: its apiserver budget too. Pod-less
         // mode also does virt-controller's writes, and is not limited.
         if (!opts.podless) {

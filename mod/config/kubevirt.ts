@@ -40,11 +40,14 @@
  * | `supportedGuestAgentVersions` | `2.*` to `5.*` | parsed; not applied | U1 |
  * | `developerConfiguration.pvcTolerateLessSpaceUpToPercent` | `10` | validated; not applied | U1 |
  * | `permittedHostDevices` | none | PCI, mediated and USB devices: a device plugin per resource | I3 |
+ * | `mediatedDevicesConfiguration` | none: every mediated device not externally provided is removed | mediated devices created and removed to match | U8, I3 |
+ * | `developerConfiguration.featureGates: DisableMDEVConfiguration` | off (Alpha) | mediated devices left as they are | U8 |
  *
  * Tests: U1 tests/unit/kubevirt_config_test.ts (parsing and checks), U2 the same file
  * (launcher options), U3 tests/unit/container_disk_image_volume_test.ts, U4
  * tests/unit/handler_device_ownership_test.ts, U5 tests/unit/handler_status_test.ts, U6
- * tests/unit/kube_rate_limit_test.ts, U7 tests/unit/converter_volumes_test.ts, I3 tests/integration/node_device_plugins_test.ts, I1 and I2
+ * tests/unit/kube_rate_limit_test.ts, U7 tests/unit/converter_volumes_test.ts, U8
+ * tests/unit/mdev_types_test.ts, I3 tests/integration/node_device_plugins_test.ts, I1 and I2
  * tests/integration/kubevirt_cr_config_test.ts (a running handler; the labeller), E1
  * tests/e2e/migration_qemu_test.ts (pod-less bandwidth).
  *
@@ -130,6 +133,8 @@ export interface KubevirtConfig {
   minCpuModel: string;
   /** `permittedHostDevices`, as the CR has it. */
   permittedHostDevices: Record<string, unknown> | undefined;
+  /** `mediatedDevicesConfiguration`, as the CR has it. */
+  mediatedDevicesConfiguration: Record<string, unknown> | undefined;
 }
 
 /** KubeVirt v1.7.0's configuration when no CR says otherwise. */
@@ -153,6 +158,7 @@ export const KUBEVIRT_DEFAULTS: Readonly<KubevirtConfig> = Object.freeze({
   obsoleteCpuModels: undefined,
   minCpuModel: "",
   permittedHostDevices: undefined,
+  mediatedDevicesConfiguration: undefined,
 });
 
 /** The KubeVirt CR's annotation that gives EFI guests VGA instead of Bochs. */
@@ -274,6 +280,18 @@ export const KUBEVIRT_KEYS: readonly KubevirtKey[] = Object.freeze([
     kubevirtDefault: "none",
     virtnode: "PCI, mediated and USB devices: a device plugin per resource",
     tests: "I3",
+  },
+  {
+    key: "mediatedDevicesConfiguration",
+    kubevirtDefault: "none: every mediated device not externally provided is removed",
+    virtnode: "mediated devices created and removed to match",
+    tests: "U8, I3",
+  },
+  {
+    key: "developerConfiguration.featureGates: DisableMDEVConfiguration",
+    kubevirtDefault: "off (Alpha)",
+    virtnode: "mediated devices left as they are",
+    tests: "U8",
   },
 ]);
 
@@ -438,6 +456,7 @@ export function parseKubevirtConfiguration(
     obsoleteCpuModels: obsoleteModels.length > 0 ? obsoleteModels : undefined,
     minCpuModel: text(c.minCPUModel, ""),
     permittedHostDevices: object(c.permittedHostDevices),
+    mediatedDevicesConfiguration: object(c.mediatedDevicesConfiguration),
   };
 }
 

@@ -48,6 +48,11 @@ export interface HeartbeatOptions {
    * follow the kubelet's state file alone (a beat with no cluster configuration).
    */
   cpuManagerGate?: () => boolean;
+  /**
+   * Told the node as each beat's patch returned it: its labels without a request of its own
+   * (the mediated device types follow them, as in virt-handler).
+   */
+  onNode?: (node: KubeObject) => void;
   /** How long start-up waits for `isReady` before the periodic beats (10 s). */
   readyWaitMs?: number;
   /** Poll period of `isReady` during that wait (1 s). */
@@ -197,8 +202,9 @@ export class Heartbeat {
         this.#options.cpuManagerStatePaths ?? DEFAULT_CPU_MANAGER_STATE_PATHS,
       );
     const heartbeat = rfc3339(this.#options.now?.() ?? new Date());
+    let node: KubeObject;
     try {
-      await patchNodeMetadata(this.#client, this.#nodeName, {
+      node = await patchNodeMetadata(this.#client, this.#nodeName, {
         labels: {
           ...(schedulable === undefined ? {} : { [Labels.NodeSchedulable]: String(schedulable) }),
           [DEPRECATED_CPU_MANAGER_LABEL]: String(cpuManager),
@@ -219,6 +225,11 @@ export class Heartbeat {
     };
     this.#last = state;
     log.debug("Heartbeat sent", { name: this.#nodeName, ...state });
+    try {
+      this.#options.onNode?.(node);
+    } catch (error) {
+      log.error("After the heartbeat: {error}", { error, name: this.#nodeName });
+    }
     return state;
   }
 

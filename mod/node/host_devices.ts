@@ -15,8 +15,8 @@
  * type's folder name) under one resource name; one device per IOMMU group with its parent PCI
  * device's NUMA node. A container gets the group's VFIO nodes and the devices' UUIDs in
  * `MDEV_PCI_RESOURCE_<RESOURCE>`; a group whose `/dev/vfio/<group>` is gone fails the
- * allocation, as in KubeVirt. Creating mediated devices from `mediatedDevicesConfiguration` is
- * not done: the ones that exist are served.
+ * allocation, as in KubeVirt. The mediated devices themselves are made from
+ * `mediatedDevicesConfiguration` ({@linkcode HostDeviceConfiguration}, mdev_types.ts).
  *
  * `usb`: each entry permits a set of USB devices (one of each `vendor:product` selector, all
  * of them present) under one resource name; the host's plugged devices (`uevent` under
@@ -35,6 +35,12 @@ import { basename, join } from "node:path";
 import { chownBeneath } from "../../ffi/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import type { PermanentDevice } from "./device_plugins.ts";
+import {
+  configureMdevTypes,
+  desiredMdevTypes,
+  externallyProvidedMdevTypes,
+  type MdevTypesOptions,
+} from "./mdev_types.ts";
 
 const log = getLogger("device-plugins", "pci");
 
@@ -432,4 +438,74 @@ export function hostDevicePlugins(
       usbDevicePlugin(resource, sets, options.deviceRoot)
     ),
   ];
+}
+
+/** What {@linkcode HostDeviceConfiguration} serves to: the device plugin manager. */
+export interface HostDeviceSink {
+  /** Serves these permitted host devices besides the permanent ones. */
+  setHostDevices(devices: readonly PermanentDevice[]): void;
+}
+
+/** The KubeVirt CR's host-device keys, as {@linkcode HostDeviceConfiguration} takes them. */
+export interface HostDeviceKeys {
+  /** `permittedHostDevices`. */
+  permittedHostDevices: Record<string, unknown> | undefined;
+  /** `mediatedDevicesConfiguration`. */
+  mediatedDevicesConfiguration: Record<string, unknown> | undefined;
+  /** False when the `DisableMDEVConfiguration` gate is on. */
+  mdevHandling: boolean;
+}
+
+/**
+ * The host-device side of the cluster configuration, as virt-handler's device controller
+ * keeps it: at each configuration change and each heartbeat (which brings the node's labels),
+ * the mediated devices are made to match `mediatedDevicesConfiguration` (mdev_types.ts), then
+ * the plugins of the permitted devices found are served. Mediated devices wait for the first
+ * labels: the node's types may depend on them.
+ */
+export class HostDeviceConfiguration {
+  readonly #sink: HostDeviceSink;
+  readonly #options: { sysRoot?: string; deviceRoot?: string; mdev?: MdevTypesOptions };
+  #keys: HostDeviceKeys | undefined;
+  #labels: Readonly<Record<string, string>> | undefined;
+
+  /** Creates it; nothing is done until {@linkcode configure}. */
+  constructor(
+    sink: HostDeviceSink,
+    options: { sysRoot?: string; deviceRoot?: string; mdev?: MdevTypesOptions } = {},
+  ) {
+    this.#sink = sink;
+    this.#options = options;
+  }
+
+  /** A new configuration: applied at once. */
+  configure(keys: HostDeviceKeys): void {
+    this.#keys = keys;
+    this.#refresh();
+  }
+
+  /** The node's labels, as a heartbeat returned them: applied at once. */
+  nodeLabels(labels: Readonly<Record<string, string>>): void {
+    this.#labels = labels;
+    this.#refresh();
+  }
+
+  #refresh(): void {
+    const keys = this.#keys;
+    if (!keys) return;
+    const sysRoot = this.#options.sysRoot ?? this.#options.mdev?.sysRoot;
+    if (keys.mdevHandling && this.#labels) {
+      configureMdevTypes(
+        desiredMdevTypes(keys.mediatedDevicesConfiguration, this.#labels),
+        externallyProvidedMdevTypes(keys.permittedHostDevices),
+        { ...this.#options.mdev, ...(sysRoot ? { sysRoot } : {}) },
+      );
+    }
+    this.#sink.setHostDevices(
+      hostDevicePlugins(keys.permittedHostDevices, {
+        ...(sysRoot ? { sysRoot } : {}),
+        ...(this.#options.deviceRoot ? { deviceRoot: this.#options.deviceRoot } : {}),
+      }),
+    );
+  }
 }

@@ -88,6 +88,7 @@ export {
   discoverMediatedHostDevices,
   discoverPciHostDevices,
   discoverUsbHostDevices,
+  HostDeviceConfiguration,
   hostDevicePlugins,
   mdevDevicePlugin,
   mdevSelectors,

@@ -72,9 +72,12 @@ Deno.test("heartbeat and labeller against a real apiserver", async (t) => {
       try {
         const state = `${tmp}/cpu_manager_state`;
         let ready = false;
+        const seen: (Record<string, string> | undefined)[] = [];
         const heartbeat = new Heartbeat(client, "hb-1", {
           isReady: () => ready,
           cpuManagerStatePaths: [`${tmp}/missing`, state],
+          // The node as the patch returned it: the labels mediated devices follow.
+          onNode: (n) => seen.push(n.metadata?.labels),
         });
         const before = Date.now();
         const first = await heartbeat.beatOnce();
@@ -83,6 +86,8 @@ Deno.test("heartbeat and labeller against a real apiserver", async (t) => {
         assert.equal(node.metadata?.labels?.["kubevirt.io/cpumanager"], "false");
         assert.equal(node.metadata?.labels?.["cpumanager"], "false");
         assert.equal(node.metadata?.labels?.["team"], "a");
+        assert.equal(seen.length, 1);
+        assert.deepEqual(seen[0], node.metadata?.labels);
         const stamp = node.metadata?.annotations?.["kubevirt.io/heartbeat"];
         assert.equal(stamp, first.heartbeat);
         assert.match(stamp!, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$/);
