@@ -22,7 +22,7 @@ guest_kernel() {
   kernel_version=$(apt-cache policy "$kernel_package" | sed -n 's/^ *Candidate: //p')
   abi=${kernel_package#linux-image-}
   local tool
-  for tool in busybox syslinux mformat mcopy gzip; do
+  for tool in busybox syslinux mformat mcopy gzip python3; do
     command -v "$tool" >/dev/null || {
       echo "$build_name: Cannot build a guest: \"$tool\" is missing (deploy/setup.sh installs it)" >&2
       exit 1
@@ -91,4 +91,28 @@ boot_disk() {
   mcopy -i "$disk" "$cfg" ::/syslinux.cfg
   rm -f "$cfg"
   syslinux --install "$disk"
+}
+
+# Sets the FAT volume serial of a boot_disk image so that the image's CRC-32 (IEEE) is below
+# 2^31. KubeVirt v1.7.0's virt-handler reports each containerDisk's CRC-32 in a VMI status field
+# its CRD declares int32, and Kubernetes v1.37's apiserver refuses a larger value, so that
+# handler could never report a VMI of such an image Running. mformat picks a random serial,
+# so without this half of all builds would hit it. Nothing in the guest reads the serial.
+fit_crc32_int32() {
+  python3 - "$1" <<'PY'
+import struct, sys, zlib
+path = sys.argv[1]
+with open(path, "r+b") as f:
+    data = bytearray(f.read())
+    offset = 39  # BS_VolID of a FAT12/16 boot sector
+    serial = struct.unpack_from("<I", data, offset)[0]
+    for step in range(1024):
+        struct.pack_into("<I", data, offset, (serial + step) & 0xFFFFFFFF)
+        if zlib.crc32(data) < 2**31:
+            f.seek(offset)
+            f.write(data[offset:offset + 4])
+            break
+    else:
+        sys.exit(f"{path}: no volume serial gives a CRC-32 below 2^31")
+PY
 }

@@ -418,6 +418,7 @@ log "$flavour: initramfs and disk"
 pack_initramfs "$root" "$work/initrd"
 boot_disk "$work/disk.img" VIRTNODE "$work/kernel/boot/vmlinuz-$abi" "$work/initrd" \
   "console=ttyS0,115200 quiet loglevel=3 panic=-1 mitigations=off" 8192
+fit_crc32_int32 "$work/disk.img"
 rm -rf "$out"
 mkdir -p "$out.tmp"
 mv "$work/disk.img" "$out.tmp/disk.img"
