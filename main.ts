@@ -195,8 +195,20 @@ async function migrationOptions(
     caConfigMap?: string;
   },
 ): Promise<HandlerOptions["migration"]> {
-  const { defaultMigrationAddress, libvirtSocketOfUri } = await import("./mod/handler/mod.ts");
-  const address = opts.migrationIp ?? Deno.env.get("MY_POD_IP") ?? defaultMigrationAddress();
+  const { defaultMigrationAddress, libvirtSocketOfUri, migrationNetworkAddress } = await import(
+    "./mod/handler/mod.ts"
+  );
+  // As virt-handler: the migration network's interface, when the operator gave the pod one,
+  // wins over the pod's address.
+  let onMigrationNetwork: string | undefined;
+  try {
+    onMigrationNetwork = migrationNetworkAddress();
+  } catch (error) {
+    console.error(`virtnode handler: ${(error as Error).message}`);
+    Deno.exit(EXIT_USAGE);
+  }
+  const address = opts.migrationIp ?? onMigrationNetwork ?? Deno.env.get("MY_POD_IP") ??
+    defaultMigrationAddress();
   if (!address || !/^[0-9a-fA-F.:]+$/.test(address)) {
     console.error(
       `virtnode handler: --migration-ip ${JSON.stringify(address ?? "")}: expected an IP address`,
@@ -321,7 +333,7 @@ function handlerCommand(program: Command): void {
     )
     .option(
       "--migration-ip <address>",
-      "the address other nodes' handlers reach this node's migration listeners at (default: MY_POD_IP, else this host's first global address)",
+      "the address other nodes' handlers reach this node's migration listeners at (default: the migration network's interface migration0, else MY_POD_IP, else this host's first global address)",
     )
     .option(
       "--migration-socket-dir <dir>",

@@ -18,7 +18,8 @@
  * Every key virt-handler or virt-launcher reads, with KubeVirt's default, what in virtnode
  * follows it, and the test that shows it ({@linkcode KUBEVIRT_KEYS} is this table as data;
  * docs/cluster-configuration.md has it for operators). Every row takes effect without a
- * handler restart, as in virt-handler; launcher options reach the domains defined after.
+ * handler restart, as in virt-handler (`migrations.network` is read at start, as there);
+ * launcher options reach the domains defined after.
  *
  * | key (under `spec.configuration`) | KubeVirt's default | virtnode | test |
  * |---|---|---|---|
@@ -33,6 +34,7 @@
  * | `virtualMachineOptions.disableSerialConsoleLog` | absent | KubeVirt's launcher only | U2 |
  * | `annotation kubevirt.io/vga-display-efi-x86` | absent (Bochs) | launcher options | U2 |
  * | `migrations` | KubeVirt's migration defaults | migration options; pod-less migrations | U1, E1 |
+ * | `migrations.network` | absent | KubeVirt mode: migrations listen on `migration0`'s address (read at start) | U9 |
  * | `obsoleteCPUModels` | none | node labeller | I2 |
  * | `evictionStrategy` | None | a Warning Event when such a VMI cannot migrate | U5 |
  * | `minCPUModel` | `""` | nothing (nor in KubeVirt v1.7.0) | U1 |
@@ -47,7 +49,7 @@
  * (launcher options), U3 tests/unit/container_disk_image_volume_test.ts, U4
  * tests/unit/handler_device_ownership_test.ts, U5 tests/unit/handler_status_test.ts, U6
  * tests/unit/kube_rate_limit_test.ts, U7 tests/unit/converter_volumes_test.ts, U8
- * tests/unit/mdev_types_test.ts, I3 tests/integration/node_device_plugins_test.ts, I1 and I2
+ * tests/unit/mdev_types_test.ts, U9 tests/unit/migration_network_test.ts, I3 tests/integration/node_device_plugins_test.ts, I1 and I2
  * tests/integration/kubevirt_cr_config_test.ts (a running handler; the labeller), E1
  * tests/e2e/migration_qemu_test.ts (pod-less bandwidth).
  *
@@ -243,6 +245,12 @@ export const KUBEVIRT_KEYS: readonly KubevirtKey[] = Object.freeze([
     kubevirtDefault: "KubeVirt's migration defaults",
     virtnode: "migration options; pod-less migrations",
     tests: "U1, E1",
+  },
+  {
+    key: "migrations.network",
+    kubevirtDefault: "absent",
+    virtnode: "KubeVirt mode: migrations listen on `migration0`'s address (read at start)",
+    tests: "U9",
   },
   { key: "obsoleteCPUModels", kubevirtDefault: "none", virtnode: "node labeller", tests: "I2" },
   {

@@ -184,6 +184,30 @@ export function libvirtSocketOfUri(uri: string): string {
   return "/run/libvirt/libvirt-sock";
 }
 
+/** The interface KubeVirt's operator puts a handler pod on the migration network with. */
+export const MIGRATION_INTERFACE = "migration0";
+
+/**
+ * The address of the migration network, as virt-handler finds it: the first global unicast
+ * address of {@linkcode MIGRATION_INTERFACE} (KubeVirt's operator adds that interface to the
+ * handler's pod when the KubeVirt CR's `migrations.network` names a network; it rolls the
+ * DaemonSet on a change, so this is read at start). Undefined when there is no such interface;
+ * throws when it has no usable address, as virt-handler refuses to start then.
+ */
+export function migrationNetworkAddress(
+  interfaces: Deno.NetworkInterfaceInfo[] = Deno.networkInterfaces(),
+): string | undefined {
+  const mine = interfaces.filter((i) => i.name === MIGRATION_INTERFACE);
+  if (mine.length === 0) return undefined;
+  const usable = mine.find((i) =>
+    !i.address.startsWith("127.") && i.address !== "::1" &&
+    !/^fe[89ab]/i.test(i.address) && !/^(22[4-9]|23\d)\./.test(i.address) &&
+    !/^ff/i.test(i.address) && i.address !== "0.0.0.0" && !i.address.startsWith("169.254.")
+  );
+  if (!usable) throw new Error(`no IP found on ${MIGRATION_INTERFACE}`);
+  return usable.address;
+}
+
 /** This host's first global IPv4 address (else IPv6), for migration listeners. */
 export function defaultMigrationAddress(): string | undefined {
   const all = Deno.networkInterfaces().filter((i) =>

@@ -32,6 +32,8 @@ export {
   type HandlerOptions,
   handlerPaths,
   libvirtSocketOfUri,
+  MIGRATION_INTERFACE,
+  migrationNetworkAddress,
   podlessSocketPathProblem,
 } from "./handler.ts";
 export { MigrationSourceController, type MigrationSourceDeps } from "./migration_source.ts";
