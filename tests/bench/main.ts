@@ -1292,9 +1292,9 @@ async function writeReport(env: Environment, ctx: Ctx, durationS: number): Promi
   };
   await Deno.writeTextFile(`${OUT_DIR}latest.json`, JSON.stringify(json, null, 2) + "\n");
   log(`wrote ${OUT_DIR}latest.md and latest.json`);
-  // A full run (defaults, every scenario) is the README's table; a partial one is not.
+  // A full run (defaults, every scenario) is docs/bench.md's table; a partial one is not.
   if (!o.quick && o.only.size === ALL_SCENARIOS.length) {
-    await updateReadme(md.replace(/^# virtnode benchmark\n+/, ""));
+    await updateBenchDoc(md.replace(/^# virtnode benchmark\n+/, ""));
   }
 }
 
@@ -1302,24 +1302,24 @@ async function writeReport(env: Environment, ctx: Ctx, durationS: number): Promi
 const ALL_SCENARIOS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
 /** What `--quick` runs unless told: scenario 9 starts two control planes and nodes. */
 const QUICK_SCENARIOS = ALL_SCENARIOS.filter((n) => n !== 9);
-const README = new URL("../../README.md", import.meta.url).pathname;
+const BENCH_DOC = new URL("../../docs/bench.md", import.meta.url).pathname;
 const TABLE_START = "<!-- bench:table:start -->";
 const TABLE_END = "<!-- bench:table:end -->";
 
-/** Puts a full run's report between the README's table markers (formatted as deno fmt does). */
-async function updateReadme(report: string): Promise<void> {
-  const text = await Deno.readTextFile(README);
+/** Puts a full run's report between docs/bench.md's table markers (formatted as deno fmt does). */
+async function updateBenchDoc(report: string): Promise<void> {
+  const text = await Deno.readTextFile(BENCH_DOC);
   const a = text.indexOf(TABLE_START);
   const b = text.indexOf(TABLE_END);
   if (a < 0 || b < a) {
-    log(`README has no ${TABLE_START} ... ${TABLE_END}: left as it is`);
+    log(`docs/bench.md has no ${TABLE_START} ... ${TABLE_END}: left as it is`);
     return;
   }
   const body =
     `${TABLE_START}\n\nLatest full run, written by \`deno task bench\`:\n\n${report.trim()}\n\n`;
-  await Deno.writeTextFile(README, text.slice(0, a) + body + text.slice(b));
-  await new Deno.Command(Deno.execPath(), { args: ["fmt", "-q", README] }).output();
-  log("updated the README's table");
+  await Deno.writeTextFile(BENCH_DOC, text.slice(0, a) + body + text.slice(b));
+  await new Deno.Command(Deno.execPath(), { args: ["fmt", "-q", BENCH_DOC] }).output();
+  log("updated docs/bench.md's table");
 }
 
 async function cleanup(): Promise<void> {

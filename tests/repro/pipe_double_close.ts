@@ -15,7 +15,7 @@
  * - `server`: a node:net server accepts a `Deno.connect` client and destroys the connection.
  *
  * Deno's own sockets (`Deno.listen`, `Deno.connect`) and node:net over TCP do not do it.
- * Results in the README's known issues (1500 iterations per run).
+ * Results in docs/compatibility.md's known limitations (1500 iterations per run).
  *
  * @module
  */
