@@ -34,7 +34,8 @@ import type {
   WorkQueue,
 } from "../kube/mod.ts";
 import { isHotplugVolume } from "../storage/mod.ts";
-import type { KubevirtConfig } from "../config/mod.ts";
+import { KUBEVIRT_DEFAULTS, type KubevirtConfig } from "../config/mod.ts";
+import { type AgentInfo, type AgentSupport, guestAgentSupport } from "./guest_agent_support.ts";
 import { getLogger } from "../log/mod.ts";
 import { decideSync, type SyncDecision } from "./decide.ts";
 import type { GhostRecordStore } from "./ghost_records.ts";
@@ -51,6 +52,7 @@ import { launcherSelinuxContext, selinuxEnabled } from "../host/mod.ts";
 import {
   computeStatus,
   EventReason,
+  guestAgentConnected,
   phaseChangeEvent,
   type StatusEvent,
   type StatusInput,
@@ -475,6 +477,7 @@ export class VmiController {
         hotplugClaims: this.#d.provider.hotplugClaims?.(vmi.metadata.uid!),
         migratable: { hostCpuModel: this.#d.hostCpu ? this.#d.hostCpu.hostCpuModel : "" },
         clusterEvictionStrategy: this.#d.clusterConfig?.().evictionStrategy,
+        agentSupport: guestAgentConnected(domainSeen) ? await this.#agentSupport(vmi) : undefined,
       }, { phaseEvent: !(cleanedUp && neverRan) });
       result = sooner(result, requeue);
       if (syncError === undefined && domainSeen === undefined) {
@@ -486,6 +489,31 @@ export class VmiController {
       throw syncError;
     }
     return result;
+  }
+
+  /**
+   * Whether the connected guest agent is supported (guest_agent_support.ts), from the
+   * launcher's guest info as virt-handler asks for it at each sync while the agent is
+   * connected; undefined when the launcher cannot say now (the condition stays as it is).
+   */
+  async #agentSupport(vmi: VirtualMachineInstance): Promise<AgentSupport | undefined> {
+    const client = this.#d.launchers.get(vmi.metadata.uid!);
+    if (!client) return undefined;
+    try {
+      const info = await client.guestQuery("GetGuestInfo") as AgentInfo;
+      return guestAgentSupport(
+        vmi,
+        info,
+        this.#d.clusterConfig?.().supportedGuestAgentVersions ??
+          KUBEVIRT_DEFAULTS.supportedGuestAgentVersions,
+      );
+    } catch (error) {
+      log.debug("Cannot read the guest agent's commands: {error}", {
+        key: vmiKey(vmi.metadata),
+        error,
+      });
+      return undefined;
+    }
   }
 
   /**

@@ -38,6 +38,7 @@ import {
 } from "../domain/mod.ts";
 import { isHotplugVolume } from "../storage/mod.ts";
 import type { PodAddresses } from "../network/mod.ts";
+import type { AgentSupport } from "./guest_agent_support.ts";
 
 /** KubeVirt's reason on `Synchronized=False`. */
 export const SYNC_FAILED_REASON = "Synchronizing with the Domain failed.";
@@ -95,6 +96,11 @@ export interface StatusInput {
   migratable?: MigratableContext;
   /** The KubeVirt CR's `evictionStrategy`, for a VMI that sets none (KubeVirt's: None). */
   clusterEvictionStrategy?: string;
+  /**
+   * The connected guest agent's verdict (guest_agent_support.ts); undefined leaves
+   * `AgentVersionNotSupported` as it is, as virt-handler does while no agent is connected.
+   */
+  agentSupport?: AgentSupport;
 }
 
 /** The phase change a status update makes, for Events. */
@@ -411,6 +417,20 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
   conditions = guestAgentConnected(domain)
     ? setCondition(conditions, { type: ConditionType.AgentConnected, status: "True" }, input.now)
     : removeCondition(conditions, ConditionType.AgentConnected);
+  if (input.agentSupport?.supported) {
+    conditions = removeCondition(conditions, ConditionType.UnsupportedAgent);
+  } else if (
+    input.agentSupport && !conditions.some((c) => c.type === ConditionType.UnsupportedAgent)
+  ) {
+    // As virt-handler: added once with its reason, not updated while it stands.
+    conditions = [...conditions, {
+      type: ConditionType.UnsupportedAgent,
+      status: "True",
+      reason: input.agentSupport.reason,
+      lastProbeTime: input.now,
+      lastTransitionTime: null,
+    }];
+  }
 
   const events: StatusEvent[] = [];
   const credential = domain?.spec.metadata.kubevirt.accessCredential;
