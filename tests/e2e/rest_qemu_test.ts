@@ -175,6 +175,14 @@ Deno.test("REST+QEMU (pod-less): the console WebSocket reaches the guest's shell
     assert.equal(about.os?.prettyName, "virtnode test guest");
     assert.match(about.os?.kernelRelease ?? "", /-amd64$/);
     assert.ok(about.supportedCommands?.some((c) => c.name === "guest-fsfreeze-freeze"));
+    // Debian's qemu-ga has every basic command: the handler judges it supported, as
+    // virt-handler would (no AgentVersionNotSupported condition).
+    const judged = await getVmi(client, ns, "vm1");
+    assert.equal(
+      judged?.status?.conditions?.find((c) => c.type === "AgentVersionNotSupported"),
+      undefined,
+      JSON.stringify(judged?.status?.conditions),
+    );
     assert.deepEqual(about.userList?.map((u) => u.userName), ["virtnode"]);
     assert.ok(
       about.fsInfo?.disks.some((d) => d.mountPoint === "/boot" && d.fileSystemType === "vfat"),
