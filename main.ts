@@ -504,7 +504,7 @@ function handlerCommand(program: Command): void {
         hostDevices?.configure({
           permittedHostDevices: cluster.permittedHostDevices,
           mediatedDevicesConfiguration: cluster.mediatedDevicesConfiguration,
-          mdevHandling: !featureGateEnabled(cluster, "DisableMDEVConfiguration"),
+          mdevHandling: !featureGateEnabled(cluster, node.DISABLE_MDEV_CONFIGURATION_GATE),
         });
         // KubeVirt mode stands where virt-handler stands: its apiserver budget too. Pod-less
         // mode also does virt-controller's writes, and is not limited.

@@ -54,13 +54,17 @@ interface AccessCredential {
 
 /** The verdict: supported or not, and why. */
 export interface AgentSupport {
+  /** Whether KubeVirt supports the agent. */
   supported: boolean;
+  /** Why, in KubeVirt's words (the condition's reason when not). */
   reason: string;
 }
 
 /** What the launcher's GetGuestInfo says about the agent (the fields read here). */
 export interface AgentInfo {
+  /** The agent's version, e.g. `5.2.0`. */
   guestAgentVersion?: string;
+  /** The agent's commands, each enabled or not. */
   supportedCommands?: { name?: string; enabled?: boolean }[];
 }
 

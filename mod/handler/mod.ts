@@ -133,6 +133,7 @@ export {
   type StatusInput,
   SYNC_FAILED_REASON,
 } from "./status.ts";
+export { type AgentInfo, type AgentSupport, guestAgentSupport } from "./guest_agent_support.ts";
 export {
   ALLOW_POD_BRIDGE_MIGRATION_ANNOTATION,
   type HostCpuSource,

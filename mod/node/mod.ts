@@ -89,7 +89,9 @@ export {
   discoverPciHostDevices,
   discoverUsbHostDevices,
   HostDeviceConfiguration,
+  type HostDeviceKeys,
   hostDevicePlugins,
+  type HostDeviceSink,
   mdevDevicePlugin,
   mdevSelectors,
   type MediatedHostDevice,
@@ -101,3 +103,11 @@ export {
   usbDeviceSets,
   type UsbHostDevice,
 } from "./host_devices.ts";
+export {
+  configureMdevTypes,
+  desiredMdevTypes,
+  DISABLE_MDEV_CONFIGURATION_GATE,
+  externallyProvidedMdevTypes,
+  type MdevTypesOptions,
+  type MdevTypesResult,
+} from "./mdev_types.ts";

@@ -7,7 +7,7 @@
  * @module
  */
 import assert from "node:assert/strict";
-import { basename, dirname, join } from "node:path";
+import { dirname, join } from "node:path";
 import {
   configureMdevTypes,
   desiredMdevTypes,
