@@ -42,7 +42,7 @@
  * | `supportedGuestAgentVersions` | `2.*` to `5.*` | parsed; not applied | U1 |
  * | `developerConfiguration.pvcTolerateLessSpaceUpToPercent` | `10` | validated; not applied | U1 |
  * | `permittedHostDevices` | none | PCI, mediated and USB devices: a device plugin per resource | I3 |
- * | `mediatedDevicesConfiguration` | none: every mediated device not externally provided is removed | mediated devices created and removed to match | U8, I3 |
+ * | `mediatedDevicesConfiguration` | none: every mediated device not externally provided is removed | mediated devices created and removed to match | U8, I4 |
  * | `developerConfiguration.featureGates: DisableMDEVConfiguration` | off (Alpha) | mediated devices left as they are | U8 |
  *
  * Tests: U1 tests/unit/kubevirt_config_test.ts (parsing and checks), U2 the same file
@@ -50,7 +50,8 @@
  * tests/unit/handler_device_ownership_test.ts, U5 tests/unit/handler_status_test.ts, U6
  * tests/unit/kube_rate_limit_test.ts, U7 tests/unit/converter_volumes_test.ts, U8
  * tests/unit/mdev_types_test.ts, U9 tests/unit/migration_network_test.ts, I3 tests/integration/node_device_plugins_test.ts, I1 and I2
- * tests/integration/kubevirt_cr_config_test.ts (a running handler; the labeller), E1
+ * tests/integration/kubevirt_cr_config_test.ts (a running handler; the labeller), I4
+ * tests/integration/node_apiserver_test.ts (the heartbeat hands on the node's labels), E1
  * tests/e2e/migration_qemu_test.ts (pod-less bandwidth).
  *
  * @module
@@ -293,7 +294,7 @@ export const KUBEVIRT_KEYS: readonly KubevirtKey[] = Object.freeze([
     key: "mediatedDevicesConfiguration",
     kubevirtDefault: "none: every mediated device not externally provided is removed",
     virtnode: "mediated devices created and removed to match",
-    tests: "U8, I3",
+    tests: "U8, I4",
   },
   {
     key: "developerConfiguration.featureGates: DisableMDEVConfiguration",
