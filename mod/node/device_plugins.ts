@@ -8,8 +8,9 @@
  * kubelet's device-plugins directory and registers at `kubelet.sock` there. A session
  * lasts until the kubelet restarts: the kubelet wipes the directory (our socket goes)
  * and re-creates its socket; the plugin then serves and registers again. Failed starts
- * back off 1, 2, 5, 10 s. Health follows the device node: it turns Unhealthy when the
- * node disappears and Healthy when it returns (a `Deno.watchFs` on the parent directory,
+ * back off 1, 2, 5, 10 s. Every plugin registers whether its device node exists or not, as
+ * KubeVirt's do. Health follows the device node: it is Unhealthy while the node is missing
+ * and Healthy while it is there (a `Deno.watchFs` on the parent directory,
  * with a periodic stat as the fallback), pushed to every ListAndWatch stream.
  *
  * @module
@@ -528,8 +529,8 @@ export interface DevicePluginManagerOptions extends DevicePluginConfig {
 }
 
 /**
- * Runs one plugin per device whose node exists; devices that appear later get their
- * plugin on the next poll. Permitted host devices ({@linkcode setHostDevices}) follow the
+ * Runs one plugin per device, its node present or not (an absent node's devices are
+ * Unhealthy until it appears), as virt-handler does. Permitted host devices ({@linkcode setHostDevices}) follow the
  * cluster's configuration: a resource no longer permitted has its plugin stopped, a new one
  * started, a changed one restarted. {@linkcode allRegistered} feeds the heartbeat.
  */
@@ -568,9 +569,7 @@ export class DevicePluginManager {
       this.#plugins.delete(name);
     }
     if (this.#running) {
-      this.#startPresent(this.#running.signal, this.#running.runs).catch((error) =>
-        log.error("Cannot start the host device plugins: {error}", { error })
-      );
+      this.#startAll(this.#running.signal, this.#running.runs);
     }
   }
 
@@ -584,7 +583,7 @@ export class DevicePluginManager {
     this.#running = { signal, runs };
     await every(
       this.#config.pollIntervalMs ?? 5_000,
-      () => this.#startPresent(signal, runs),
+      () => this.#startAll(signal, runs),
       signal,
       {
         onError: (error) => log.error("Cannot look for devices: {error}", { error }),
@@ -595,11 +594,11 @@ export class DevicePluginManager {
     this.#plugins.clear();
   }
 
-  async #startPresent(signal: AbortSignal, runs: Promise<void>[]): Promise<void> {
+  #startAll(signal: AbortSignal, runs: Promise<void>[]): void {
+    // Every device gets its plugin, present or not, as in KubeVirt: a missing node's devices
+    // are listed Unhealthy, so the kubelet shows the resource with none allocatable (KubeVirt's
+    // tests look for the resource on the node, e.g. devices.kubevirt.io/kvm under emulation).
     for (const device of [...(this.#config.devices ?? PERMANENT_DEVICES), ...this.#hostDevices]) {
-      if (signal.aborted || this.#plugins.has(device.name)) continue;
-      const path = join(this.#config.deviceRoot ?? "/", device.path);
-      if (!device.ids && !(await statOrUndefined(path))) continue;
       if (signal.aborted || this.#plugins.has(device.name)) continue;
       const plugin = new GenericDevicePlugin(device, this.#config);
       const stop = new AbortController();
