@@ -10,8 +10,8 @@
  * and re-creates its socket; the plugin then serves and registers again. Failed starts
  * back off 1, 2, 5, 10 s. Every plugin registers whether its device node exists or not, as
  * KubeVirt's do. Health follows the device node: it is Unhealthy while the node is missing
- * and Healthy while it is there (a `Deno.watchFs` on the parent directory,
- * with a periodic stat as the fallback), pushed to every ListAndWatch stream.
+ * and Healthy while it is there (a `Deno.watchFs` on the parent directory, with a periodic
+ * stat as the fallback), pushed to every ListAndWatch stream.
  *
  * @module
  */
@@ -530,9 +530,9 @@ export interface DevicePluginManagerOptions extends DevicePluginConfig {
 
 /**
  * Runs one plugin per device, its node present or not (an absent node's devices are
- * Unhealthy until it appears), as virt-handler does. Permitted host devices ({@linkcode setHostDevices}) follow the
- * cluster's configuration: a resource no longer permitted has its plugin stopped, a new one
- * started, a changed one restarted. {@linkcode allRegistered} feeds the heartbeat.
+ * Unhealthy until it appears), as virt-handler does. Permitted host devices
+ * ({@linkcode setHostDevices}) follow the cluster's configuration: a resource no longer
+ * permitted has its plugin stopped, a new one started, a changed one restarted. {@linkcode allRegistered} feeds the heartbeat.
  */
 export class DevicePluginManager {
   readonly #config: DevicePluginManagerOptions;
