@@ -532,7 +532,8 @@ export interface DevicePluginManagerOptions extends DevicePluginConfig {
  * Runs one plugin per device, its node present or not (an absent node's devices are
  * Unhealthy until it appears), as virt-handler does. Permitted host devices
  * ({@linkcode setHostDevices}) follow the cluster's configuration: a resource no longer
- * permitted has its plugin stopped, a new one started, a changed one restarted. {@linkcode allRegistered} feeds the heartbeat.
+ * permitted has its plugin stopped, a new one started, a changed one restarted.
+ * {@linkcode allRegistered} feeds the heartbeat.
  */
 export class DevicePluginManager {
   readonly #config: DevicePluginManagerOptions;
