@@ -387,8 +387,9 @@ Deno.test("heartbeat and labeller against a real apiserver", async (t) => {
           const services = nodeServices(client, {
             nodeName: "svc-1",
             libvirtUri: uri,
-            // No device node exists under this root: no plugin runs, nothing to wait for.
-            devicePlugins: { pluginDir, deviceRoot: `${tmp}/no-devices` },
+            // No device to serve: no plugin runs, nothing to wait for (a plugin registers
+            // whether its node exists or not, and no kubelet answers here).
+            devicePlugins: { pluginDir, deviceRoot: `${tmp}/no-devices`, devices: [] },
             heartbeat: { cpuManagerStatePaths: [`${tmp}/missing`], readyPollMs: 20 },
             labeller: { virttype: "qemu" },
           });
