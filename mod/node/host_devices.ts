@@ -40,6 +40,7 @@ import {
   desiredMdevTypes,
   externallyProvidedMdevTypes,
   type MdevTypesOptions,
+  readText as read,
 } from "./mdev_types.ts";
 
 const log = getLogger("device-plugins", "pci");
@@ -98,14 +99,6 @@ function permittedSelectors(
 /** KubeVirt's variable name for a resource's devices: `<prefix>_<NAME>`, `/` and `.` as `_`. */
 export function resourceEnvVar(prefix: string, resourceName: string): string {
   return `${prefix}_${resourceName.toUpperCase().replaceAll("/", "_").replaceAll(".", "_")}`;
-}
-
-function read(path: string): string | undefined {
-  try {
-    return Deno.readTextFileSync(path);
-  } catch {
-    return undefined;
-  }
 }
 
 function linkName(path: string): string | undefined {

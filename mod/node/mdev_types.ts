@@ -104,7 +104,8 @@ export function externallyProvidedMdevTypes(
   return out;
 }
 
-function readText(path: string): string | undefined {
+/** A sysfs attribute's text; undefined when it cannot be read. */
+export function readText(path: string): string | undefined {
   try {
     return Deno.readTextFileSync(path);
   } catch {
