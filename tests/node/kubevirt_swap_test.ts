@@ -845,6 +845,8 @@ async function hotplugJourney(o: {
     180_000,
     500,
   ).catch(async (error) => {
+    // CI shows a failure's first lines only: what tells the stages apart goes first, on a
+    // line each (the volume's status, the handler's words on it, the writes to the VMI).
     const v = await o.getVmi("vm-disks");
     console.error(JSON.stringify(v).slice(0, 8000));
     const lines = (await Deno.readTextFile(o.audit ?? "/dev/null").catch(() => ""))
@@ -855,8 +857,26 @@ async function hotplugJourney(o: {
           e.objectRef?.subresource ?? ""
         } ${e.responseStatus?.code}`;
       });
-    console.error(lines.slice(-40).join("\n"));
-    throw error;
+    const handlerLog = await kubectl(o.kc, [
+      "logs",
+      "-n",
+      "kubevirt",
+      "-l",
+      "kubevirt.io=virt-handler", // virtnode's pods carry KubeVirt's label too
+      "--tail=-1",
+    ]).catch((e) => String(e));
+    const said = handlerLog.split("\n").filter((l) => /hotplug|vm-disks|volume/i.test(l));
+    const status = v?.status as { volumeStatus?: VolumeStatusEntry[] } | undefined;
+    throw new Error(
+      [
+        `${(error as Error).message}; "${name}" status: ${
+          JSON.stringify(status?.volumeStatus?.find((s) => s.name === name))
+        }`,
+        ...said.slice(-12).map((l) => `handler: ${l.slice(0, 300)}`),
+        ...lines.slice(-12).map((l) => `audit: ${l}`),
+      ].join("\n"),
+      { cause: error },
+    );
   });
   assert.match(ready.target!, /^sd[a-z]$/, "a SCSI disk of the running domain");
   assert.ok(ready.hotplugVolume?.attachPodName?.startsWith("hp-volume-"), JSON.stringify(ready));
