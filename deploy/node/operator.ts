@@ -222,10 +222,15 @@ export function handlerPatches(
 export interface OperatorInstall {
   /** The directory of build_suite.sh's output. */
   readonly suiteDir: string;
-  /** Points the `virt-handler` DaemonSet at `handler` and waits until the CR is Available. */
-  useHandler(handler: HandlerKind): Promise<void>;
+  /**
+   * Points the `virt-handler` DaemonSet at `handler`, with `configuration` merged into the
+   * CR's `spec.configuration` over this install's own, and waits until the CR is Available.
+   */
+  useHandler(handler: HandlerKind, configuration?: Record<string, unknown>): Promise<void>;
   /** The node agent the DaemonSet runs now. */
   readonly handler: HandlerKind;
+  /** What was merged into the CR's configuration last (`{}`: nothing). */
+  readonly configuration: Record<string, unknown>;
   /** Deletes the CR (the operator removes what it made), then the operator's manifest. */
   uninstall(): Promise<void>;
 }
@@ -245,6 +250,7 @@ export async function installByOperator(
   cluster: Cluster,
   node: Node,
   handler: HandlerKind,
+  configuration: Record<string, unknown> = {},
 ): Promise<OperatorInstall> {
   const suiteDir = await buildSuite();
   const virtnode = await importKubevirtImages(node, suiteDir);
@@ -269,7 +275,8 @@ export async function installByOperator(
   ]);
   const useEmulation = !kvmUsable();
   let current = handler;
-  const cr = (kind: HandlerKind) => ({
+  let merged = configuration;
+  const cr = (kind: HandlerKind, extra: Record<string, unknown>) => ({
     apiVersion: "kubevirt.io/v1",
     kind: "KubeVirt",
     metadata: { name: "kubevirt", namespace: KUBEVIRT_NAMESPACE },
@@ -286,15 +293,16 @@ export async function installByOperator(
         // Where KVM is only kvm-pvm, the node labeller reads KVM's capabilities, which offer
         // no named model and a host model on the default obsolete list (daemonsets.ts).
         ...(useEmulation ? { obsoleteCPUModels: {} } : {}),
+        ...extra,
       },
       customizeComponents: { patches: handlerPatches(node, kind, virtnode) },
     },
   });
-  const apply = async (kind: HandlerKind) => {
+  const apply = async (kind: HandlerKind, extra: Record<string, unknown> = {}) => {
     await kubectl(
       kc,
       ["apply", "-f", "-"],
-      JSON.stringify(cr(kind)),
+      JSON.stringify(cr(kind, extra)),
     );
     if (useEmulation) {
       // An apply leaves out the empty map (the CR's way to say that no model is obsolete):
@@ -312,13 +320,17 @@ export async function installByOperator(
       ]);
     }
     current = kind;
+    merged = extra;
     await waitAvailable(kc, kind);
   };
-  await apply(handler);
+  await apply(handler, configuration);
   return {
     suiteDir,
     get handler() {
       return current;
+    },
+    get configuration() {
+      return merged;
     },
     useHandler: apply,
     uninstall: async () => {

@@ -47,12 +47,17 @@ async function headCommit(): Promise<string> {
   }).output().catch(() => undefined);
   return out?.success ? new TextDecoder().decode(out.stdout).trim() : "unknown";
 }
-/** One run of the suite in a plan: a handler, its focus, its label filter, its results file. */
+/**
+ * One run of the suite in a plan: a handler, its focus, its label filter, its results file,
+ * and what it merges into the KubeVirt CR's `spec.configuration` (e.g. a default network
+ * interface other than KubeVirt's bridge, which KubeVirt's handler cannot build here).
+ */
 interface PlanStep {
   handler: HandlerKind;
   focus?: string[];
   labels?: string;
   out?: string;
+  configuration?: Record<string, unknown>;
 }
 
 /**
@@ -69,8 +74,15 @@ async function writeResults(
   focus: string[],
   labelFilter: string | undefined,
   results: Partial<Record<HandlerKind, SpecResult[]>>,
+  configuration?: Record<string, unknown>,
 ): Promise<void> {
-  const run = { date: new Date().toISOString(), commit: await headCommit(), focus, labelFilter };
+  const run = {
+    date: new Date().toISOString(),
+    commit: await headCommit(),
+    focus,
+    labelFilter,
+    ...(configuration && Object.keys(configuration).length > 0 ? { configuration } : {}),
+  };
   await Deno.writeTextFile(file, JSON.stringify({ ...run, results }, null, 2));
 }
 
@@ -106,7 +118,12 @@ Deno.test({
       dns = await startClusterDns(cluster);
       node = await startNode(cluster, { isolated: true, clusterDns: dns.address });
       const virtctl = await buildVirtctl();
-      install = await installByOperator(cluster, node, PLAN?.[0]?.handler ?? HANDLERS[0]);
+      install = await installByOperator(
+        cluster,
+        node,
+        PLAN?.[0]?.handler ?? HANDLERS[0],
+        PLAN?.[0]?.configuration,
+      );
       // The suite's guests and its helper pod's image, under the names it gives them:
       // substitutes built here (deploy/guest/suite_images.sh).
       for (const image of SUITE_IMAGES) {
@@ -116,7 +133,10 @@ Deno.test({
       const steps: PlanStep[] = PLAN ??
         HANDLERS.map((handler) => ({ handler, focus, labels: LABELS }));
       const results: Partial<Record<HandlerKind, SpecResult[]>> = {};
-      /** Per label filter (the conformance one: ""), per handler, the specs run. */
+      /**
+       * Per label filter (the conformance one: "") and CR configuration, per handler, the
+       * specs run.
+       */
       const byGroup = new Map<string, Partial<Record<HandlerKind, SpecResult[]>>>();
       for (const [i, step] of steps.entries()) {
         const handler = step.handler;
@@ -125,7 +145,13 @@ Deno.test({
           console.log(`  step ${i} (${handler}) not started: the deadline is near`);
           continue;
         }
-        if (install.handler !== handler) await install.useHandler(handler);
+        const configuration = step.configuration ?? {};
+        if (
+          install.handler !== handler ||
+          JSON.stringify(install.configuration) !== JSON.stringify(configuration)
+        ) {
+          await install.useHandler(handler, configuration);
+        }
         const started = Date.now();
         const specs = await runSuite({
           suiteDir: install.suiteDir,
@@ -147,9 +173,10 @@ Deno.test({
           },
         });
         results[handler] = [...(results[handler] ?? []), ...specs];
-        const group = byGroup.get(step.labels ?? "") ?? {};
+        const groupKey = `${step.labels ?? ""} ${JSON.stringify(configuration)}`;
+        const group = byGroup.get(groupKey) ?? {};
         group[handler] = [...(group[handler] ?? []), ...specs];
-        byGroup.set(step.labels ?? "", group);
+        byGroup.set(groupKey, group);
         console.log(summaryLine(handler, specs));
         for (const s of specs.filter((s) => s.status === "failed")) {
           console.log(`  FAILED (${handler}): ${s.name}\n    ${s.reason}`);
@@ -157,7 +184,13 @@ Deno.test({
         console.log(`  (${((Date.now() - started) / 60_000).toFixed(1)} min)`);
         // Each step's results as soon as it ends: a plan takes hours.
         if (step.out) {
-          await writeResults(step.out, step.focus ?? [], step.labels, { [handler]: specs });
+          await writeResults(
+            step.out,
+            step.focus ?? [],
+            step.labels,
+            { [handler]: specs },
+            step.configuration,
+          );
         }
       }
       const out = Deno.env.get("VIRTNODE_CONFORMANCE_RESULTS");

@@ -18,6 +18,8 @@ interface Results {
   commit?: string;
   focus: string[];
   labelFilter?: string;
+  /** What the run merged into the KubeVirt CR's `spec.configuration`, if anything. */
+  configuration?: Record<string, unknown>;
   results: { virtnode?: SpecResult[]; "virt-handler"?: SpecResult[] };
 }
 
@@ -40,13 +42,21 @@ const reasons = Object.fromEntries(
   Object.entries(reasonsJson).filter((e): e is [string, string] => typeof e[1] === "string"),
 );
 
+/** A run's CR configuration as text ("{}": KubeVirt's defaults but for the install's own). */
+const configKey = (run: Results) => JSON.stringify(run.configuration ?? {});
+
 /**
  * Per handler, each spec's latest result: of the conformance runs, or of the runs with a
- * label filter of their own (`extra`: specs beyond the conformance label).
+ * label filter of their own (`extra`: specs beyond the conformance label), with the CR
+ * configuration `config`.
  */
-function latest(handler: "virtnode" | "virt-handler", extra: boolean): SpecResult[] {
+function latest(
+  handler: "virtnode" | "virt-handler",
+  extra: boolean,
+  config = "{}",
+): SpecResult[] {
   const bySpec = new Map<string, SpecResult>();
-  for (const run of runs.filter((r) => !!r.labelFilter === extra)) {
+  for (const run of runs.filter((r) => !!r.labelFilter === extra && configKey(r) === config)) {
     for (const r of run.results[handler] ?? []) bySpec.set(r.name, r);
   }
   return [...bySpec.values()];
@@ -68,7 +78,9 @@ const runLine = (run: Results & { commit: string }) => {
   const scope = run.focus.length === 0 ? "all specs of its filter" : `${run.focus.length} focused`;
   return `- ${run.date.slice(0, 16).replace("T", " ")} UTC, commit ${run.commit}, ${
     handlers.join(" and ")
-  }, ${scope}${run.labelFilter ? ` (label filter \`${run.labelFilter}\`)` : ""}`;
+  }, ${scope}${run.labelFilter ? ` (label filter \`${run.labelFilter}\`)` : ""}${
+    run.configuration ? `, CR configuration \`${configKey(run)}\`` : ""
+  }`;
 };
 
 const lines = [
@@ -128,9 +140,40 @@ if (extraVirtnode.length + extraYardstick.length > 0) {
     lines.push(`| ${esc(short(name))} | ${cell(a)} | ${cell(b)} | ${why} |`);
   }
 }
-const setup = [...virtnode, ...yardstick, ...extraVirtnode, ...extraYardstick].filter((r) =>
-  r.setup
-);
+const configured = [...new Set(runs.filter((r) => !r.labelFilter).map(configKey))]
+  .filter((k) => k !== "{}");
+const configuredResults: SpecResult[] = [];
+for (const config of configured) {
+  const a = latest("virtnode", false, config);
+  const b = latest("virt-handler", false, config);
+  configuredResults.push(...a, ...b);
+  lines.push(
+    "",
+    `## The conformance specs with \`${config}\` in the KubeVirt CR's configuration`,
+    "",
+    "The same specs, with this merged into `spec.configuration` for both handlers: what",
+    "KubeVirt's handler can run here when its default cannot be built (see the notes above).",
+    "",
+    "- " + summaryLine("virtnode", a).replace(/ of \d+$/, ` of ${specNames(a, b).length}`),
+    "- " + summaryLine("virt-handler", b).replace(/ of \d+$/, ` of ${specNames(a, b).length}`),
+    "",
+    "| Spec | virtnode | virt-handler | Why (where either fails) |",
+    "|---|---|---|---|",
+  );
+  for (const name of specNames(a, b)) {
+    const x = a.find((r) => r.name === name);
+    const y = b.find((r) => r.name === name);
+    const why = x?.status === "failed" || y?.status === "failed" ? esc(reasons[name] ?? "") : "";
+    lines.push(`| ${esc(short(name))} | ${cell(x)} | ${cell(y)} | ${why} |`);
+  }
+}
+const setup = [
+  ...virtnode,
+  ...yardstick,
+  ...extraVirtnode,
+  ...extraYardstick,
+  ...configuredResults,
+].filter((r) => r.setup);
 if (setup.length > 0) {
   lines.push("", "Set-up nodes that failed:", "");
   for (const r of setup) lines.push(`- ${r.name}: ${esc(r.reason ?? "")}`);
