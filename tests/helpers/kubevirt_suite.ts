@@ -161,7 +161,10 @@ function firstLine(body: string): string {
     (failure?.[2] ?? failure?.[5] ?? "").match(/message="([^"]*)"/)?.[1] ?? "",
   ).trim();
   const text = message || unescapeXml(failure?.[3] ?? "").trim();
-  return (text.split("\n").find((l) => l.trim() !== "") ?? "").trim().slice(0, 300);
+  const lines = text.split("\n").map((l) => l.trim()).filter((l) => l !== "");
+  // Gomega's "Expected success, but got an error:" says what on the lines after it.
+  const first = lines[0] ?? "";
+  return (first.endsWith(":") ? `${first} ${lines.slice(1, 3).join(" ")}` : first).slice(0, 300);
 }
 
 /** The line each run prints: `KubeVirt v1.7.0 conformance, substitute guests: ...`. */

@@ -1,7 +1,7 @@
 /**
  * The conformance tier reads KubeVirt's suite's Ginkgo JUnit report: only the specs the
  * filters selected count, a spec that skipped itself says why, a failure's first line is
- * kept, and a failed set-up node is reported too.
+ * kept (with what follows a Gomega line ending in a colon), and a failed set-up node is reported too.
  */
 import assert from "node:assert/strict";
 import { parseGinkgoJunit, summaryLine } from "../helpers/kubevirt_suite.ts";
@@ -13,6 +13,9 @@ const REPORT = `<?xml version="1.0" encoding="UTF-8"?>
     <testcase name="[It] VMIlifecycle should start [sig-compute, conformance]" classname="KubeVirt Tests Suite" status="passed" time="12.5"></testcase>
     <testcase name="[It] Console should close &quot;old&quot; connection [conformance]" classname="KubeVirt Tests Suite" status="failed" time="200">
       <failure message="Timed out after 180.001s.&#xA;Expected VMI to be Running" type="failed">[FAILED] Timed out after 180.001s.</failure>
+    </testcase>
+    <testcase name="[It] Guest login [conformance]" classname="KubeVirt Tests Suite" status="failed" time="20">
+      <failure message="Expected success, but got an error:&#xA;    &lt;*errors.errorString | 0xc0&gt;: &#xA;    login failed: timeout&#xA;    {s: &quot;login failed&quot;}" type="failed"></failure>
     </testcase>
     <testcase name="[It] Networking IPv6 spec [conformance]" classname="KubeVirt Tests Suite" status="skipped" time="0.2">
       <skipped message="skipped - Cluster has no IPv6 support"></skipped>
@@ -37,11 +40,17 @@ Deno.test("a Ginkgo report gives the selected specs' outcomes and the failed set
       "Timed out after 180.001s.",
       undefined,
     ],
+    [
+      "Guest login [conformance]",
+      "failed",
+      "Expected success, but got an error: <*errors.errorString | 0xc0>: login failed: timeout",
+      undefined,
+    ],
     ["Networking IPv6 spec [conformance]", "skipped", "Cluster has no IPv6 support", undefined],
     ["[SynchronizedAfterSuite]", "failed", "namespaces were not deleted", true],
   ]);
   assert.equal(
     summaryLine("virtnode", results),
-    "KubeVirt v1.7.0 conformance, substitute guests (virtnode): 1 passed, 1 failed, 1 skipped of 3",
+    "KubeVirt v1.7.0 conformance, substitute guests (virtnode): 1 passed, 2 failed, 1 skipped of 4",
   );
 });
