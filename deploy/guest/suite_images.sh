@@ -296,16 +296,23 @@ if [[ $flavour == fedora ]]; then
   echo "::respawn:/etc/agent" >>"$root/etc/inittab"
   cat >"$root/etc/agent" <<'AGENT'
 #!/bin/sh
-# QEMU's guest agent on its virtio port, once the host has announced the port.
+# QEMU's guest agent on its virtio port, once the host has announced the port. Started
+# after rcS has run the user-data, and, as Fedora's unit does, with the commands that
+# /etc/sysconfig/qemu-ga's BLACKLIST_RPC names blocked (the suite's user-data appends one).
+BLACKLIST_RPC=""
+[ -f /etc/sysconfig/qemu-ga ] && . /etc/sysconfig/qemu-ga
 while :; do
   for port in /sys/class/virtio-ports/*; do
     [ "$(cat "$port/name" 2>/dev/null)" = org.qemu.guest_agent.0 ] &&
-      exec /usr/sbin/qemu-ga -m virtio-serial -p "/dev/${port##*/}" -t /run
+      exec /usr/sbin/qemu-ga -m virtio-serial -p "/dev/${port##*/}" -t /run \
+        ${BLACKLIST_RPC:+-b "$BLACKLIST_RPC"}
   done
   sleep 1
 done
 AGENT
-  mkdir -p "$root/etc/ssh" "$root/run/sshd"
+  mkdir -p "$root/etc/ssh" "$root/run/sshd" "$root/etc/sysconfig"
+  # Fedora's file, with nothing blocked (the test tooling image's agent offers every command).
+  echo "BLACKLIST_RPC=" >"$root/etc/sysconfig/qemu-ga"
   echo "sshd:x:100:65534::/run/sshd:/bin/false" >>"$root/etc/passwd"
   printf 'HostKey /etc/ssh/ssh_host_ed25519_key\nUsePAM no\nPermitRootLogin no\nPidFile /run/sshd.pid\n' \
     >"$root/etc/ssh/sshd_config"
