@@ -149,4 +149,9 @@ install -D -m 0755 "$files/qemu" "$root/etc/libvirt/hooks/qemu"
 : >"$root/etc/libvirt/virtlogd.conf"
 # Nor will a daemonized libvirtd (node-labeller.sh's `virtqemud -d`) without its log directory.
 mkdir -p "$root/var/log/libvirt"
+# /var/run as KubeVirt's Fedora-based images have it, a relative link. Debian's absolute one
+# breaks KubeVirt's handler, which reaches launcher sockets as
+# /proc/<launcher pid>/root/var/run/...: an absolute link there resolves in the handler's own
+# root, not the launcher's ("Failed finding unix socket for serial console").
+ln -sfn ../run "$root/var/run"
 finish

@@ -286,7 +286,7 @@ async function journey(handler: Handler): Promise<void> {
       assert.ok(table.includes(ip), `the IP column of ${name}: ${table}`);
       step(`${name}: lease ${lease.ip} by DHCP, HTTP answered on the pod IP ${ip}`);
       if (binding === "masquerade") {
-        await virtctlJourney({ kc, name, getVmi, step, consoles: handler === "virtnode" });
+        await virtctlJourney({ kc, name, getVmi, step });
         assert.ok(await httpGet(`http://${ip}/dhcp`), `${name} answers HTTP after virtctl`);
       }
     }
@@ -415,13 +415,6 @@ async function virtctlJourney(o: {
   name: string;
   getVmi: (name: string) => Promise<Vmi | undefined>;
   step: (what: string) => void;
-  /**
-   * Open the console and VNC too. KubeVirt's own handler cannot here: it looks for the
-   * serial socket below the root of a process that does not have it ("Failed finding
-   * unix socket for serial console ... no such file or directory"), and virt-api answers
-   * "websocket: bad handshake"; that is checked instead.
-   */
-  consoles: boolean;
 }): Promise<void> {
   const virtctl = await buildVirtctl();
   const paused = async () =>
@@ -433,19 +426,6 @@ async function virtctlJourney(o: {
   await command(virtctl, ["--kubeconfig", o.kc, "unpause", "vmi", o.name]);
   await waitFor(`${o.name} no longer Paused`, async () => !(await paused()), 60_000);
   o.step(`${o.name}: virtctl pause and unpause through virt-api`);
-  if (!o.consoles) {
-    const out = await new Deno.Command(virtctl, {
-      args: ["--kubeconfig", o.kc, "vnc", "--proxy-only", "--port", "0", o.name],
-      stdin: "null",
-      stdout: "null",
-      stderr: "piped",
-      signal: AbortSignal.timeout(60_000),
-    }).output();
-    const stderr = new TextDecoder().decode(out.stderr);
-    assert.match(stderr, /bad handshake/, `virtctl vnc with KubeVirt's handler: ${stderr}`);
-    o.step(`${o.name}: KubeVirt's handler finds no console socket here (virt-api: bad handshake)`);
-    return;
-  }
 
   const consoleStarted = performance.now();
   const console_ = new Deno.Command(virtctl, {
