@@ -143,6 +143,8 @@ step "promtool from Debian's prometheus package, which checks the handler's metr
 bash deploy/promtool.sh
 step "The test node's kubelet, scheduler, controller manager and kube-proxy (deploy/node/build.sh; cached)"
 bash deploy/node/build.sh
+step "containerd 2 for the node test of KubeVirt's ImageVolume gate (deploy/node/build_containerd.sh; cached)"
+bash deploy/node/build_containerd.sh
 step "The test node's launcher image root: Debian 12, libvirt, QEMU, KubeVirt's virt-launcher (deploy/node/images.sh; cached)"
 bash deploy/node/images.sh launcher "$kubevirt_bin"
 step "The virtnode image's Debian layer: libvirt0 (deploy/node/images.sh; cached)"

@@ -107,6 +107,23 @@ export interface StartNodeOptions {
    * with CoreDNS does. Unset: pods get the host's /etc/resolv.conf as it is.
    */
   clusterDns?: string;
+  /**
+   * Which containerd runs the pods: Debian 12's 1.6 (default), or containerd 2 built from
+   * the Go module proxy (deploy/node/build_containerd.sh), which gives pods images as
+   * volumes (Kubernetes' ImageVolume; KubeVirt's ImageVolume gate needs it).
+   */
+  containerd?: "debian" | "v2";
+}
+
+/** Builds containerd 2 (cached by key) and gives the directory of its programs. */
+export async function buildContainerdV2(): Promise<string> {
+  const out = await new Deno.Command("bash", {
+    args: [new URL("./build_containerd.sh", import.meta.url).pathname],
+    stdout: "piped",
+    stderr: "inherit",
+  }).output();
+  if (!out.success) throw new Error("deploy/node/build_containerd.sh failed");
+  return new TextDecoder().decode(out.stdout).trim();
 }
 
 /** The host paths an isolated node has of its own, and its folder each is bound from. */
@@ -221,6 +238,7 @@ function spawn(dir: string, name: string, program: string, args: string[]): Prom
 /** Starts a node registered with `cluster`; resolves once the Node is Ready. */
 export async function startNode(cluster: Cluster, options: StartNodeOptions = {}): Promise<Node> {
   const bin = await buildNodeBinaries();
+  const containerdV2 = options.containerd === "v2" ? await buildContainerdV2() : undefined;
   const id = crypto.randomUUID().slice(0, 6);
   const name = options.name ?? `node-${id}`;
   const dir = await Deno.makeTempDir({ prefix: "virtnode-node-" });
@@ -300,10 +318,12 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
       }
     }
     // runc's container processes live in their own sessions: end any left.
+    // containerd 1.6 gives a shim its namespace, then its address; containerd 2 its
+    // namespace, its id, then its address.
     await run("pkill", [
       "-KILL",
       "-f",
-      `containerd-shim-runc-v2 -namespace k8s.io -address ${containerdSocket}`,
+      `containerd-shim-runc-v2 -namespace k8s.io (-id [^ ]+ )?-address ${containerdSocket}`,
     ])
       .catch(() => {});
     await run("ip", ["link", "delete", bridge]).catch(() => {});
@@ -446,7 +466,9 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
       "--mount-proc",
       "--propagation",
       "unchanged",
-      "containerd",
+      // containerd 2 finds its own runc shim first on its PATH.
+      ...(containerdV2 ? ["env", `PATH=${containerdV2}:${Deno.env.get("PATH") ?? ""}`] : []),
+      containerdV2 ? join(containerdV2, "containerd") : "containerd",
       "--config",
       join(ctrDir, "config.toml"),
     ]);

@@ -25,7 +25,7 @@
  * |---|---|---|---|
  * | `developerConfiguration.featureGates: CPUManager` | off (Alpha) | heartbeat's `cpumanager` label | I1 |
  * | `developerConfiguration.featureGates: ExpandDisks` | off (Alpha) | launcher options | U2 |
- * | `developerConfiguration.featureGates: ImageVolume` | off (Beta) | containerDisks: nothing to mount | U3 |
+ * | `developerConfiguration.featureGates: ImageVolume` | off (Beta) | containerDisks: nothing to mount | U3, N1 |
  * | `developerConfiguration.useEmulation` | `false` | a launcher may lack `/dev/kvm` | U4 |
  * | `developerConfiguration.logVerbosity.virtHandler, .nodeVerbosity` | `2` | the handler's log level | I1 |
  * | `smbios` | KubeVirt, None, KubeVirt | launcher options | U2, U7 |
@@ -52,7 +52,8 @@
  * tests/unit/mdev_types_test.ts, U9 tests/unit/migration_network_test.ts, I3 tests/integration/node_device_plugins_test.ts, I1 and I2
  * tests/integration/kubevirt_cr_config_test.ts (a running handler; the labeller), I4
  * tests/integration/node_apiserver_test.ts (the heartbeat hands on the node's labels), E1
- * tests/e2e/migration_qemu_test.ts (pod-less bandwidth).
+ * tests/e2e/migration_qemu_test.ts (pod-less bandwidth), N1 tests/node/image_volume_node_test.ts
+ * (the gate turned on live on a real node with containerd 2: a VMI boots from its image volume).
  *
  * @module
  */
@@ -197,7 +198,7 @@ export const KUBEVIRT_KEYS: readonly KubevirtKey[] = Object.freeze([
     key: "developerConfiguration.featureGates: ImageVolume",
     kubevirtDefault: "off (Beta)",
     virtnode: "containerDisks: nothing to mount",
-    tests: "U3",
+    tests: "U3, N1",
   },
   {
     key: "developerConfiguration.useEmulation",
