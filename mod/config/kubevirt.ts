@@ -39,7 +39,7 @@
  * | `evictionStrategy` | None | a Warning Event when such a VMI cannot migrate | U5 |
  * | `minCPUModel` | `""` | nothing (nor in KubeVirt v1.7.0) | U1 |
  * | `handlerConfiguration.restClient.rateLimiter.tokenBucketRateLimiter` | 50 QPS, burst 100 | KubeVirt mode: the apiserver token bucket | U6 |
- * | `supportedGuestAgentVersions` | `2.*` to `5.*` | parsed; not applied | U1 |
+ * | `supportedGuestAgentVersions` | `2.*` to `5.*` | `AgentVersionNotSupported` when the launcher names no agent commands | U1, U10 |
  * | `developerConfiguration.pvcTolerateLessSpaceUpToPercent` | `10` | validated; not applied | U1 |
  * | `permittedHostDevices` | none | PCI, mediated and USB devices: a device plugin per resource | I3 |
  * | `mediatedDevicesConfiguration` | none: every mediated device not externally provided is removed | mediated devices created and removed to match | U8, I4 |
@@ -49,7 +49,8 @@
  * (launcher options), U3 tests/unit/container_disk_image_volume_test.ts, U4
  * tests/unit/handler_device_ownership_test.ts, U5 tests/unit/handler_status_test.ts, U6
  * tests/unit/kube_rate_limit_test.ts, U7 tests/unit/converter_volumes_test.ts, U8
- * tests/unit/mdev_types_test.ts, U9 tests/unit/migration_network_test.ts, I3 tests/integration/node_device_plugins_test.ts, I1 and I2
+ * tests/unit/mdev_types_test.ts, U9 tests/unit/migration_network_test.ts, U10
+ * tests/unit/guest_agent_support_test.ts, I3 tests/integration/node_device_plugins_test.ts, I1 and I2
  * tests/integration/kubevirt_cr_config_test.ts (a running handler; the labeller), I4
  * tests/integration/node_apiserver_test.ts (the heartbeat hands on the node's labels), E1
  * tests/e2e/migration_qemu_test.ts (pod-less bandwidth), N1 tests/node/image_volume_node_test.ts
@@ -276,8 +277,8 @@ export const KUBEVIRT_KEYS: readonly KubevirtKey[] = Object.freeze([
   {
     key: "supportedGuestAgentVersions",
     kubevirtDefault: "2.* to 5.*",
-    virtnode: "parsed; not applied",
-    tests: "U1",
+    virtnode: "AgentVersionNotSupported when the launcher names no agent commands",
+    tests: "U1, U10",
   },
   {
     key: "developerConfiguration.pvcTolerateLessSpaceUpToPercent",
