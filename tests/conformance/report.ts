@@ -65,7 +65,6 @@ const virtnode = latest("virtnode", false);
 const yardstick = latest("virt-handler", false);
 const specNames = (a: SpecResult[], b: SpecResult[]) =>
   [...new Set([...a, ...b].filter((r) => !r.setup).map((r) => r.name))].sort();
-const names = specNames(virtnode, yardstick);
 const cell = (r: SpecResult | undefined) =>
   r ? `${r.status}${r.status === "passed" ? "" : r.reason ? `: ${esc(r.reason)}` : ""}` : "not run";
 const esc = (s: string) => s.replaceAll("|", "\\|").replaceAll("\n", " ").slice(0, 200);
@@ -82,6 +81,27 @@ const runLine = (run: Results & { commit: string }) => {
     run.configuration ? `, CR configuration \`${configKey(run)}\`` : ""
   }`;
 };
+
+/** The table's header and a row per spec, each handler's result beside the other's. */
+function table(a: SpecResult[], b: SpecResult[]): string[] {
+  const rows = [
+    "| Spec | virtnode | virt-handler | Why (where either fails) |",
+    "|---|---|---|---|",
+  ];
+  for (const name of specNames(a, b)) {
+    const x = a.find((r) => r.name === name);
+    const y = b.find((r) => r.name === name);
+    const why = x?.status === "failed" || y?.status === "failed" ? esc(reasons[name] ?? "") : "";
+    rows.push(`| ${esc(short(name))} | ${cell(x)} | ${cell(y)} | ${why} |`);
+  }
+  return rows;
+}
+
+/** A handler's summary line, or that it has no run in this table. */
+const summaryOrNone = (handler: string, results: SpecResult[]) =>
+  results.length > 0
+    ? summaryLine(handler, results)
+    : `${handler}: no run with this configuration (see the notes)`;
 
 const lines = [
   "# KubeVirt v1.7.0 conformance specs with substitute guest images",
@@ -104,42 +124,12 @@ const lines = [
   "result here says how virtnode and virt-handler compare on these specs and these guests;",
   "it is not a certification.",
   "",
-  "- " + summaryLine("virtnode", virtnode),
-  "- " + summaryLine("virt-handler", yardstick),
+  "- " + summaryOrNone("virtnode", virtnode),
+  "- " + summaryOrNone("virt-handler", yardstick),
   "",
   ...notes.flatMap((n) => [n, ""]),
-  "| Spec | virtnode | virt-handler | Why (where either fails) |",
-  "|---|---|---|---|",
+  ...table(virtnode, yardstick),
 ];
-for (const name of names) {
-  const a = virtnode.find((r) => r.name === name);
-  const b = yardstick.find((r) => r.name === name);
-  const why = a?.status === "failed" || b?.status === "failed" ? esc(reasons[name] ?? "") : "";
-  lines.push(`| ${esc(short(name))} | ${cell(a)} | ${cell(b)} | ${why} |`);
-}
-const extraVirtnode = latest("virtnode", true);
-const extraYardstick = latest("virt-handler", true);
-if (extraVirtnode.length + extraYardstick.length > 0) {
-  lines.push(
-    "",
-    "## Config-changing specs beyond the conformance label",
-    "",
-    "Specs that change the KubeVirt CR and wait for every handler's `/healthz`",
-    "`config-resource-version` (runs with a label filter of their own, above):",
-    "",
-    "- " + summaryLine("virtnode", extraVirtnode).replace(/ of \d+$/, ""),
-    "- " + summaryLine("virt-handler", extraYardstick).replace(/ of \d+$/, ""),
-    "",
-    "| Spec | virtnode | virt-handler | Why (where either fails) |",
-    "|---|---|---|---|",
-  );
-  for (const name of specNames(extraVirtnode, extraYardstick)) {
-    const a = extraVirtnode.find((r) => r.name === name);
-    const b = extraYardstick.find((r) => r.name === name);
-    const why = a?.status === "failed" || b?.status === "failed" ? esc(reasons[name] ?? "") : "";
-    lines.push(`| ${esc(short(name))} | ${cell(a)} | ${cell(b)} | ${why} |`);
-  }
-}
 const configured = [...new Set(runs.filter((r) => !r.labelFilter).map(configKey))]
   .filter((k) => k !== "{}");
 const configuredResults: SpecResult[] = [];
@@ -154,18 +144,27 @@ for (const config of configured) {
     "The same specs, with this merged into `spec.configuration` for both handlers: what",
     "KubeVirt's handler can run here when its default cannot be built (see the notes above).",
     "",
-    "- " + summaryLine("virtnode", a).replace(/ of \d+$/, ` of ${specNames(a, b).length}`),
-    "- " + summaryLine("virt-handler", b).replace(/ of \d+$/, ` of ${specNames(a, b).length}`),
+    "- " + summaryOrNone("virtnode", a).replace(/ of \d+$/, ` of ${specNames(a, b).length}`),
+    "- " + summaryOrNone("virt-handler", b).replace(/ of \d+$/, ` of ${specNames(a, b).length}`),
     "",
-    "| Spec | virtnode | virt-handler | Why (where either fails) |",
-    "|---|---|---|---|",
+    ...table(a, b),
   );
-  for (const name of specNames(a, b)) {
-    const x = a.find((r) => r.name === name);
-    const y = b.find((r) => r.name === name);
-    const why = x?.status === "failed" || y?.status === "failed" ? esc(reasons[name] ?? "") : "";
-    lines.push(`| ${esc(short(name))} | ${cell(x)} | ${cell(y)} | ${why} |`);
-  }
+}
+const extraVirtnode = latest("virtnode", true);
+const extraYardstick = latest("virt-handler", true);
+if (extraVirtnode.length + extraYardstick.length > 0) {
+  lines.push(
+    "",
+    "## Config-changing specs beyond the conformance label",
+    "",
+    "Specs that change the KubeVirt CR and wait for every handler's `/healthz`",
+    "`config-resource-version` (runs with a label filter of their own, above):",
+    "",
+    "- " + summaryLine("virtnode", extraVirtnode).replace(/ of \d+$/, ""),
+    "- " + summaryLine("virt-handler", extraYardstick).replace(/ of \d+$/, ""),
+    "",
+    ...table(extraVirtnode, extraYardstick),
+  );
 }
 const setup = [
   ...virtnode,
