@@ -26,7 +26,10 @@ CONTAINERD_VERSION=v2.4.2
 module=github.com/containerd/containerd/v2
 programs=(containerd containerd-shim-runc-v2)
 ldflags="-s -w -X $module/version.Version=$CONTAINERD_VERSION -X $module/version.Package=$module"
-go_version=$("$GO" env GOVERSION)
+# The Go the control plane builds with (deploy/cluster/go.mod's toolchain), for this build
+# too: outside any module, a Go older than containerd's go line would switch to the newest
+# toolchain it can find, and the key would differ between machines.
+go_version=$(cd "$here/../cluster" && "$GO" env GOVERSION)
 key=$(
   {
     echo "$go_version $CONTAINERD_VERSION $ldflags $("$GO" env GOOS GOARCH) ${programs[*]}"
@@ -50,7 +53,7 @@ export CGO_ENABLED=0
 for program in "${programs[@]}"; do
   log "go install $program"
   # Outside any module: the version's own go.mod and go.sum decide every dependency.
-  (cd "$staging_dir" && GOBIN="$staging_dir" "$GO" install -trimpath \
+  (cd "$staging_dir" && GOBIN="$staging_dir" GOTOOLCHAIN="$go_version" "$GO" install -trimpath \
     -tags "no_btrfs urfave_cli_no_docs" -ldflags "$ldflags" \
     "$module/cmd/$program@$CONTAINERD_VERSION")
 done
