@@ -5,6 +5,8 @@
  * @module
  */
 import type { KubeClient } from "../../mod/kube/mod.ts";
+import { userVmi } from "../../deploy/node/daemonsets.ts";
+import { GUEST_IMAGE } from "./guest.ts";
 
 /** The fields of a Pod the node tests read. */
 export interface Pod {
@@ -67,4 +69,43 @@ export function stepper(): (what: string) => void {
   const t0 = performance.now();
   return (what) =>
     console.log(`${((performance.now() - t0) / 1000).toFixed(1).padStart(6)} s  ${what}`);
+}
+
+/**
+ * A user's VMI that boots the test guest with its one interface on the pod network: from its
+ * containerDisk (the OCI image imported into the node's containerd), or from a disk image on
+ * the node (`hostDisk`, read-only) for KubeVirt's own handler, which looks for launcher pods
+ * below `/var/lib/kubelet` of the host's root only, where this test node has none.
+ */
+export function networkVmi(
+  name: string,
+  cpuModel: string,
+  binding: "bridge" | "masquerade",
+  hostDisk?: string,
+) {
+  const vmi = userVmi(name, cpuModel);
+  return {
+    ...vmi,
+    spec: {
+      ...vmi.spec,
+      domain: {
+        ...vmi.spec.domain,
+        memory: { guest: "128Mi" },
+        devices: {
+          disks: [{
+            name: "boot",
+            disk: { bus: "virtio", ...(hostDisk ? { readonly: true } : {}) },
+          }],
+          interfaces: [{ name: "default", [binding]: {} }],
+        },
+      },
+      networks: [{ name: "default", pod: {} }],
+      volumes: [{
+        name: "boot",
+        ...(hostDisk
+          ? { hostDisk: { path: hostDisk, type: "Disk" } }
+          : { containerDisk: { image: GUEST_IMAGE, imagePullPolicy: "Never" } }),
+      }],
+    },
+  };
 }

@@ -19,13 +19,12 @@ import {
   cpuModelFor,
   DAEMONSET_NAMES,
   kubectl,
-  userVmi,
   virtnodeDaemonSet,
   virtnodeDirs,
 } from "../../deploy/node/daemonsets.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
 import { kubeClient, waitFor } from "../helpers/handler_process.ts";
-import { nodeApi, type NodeObject, podReady, stepper } from "../helpers/node_api.ts";
+import { networkVmi, nodeApi, type NodeObject, podReady, stepper } from "../helpers/node_api.ts";
 import { GUEST_IMAGE, httpGet, parseLease, testGuestOciArchive } from "../helpers/guest.ts";
 
 const REPO = new URL("../../", import.meta.url).pathname;
@@ -100,30 +99,12 @@ Deno.test("node: KubeVirt's ImageVolume gate turned on in the CR while virtnode 
     }, 60_000);
     step(`ImageVolume on in the CR; virtnode applied version ${version} without a restart`);
 
-    const vmi = userVmi("vm-image", cpuModelFor(labelled));
     const created = performance.now();
+    // The test guest's containerDisk, its interface on the pod network (masquerade).
     await kubectl(
       kc,
       ["apply", "-f", "-"],
-      JSON.stringify({
-        ...vmi,
-        spec: {
-          ...vmi.spec,
-          domain: {
-            ...vmi.spec.domain,
-            memory: { guest: "128Mi" },
-            devices: {
-              disks: [{ name: "boot", disk: { bus: "virtio" } }],
-              interfaces: [{ name: "default", masquerade: {} }],
-            },
-          },
-          networks: [{ name: "default", pod: {} }],
-          volumes: [{
-            name: "boot",
-            containerDisk: { image: GUEST_IMAGE, imagePullPolicy: "Never" },
-          }],
-        },
-      }),
+      JSON.stringify(networkVmi("vm-image", cpuModelFor(labelled), "masquerade")),
     );
     const running = await waitFor("vm-image Running with its pod IP", async () => {
       const v = await getVmi("vm-image");

@@ -39,9 +39,15 @@ import {
 } from "../../deploy/node/daemonsets.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
 import { kubeClient, waitFor } from "../helpers/handler_process.ts";
-import { nodeApi, type NodeObject, podReady, stepper, type Vmi } from "../helpers/node_api.ts";
 import {
-  GUEST_IMAGE,
+  networkVmi,
+  nodeApi,
+  type NodeObject,
+  podReady,
+  stepper,
+  type Vmi,
+} from "../helpers/node_api.ts";
+import {
   httpGet,
   KERNEL_IMAGE,
   parseLease,
@@ -54,45 +60,6 @@ import {
 const REPO = new URL("../../", import.meta.url).pathname;
 
 type Handler = "virtnode" | "virt-handler";
-
-/**
- * A user's VMI that boots the test guest with its one interface on the pod network: from its
- * containerDisk (the OCI image imported into the node's containerd), or from a disk image on
- * the node (`hostDisk`, read-only) for KubeVirt's own handler, which looks for launcher pods
- * below `/var/lib/kubelet` of the host's root only, where this test node has none.
- */
-function networkVmi(
-  name: string,
-  cpuModel: string,
-  binding: "bridge" | "masquerade",
-  hostDisk?: string,
-) {
-  const vmi = userVmi(name, cpuModel);
-  return {
-    ...vmi,
-    spec: {
-      ...vmi.spec,
-      domain: {
-        ...vmi.spec.domain,
-        memory: { guest: "128Mi" },
-        devices: {
-          disks: [{
-            name: "boot",
-            disk: { bus: "virtio", ...(hostDisk ? { readonly: true } : {}) },
-          }],
-          interfaces: [{ name: "default", [binding]: {} }],
-        },
-      },
-      networks: [{ name: "default", pod: {} }],
-      volumes: [{
-        name: "boot",
-        ...(hostDisk
-          ? { hostDisk: { path: hostDisk, type: "Disk" } }
-          : { containerDisk: { image: GUEST_IMAGE, imagePullPolicy: "Never" } }),
-      }],
-    },
-  };
-}
 
 async function journey(handler: Handler): Promise<void> {
   const libvirtUri = await ensureLibvirtd();
