@@ -43,24 +43,36 @@ async function withPython(
     } catch { /* exited already */ }
     await reader.cancel();
     await child.status;
-    // The processes the scripts left running, by the PIDs they wrote down.
+    // The processes the scripts left running, by the PIDs they wrote down. A file read
+    // before its write is empty, and Number("") is 0: kill(0) is this test's own process
+    // group, which once ended a whole CI run. Only a whole PID above 1 is signalled.
     for (const name of ["holder.pid", "impostor.pid"]) {
+      const text = await Deno.readTextFile(join(dir, name)).catch(() => "");
+      const pid = /^\d+$/.test(text.trim()) ? Number(text.trim()) : 0;
       try {
-        Deno.kill(Number(await Deno.readTextFile(join(dir, name))), "SIGKILL");
-      } catch { /* not made, or ended */ }
+        if (pid > 1) Deno.kill(pid, "SIGKILL");
+      } catch { /* ended */ }
     }
     await Deno.remove(dir, { recursive: true });
   }
 }
 
-/** Listens, forks a child that keeps the socket and exits; prints the listener's PID. */
+/**
+ * Listens, forks a child that keeps the socket and exits; prints the listener's PID once
+ * the child has written its own PID down whole (so cleanup always finds it).
+ */
 const LISTEN_AND_EXIT = `import os, socket, sys, time
 path = sys.argv[1]
 s = socket.socket(socket.AF_UNIX); s.bind(path); s.listen(8)
+ready_r, ready_w = os.pipe()
 if os.fork() == 0:
     devnull = os.open("/dev/null", os.O_WRONLY); os.dup2(devnull, 1); os.dup2(devnull, 2)
-    open(os.path.join(os.path.dirname(path), "holder.pid"), "w").write(str(os.getpid()))
+    pidfile = os.path.join(os.path.dirname(path), "holder.pid")
+    with open(pidfile + ".tmp", "w") as f: f.write(str(os.getpid()))
+    os.rename(pidfile + ".tmp", pidfile)
+    os.write(ready_w, b"1")
     time.sleep(120); os._exit(0)
+os.read(ready_r, 1)
 print(os.getpid(), flush=True)
 os._exit(0)`;
 
