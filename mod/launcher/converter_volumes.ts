@@ -23,8 +23,8 @@ import {
 import type { PreparedEfi, PreparedVolume } from "./converter_xml.ts";
 import { vmiKey, wantsEfi, wantsSecureBoot } from "./converter_xml.ts";
 import { confinePath, confineToNamespace, namespaceRoot, PathEscapeError } from "./_host_path.ts";
-import { writeIso } from "./_iso.ts";
-import type { IsoTool } from "./_iso.ts";
+import { writeIso } from "./iso.ts";
+import type { IsoTool } from "./iso.ts";
 import { runCommand } from "./_process.ts";
 
 /** Where the preparation step finds inputs and puts what it creates. */

@@ -47,8 +47,8 @@ import {
 } from "../xml/mod.ts";
 import { letQemuReach, prepareForQemuUser, type QemuUser } from "./qemu_user.ts";
 import { domainFromXml, type VmiRef, vmiUidOfDomainXml } from "./_domain_reader.ts";
-import { deviceAliases, domainStatsToKubevirt, parseNetDev } from "./_domain_stats.ts";
-import type { ConnectionKeeper } from "./_connection_keeper.ts";
+import { deviceAliases, domainStatsToKubevirt, parseNetDev } from "./domain_stats.ts";
+import type { ConnectionKeeper } from "./connection_keeper.ts";
 import {
   emptyGuestAgentInfo,
   fsFreezeStatusFromAgent,

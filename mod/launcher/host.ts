@@ -45,7 +45,7 @@ import {
 import { domainNameOf } from "../domain/mod.ts";
 import { DhcpServers, hostTapName, restoreGuestNetwork } from "../network/mod.ts";
 import { getLogger } from "../log/mod.ts";
-import { ConnectionKeeper } from "./_connection_keeper.ts";
+import { ConnectionKeeper } from "./connection_keeper.ts";
 import { launcherSocketPath } from "./cmd_server.ts";
 import { type EventSink, NO_SINK } from "./event_forwarder.ts";
 import { LauncherInstance } from "./instance.ts";

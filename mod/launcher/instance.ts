@@ -24,7 +24,7 @@ import { sleep } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import { CmdServer } from "./cmd_server.ts";
 import { type ConverterSettings, DomainManager, type VmiRef } from "./domain_manager.ts";
-import type { ConnectionKeeper } from "./_connection_keeper.ts";
+import type { ConnectionKeeper } from "./connection_keeper.ts";
 import { EventForwarder, type EventSink } from "./event_forwarder.ts";
 
 const log = getLogger("launcher");

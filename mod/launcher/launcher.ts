@@ -19,7 +19,7 @@ import { Paths } from "../api/mod.ts";
 import { DhcpServers } from "../network/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import type { LauncherOptions } from "./args/mod.ts";
-import { ConnectionKeeper } from "./_connection_keeper.ts";
+import { ConnectionKeeper } from "./connection_keeper.ts";
 import { type EventSink, NO_SINK } from "./event_forwarder.ts";
 import { EXIT_DOMAIN_FAILED, LauncherInstance } from "./instance.ts";
 import { NotifyClient, type NotifyTimeouts } from "./notify_client.ts";

@@ -55,8 +55,8 @@ export {
   NO_SINK,
   updatesDomain,
 } from "./event_forwarder.ts";
-export { type IsoTool } from "./_iso.ts";
-export { ConnectionKeeper } from "./_connection_keeper.ts";
+export { type IsoTool } from "./iso.ts";
+export { ConnectionKeeper } from "./connection_keeper.ts";
 export {
   type ConverterSettings,
   DomainManager,
@@ -74,4 +74,4 @@ export {
   NotifyError,
   type NotifyTimeouts,
 } from "./notify_client.ts";
-export { deviceAliases, type NetDevCounters, parseNetDev } from "./_domain_stats.ts";
+export { deviceAliases, type NetDevCounters, parseNetDev } from "./domain_stats.ts";

@@ -1,0 +1,40 @@
+/**
+ * The launcher's parts as its tests reach them: the converter's pieces, the domain reader,
+ * the guest agent's parsers, the event forwarder and the migration helpers.
+ * Only `tests/` imports this file.
+ *
+ * @module
+ */
+export * from "./mod.ts";
+export {
+  checkVmiSemantics,
+  containerDiskFileName,
+  ConversionError,
+  type ConvertOptions,
+  convertVmiToDomainXml,
+  domainClusterOptions,
+  generateDomainXml,
+  hotplugDiskXml,
+  InvalidFieldError,
+  UnsupportedFieldError,
+  validateVmi,
+  VolumePreparationError,
+} from "./converter.ts";
+export { domainFromXml, parseXml } from "./domain_manager.ts";
+export {
+  agentReturn,
+  emptyGuestAgentInfo,
+  fsFreezeStatusFromAgent,
+  GUEST_INFO_LIST_LIMIT,
+  guestAgentInfoFromAgent,
+  guestFilesystemsFromAgent,
+  guestOsInfoFromAgent,
+  guestUsersFromAgent,
+} from "./guest_agent.ts";
+export { MigrationMonitor, type MonitorOptions } from "./migration_monitor.ts";
+export {
+  endsIncomingMigration,
+  IncomingMigration,
+  startsIncomingMigration,
+} from "./migration_target.ts";
+export { prepareForQemuUser, qemuUserOfCapabilities } from "./qemu_user.ts";
