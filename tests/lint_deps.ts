@@ -7,10 +7,16 @@
  *   but each other; only `tests/` imports `main.ts`; `deploy/` imports nothing of `tests/`.
  * - cycle: no cycle among static imports (type-only imports and re-exports included,
  *   dynamic `import()` left out, as it does not run at load time).
- * - private: from outside a folder (`mod/<name>` or `ffi`), `main.ts`, `mod/`, `ffi/` and
- *   `deploy/` import only its `mod.ts`; tests may import any of its files but the
- *   underscore ones, which only files in their own directory import.
- * - face: a folder's `mod.ts` holds comments and re-exports (`export ... from`), no code.
+ * - private: from outside a folder (`mod/<name>`, a nested folder with a `mod.ts` of its
+ *   own, or `ffi`), `main.ts`, `mod/`, `ffi/` and `deploy/` import only its `mod.ts`;
+ *   tests import its `mod.ts` or its `testing.ts`, the face that re-exports what only
+ *   tests reach. A `testing.ts` is imported only by tests and by other `testing.ts` faces.
+ *   An underscore file is imported only from its own directory and the ones below it,
+ *   and no `mod.ts` hands it on.
+ * - face: a folder's `mod.ts` and `testing.ts` hold comments and re-exports
+ *   (`export ... from`), no code.
+ * - apart: folders that hold the two modes of one part (the handler's `pods/` and
+ *   `podless/`) import nothing from each other.
  *
  * Usage: `deno run -A tests/lint_deps.ts [root]` (root defaults to the repository). Prints
  * one line per violation and a summary, and exits 1 when there is any violation.
@@ -22,7 +28,7 @@ import { dirname, isAbsolute, join, relative, resolve, sep } from "node:path";
 import { fileURLToPath } from "node:url";
 
 /** The rule a violation breaks. */
-export type Rule = "layering" | "cycle" | "private" | "face";
+export type Rule = "layering" | "cycle" | "private" | "face" | "apart";
 
 /** One relative import found in a file. */
 export interface ImportRef {
@@ -62,6 +68,8 @@ export interface LintResult {
 const SOURCES = ["main.ts", "mod", "ffi", "deploy", "tests"];
 /** Directory names never read. */
 const SKIPPED_DIRS = new Set(["node_modules", "dist"]);
+/** Pairs of folders that import nothing from each other: a part's two modes. */
+const APART: readonly (readonly [string, string])[] = [["mod/handler/pods", "mod/handler/podless"]];
 /** This linter's own fixture trees, which break the rules on purpose. */
 const FIXTURES_DIR = "tests/fixtures/lint_deps";
 
@@ -410,6 +418,11 @@ function isFace(path: string): boolean {
   return baseName(path) === "mod.ts" && topFolderOf(path) !== undefined;
 }
 
+/** True for a folder's face for tests: a `testing.ts` under `mod/<name>` or `ffi`. */
+function isTestingFace(path: string): boolean {
+  return baseName(path) === "testing.ts" && topFolderOf(path) !== undefined;
+}
+
 function baseName(path: string): string {
   return path.slice(path.lastIndexOf("/") + 1);
 }
@@ -445,14 +458,36 @@ function privateProblem(
   to: string,
   faceDirs: ReadonlySet<string>,
 ): string | undefined {
-  if (baseName(to).startsWith("_") && dirOf(to) !== dirOf(from)) {
-    return `an underscore file is private to ${dirOf(to) || "the root"}/`;
+  const home = dirOf(to);
+  if (baseName(to).startsWith("_") && dirOf(from) !== home && !from.startsWith(`${home}/`)) {
+    return `an underscore file is private to ${home || "the root"}/`;
+  }
+  if (baseName(to).startsWith("_") && isFace(from)) {
+    return "a mod.ts does not hand on an underscore file: drop the underscore, or keep the name inside";
+  }
+  const tests = areaOf(from) === "tests";
+  if (isTestingFace(to) && !tests && !isTestingFace(from)) {
+    return `${to} is for tests: only tests/ and testing.ts faces import it`;
   }
   const folder = folderOf(to, faceDirs);
-  if (folder === undefined || areaOf(from) === "tests") return undefined;
+  if (folder === undefined) return undefined;
   // Inside a folder (its nested folders included) a file imports what it likes.
   if (from.startsWith(`${folder}/`)) return undefined;
-  if (to !== `${folder}/mod.ts`) return `from outside ${folder}/ import only ${folder}/mod.ts`;
+  if (to === `${folder}/mod.ts` || isTestingFace(to)) return undefined;
+  return tests
+    ? `from tests import only ${folder}/mod.ts or ${folder}/testing.ts`
+    : `from outside ${folder}/ import only ${folder}/mod.ts`;
+}
+
+/** The apart rule `edge` breaks, in words, or undefined. */
+function apartProblem(from: string, to: string): string | undefined {
+  for (const [a, b] of APART) {
+    for (const [self, other] of [[a, b], [b, a]]) {
+      if (from.startsWith(`${self}/`) && to.startsWith(`${other}/`)) {
+        return `${self}/ and ${other}/ are two modes of one part: neither imports the other`;
+      }
+    }
+  }
   return undefined;
 }
 
@@ -560,7 +595,7 @@ export async function lintDeps(root: string): Promise<LintResult> {
   const staticEdges: Edge[] = [];
   let imports = 0;
   for (const file of files) {
-    if (isFace(file.path)) {
+    if (isFace(file.path) || isTestingFace(file.path)) {
       const lines = faceCodeLines(file.text);
       if (lines.length > 0) {
         const more = lines.length > 1 ? ` (and ${lines.length - 1} more statements)` : "";
@@ -569,7 +604,7 @@ export async function lintDeps(root: string): Promise<LintResult> {
           line: lines[0],
           specifier: "",
           rule: "face",
-          message: `holds code${more}; a folder's mod.ts holds only comments and re-exports`,
+          message: `holds code${more}; a face holds only comments and re-exports`,
         });
       }
     }
@@ -584,6 +619,7 @@ export async function lintDeps(root: string): Promise<LintResult> {
       const problems: [Rule, string | undefined][] = [
         ["layering", layeringProblem(file.path, target)],
         ["private", privateProblem(file.path, target, faceDirs)],
+        ["apart", apartProblem(file.path, target)],
       ];
       for (const [rule, message] of problems) {
         if (message === undefined) continue;

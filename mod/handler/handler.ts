@@ -58,7 +58,6 @@ import { VmiController } from "./controller.ts";
 import { MigrationProxyManager } from "../migration/mod.ts";
 import { MigrationSourceController } from "./migration_source.ts";
 import { MigrationTargetController } from "./migration_target.ts";
-import { PodlessMigrations } from "./podless_migrations.ts";
 import { type HealthAnswer, HealthStatus } from "./healthz.ts";
 import { GhostRecordStore } from "./ghost_records.ts";
 import { LauncherClients } from "./launcher_clients.ts";
@@ -70,9 +69,8 @@ import {
   notifyRefusals,
   NotifyServer,
 } from "./notify_server.ts";
-import { PodLaunchers } from "./pod_launchers.ts";
-import { PodlessScheduler } from "./podless_scheduler.ts";
-import { PodlessLaunchers } from "./podless_launchers.ts";
+import { PodLaunchers } from "./pods/mod.ts";
+import { PodlessLaunchers, PodlessMigrations, PodlessScheduler } from "./podless/mod.ts";
 
 const log = getLogger("handler");
 
@@ -279,10 +277,8 @@ interface MigrationParts {
 export class Handler implements Runnable {
   /** For logs. */
   readonly name = "handler";
-  /** The controller (for tests and the local mode's display). */
-  readonly controller: VmiController;
-  /** The VMI informer. */
-  readonly informer: Informer<VirtualMachineInstance>;
+  readonly #controller: VmiController;
+  readonly #informer: Informer<VirtualMachineInstance>;
   readonly #config: Config;
   readonly #options: HandlerOptions;
   readonly #ghosts: GhostRecordStore;
@@ -294,7 +290,7 @@ export class Handler implements Runnable {
   /** Where launchers' messages go: the notify socket and every pod's pipe. */
   readonly #notify: NotifyHandlers = {
     onDomainEvent: (e) => {
-      this.controller.domainEvent(e.type, e.domain);
+      this.#controller.domainEvent(e.type, e.domain);
       if (this.#migration) {
         const key = vmiKey(e.domain.metadata);
         this.#migration.source.wake(key);
@@ -306,8 +302,6 @@ export class Handler implements Runnable {
   readonly #scheduler?: PodlessScheduler;
   /** The worker thread that enters pods' network namespaces (started on first use). */
   readonly #netns: NetnsRunner;
-  /** The REST server, when the handler serves one (for tests). */
-  rest?: RestServer;
   readonly #client: KubeClient;
   /** The migration's controllers and proxies, when this node takes part in migrations. */
   readonly #migration?: MigrationParts;
@@ -327,7 +321,7 @@ export class Handler implements Runnable {
     this.#ghosts = ghosts;
     const paths = handlerPaths(config);
     const queue = new WorkQueue<string>();
-    this.informer = new Informer<VirtualMachineInstance>(client, {
+    this.#informer = new Informer<VirtualMachineInstance>(client, {
       path: `/apis/kubevirt.io/v1/${VMI_RESOURCE}`,
       labelSelector: `${Labels.NodeName}=${config.nodeName}`,
       onError: (error) => log.warn("VMI watch interrupted, retrying: {error}", { error }),
@@ -358,7 +352,7 @@ export class Handler implements Runnable {
           hostDiskRoot: options.hostDiskRoot,
           migrationSocketDir: options.migration?.socketDir,
         },
-        wake: (key) => this.controller.wake(key),
+        wake: (key) => this.#controller.wake(key),
         exited: (uid, why) => void this.#launchers.markUnresponsive(uid, why),
         networks: options.podNetwork
           ? new PodlessNetworks({
@@ -394,7 +388,7 @@ export class Handler implements Runnable {
           : undefined,
       });
     this.#launchers = new LauncherClients({
-      onUnresponsive: (uid) => this.controller.launcherGone(uid),
+      onUnresponsive: (uid) => this.#controller.launcherGone(uid),
       markerDir: join(config.stateDir, "unresponsive"),
       dialResolver: this.#provider.dialResolver,
       dial: !this.#provider.watchesLaunchers,
@@ -407,10 +401,10 @@ export class Handler implements Runnable {
     this.#migration = options.migration
       ? this.#migrationParts(options.migration, { statusWriter, networks, queue })
       : undefined;
-    this.controller = new VmiController({
+    this.#controller = new VmiController({
       nodeName: config.nodeName,
       provider: this.#provider,
-      informer: this.informer,
+      informer: this.#informer,
       queue,
       expectations: new Expectations(),
       statusWriter,
@@ -454,7 +448,7 @@ export class Handler implements Runnable {
         return vmi;
       },
     });
-    const domains = () => this.controller.domains;
+    const domains = () => this.#controller.domains;
     const common = {
       nodeName: config.nodeName,
       provider: this.#provider,
@@ -472,14 +466,14 @@ export class Handler implements Runnable {
         return domains();
       },
       networks: o.networks,
-      cleanup: (vmi) => this.controller.cleanupLocal(vmi),
+      cleanup: (vmi) => this.#controller.cleanupLocal(vmi),
     });
     const source = new MigrationSourceController({
       ...common,
       clusterConfig: this.#options.kubevirtCr
         ? () => this.#options.kubevirtCr!.config()
         : undefined,
-      informer: this.informer,
+      informer: this.#informer,
       queue: new WorkQueue<string>(),
       expectations: new Expectations(),
       get domains() {
@@ -497,7 +491,7 @@ export class Handler implements Runnable {
       })
       : undefined;
     if (podless) {
-      this.informer.addHandlers({
+      this.#informer.addHandlers({
         onAdd: (vmi) => podless.vmiChanged(vmi),
         onUpdate: (_old, vmi) => podless.vmiChanged(vmi),
         onDelete: (vmi) => podless.vmiChanged(vmi),
@@ -537,7 +531,7 @@ export class Handler implements Runnable {
    * per VMI. Throws (the launcher is answered `success: false`) otherwise.
    */
   #launcherEvent(e: K8sEventNotification): void {
-    const vmi = this.informer.get(`${e.namespace}/${e.name}`);
+    const vmi = this.#informer.get(`${e.namespace}/${e.name}`);
     if (!vmi || vmi.metadata.uid !== e.uid) {
       notifyRefusals.k8sEvents++;
       throw new Error(`VMI "${e.namespace}/${e.name}" with UID "${e.uid ?? ""}" not found`);
@@ -561,7 +555,7 @@ export class Handler implements Runnable {
   #onStarted(): void {
     this.#ready = true;
     log.info("Handler ready: {vmis} VMIs on this node, {adopted} launchers re-adopted", {
-      vmis: this.informer.list().length,
+      vmis: this.#informer.list().length,
       adopted: this.#adopted,
       startupMs: Math.round(performance.now() - this.#started),
     });
@@ -573,7 +567,7 @@ export class Handler implements Runnable {
    * socket, the launcher monitor, the provider and the health endpoints.
    */
   async run(signal: AbortSignal): Promise<void> {
-    const controller = this.controller;
+    const controller = this.#controller;
     const migration = this.#migration;
     const notify = await NotifyServer.start(
       handlerPaths(this.#config).notifySocket,
@@ -593,7 +587,7 @@ export class Handler implements Runnable {
           onError: (error) => log.warn("Domain resync failed: {error}", { error }),
         }),
     );
-    const parts: Runnable[] = [this.informer, notify, this.#launchers, this.#provider];
+    const parts: Runnable[] = [this.#informer, notify, this.#launchers, this.#provider];
     if (this.#scheduler) parts.push(this.#scheduler);
     const workers: Runnable[] = [controller, resync];
     if (migration) {
@@ -654,18 +648,18 @@ export class Handler implements Runnable {
     const exp = new Exposition();
     addHandlerSamples(exp, {
       ready: this.#ready,
-      syncs: this.controller.syncs,
+      syncs: this.#controller.syncs,
       refused: {
         domain: notifyRefusals.domainEvents,
-        domain_without_uid: this.controller.foreignDomains,
+        domain_without_uid: this.#controller.foreignDomains,
         k8s_event: notifyRefusals.k8sEvents,
       },
-      queue: this.controller.queueStats(),
+      queue: this.#controller.queueStats(),
       requests: restClientStats.requests(),
       latencies: restClientStats.latencies(),
     });
     const deadline = performance.now() + budgetMs;
-    const vmis = this.informer.list().filter((v) =>
+    const vmis = this.#informer.list().filter((v) =>
       v.status?.nodeName === this.#config.nodeName && v.status?.phase === "Running"
     );
     const results: (undefined | { stats: Record<string, unknown>; fs: GuestFilesystemStat[] })[] =
@@ -713,7 +707,7 @@ export class Handler implements Runnable {
     const launchers = this.#launchers;
     const backend: RestBackend = {
       vmi: (namespace, name) => {
-        const vmi = this.informer.get(`${namespace}/${name}`);
+        const vmi = this.#informer.get(`${namespace}/${name}`);
         return vmi?.status?.nodeName === this.#config.nodeName ? vmi : undefined;
       },
       launcher: async (vmi) => {
@@ -734,7 +728,6 @@ export class Handler implements Runnable {
       tls: rest.tls,
       backend,
     });
-    this.rest = server;
     const parts: Runnable[] = [
       server,
       runnable("rest-tls", (signal) => rest.tls.watch(signal)),
@@ -797,7 +790,7 @@ export class Handler implements Runnable {
           try {
             await Deno.lstat(l.socket);
             const domain = await client.getDomain();
-            if (domain) this.controller.domainEvent("ADDED", domain);
+            if (domain) this.#controller.domainEvent("ADDED", domain);
             adopted++;
           } catch (error) {
             log.warn("Launcher of ghost record not answering yet: {error}", {

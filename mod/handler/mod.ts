@@ -26,120 +26,13 @@
  */
 export {
   defaultMigrationAddress,
-  DOMAIN_RESYNC_MS,
   Handler,
   type HandlerMigrationOptions,
   type HandlerOptions,
-  handlerPaths,
   libvirtSocketOfUri,
-  MIGRATION_INTERFACE,
   migrationNetworkAddress,
   podlessSocketPathProblem,
 } from "./handler.ts";
-export { MigrationSourceController, type MigrationSourceDeps } from "./migration_source.ts";
-export {
-  domainActiveOnTarget,
-  domainMigrated,
-  domainPausedFailedPostCopy,
-  isMigrating,
-  isMigrationDone,
-  isMigrationInProgress,
-  isMigrationSource,
-  isMigrationTarget,
-  migrationNeedsFinalization,
-  migrationOptions,
-  notMigratable,
-} from "./migration_state.ts";
-export {
-  MigrationEvents,
-  MigrationTargetController,
-  type MigrationTargetDeps,
-} from "./migration_target.ts";
-export {
-  MigrationAnnotations,
-  PodlessMigrations,
-  type PodlessMigrationsOptions,
-  TARGET_READY_TIMEOUT_S,
-  TARGET_SCHEDULABLE_TIMEOUT_S,
-} from "./podless_migrations.ts";
-export {
-  ACPI_RESEND_MS,
-  CACHE_NOT_SYNCED_REQUEUE_MS,
-  type ControllerDeps,
-  DEFAULT_WORKERS,
-  DONE,
-  OLDER_DOMAIN_REQUEUE_MS,
-  type ReconcileResult,
-  requeueAfter,
-  sooner,
-  VmiController,
-} from "./controller.ts";
-export { decideSync, SyncAction, type SyncDecision, type SyncInput } from "./decide.ts";
+export { migrationOptions } from "./migration_state.ts";
 export { type GhostRecord, GhostRecordStore, type SetAsideFile } from "./ghost_records.ts";
-export {
-  type DiskEventRecorder,
-  type LauncherProvider,
-  launchersOfGhostRecords,
-  type LauncherStart,
-  type MigrationSourceDir,
-} from "./launcher_provider.ts";
-export { POD_SOCKET_POLL_MS, PodLaunchers, type PodLaunchersOptions } from "./pod_launchers.ts";
-export {
-  type HostSettings,
-  LAUNCHER_STOP_EXTRA_MS,
-  launcherHostId,
-  PODLESS_NOT_READY_REQUEUE_MS,
-  PodlessLaunchers,
-  type PodlessLaunchersOptions,
-} from "./podless_launchers.ts";
-export {
-  LAUNCHER_IDENTITY,
-  LauncherSpawner,
-  type LauncherSpawnerOptions,
-  type LauncherSpec,
-  type ProcessIdentity,
-} from "./launcher_spawner.ts";
-export { type HostExit, LauncherHostClient, LauncherHostError } from "./launcher_host_client.ts";
-export {
-  dialDirectly,
-  type DialResolver,
-  type DialTarget,
-  LAUNCHER_TIMEOUTS,
-  LauncherCallError,
-  LauncherClient,
-  LauncherClients,
-  type LauncherClientsOptions,
-} from "./launcher_clients.ts";
-export {
-  type DomainNotification,
-  type K8sEventNotification,
-  type NotifyHandlers,
-  type NotifyRefusals,
-  notifyRefusals,
-  type NotifySender,
-  NotifyServer,
-  refuseDomain,
-  refuseK8sEvent,
-} from "./notify_server.ts";
-export { MAX_PIPE_CONNECTIONS, NotifyPipes, type NotifyPipesOptions } from "./notify_pipes.ts";
-export {
-  type ComputedStatus,
-  computeStatus,
-  EventReason,
-  nextPhase,
-  type PhaseChange,
-  type PhaseInputs,
-  type StatusEvent,
-  type StatusInput,
-  SYNC_FAILED_REASON,
-} from "./status.ts";
-export { type AgentInfo, type AgentSupport, guestAgentSupport } from "./guest_agent_support.ts";
-export {
-  ALLOW_POD_BRIDGE_MIGRATION_ANNOTATION,
-  type HostCpuSource,
-  joinBlockers,
-  type Migratability,
-  migratability,
-  type MigratableContext,
-  type MigrationBlocker,
-} from "./migratable.ts";
+export type { HostCpuSource } from "./migratable.ts";

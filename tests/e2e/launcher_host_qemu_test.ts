@@ -8,7 +8,7 @@
 
 import assert from "node:assert/strict";
 import { decodeDomainJson } from "../../mod/domain/mod.ts";
-import type { LauncherHostClient } from "../../mod/handler/launcher_host_client.ts";
+import type { LauncherHostClient } from "../../mod/handler/testing.ts";
 import type { HostedVmSpec } from "../../mod/launcher/mod.ts";
 import { TestCmdClient } from "../helpers/cmd_client.ts";
 import { ensureLibvirtd, QEMU_SYSTEM_URI } from "../helpers/libvirtd.ts";

@@ -12,7 +12,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { VIR_DOMAIN_JOB_STATS_COMPLETED } from "../../ffi/mod.ts";
 import { MigrationProxyManager } from "../../mod/migration/mod.ts";
-import { DomainManager } from "../../mod/launcher/domain_manager.ts";
+import { DomainManager } from "../../mod/launcher/testing.ts";
 import { addVmiSamples, Exposition } from "../../mod/metrics/mod.ts";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
 import { promtoolCheck } from "../helpers/promtool.ts";

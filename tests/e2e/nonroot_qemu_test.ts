@@ -8,7 +8,7 @@
 import assert from "node:assert/strict";
 import { useCluster } from "../../deploy/cluster/cluster.ts";
 import { getXattrBytes, removeXattr, setXattrBytes } from "../../ffi/mod.ts";
-import { decodeAcl } from "../../mod/host/acl.ts";
+import { decodeAcl } from "../../mod/host/mod.ts";
 import { kvmUsable } from "../../mod/host/mod.ts";
 import { runText } from "../helpers/command.ts";
 import { startPrivateLibvirtd } from "../helpers/libvirtd.ts";

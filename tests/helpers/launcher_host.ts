@@ -5,8 +5,8 @@
  * @module
  */
 
-import { LauncherHostClient } from "../../mod/handler/launcher_host_client.ts";
-import type { HostExit } from "../../mod/handler/launcher_host_client.ts";
+import { LauncherHostClient } from "../../mod/handler/testing.ts";
+import type { HostExit } from "../../mod/handler/testing.ts";
 import type { HostedVmSpec } from "../../mod/launcher/mod.ts";
 import { waitFor } from "./handler_process.ts";
 import { GUEST_CPU_FEATURES } from "../../deploy/guest_cpu.ts";

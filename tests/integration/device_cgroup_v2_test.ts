@@ -20,7 +20,7 @@ import {
   deviceFilterProgram,
   LAUNCHER_DEVICE_RULES,
   setDeviceRules,
-} from "../../mod/handler/device_cgroup_v2.ts";
+} from "../../mod/handler/testing.ts";
 import { runText as run } from "../helpers/command.ts";
 
 /** Where the machine mounts cgroup2 (from the mount table). */

@@ -10,8 +10,8 @@
 
 import assert from "node:assert/strict";
 import { decodeDomainJson } from "../../mod/domain/mod.ts";
-import type { LauncherHostClient } from "../../mod/handler/launcher_host_client.ts";
-import type { HostExit } from "../../mod/handler/launcher_host_client.ts";
+import type { LauncherHostClient } from "../../mod/handler/testing.ts";
+import type { HostExit } from "../../mod/handler/testing.ts";
 import { openLibvirt } from "../../ffi/mod.ts";
 import { TestCmdClient } from "../helpers/cmd_client.ts";
 import { startNotifyServer } from "../helpers/notify_server.ts";

@@ -24,7 +24,7 @@ import {
   type PreferredAllocationResponse,
   type RegisterRequest,
   registrationService,
-} from "../../mod/proto/deviceplugin.ts";
+} from "../../mod/proto/mod.ts";
 import { type ServiceError, unixTarget } from "../../mod/proto/mod.ts";
 
 const grpcTest = { sanitizeOps: false, sanitizeResources: false };

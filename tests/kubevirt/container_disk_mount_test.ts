@@ -12,7 +12,7 @@ import { join } from "node:path";
 import { buildKubevirt } from "../../deploy/cluster/cluster.ts";
 import { writeFileBeneath } from "../../ffi/mod.ts";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
-import { ContainerDiskMounts } from "../../mod/handler/container_disk_mounts.ts";
+import { ContainerDiskMounts } from "../../mod/handler/testing.ts";
 import { waitFor } from "../helpers/handler_process.ts";
 
 const VOLUME = "volumes/kubernetes.io~empty-dir/container-disks";

@@ -19,7 +19,7 @@ import {
   containerDiskFileName,
   ConversionError,
   convertVmiToDomainXml,
-} from "../../mod/launcher/converter.ts";
+} from "../../mod/launcher/testing.ts";
 
 interface Manifest {
   kind?: string;

@@ -12,7 +12,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { buildKubevirt } from "../../deploy/cluster/cluster.ts";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
-import { HotplugMounts } from "../../mod/handler/hotplug_mounts.ts";
+import { HotplugMounts } from "../../mod/handler/testing.ts";
 import { waitFor } from "../helpers/handler_process.ts";
 
 const HOTPLUG = "volumes/kubernetes.io~empty-dir/hotplug-disks";

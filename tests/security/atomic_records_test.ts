@@ -7,7 +7,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
-import { GhostRecordStore, PodLaunchers } from "../../mod/handler/mod.ts";
+import { GhostRecordStore, PodLaunchers } from "../../mod/handler/testing.ts";
 
 /** Bytes of padding in each record the killed writer writes: large enough to take a while. */
 const PAD_BYTES = 4 * 1024 * 1024;

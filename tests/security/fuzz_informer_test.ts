@@ -11,9 +11,9 @@
  * instead of buffered for ever.
  */
 import assert from "node:assert/strict";
-import { Informer } from "../../mod/kube/informer.ts";
-import { KubeClient } from "../../mod/kube/client.ts";
-import type { KubeObject } from "../../mod/kube/types.ts";
+import { Informer } from "../../mod/kube/mod.ts";
+import { KubeClient } from "../../mod/kube/mod.ts";
+import type { KubeObject } from "../../mod/kube/mod.ts";
 import { fuzz, genericMutations, hex, mutate, prng, type Rand } from "./_fuzz.ts";
 
 type Json = null | boolean | number | string | Json[] | { [key: string]: Json };

@@ -19,12 +19,12 @@ import {
   newDomain,
   StateChangeReason,
 } from "../../mod/domain/mod.ts";
-import { domainFromXml } from "../../mod/launcher/domain_manager.ts";
+import { domainFromXml } from "../../mod/launcher/testing.ts";
 import {
   type DomainNotification,
   type K8sEventNotification,
   NotifyServer,
-} from "../../mod/handler/notify_server.ts";
+} from "../../mod/handler/testing.ts";
 import { notifyInfoService, notifyService } from "../../mod/proto/mod.ts";
 import {
   fuzz,

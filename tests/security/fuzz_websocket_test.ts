@@ -13,7 +13,7 @@ import {
   type FrameEvent,
   FrameReader,
   MAX_FRAME_PAYLOAD,
-} from "../../mod/rest/websocket.ts";
+} from "../../mod/rest/testing.ts";
 import {
   type ByteMutation,
   concatBytes,

@@ -7,7 +7,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { DatagramPoller, NetnsRunner, sendDatagram } from "../../ffi/mod.ts";
-import { LauncherSpawner } from "../../mod/handler/launcher_spawner.ts";
+import { LauncherSpawner } from "../../mod/handler/testing.ts";
 import { sleep } from "../../mod/lifecycle/mod.ts";
 import { setupLogging } from "../../mod/log/mod.ts";
 import { type Dhcp4Lease, DhcpServers } from "../../mod/network/mod.ts";

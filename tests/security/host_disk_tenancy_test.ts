@@ -10,7 +10,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { KUBEVIRT_NAMESPACE, startCluster } from "../../deploy/cluster/cluster.ts";
-import { convertVmiToDomainXml, InvalidFieldError } from "../../mod/launcher/converter.ts";
+import { convertVmiToDomainXml, InvalidFieldError } from "../../mod/launcher/testing.ts";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
 import {
   createVmi,

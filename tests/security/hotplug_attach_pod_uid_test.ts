@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
-import { HotplugMountError, HotplugMounts } from "../../mod/handler/hotplug_mounts.ts";
+import { HotplugMountError, HotplugMounts } from "../../mod/handler/testing.ts";
 
 const ATTACH_SOCKET_DIR = "volumes/kubernetes.io~empty-dir/hotplug-disks";
 

@@ -8,7 +8,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
-import { GhostRecordStore, PodLaunchers } from "../../mod/handler/mod.ts";
+import { GhostRecordStore, PodLaunchers } from "../../mod/handler/testing.ts";
 import { MigrationProxyManager } from "../../mod/migration/mod.ts";
 import { POD_UID, startStandInPod } from "./_pod.ts";
 

@@ -20,8 +20,8 @@ import {
   type KubeObject,
 } from "../../mod/kube/mod.ts";
 import type { VirtualMachineInstance, VirtualMachineInstanceMigration } from "../../mod/api/mod.ts";
-import { PodlessMigrations } from "../../mod/handler/mod.ts";
-import { PodlessScheduler } from "../../mod/handler/podless_scheduler.ts";
+import { PodlessMigrations } from "../../mod/handler/testing.ts";
+import { PodlessScheduler } from "../../mod/handler/testing.ts";
 import {
   createVmi,
   getVmi,

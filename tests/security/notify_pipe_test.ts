@@ -15,7 +15,7 @@ import {
   NotifyPipes,
   notifyRefusals,
   PodLaunchers,
-} from "../../mod/handler/mod.ts";
+} from "../../mod/handler/testing.ts";
 import { DomainEventType, newNotifyClient, type Response } from "../../mod/proto/mod.ts";
 import { startStandInPod } from "./_pod.ts";
 

@@ -10,8 +10,8 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { every, sleep } from "../../mod/lifecycle/mod.ts";
 import { TlsMaterial } from "../../mod/rest/mod.ts";
-import { GhostRecordStore } from "../../mod/handler/ghost_records.ts";
-import { PodlessLaunchers } from "../../mod/handler/podless_launchers.ts";
+import { GhostRecordStore } from "../../mod/handler/testing.ts";
+import { PodlessLaunchers } from "../../mod/handler/testing.ts";
 import { makeCertificates } from "../helpers/rest_client.ts";
 
 /** A signal whose abort listeners are counted as they are added and taken off. */

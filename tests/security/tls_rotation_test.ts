@@ -11,7 +11,7 @@ import { createPrivateKey, X509Certificate } from "node:crypto";
 import { join } from "node:path";
 import { sleep } from "../../mod/lifecycle/mod.ts";
 import { RestServer, type TlsContext, TlsMaterial } from "../../mod/rest/mod.ts";
-import { TLS_POLL_MS } from "../../mod/rest/tls.ts";
+import { TLS_POLL_MS } from "../../mod/rest/testing.ts";
 import {
   issueServerCertificate,
   makeCertificates,

@@ -7,7 +7,7 @@
 import assert from "node:assert/strict";
 import net from "node:net";
 import { join } from "node:path";
-import { bridge } from "../../mod/rest/bridge.ts";
+import { bridge } from "../../mod/rest/testing.ts";
 import { clientFrame, frameHeader } from "./_websocket.ts";
 
 const PINGS = 100_000;

@@ -1,6 +1,6 @@
 /** Paths cleaned as Go's `path.Clean` and ServeMux clean them (virt-handler's server). */
 import assert from "node:assert/strict";
-import { cleanUrlPath } from "../../mod/handler/handler.ts";
+import { cleanUrlPath } from "../../mod/handler/testing.ts";
 
 Deno.test("cleanUrlPath() collapses repeated slashes and resolves dot segments, as Go's ServeMux", () => {
   const rows: [string, string][] = [

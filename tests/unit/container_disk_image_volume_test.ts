@@ -8,7 +8,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
-import { ContainerDiskMounts } from "../../mod/handler/container_disk_mounts.ts";
+import { ContainerDiskMounts } from "../../mod/handler/testing.ts";
 
 function vmi(uid: string): VirtualMachineInstance {
   return {

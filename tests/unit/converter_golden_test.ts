@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
-import { convertVmiToDomainXml } from "../../mod/launcher/converter.ts";
-import type { ConvertOptions } from "../../mod/launcher/converter.ts";
+import { convertVmiToDomainXml } from "../../mod/launcher/testing.ts";
+import type { ConvertOptions } from "../../mod/launcher/testing.ts";
 import { createWorkspace, FIXTURE_DIR, virtXmlValidate } from "./converter_workspace.ts";
 
 /** Fixtures converted for a KVM host; the others for software emulation. */

@@ -5,7 +5,7 @@ import {
   InvalidFieldError,
   UnsupportedFieldError,
   validateVmi,
-} from "../../mod/launcher/converter.ts";
+} from "../../mod/launcher/testing.ts";
 
 // deno-lint-ignore no-explicit-any
 type Json = any;

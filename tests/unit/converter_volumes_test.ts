@@ -10,8 +10,8 @@ import {
   UnsupportedFieldError,
   validateVmi,
   VolumePreparationError,
-} from "../../mod/launcher/converter.ts";
-import type { ConvertOptions } from "../../mod/launcher/converter.ts";
+} from "../../mod/launcher/testing.ts";
+import type { ConvertOptions } from "../../mod/launcher/testing.ts";
 import { createWorkspace, virtXmlValidate } from "./converter_workspace.ts";
 import type { Workspace } from "./converter_workspace.ts";
 

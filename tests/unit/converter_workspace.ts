@@ -7,7 +7,7 @@
  */
 
 import * as path from "node:path";
-import type { ConvertOptions } from "../../mod/launcher/converter.ts";
+import type { ConvertOptions } from "../../mod/launcher/testing.ts";
 
 /** The root fixtures and golden files use in place of the temporary directory. */
 export const FIXTURE_ROOT = "/var/lib/virtnode-test";

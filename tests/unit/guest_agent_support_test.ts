@@ -7,8 +7,8 @@
 import assert from "node:assert/strict";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
 import { LifeCycle, newDomain, StateChangeReason } from "../../mod/domain/mod.ts";
-import { guestAgentSupport } from "../../mod/handler/guest_agent_support.ts";
-import { computeStatus } from "../../mod/handler/status.ts";
+import { guestAgentSupport } from "../../mod/handler/testing.ts";
+import { computeStatus } from "../../mod/handler/testing.ts";
 
 const BASIC = [
   "guest-ping",

@@ -11,7 +11,7 @@ import {
   type GhostRecord,
   type LauncherProvider,
   VmiController,
-} from "../../mod/handler/mod.ts";
+} from "../../mod/handler/testing.ts";
 import { Expectations, WorkQueue } from "../../mod/kube/mod.ts";
 
 const UID = "0badf00d-0000-4000-8000-000000000001";
@@ -255,7 +255,7 @@ Deno.test("domainEvent() counts a domain with a deletion timestamp as gone (a la
 });
 
 Deno.test("hotplugUnsettled() is true while a hotplugged volume waits for the launcher: in the spec and not Ready, or out of it with a target", async () => {
-  const { hotplugUnsettled } = await import("../../mod/handler/controller.ts");
+  const { hotplugUnsettled } = await import("../../mod/handler/testing.ts");
   const vmi = (volumes: string[], statuses: Record<string, unknown>[]) =>
     ({
       metadata: { name: "v", namespace: "d", uid: "u" },

@@ -11,7 +11,7 @@ import {
   newDomain,
   StateChangeReason,
 } from "../../mod/domain/mod.ts";
-import { decideSync, SyncAction, type SyncInput } from "../../mod/handler/mod.ts";
+import { decideSync, SyncAction, type SyncInput } from "../../mod/handler/testing.ts";
 
 const UID = "c0ffee00-0000-4000-8000-000000000001";
 

@@ -15,7 +15,7 @@ import {
   LauncherCallError,
   type LauncherProvider,
   VmiController,
-} from "../../mod/handler/mod.ts";
+} from "../../mod/handler/testing.ts";
 import { Expectations, WorkQueue } from "../../mod/kube/mod.ts";
 
 const UID = "0badf00d-0000-4000-8000-0000000000e6";

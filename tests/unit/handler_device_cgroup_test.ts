@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { deviceCgroupOf } from "../../mod/handler/hotplug_mounts.ts";
+import { deviceCgroupOf } from "../../mod/handler/testing.ts";
 
 Deno.test("deviceCgroupOf() takes the devices controller's cgroup on a v1 or hybrid host, the v2 one where there is none, and refuses one outside the namespace", () => {
   const hybrid = [

@@ -3,7 +3,7 @@
  * root links to outside of it does (the pod controls its own /dev).
  */
 import assert from "node:assert/strict";
-import { claimLauncherDevices } from "../../mod/handler/device_ownership.ts";
+import { claimLauncherDevices } from "../../mod/handler/testing.ts";
 
 async function owner(path: string): Promise<number | null> {
   return (await Deno.lstat(path)).uid;

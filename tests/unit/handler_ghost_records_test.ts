@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { GhostRecordError, GhostRecordStore } from "../../mod/handler/ghost_records.ts";
+import { GhostRecordError, GhostRecordStore } from "../../mod/handler/testing.ts";
 
 const record = {
   name: "vm1",
@@ -97,7 +97,7 @@ function standInLauncher(uid: string): Deno.ChildProcess {
 }
 
 Deno.test("findLauncherByUid() finds a launcher process by the --uid on its command line", async () => {
-  const { findLauncherByUid } = await import("../../mod/handler/launcher_spawner.ts");
+  const { findLauncherByUid } = await import("../../mod/handler/testing.ts");
   const uid = `u-${crypto.randomUUID()}`;
   const child = standInLauncher(uid);
   try {
@@ -115,7 +115,7 @@ Deno.test("findLauncherByUid() finds a launcher process by the --uid on its comm
 });
 
 Deno.test("LauncherSpawner.ensurePidFile() writes the PID and start-time files of a launcher found in /proc, once", async () => {
-  const { LauncherSpawner } = await import("../../mod/handler/launcher_spawner.ts");
+  const { LauncherSpawner } = await import("../../mod/handler/testing.ts");
   const { processStartTime } = await import("../../ffi/mod.ts");
   const dir = await Deno.makeTempDir();
   const uid = `u-${crypto.randomUUID()}`;

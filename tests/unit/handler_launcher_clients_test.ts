@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { LauncherClients } from "../../mod/handler/launcher_clients.ts";
+import { LauncherClients } from "../../mod/handler/testing.ts";
 
 Deno.test("LauncherClients marks a launcher unresponsive only after 30 s without a successful dial, and writes the marker", async () => {
   const dir = await Deno.makeTempDir();
@@ -94,7 +94,7 @@ Deno.test(
   },
   async () => {
     const { CmdServer } = await import("../../mod/launcher/mod.ts");
-    const { LauncherClient } = await import("../../mod/handler/launcher_clients.ts");
+    const { LauncherClient } = await import("../../mod/handler/testing.ts");
     const dir = await Deno.makeTempDir();
     let calls = 0;
     const backend = {

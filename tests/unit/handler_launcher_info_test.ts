@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import * as grpc from "@grpc/grpc-js";
-import { LauncherCallError, LauncherClient } from "../../mod/handler/launcher_clients.ts";
+import { LauncherCallError, LauncherClient } from "../../mod/handler/testing.ts";
 import { cmdInfoService, cmdService, unixTarget } from "../../mod/proto/mod.ts";
 
 // grpc-js keeps timers and sockets past a test's end.

@@ -4,7 +4,7 @@ import {
   ALLOW_POD_BRIDGE_MIGRATION_ANNOTATION,
   joinBlockers,
   migratability,
-} from "../../mod/handler/migratable.ts";
+} from "../../mod/handler/testing.ts";
 
 type Spec = VirtualMachineInstance["spec"];
 

@@ -12,7 +12,7 @@ import {
   migrationNeedsFinalization,
   migrationOptions,
   notMigratable,
-} from "../../mod/handler/mod.ts";
+} from "../../mod/handler/testing.ts";
 
 function vmi(
   status: VirtualMachineInstance["status"] = {},

@@ -15,8 +15,12 @@ import {
   parseDomainCapabilities,
   parseHostCapabilities,
 } from "../../mod/node/mod.ts";
-import { computeStatus } from "../../mod/handler/status.ts";
-import { type ControllerDeps, type HostCpuSource, VmiController } from "../../mod/handler/mod.ts";
+import { computeStatus } from "../../mod/handler/testing.ts";
+import {
+  type ControllerDeps,
+  type HostCpuSource,
+  VmiController,
+} from "../../mod/handler/testing.ts";
 import { Expectations, WorkQueue } from "../../mod/kube/mod.ts";
 
 const FIXTURES = fileURLToPath(new URL("../fixtures/labeller/", import.meta.url));

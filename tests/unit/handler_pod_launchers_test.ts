@@ -4,7 +4,7 @@
  */
 import assert from "node:assert/strict";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
-import { GhostRecordStore, PodLaunchers } from "../../mod/handler/mod.ts";
+import { GhostRecordStore, PodLaunchers } from "../../mod/handler/testing.ts";
 
 const POD = "9a3e1c2d-1111-4222-8333-444455556666";
 const SOCKETS = `${POD}/volumes/kubernetes.io~empty-dir/sockets`;

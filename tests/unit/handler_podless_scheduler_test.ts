@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
-import { scheduledStatus, wantsNode } from "../../mod/handler/podless_scheduler.ts";
+import { scheduledStatus, wantsNode } from "../../mod/handler/testing.ts";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
-import { computeStatus } from "../../mod/handler/status.ts";
+import { computeStatus } from "../../mod/handler/testing.ts";
 
 function vmi(status: VirtualMachineInstance["status"], labels?: Record<string, string>) {
   return {

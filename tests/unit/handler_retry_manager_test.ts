@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { FailRetryManager } from "../../mod/handler/retry_manager.ts";
+import { FailRetryManager } from "../../mod/handler/testing.ts";
 
 function clock() {
   let t = 1_000_000;

@@ -1,8 +1,5 @@
 import assert from "node:assert/strict";
-import {
-  LauncherSpawner,
-  type LauncherSpawnerOptions,
-} from "../../mod/handler/launcher_spawner.ts";
+import { LauncherSpawner, type LauncherSpawnerOptions } from "../../mod/handler/testing.ts";
 
 Deno.test("LauncherSpawner lets only maxStarting launchers start at once and frees a slot when one is ready", async () => {
   const dir = await Deno.makeTempDir();

@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import type { MigrationState, VirtualMachineInstance } from "../../mod/api/mod.ts";
 import { decodeDomainJson } from "../../mod/domain/mod.ts";
-import { computeStatus, phaseChangeEvent } from "../../mod/handler/status.ts";
+import { computeStatus, phaseChangeEvent } from "../../mod/handler/testing.ts";
 
 type Grace = "unset" | 0 | 30;
 type Features = "none" | "empty" | "acpi";

@@ -13,7 +13,7 @@ import {
   phaseChangeEvent,
   type StatusInput,
   SYNC_FAILED_REASON,
-} from "../../mod/handler/status.ts";
+} from "../../mod/handler/testing.ts";
 
 const T0 = "2026-11-29T10:00:00.000Z";
 const T1 = "2026-11-29T10:00:05.000Z";

@@ -5,7 +5,7 @@
  */
 import assert from "node:assert/strict";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
-import { hostTopology, parseCpuList, virtualMachineOptions } from "../../mod/handler/vm_options.ts";
+import { hostTopology, parseCpuList, virtualMachineOptions } from "../../mod/handler/testing.ts";
 
 async function write(path: string, text: string): Promise<void> {
   await Deno.mkdir(path.slice(0, path.lastIndexOf("/")), { recursive: true });

@@ -6,8 +6,8 @@ import {
   grantUserAccess,
   modeAllows,
   withUserAccess,
-} from "../../mod/host/acl.ts";
-import { prepareForQemuUser, qemuUserOfCapabilities } from "../../mod/launcher/qemu_user.ts";
+} from "../../mod/host/mod.ts";
+import { prepareForQemuUser, qemuUserOfCapabilities } from "../../mod/launcher/testing.ts";
 
 const U = 0xffffffff;
 

@@ -11,8 +11,8 @@ import {
   logLevelForVerbosity,
   parseKubevirtConfiguration,
 } from "../../mod/config/mod.ts";
-import { virtualMachineOptions } from "../../mod/handler/vm_options.ts";
-import { migrationOptions } from "../../mod/handler/migration_state.ts";
+import { virtualMachineOptions } from "../../mod/handler/testing.ts";
+import { migrationOptions } from "../../mod/handler/testing.ts";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
 
 const SOURCE = { resourceVersion: "42", nodeName: "node-a" };

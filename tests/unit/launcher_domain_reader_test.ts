@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { domainFromXml, parseXml } from "../../mod/launcher/domain_manager.ts";
+import { domainFromXml, parseXml } from "../../mod/launcher/testing.ts";
 import { decodeDomainJson, encodeDomainJson } from "../../mod/domain/mod.ts";
 
 const XML = `<?xml version="1.0"?>

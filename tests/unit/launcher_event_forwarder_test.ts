@@ -13,7 +13,7 @@ import {
   type EventSink,
   type ForwardedDomain,
   updatesDomain,
-} from "../../mod/launcher/launcher.ts";
+} from "../../mod/launcher/testing.ts";
 
 const VMI = { namespace: "default", name: "vm1", uid: "uid-1" };
 const DOMAIN_REF = { name: "default_vm1", uuid: "0b5c9a4e-1111-2222-3333-444455556666" };

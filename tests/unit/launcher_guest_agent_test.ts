@@ -8,7 +8,7 @@ import {
   guestFilesystemsFromAgent,
   guestOsInfoFromAgent,
   guestUsersFromAgent,
-} from "../../mod/launcher/guest_agent.ts";
+} from "../../mod/launcher/testing.ts";
 
 // Replies as qemu-ga 8.x sends them (a Fedora guest, one root disk on virtio).
 const GUEST_INFO = JSON.stringify({

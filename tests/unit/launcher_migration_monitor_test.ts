@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { MigrationMonitor, type MonitorOptions } from "../../mod/launcher/migration_monitor.ts";
+import { MigrationMonitor, type MonitorOptions } from "../../mod/launcher/testing.ts";
 
 const KUBEVIRT_DEFAULTS: MonitorOptions = {
   progressTimeout: 150,

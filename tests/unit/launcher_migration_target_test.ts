@@ -4,7 +4,7 @@ import {
   endsIncomingMigration,
   IncomingMigration,
   startsIncomingMigration,
-} from "../../mod/launcher/migration_target.ts";
+} from "../../mod/launcher/testing.ts";
 
 function lifecycle(event: number, detail: number): DomainEvent {
   return {

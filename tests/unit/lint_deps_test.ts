@@ -20,8 +20,8 @@ async function lintTree(name: string): Promise<{ rules: Rule[]; lines: string[] 
 Deno.test("lint:deps passes a tree that keeps every rule", async () => {
   const result = await lintDeps(tree("clean"));
   assert.deepEqual(result.violations.map(formatViolation), []);
-  assert.equal(result.files, 15);
-  assert.equal(result.imports, 16);
+  assert.equal(result.files, 16);
+  assert.equal(result.imports, 18);
 });
 
 Deno.test("lint:deps fails on ffi/ importing mod/ (layering)", async () => {
@@ -46,6 +46,34 @@ Deno.test("lint:deps fails on a reach into another folder's files past its mod.t
   assert.equal(
     lines[0],
     'mod/b/b.ts:1: import "../a/a.ts": private: from outside mod/a/ import only mod/a/mod.ts',
+  );
+});
+
+Deno.test("lint:deps fails on a mod.ts that hands on an underscore file", async () => {
+  const { rules, lines } = await lintTree("reexport");
+  assert.deepEqual(rules, ["private"]);
+  assert.match(
+    lines[0],
+    /^mod\/c\/mod\.ts:1: import "\.\/_hidden\.ts": private: a mod\.ts does not/,
+  );
+});
+
+Deno.test("lint:deps fails on the handler's two modes importing each other", async () => {
+  const { rules, lines } = await lintTree("apart");
+  assert.deepEqual(rules, ["apart"]);
+  assert.match(
+    lines[0],
+    /^mod\/handler\/pods\/p\.ts:1: .*pods\/ and mod\/handler\/podless\/ are two modes/,
+  );
+});
+
+Deno.test("lint:deps keeps testing.ts for tests and tests to the faces", async () => {
+  const { rules, lines } = await lintTree("testing");
+  assert.deepEqual(rules, ["private", "private"]);
+  assert.match(lines[0], /^mod\/b\/b\.ts:1: .*mod\/a\/testing\.ts is for tests/);
+  assert.match(
+    lines[1],
+    /^tests\/a_check\.ts:2: .*from tests import only mod\/a\/mod\.ts or mod\/a\/testing\.ts/,
   );
 });
 

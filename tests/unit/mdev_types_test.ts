@@ -12,9 +12,9 @@ import {
   configureMdevTypes,
   desiredMdevTypes,
   externallyProvidedMdevTypes,
-} from "../../mod/node/mdev_types.ts";
-import { HostDeviceConfiguration } from "../../mod/node/host_devices.ts";
-import type { PermanentDevice } from "../../mod/node/device_plugins.ts";
+} from "../../mod/node/mod.ts";
+import { HostDeviceConfiguration } from "../../mod/node/mod.ts";
+import type { PermanentDevice } from "../../mod/node/mod.ts";
 
 interface Fixture {
   sys: string;

@@ -5,7 +5,7 @@
  * @module
  */
 import assert from "node:assert/strict";
-import { migrationNetworkAddress } from "../../mod/handler/mod.ts";
+import { migrationNetworkAddress } from "../../mod/handler/testing.ts";
 
 function iface(name: string, address: string): Deno.NetworkInterfaceInfo {
   const v6 = address.includes(":");

@@ -6,13 +6,13 @@
  * @module
  */
 
-import type { VirtualMachineOptions } from "../proto/mod.ts";
+import type { VirtualMachineOptions } from "../../proto/mod.ts";
 import {
   type HostedVmSpec,
   type HostedVmStatus,
   readLines,
   writeAll,
-} from "../launcher/host_protocol/mod.ts";
+} from "../../launcher/host_protocol/mod.ts";
 
 /** A control request failed: the host refused it, did not answer in time, or went away. */
 export class LauncherHostError extends Error {

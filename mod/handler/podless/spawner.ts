@@ -34,10 +34,10 @@ import {
   SIGKILL,
   SIGTERM,
   writeFileDurably,
-} from "../../ffi/mod.ts";
-import { SocketNames } from "../api/mod.ts";
-import { sleep } from "../lifecycle/mod.ts";
-import { getLogger, LOG_FILE_ENV, rotateLogFileIfFull } from "../log/mod.ts";
+} from "../../../ffi/mod.ts";
+import { SocketNames } from "../../api/mod.ts";
+import { sleep } from "../../lifecycle/mod.ts";
+import { getLogger, LOG_FILE_ENV, rotateLogFileIfFull } from "../../log/mod.ts";
 
 const log = getLogger("handler", "launcher-spawner");
 

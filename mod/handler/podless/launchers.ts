@@ -15,7 +15,7 @@
  *
  * @module
  */
-import type { VirtualMachineOptions } from "../proto/mod.ts";
+import type { VirtualMachineOptions } from "../../proto/mod.ts";
 import { join } from "node:path";
 import {
   type ClaimInfo,
@@ -23,10 +23,10 @@ import {
   type VirtualMachineInstance,
   vmiKey,
   type Volume,
-} from "../api/mod.ts";
-import { orAborted, sleep } from "../lifecycle/mod.ts";
-import type { HostedVmStatus, LauncherHostOptions } from "../launcher/host_protocol/mod.ts";
-import { getLogger } from "../log/mod.ts";
+} from "../../api/mod.ts";
+import { orAborted, sleep } from "../../lifecycle/mod.ts";
+import type { HostedVmStatus, LauncherHostOptions } from "../../launcher/host_protocol/mod.ts";
+import { getLogger } from "../../log/mod.ts";
 import {
   claimNameOf,
   type ContainerDiskStore,
@@ -34,26 +34,26 @@ import {
   HostClaimError,
   isHotplugVolume,
   VolumeError,
-} from "../storage/mod.ts";
+} from "../../storage/mod.ts";
 import {
   hostTapName,
   type PodlessNetworks,
   podNetworkPlan,
   type PodNetworkTarget,
-} from "../network/mod.ts";
-import type { GhostRecordStore } from "./ghost_records.ts";
+} from "../../network/mod.ts";
+import type { GhostRecordStore } from "../ghost_records.ts";
 import {
   type LauncherProvider,
   launchersOfGhostRecords,
   type LauncherStart,
   type MigrationSourceDir,
-} from "./launcher_provider.ts";
-import { migrationPorts, proxyKey, type ProxyTarget } from "../migration/mod.ts";
-import { LauncherSpawner } from "./launcher_spawner.ts";
-import { dialDirectly, type DialResolver, LAUNCHER_TIMEOUTS } from "./launcher_clients.ts";
-import { LauncherHostClient } from "./launcher_host_client.ts";
-import { gracePeriodSeconds } from "./_vmi.ts";
-import { type BeneathSocket, openSocketBeneath } from "../../ffi/mod.ts";
+} from "../launcher_provider.ts";
+import { migrationPorts, proxyKey, type ProxyTarget } from "../../migration/mod.ts";
+import { LauncherSpawner } from "./spawner.ts";
+import { dialDirectly, type DialResolver, LAUNCHER_TIMEOUTS } from "../launcher_clients.ts";
+import { LauncherHostClient } from "./host_client.ts";
+import { gracePeriodSeconds } from "../_vmi.ts";
+import { type BeneathSocket, openSocketBeneath } from "../../../ffi/mod.ts";
 
 const log = getLogger("handler", "podless");
 

@@ -44,9 +44,9 @@ import {
   runInMountNamespace,
   setFileAside,
   writeFileDurably,
-} from "../../ffi/mod.ts";
-import { type VirtualMachineInstance, vmiKey } from "../api/mod.ts";
-import { getLogger } from "../log/mod.ts";
+} from "../../../ffi/mod.ts";
+import { type VirtualMachineInstance, vmiKey } from "../../api/mod.ts";
+import { getLogger } from "../../log/mod.ts";
 
 const log = getLogger("handler", "container-disks");
 

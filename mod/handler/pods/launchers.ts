@@ -21,37 +21,37 @@ import {
   SocketNames,
   type VirtualMachineInstance,
   vmiPrivateDir,
-} from "../api/mod.ts";
-import type { PodNetworkTarget } from "../network/mod.ts";
-import { aborted } from "../lifecycle/mod.ts";
-import { getLogger } from "../log/mod.ts";
+} from "../../api/mod.ts";
+import type { PodNetworkTarget } from "../../network/mod.ts";
+import { aborted } from "../../lifecycle/mod.ts";
+import { getLogger } from "../../log/mod.ts";
 import {
   type BeneathSocket,
   NotASocketError,
   openDirectoryInRoot,
   openSocketBeneath,
-} from "../../ffi/mod.ts";
+} from "../../../ffi/mod.ts";
 import { NotifyPipes } from "./notify_pipes.ts";
-import type { NotifyHandlers } from "./notify_server.ts";
+import type { NotifyHandlers } from "../notify_server.ts";
 import { ContainerDiskMounts } from "./container_disk_mounts.ts";
 import { HotplugMounts } from "./hotplug_mounts.ts";
 import { claimLauncherDevices } from "./device_ownership.ts";
-import type { GhostRecordStore } from "./ghost_records.ts";
-import type { DialResolver } from "./launcher_clients.ts";
+import type { GhostRecordStore } from "../ghost_records.ts";
+import type { DialResolver } from "../launcher_clients.ts";
 import {
   claimInfoOf,
   prepareHostDisks,
   replaceClaimsByHostDisks,
   TOLERATED_LESS_SPACE_PERCENT,
-} from "../storage/mod.ts";
+} from "../../storage/mod.ts";
 import {
   type DiskEventRecorder,
   type LauncherProvider,
   launchersOfGhostRecords,
   type LauncherStart,
   type MigrationSourceDir,
-} from "./launcher_provider.ts";
-import { migrationPorts, proxyKey, type ProxyTarget } from "../migration/mod.ts";
+} from "../launcher_provider.ts";
+import { migrationPorts, proxyKey, type ProxyTarget } from "../../migration/mod.ts";
 
 const log = getLogger("handler", "pod-launchers");
 

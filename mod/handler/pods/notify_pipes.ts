@@ -29,12 +29,12 @@ import {
   mountNamespaceOf,
   openDirectoryInRoot,
   openSocketBeneath,
-} from "../../ffi/mod.ts";
-import { Paths, SocketNames } from "../api/mod.ts";
-import { getLogger } from "../log/mod.ts";
-import { notifyInfoService, notifyService } from "../proto/mod.ts";
-import type { DialResolver } from "./launcher_clients.ts";
-import { type NotifyHandlers, notifyImplementation, type NotifySender } from "./notify_server.ts";
+} from "../../../ffi/mod.ts";
+import { Paths, SocketNames } from "../../api/mod.ts";
+import { getLogger } from "../../log/mod.ts";
+import { notifyInfoService, notifyService } from "../../proto/mod.ts";
+import type { DialResolver } from "../launcher_clients.ts";
+import { type NotifyHandlers, notifyImplementation, type NotifySender } from "../notify_server.ts";
 
 const log = getLogger("handler", "notify-pipes");
 

@@ -8,7 +8,7 @@
  *
  * @module
  */
-import { chownBeneath, ErrnoError } from "../../ffi/mod.ts";
+import { chownBeneath, ErrnoError } from "../../../ffi/mod.ts";
 
 /** The device nodes a launcher's QEMU opens, relative to the launcher's root. */
 export const LAUNCHER_DEVICES: readonly string[] = Object.freeze([

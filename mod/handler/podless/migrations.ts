@@ -50,7 +50,7 @@ import {
   VMIM_RESOURCE,
   type VmimPhase,
   VmimPhases,
-} from "../api/mod.ts";
+} from "../../api/mod.ts";
 import {
   type EventRecorder,
   Informer,
@@ -59,13 +59,13 @@ import {
   type KubeObject,
   StatusWriter,
   WorkQueue,
-} from "../kube/mod.ts";
-import { KUBEVIRT_DEFAULTS, type KubevirtConfig } from "../config/mod.ts";
-import { getLogger } from "../log/mod.ts";
-import type { Runnable } from "../lifecycle/mod.ts";
-import { DONE, type ReconcileResult, requeueAfter, runWorkers } from "./_workers.ts";
-import { notMigratable } from "./migration_state.ts";
-import { HOSTNAME_LABEL } from "./podless_scheduler.ts";
+} from "../../kube/mod.ts";
+import { KUBEVIRT_DEFAULTS, type KubevirtConfig } from "../../config/mod.ts";
+import { getLogger } from "../../log/mod.ts";
+import type { Runnable } from "../../lifecycle/mod.ts";
+import { DONE, type ReconcileResult, requeueAfter, runWorkers } from "../_workers.ts";
+import { notMigratable } from "../migration_state.ts";
+import { HOSTNAME_LABEL } from "./scheduler.ts";
 
 const log = getLogger("handler", "podless-migrations");
 

@@ -50,10 +50,10 @@ import {
   runInMountNamespace,
   setFileAside,
   writeFileDurably,
-} from "../../ffi/mod.ts";
-import { type VirtualMachineInstance, vmiKey } from "../api/mod.ts";
-import { getLogger } from "../log/mod.ts";
-import { DISK_IMAGE, isHotplugVolume, QEMU_USER } from "../storage/mod.ts";
+} from "../../../ffi/mod.ts";
+import { type VirtualMachineInstance, vmiKey } from "../../api/mod.ts";
+import { getLogger } from "../../log/mod.ts";
+import { DISK_IMAGE, isHotplugVolume, QEMU_USER } from "../../storage/mod.ts";
 import { type DeviceRule, LAUNCHER_DEVICE_RULES, setDeviceRules } from "./device_cgroup_v2.ts";
 
 const log = getLogger("handler", "hotplug");

@@ -20,11 +20,11 @@ import {
   type VirtualMachineInstanceStatus,
   VMI_RESOURCE,
   VmiPhase,
-} from "../api/mod.ts";
-import { detailOf, Informer, isApiStatus, type KubeClient } from "../kube/mod.ts";
-import type { Runnable } from "../lifecycle/mod.ts";
-import { getLogger } from "../log/mod.ts";
-import { computeStatus } from "./status.ts";
+} from "../../api/mod.ts";
+import { detailOf, Informer, isApiStatus, type KubeClient } from "../../kube/mod.ts";
+import type { Runnable } from "../../lifecycle/mod.ts";
+import { getLogger } from "../../log/mod.ts";
+import { computeStatus } from "../status.ts";
 
 const log = getLogger("scheduler");
 
@@ -75,6 +75,7 @@ export function scheduledStatus(
 
 /** Labels the unplaced VMIs that ask for this node; see the module doc. */
 export class PodlessScheduler implements Runnable {
+  /** For logs. */
   readonly name = "podless-scheduler";
   readonly #client: KubeClient;
   readonly #node: string;

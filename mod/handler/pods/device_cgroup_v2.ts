@@ -21,7 +21,7 @@ import {
   O_RDONLY,
   open,
   queryDevicePrograms,
-} from "../../ffi/mod.ts";
+} from "../../../ffi/mod.ts";
 
 /** One allow rule: a device type, its numbers (`*` for any) and the access allowed. */
 export interface DeviceRule {

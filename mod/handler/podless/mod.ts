@@ -1,0 +1,15 @@
+/**
+ * Pod-less mode's side of the handler: no kubelet and no virt-controller. The handler
+ * starts the launcher host ({@linkcode PodlessLaunchers}), places Pending VMIs on its own
+ * node ({@linkcode PodlessScheduler}) and drives migrations between nodes
+ * ({@linkcode PodlessMigrations}), the parts virt-controller plays in KubeVirt mode.
+ *
+ * @module
+ */
+export { type HostSettings, PodlessLaunchers, type PodlessLaunchersOptions } from "./launchers.ts";
+export { PodlessMigrations, type PodlessMigrationsOptions } from "./migrations.ts";
+export { PodlessScheduler } from "./scheduler.ts";
+// The core's types that these classes' members name.
+export type { LauncherProvider, LauncherStart, MigrationSourceDir } from "../launcher_provider.ts";
+export type { DialResolver, DialTarget } from "../launcher_clients.ts";
+export type { ReconcileResult } from "../controller.ts";

@@ -1,0 +1,9 @@
+/**
+ * What the tests reach below pod-less mode's face: the launcher host's client, the
+ * spawner and the scheduler's placement rules.
+ *
+ * @module
+ */
+export { type HostExit, LauncherHostClient } from "./host_client.ts";
+export { scheduledStatus, wantsNode } from "./scheduler.ts";
+export { findLauncherByUid, LauncherSpawner, type LauncherSpawnerOptions } from "./spawner.ts";
