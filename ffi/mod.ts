@@ -9,6 +9,7 @@ export * from "./errors.ts";
 export * from "./libvirt.ts";
 export * from "./libvirt_constants.ts";
 export * from "./libc.ts";
+export * from "./cgroup_devices.ts";
 export { mountNamespaceChild } from "./_mntns_child.ts";
 export * from "./beneath.ts";
 export * from "./netns.ts";
