@@ -10,6 +10,7 @@ export * from "./libvirt.ts";
 export * from "./libvirt_constants.ts";
 export * from "./libc.ts";
 export * from "./cgroup_devices.ts";
+export * from "./processes.ts";
 export { mountNamespaceChild } from "./_mntns_child.ts";
 export * from "./beneath.ts";
 export * from "./netns.ts";
