@@ -10,15 +10,14 @@
  */
 
 import { ErrnoError } from "./errors.ts";
+import { close, openRoot } from "./files.ts";
 import {
   bindContainerFile,
-  close,
   type ContainerFileBind,
   detachMountBeneath,
   enterMountNamespace,
   type MountNamespaceAction,
   type MountNamespaceReply,
-  openRoot,
 } from "./libc.ts";
 
 function perform(action: MountNamespaceAction, rootFd: number): string | null {

@@ -11,14 +11,11 @@
  */
 
 import { ErrnoError } from "./errors.ts";
+import { close, O_CLOEXEC, O_RDONLY, open } from "./files.ts";
 import {
   bindMount,
   CLONE_NEWNET,
-  close,
   disableTxChecksum,
-  O_CLOEXEC,
-  O_RDONLY,
-  open,
   openUdpSocket,
   setns,
   umount2,

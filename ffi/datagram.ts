@@ -11,8 +11,8 @@
  * @module
  */
 
+import { close } from "./files.ts";
 import {
-  close,
   type DatagramAddress,
   drainEventFd,
   eventFd,
