@@ -19,7 +19,7 @@ import {
   receiveDatagram,
   sendDatagram,
   signalEventFd,
-} from "./libc.ts";
+} from "./sockets.ts";
 
 const POLLIN = 0x1;
 /** The largest datagram read (an Ethernet frame's worth; DHCP messages are smaller). */

@@ -12,6 +12,7 @@ export * from "./files.ts";
 export * from "./libc.ts";
 export * from "./cgroup_devices.ts";
 export * from "./processes.ts";
+export * from "./sockets.ts";
 export { mountNamespaceChild } from "./_mntns_child.ts";
 export * from "./beneath.ts";
 export * from "./netns.ts";
