@@ -11,11 +11,11 @@
 
 import { ErrnoError } from "./errors.ts";
 import { close, openRoot } from "./files.ts";
+import { enterMountNamespace } from "./namespaces.ts";
 import {
   bindContainerFile,
   type ContainerFileBind,
   detachMountBeneath,
-  enterMountNamespace,
   type MountNamespaceAction,
   type MountNamespaceReply,
 } from "./libc.ts";

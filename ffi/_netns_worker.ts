@@ -13,7 +13,8 @@
 import { ErrnoError } from "./errors.ts";
 import { close, O_CLOEXEC, O_RDONLY, open } from "./files.ts";
 import { disableTxChecksum, openUdpSocket } from "./sockets.ts";
-import { bindMount, CLONE_NEWNET, setns, umount2, unshare } from "./libc.ts";
+import { CLONE_NEWNET, setns, unshare } from "./namespaces.ts";
+import { bindMount, umount2 } from "./libc.ts";
 import type { NetnsRequest, NetnsResponse, NetnsResult, NetnsStep } from "./netns.ts";
 
 /** This thread's own network namespace, to come back to after each step. */

@@ -31,6 +31,7 @@ import {
   RESOLVE_NO_MAGICLINKS,
   RESOLVE_NO_SYMLINKS,
 } from "./files.ts";
+import { CLONE_FS, CLONE_NEWNS, unshare } from "./namespaces.ts";
 
 /** `mount(2)` flags. */
 export const MS_RDONLY = 1;
@@ -53,43 +54,6 @@ export const MNT_FORCE = 1;
 /** `umount2(2)` flag: lazy detach. */
 export const MNT_DETACH = 2;
 
-/** Namespace types for `setns(2)` / `unshare(2)`. */
-export const CLONE_NEWNS = 0x00020000;
-/** `unshare(2)`: stop sharing filesystem attributes (root, cwd) with other threads. */
-export const CLONE_FS = 0x00000200;
-/** `setns(2)`: network namespace. */
-export const CLONE_NEWNET = 0x40000000;
-
-/**
- * `setns(2)` on the calling thread. Entering a mount namespace this way moves the thread
- * that calls it; in the agent use {@linkcode runInMountNamespace} instead.
- */
-export function setns(fd: number, nstype: number): void {
-  check(c().setns(fd, nstype), `Cannot enter namespace (fd ${fd}, type 0x${nstype.toString(16)})`);
-}
-
-/** `unshare(2)` on the calling thread. */
-export function unshare(flags: number): void {
-  check(c().unshare(flags), `Cannot unshare (flags 0x${flags.toString(16)})`);
-}
-
-/**
- * Moves the calling thread into the mount namespace of `pid` (via `/proc/<pid>/ns/mnt`).
- * It first stops sharing filesystem attributes with the process's other threads
- * (`unshare(CLONE_FS)`), which a multi-threaded process must do before `setns`. Meant
- * for the child that {@linkcode runInMountNamespace} spawns.
- */
-export function enterMountNamespace(pid: number | "self"): void {
-  const path = `/proc/${pid}/ns/mnt`;
-  const fd = open(path, O_RDONLY | O_CLOEXEC);
-  try {
-    unshare(CLONE_FS);
-    check(c().setns(fd, CLONE_NEWNS), `Cannot enter mount namespace "${path}"`);
-  } finally {
-    close(fd);
-  }
-}
-
 /**
  * Bind-mounts `source` on `target` (`mount(2)` with `MS_BIND`; `recursive` adds `MS_REC`),
  * both paths followed: for paths the agent owns (a network namespace pinned in its run
@@ -106,11 +70,6 @@ export function bindMount(source: string, target: string, options: { recursive?:
 /** `umount2(2)`; pass {@linkcode MNT_DETACH} for a lazy unmount. */
 export function umount2(target: string, flags = 0): void {
   check(c().umount2(cpath(target), flags), `Cannot unmount "${target}"`);
-}
-
-/** Returns the mount namespace identity of a process, e.g. `mnt:[4026531841]`. */
-export function mountNamespaceOf(pid: number | "self" | "thread-self" = "self"): string {
-  return Deno.readLinkSync(`/proc/${pid}/ns/mnt`);
 }
 
 /** One action {@linkcode runInMountNamespace} can perform inside the namespace. */

@@ -9,6 +9,7 @@ export * from "./errors.ts";
 export * from "./libvirt.ts";
 export * from "./libvirt_constants.ts";
 export * from "./files.ts";
+export * from "./namespaces.ts";
 export * from "./libc.ts";
 export * from "./cgroup_devices.ts";
 export * from "./processes.ts";
