@@ -12,13 +12,8 @@
 import { ErrnoError } from "./errors.ts";
 import { close, openRoot } from "./files.ts";
 import { enterMountNamespace } from "./namespaces.ts";
-import {
-  bindContainerFile,
-  type ContainerFileBind,
-  detachMountBeneath,
-  type MountNamespaceAction,
-  type MountNamespaceReply,
-} from "./libc.ts";
+import { bindContainerFile, type ContainerFileBind, detachMountBeneath } from "./libc.ts";
+import type { MountNamespaceAction, MountNamespaceReply } from "./mntns.ts";
 
 function perform(action: MountNamespaceAction, rootFd: number): string | null {
   switch (action.op) {

@@ -11,6 +11,7 @@ export * from "./libvirt_constants.ts";
 export * from "./files.ts";
 export * from "./namespaces.ts";
 export * from "./libc.ts";
+export * from "./mntns.ts";
 export * from "./cgroup_devices.ts";
 export * from "./processes.ts";
 export * from "./sockets.ts";
