@@ -12,7 +12,7 @@
 import { ErrnoError } from "./errors.ts";
 import { close, openRoot } from "./files.ts";
 import { enterMountNamespace } from "./namespaces.ts";
-import { bindContainerFile, type ContainerFileBind, detachMountBeneath } from "./libc.ts";
+import { bindContainerFile, type ContainerFileBind, detachMountBeneath } from "./mounts.ts";
 import type { MountNamespaceAction, MountNamespaceReply } from "./mntns.ts";
 
 function perform(action: MountNamespaceAction, rootFd: number): string | null {

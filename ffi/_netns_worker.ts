@@ -14,7 +14,7 @@ import { ErrnoError } from "./errors.ts";
 import { close, O_CLOEXEC, O_RDONLY, open } from "./files.ts";
 import { disableTxChecksum, openUdpSocket } from "./sockets.ts";
 import { CLONE_NEWNET, setns, unshare } from "./namespaces.ts";
-import { bindMount, umount2 } from "./libc.ts";
+import { bindMount, umount2 } from "./mounts.ts";
 import type { NetnsRequest, NetnsResponse, NetnsResult, NetnsStep } from "./netns.ts";
 
 /** This thread's own network namespace, to come back to after each step. */

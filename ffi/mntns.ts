@@ -10,7 +10,7 @@
  */
 
 import { ErrnoError } from "./errors.ts";
-import type { ContainerFileBind } from "./libc.ts";
+import type { ContainerFileBind } from "./mounts.ts";
 
 /** One action {@linkcode runInMountNamespace} can perform inside the namespace. */
 export type MountNamespaceAction =

@@ -1,13 +1,13 @@
 /**
- * The libc calls privileged node work needs: namespaces, mounts, ownership, opening a path
- * beneath a root without escaping it, and a unix socket peer's credentials. Failures
- * throw {@linkcode ErrnoError} with the errno's name and the failed action.
- *
- * All calls here are synchronous FFI calls on the calling thread, so errno (which is
- * per thread) is read on the thread that failed; the socket connects are non-blocking ones
- * (a full backlog is waited for with timers, never in `connect(2)`). Nothing here moves the
- * agent's own thread into another namespace: {@linkcode runInMountNamespace} does that work
- * in a child process.
+ * Mounts. The agent's own bind mount and unmount ({@linkcode bindMount},
+ * {@linkcode umount2}), which follow their paths: only for paths the agent owns (a network
+ * namespace pinned in its run directory). And the mounts a pod's files take part in, made
+ * and removed through descriptors, never through a path a pod controls: a detached clone
+ * of a file inside a root (`open_tree`), attached beneath a process's root
+ * ({@linkcode attachMountBeneath}, `move_mount`) and detached again
+ * ({@linkcode detachMountBeneath}); {@linkcode bindContainerFile} binds a container's file
+ * into a launcher's mount namespace with them. Those that change namespace run in
+ * `runInMountNamespace`'s child (`mntns.ts`). Failures throw {@linkcode ErrnoError}.
  *
  * @module
  */
