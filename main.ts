@@ -654,10 +654,10 @@ function labellerCommand(program: Command): void {
     });
 }
 
-/** Adds the hidden `__mntns-child`: a compiled virtnode's mount-namespace worker (see ffi/libc.ts). */
+/** Adds the hidden `__mntns-child`: a compiled virtnode's mount-namespace worker (see ffi/mntns.ts). */
 function mountNamespaceChildCommand(program: Command): void {
   program.command("__mntns-child", { hidden: true })
-    .description("internal: perform actions in another mount namespace (see ffi/libc.ts)")
+    .description("internal: perform actions in another mount namespace (see ffi/mntns.ts)")
     .argument("<request>")
     .action(async (request: string) => {
       const { mountNamespaceChild } = await import("./ffi/mod.ts");

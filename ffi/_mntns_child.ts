@@ -10,16 +10,10 @@
  */
 
 import { ErrnoError } from "./errors.ts";
-import {
-  bindContainerFile,
-  close,
-  type ContainerFileBind,
-  detachMountBeneath,
-  enterMountNamespace,
-  type MountNamespaceAction,
-  type MountNamespaceReply,
-  openRoot,
-} from "./libc.ts";
+import { close, openRoot } from "./files.ts";
+import { enterMountNamespace } from "./namespaces.ts";
+import { bindContainerFile, type ContainerFileBind, detachMountBeneath } from "./mounts.ts";
+import type { MountNamespaceAction, MountNamespaceReply } from "./mntns.ts";
 
 function perform(action: MountNamespaceAction, rootFd: number): string | null {
   switch (action.op) {

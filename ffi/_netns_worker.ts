@@ -11,19 +11,10 @@
  */
 
 import { ErrnoError } from "./errors.ts";
-import {
-  bindMount,
-  CLONE_NEWNET,
-  close,
-  disableTxChecksum,
-  O_CLOEXEC,
-  O_RDONLY,
-  open,
-  openUdpSocket,
-  setns,
-  umount2,
-  unshare,
-} from "./libc.ts";
+import { close, O_CLOEXEC, O_RDONLY, open } from "./files.ts";
+import { disableTxChecksum, openUdpSocket } from "./sockets.ts";
+import { CLONE_NEWNET, setns, unshare } from "./namespaces.ts";
+import { bindMount, umount2 } from "./mounts.ts";
 import type { NetnsRequest, NetnsResponse, NetnsResult, NetnsStep } from "./netns.ts";
 
 /** This thread's own network namespace, to come back to after each step. */

@@ -15,7 +15,7 @@ import {
   openRoot,
   RESOLVE_IN_ROOT,
   RESOLVE_NO_MAGICLINKS,
-} from "./libc.ts";
+} from "./files.ts";
 
 /** A socket opened beneath its root; connect to {@linkcode BeneathSocket.path}. */
 export interface BeneathSocket {

@@ -11,15 +11,15 @@
  * @module
  */
 
+import { close } from "./files.ts";
 import {
-  close,
   type DatagramAddress,
   drainEventFd,
   eventFd,
   receiveDatagram,
   sendDatagram,
   signalEventFd,
-} from "./libc.ts";
+} from "./sockets.ts";
 
 const POLLIN = 0x1;
 /** The largest datagram read (an Ethernet frame's worth; DHCP messages are smaller). */

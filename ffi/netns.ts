@@ -12,7 +12,7 @@
  */
 
 import { ErrnoError } from "./errors.ts";
-import type { UdpSocketOptions } from "./libc.ts";
+import type { UdpSocketOptions } from "./sockets.ts";
 
 /** One step of a request; see {@linkcode NetnsRunner.run}. */
 export type NetnsStep =
