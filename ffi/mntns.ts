@@ -1,7 +1,7 @@
 /**
  * Work inside another process's mount namespace without moving any thread of the agent's
  * own, as `netns.ts` does for network namespaces: {@linkcode runInMountNamespace} and
- * {@linkcode bindContainerFileInChild} start a child process (`_mntns_child.ts`, or a
+ * {@linkcode bindContainerFileInChild} start a child process (`mntns_child.ts`, or a
  * compiled virtnode's hidden {@linkcode MNTNS_CHILD_SUBCOMMAND}) whose main thread enters
  * the namespace, performs the request with synchronous calls and prints one JSON line,
  * the {@linkcode MountNamespaceReply}.
@@ -25,7 +25,7 @@ export type MountNamespaceAction =
 export interface RunInMountNamespaceOptions {
   /**
    * The command that starts the child, before its JSON argument. Unless told:
-   * `deno run --allow-all <ffi/_mntns_child.ts>` with this process's Deno (a compiled
+   * `deno run --allow-all <ffi/mntns_child.ts>` with this process's Deno (a compiled
    * binary will pass its own hidden subcommand here).
    */
   command?: string[];
@@ -68,7 +68,7 @@ async function runMntnsChild(
       "--no-lock",
       // The child imports only ffi/: no configuration, so no npm package is looked for.
       "--no-config",
-      new URL("./_mntns_child.ts", import.meta.url).href,
+      new URL("./mntns_child.ts", import.meta.url).href,
     ]);
   const [cmd, ...args] = command;
   const child = new Deno.Command(cmd, {

@@ -26,7 +26,7 @@ export * from "./mntns.ts";
 export * from "./processes.ts";
 export * from "./sockets.ts";
 export * from "./cgroup_devices.ts";
-export { mountNamespaceChild } from "./_mntns_child.ts";
+export { mountNamespaceChild } from "./mntns_child.ts";
 export * from "./beneath.ts";
 export * from "./netns.ts";
 export * from "./datagram.ts";

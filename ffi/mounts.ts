@@ -33,24 +33,14 @@ import {
 } from "./files.ts";
 import { CLONE_FS, CLONE_NEWNS, unshare } from "./namespaces.ts";
 
-/** `mount(2)` flags. */
-export const MS_RDONLY = 1;
 /** `mount(2)` flag: ignore set-user-ID bits. */
 export const MS_NOSUID = 2;
 /** `mount(2)` flag: no device files. */
 export const MS_NODEV = 4;
-/** `mount(2)` flag: no execution. */
-export const MS_NOEXEC = 8;
-/** `mount(2)` flag: change an existing mount. */
-export const MS_REMOUNT = 32;
 /** `mount(2)` flag: bind mount. */
 export const MS_BIND = 4096;
-/** `mount(2)` flag: move a mount. */
-export const MS_MOVE = 8192;
 /** `mount(2)` flag: recursive (with bind or propagation changes). */
 export const MS_REC = 16384;
-/** `umount2(2)` flag: force. */
-export const MNT_FORCE = 1;
 /** `umount2(2)` flag: lazy detach. */
 export const MNT_DETACH = 2;
 

@@ -731,7 +731,7 @@ export async function virtnodeImage(): Promise<BuiltImage> {
       "--entrypoint",
       "main.ts",
       "ffi/_libvirt_worker.ts",
-      "ffi/_mntns_child.ts",
+      "ffi/mntns_child.ts",
     ], { cwd: app, env: { DENO_DIR: join(app, ".deno"), DENO_NO_UPDATE_CHECK: "1" } });
     await Deno.writeTextFile(
       join(root, "usr/local/bin/virtnode"),

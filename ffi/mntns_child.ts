@@ -3,7 +3,7 @@
  * with its main thread, performs the actions with synchronous calls only (they run on
  * that thread), prints one JSON line and exits. Private to `ffi/`.
  *
- * Usage: `deno run --allow-all ffi/_mntns_child.ts '{"pid":123,"actions":[...]}'`, or
+ * Usage: `deno run --allow-all ffi/mntns_child.ts '{"pid":123,"actions":[...]}'`, or
  * `'{"bind":{...}}'` for `bindContainerFile` (which moves between namespaces itself).
  *
  * @module
