@@ -103,10 +103,11 @@ const HANDLERS = (Deno.env.get("VIRTNODE_CONFORMANCE_HANDLERS")?.split(",") ??
 
 Deno.test({
   name:
-    "KubeVirt v1.7.0 conformance specs with substitute guests: virtnode passes every spec virt-handler passes on the same node",
+    "KubeVirt v1.7.0 conformance: virtnode passes every spec virt-handler passes on the same node",
   sanitizeOps: false,
   sanitizeResources: false,
   fn: async () => {
+    // The specs run with substitute guest images in place of KubeVirt's own, once per handler.
     const cluster = await startCluster({ podNetwork: true, crdDir: false });
     let node: Awaited<ReturnType<typeof startNode>> | undefined;
     let install: Awaited<ReturnType<typeof installByOperator>> | undefined;

@@ -43,7 +43,9 @@ Deno.test("a bad flag value exits 2 with a message naming the flag, the value an
   assert.match(unknown.stderr, /unknown option '--bogus'/);
 });
 
-Deno.test("a pod-less handler whose --run-dir or --state-dir is too long for its sockets exits 2 naming the flag", async () => {
+Deno.test("a pod-less handler exits 2 naming --run-dir or --state-dir when its socket paths would not fit", async () => {
+  // Unix socket paths are limited in length; a directory too long for the sockets
+  // below it is refused at start, with the flag named and how much to shorten it.
   const long = `/tmp/${"d".repeat(40)}`;
   const run = await virtnode(["--run-dir", long, "handler", "--podless"]);
   assert.equal(run.code, 2, run.stderr);

@@ -39,9 +39,10 @@ async function qemuPid(domain: string): Promise<number> {
 }
 
 Deno.test(
-  "fault+QEMU: libvirtd restarted under running launchers: they reconnect, guests keep running, VMIs stay Running",
+  "fault+QEMU: launchers reconnect to a restarted libvirtd and their VMIs stay Running",
   grpcTest,
   async () => {
+    // libvirtd restarts under running launchers; each reconnects and no guest stops.
     const uri = await ensureLibvirtd();
     const cluster = await useCluster();
     const client = await kubeClient(cluster.kubeconfigPath);

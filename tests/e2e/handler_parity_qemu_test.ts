@@ -124,7 +124,8 @@ function condition(vmi: VirtualMachineInstance | undefined, type: string) {
   return vmi?.status?.conditions?.find((c: VmiCondition) => c.type === type);
 }
 
-Deno.test("handler+QEMU: a guest with ACPI and a grace period destroyed with virsh makes its VMI Failed, as virt-handler does", async () => {
+Deno.test("handler+QEMU: a guest destroyed with virsh makes its VMI Failed, as virt-handler does", async () => {
+  // The guest has ACPI and a grace period, yet a destroy from outside is a failure, not a shutdown.
   await withQemuHandler(async ({ ns, node, client }) => {
     const name = "destroyed";
     const vmi = testVmi(name, node, { namespace: ns, grace: 30 });
@@ -152,7 +153,9 @@ Deno.test("handler+QEMU: a guest with ACPI and a grace period destroyed with vir
   });
 });
 
-Deno.test("handler+QEMU: a handler restart never turns a running host-model VMI's LiveMigratable False while the labeller reads the host", async () => {
+Deno.test("handler+QEMU: a handler restart keeps a running host-model VMI LiveMigratable", async () => {
+  // The VMI's CPU is host-model; while the restarted handler's labeller
+  // reads the host again, LiveMigratable must never turn False.
   await withQemuHandler(async (ctx) => {
     const { ns, node, client } = ctx;
     const name = "migratable";
@@ -227,7 +230,8 @@ Deno.test("handler+QEMU: a handler restart never turns a running host-model VMI'
   });
 });
 
-Deno.test("handler+QEMU: a domain an earlier run left under a VMI's name, of a VMI that is gone, is removed and the new VMI runs", async () => {
+Deno.test("handler+QEMU: a leftover domain of a gone VMI is removed and the new VMI of that name runs", async () => {
+  // An earlier run left a domain under the VMI's name, belonging to a VMI that no longer exists.
   await withQemuHandler(async ({ ns, node, client }) => {
     const name = "reused";
     const domain = `${ns}_${name}`;
@@ -246,7 +250,8 @@ Deno.test("handler+QEMU: a domain an earlier run left under a VMI's name, of a V
   });
 });
 
-Deno.test("handler+QEMU: a VMI whose name a foreign domain holds says why it cannot start, and its deletion gets virt-handler's Events, no crash", async () => {
+Deno.test("handler+QEMU: a VMI whose name a foreign domain holds says why it cannot start", async () => {
+  // Deleting that VMI later gets the Events virt-handler sends, and the handler does not crash.
   await withQemuHandler(async ({ ns, node, client }) => {
     const name = "taken";
     const domain = `${ns}_${name}`;

@@ -122,7 +122,9 @@ Deno.test("handler+QEMU: a guest whose QEMU is killed makes its VMI Failed and i
   });
 });
 
-Deno.test("handler+QEMU: deleting a VMI whose guest ignores ACPI resends ACPI every 5 s and kills it when the grace period ends", async () => {
+Deno.test("handler+QEMU: an ACPI-deaf guest's deletion resends ACPI and kills it at the grace period's end", async () => {
+  // The guest ignores the ACPI power button; the handler presses it again
+  // every 5 s until the grace period runs out, then kills the guest.
   await withQemuHandler(async ({ ns, node, client, logFile }) => {
     const name = "deaf";
     // No OS boots in this guest, so nothing answers the ACPI power button.

@@ -96,9 +96,10 @@ async function withHost(name: string, fn: (h: Harness) => Promise<void>): Promis
 }
 
 Deno.test(
-  "launcher host (QEMU): SIGKILLed under 3 running guests, it leaves every QEMU running and the restarted host takes them back",
+  "launcher host (QEMU): SIGKILLed under 3 guests, it leaves QEMU running and takes them back",
   grpcTest,
   async () => {
+    // Every QEMU process outlives the killed host, and the host started again adopts all three.
     await withHost("hostkill", async (h) => {
       const specs = [0, 1, 2].map((i) => hostedSpec(h.dir, `hk${i}-${Deno.pid}`));
       for (const spec of specs) await runGuest(h, spec);
@@ -143,9 +144,11 @@ Deno.test(
 );
 
 Deno.test(
-  "launcher host (QEMU): a guest whose libvirt calls hang (QEMU stopped) delays no other VMI's create -> Running by more than 100 ms",
+  "launcher host (QEMU): a guest whose libvirt calls hang holds up no other VMI",
   grpcTest,
   async () => {
+    // Stopping one guest's QEMU makes its libvirt calls hang; other
+    // VMIs still go from create to Running no more than 100 ms slower.
     await withHost("hang", async (h) => {
       const stuck = hostedSpec(h.dir, `hang-a-${Deno.pid}`);
       await runGuest(h, stuck);

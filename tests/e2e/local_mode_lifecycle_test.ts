@@ -78,7 +78,8 @@ function handlerPid(run: LocalModeRun): number {
   return Number(all.at(-1)![1]);
 }
 
-Deno.test("local mode restarts a killed handler, shows the phases stale until it is ready again, and no guest stops", async () => {
+Deno.test("local mode restarts a killed handler, shows phases stale meanwhile, and no guest stops", async () => {
+  // The phases stay marked stale until the restarted handler is ready again.
   await withLocalMode(EXAMPLE_DOMAINS, async (run, netnsBefore) => {
     const node = await waitForExamples(run);
     const { kubeconfig } = runPaths(run);

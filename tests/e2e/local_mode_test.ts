@@ -59,7 +59,8 @@ Deno.test("local mode (deno task start) brings every example VMI to Running unde
   }
 });
 
-Deno.test("local mode: Ctrl-C deletes the VMIs through the running control plane, leaves no domain and restores qemu.conf", async () => {
+Deno.test("local mode: Ctrl-C deletes the VMIs, leaves no domain and restores qemu.conf", async () => {
+  // The VMIs are deleted through the control plane while it still runs.
   const original = await Deno.readTextFile(QEMU_CONF);
   // As on a host that never ran virtnode: qemu.conf without virtnode's lines.
   const pristine = original.replace(QEMU_CONF_LINES, "");

@@ -119,7 +119,9 @@ function samplesOf(text: string): Map<string, string[]> {
   return families;
 }
 
-Deno.test("metrics+QEMU (pod-less): a TLS scrape with ten running guests passes promtool check metrics, with each guest's CPU, vCPU, memory, storage, network and filesystem families and the handler's own", async () => {
+Deno.test("metrics+QEMU (pod-less): a TLS scrape with ten guests passes promtool check metrics", async () => {
+  // The scrape must hold each guest's CPU, vCPU, memory, storage,
+  // network and filesystem families as well as the handler's own.
   const uri = await ensureLibvirtd();
   const cluster = await useCluster();
   const client = await kubeClient(cluster.kubeconfigPath);

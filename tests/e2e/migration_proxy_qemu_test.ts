@@ -35,7 +35,8 @@ async function waitUntil(what: string, check: () => Promise<boolean>, ms: number
   }
 }
 
-Deno.test("migration through the proxy (QEMU, two libvirtds): the running test guest moves to the other node, its agent answers there; a source with another CA's certificate fails and the guest stays", async () => {
+Deno.test("migration through the proxy (QEMU): the guest moves and its agent answers on the other node", async () => {
+  // Two libvirtds. A source with another CA's certificate fails, and the guest stays where it was.
   const dir = await Deno.makeTempDir({ prefix: "virtnode-migq-" });
   const certs = await makeCertificates(dir);
   const server: KeyPair = {
@@ -120,7 +121,11 @@ Deno.test("migration through the proxy (QEMU, two libvirtds): the running test g
   }
 });
 
-Deno.test("migration by the launcher (QEMU, two libvirtds): MigrateVirtualMachine's domain manager migrates the guest through the proxy and reports KubeVirt's migration metadata; a cancelled one fails with abortStatus Succeeded and the guest stays; FinalizeVirtualMachineMigration on the target refreshes the interface's link and sets the guest's clock", async () => {
+Deno.test("migration by the launcher (QEMU): migrate, cancel and finalize through the domain manager", async () => {
+  // Two libvirtds. MigrateVirtualMachine moves the guest through the proxy and
+  // reports KubeVirt's migration metadata. A cancelled migration fails with
+  // abortStatus Succeeded and the guest stays. FinalizeVirtualMachineMigration
+  // on the target refreshes the interface's link and sets the guest's clock.
   const dir = await Deno.makeTempDir({ prefix: "virtnode-migl-" });
   const certs = await makeCertificates(dir);
   const server: KeyPair = {

@@ -119,7 +119,10 @@ async function podIp(client: KubeClient, ns: string, name: string, node: string)
   return vmi.status!.interfaces![0].ipAddress!;
 }
 
-Deno.test("migration (QEMU, two pod-less nodes in network namespaces): a running guest moves to the other node through the handlers' TLS proxy; a wrong client certificate, a target handler killed mid-migration, a target that never gets ready and one that never takes VMIs each fail the migration with the guest running on its source; a VMI that is not LiveMigratable is refused", async () => {
+Deno.test("migration (QEMU, two pod-less nodes): a guest moves through the handlers' TLS proxy", async () => {
+  // Both nodes live in network namespaces. Each failure (a wrong client certificate, the target
+  // handler killed mid-migration, a target never ready, one never taking VMIs) fails the migration
+  // with the guest still running on its source. A VMI that is not LiveMigratable is refused.
   const dir = await Deno.makeTempDir({ prefix: "virtnode-mig-" });
   const cluster = await startCluster({ admission: true, podNetwork: true });
   let hosts: NodeHosts | undefined;

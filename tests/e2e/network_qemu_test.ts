@@ -54,7 +54,9 @@ function listDir(path: string): string[] {
   }
 }
 
-Deno.test("network+QEMU (pod-less): guests get their address by DHCP and answer HTTP through masquerade (all ports, listed ports) and on the pod IP with bridge binding; deleting them leaves nothing", async () => {
+Deno.test("network+QEMU (pod-less): guests get DHCP addresses and answer HTTP via masquerade and bridge", async () => {
+  // Masquerade is tried with all ports and with listed ports; bridge binding
+  // answers on the pod IP. Deleting the guests leaves nothing behind.
   const uri = await ensureLibvirtd();
   const cluster = await useCluster();
   const client = await kubeClient(cluster.kubeconfigPath);

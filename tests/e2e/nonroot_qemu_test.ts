@@ -73,7 +73,8 @@ function kvmAcl(): Uint8Array | undefined {
   }
 }
 
-Deno.test("pod-less mode with QEMU as user 107 (not root): the test guest boots from its containerDisk with cloud-init, an empty disk and console sockets, and answers HTTP", async () => {
+Deno.test("pod-less mode with QEMU as user 107: the test guest boots from its containerDisk and answers HTTP", async () => {
+  // QEMU is not root. The guest also has cloud-init, an empty disk and console sockets.
   const kvmBefore = kvmAcl();
   const kvmModeBefore = kvmMode();
   const libvirtd = await startPrivateLibvirtd({ user: QEMU_USER, group: QEMU_USER });

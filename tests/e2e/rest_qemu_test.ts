@@ -66,7 +66,10 @@ async function askShell(ws: WsSession, n: number, timeoutMs = 10_000): Promise<v
   await ws.waitFor((t) => t.slice(before).includes(`virtnode-answer-${n * 7}`), timeoutMs);
 }
 
-Deno.test("REST+QEMU (pod-less): the console WebSocket reaches the guest's shell and back, VNC greets with RFB (one session at a time), screenshots, pause/unpause, the guest agent's OS, users, filesystems and freeze, clear errors once it stops, no descriptor left after 100 sessions", async () => {
+Deno.test("REST+QEMU (pod-less): console, VNC, screenshots, pause and guest agent calls reach the guest", async () => {
+  // The console WebSocket reaches the guest's shell and back; VNC greets with RFB, one
+  // session at a time; pause/unpause; the guest agent's OS, users, filesystems and freeze.
+  // Once the guest stops the errors are clear, and 100 sessions leave no descriptor behind.
   const uri = await ensureLibvirtd();
   const cluster = await useCluster();
   const client = await kubeClient(cluster.kubeconfigPath);

@@ -181,9 +181,10 @@ async function withEnv(
 }
 
 Deno.test(
-  "fault: handler SIGKILLed in the middle of a 50-VMI burst and restarted: every VMI Running, one launcher each in one host",
+  "fault: handler SIGKILLed mid 50-VMI burst: every VMI Running, one launcher each in one host",
   grpcTest,
   async () => {
+    // The handler is restarted after the kill and must not give any VMI a second launcher.
     const COUNT = 50;
     const cluster = await useCluster();
     try {
@@ -275,9 +276,10 @@ Deno.test(
 );
 
 Deno.test(
-  "fault: the apiserver stops for 30 s during activity: the handler stays up, catches up, duplicates nothing",
+  "fault: through a 30 s apiserver outage the handler stays up, catches up and duplicates nothing",
   grpcTest,
   async () => {
+    // The apiserver stops while VMIs are being worked on.
     const OUTAGE_MS = 30_000;
     const cluster = await startCluster();
     try {
@@ -388,9 +390,10 @@ Deno.test(
 );
 
 Deno.test(
-  "fault: a corrupt and a foreign file in the ghost-record directory are reported and set aside at start-up",
+  "fault: corrupt and foreign ghost-record files are reported and set aside at start-up",
   grpcTest,
   async () => {
+    // One corrupt and one foreign file sit in the ghost-record directory when the handler starts.
     const cluster = await useCluster();
     try {
       await withEnv("ghosts", cluster, async ({ client, ns, node }, track) => {

@@ -163,7 +163,8 @@ Deno.test("handler (KubeVirt mode) finds a launcher pod's socket from status.act
   }
 });
 
-Deno.test("handler: a VMI deleted and created again under the same name gets a new launcher; the old one is cleaned up", async () => {
+Deno.test("handler: a VMI recreated under its old name gets a new launcher; the old one is cleaned up", async () => {
+  // The VMI is deleted and created again, so only its UID tells the two apart.
   const cluster = await useCluster();
   const client = await kubeClient(cluster.kubeconfigPath);
   const node = `uid-${suffix()}`;

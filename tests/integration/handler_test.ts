@@ -81,7 +81,8 @@ async function exists(path: string): Promise<boolean> {
   }
 }
 
-Deno.test("handler: a VMI goes Running with status and events, and deleting it removes domain, launcher and ghost record", async () => {
+Deno.test("handler: a VMI goes Running with status and events, and its deletion leaves nothing behind", async () => {
+  // Deleting the VMI removes its domain, its launcher and its ghost record.
   await withHandler("create", async ({ h, node, client }) => {
     const name = `vm-${suffix()}`;
     const created = await createVmi(client, testVmi(name, node));
@@ -194,7 +195,8 @@ Deno.test("handler: a guest destroyed behind its launcher ends its VMI and leave
   }
 });
 
-Deno.test("handler: the launcher host SIGKILLed with 50 running VMIs is started again and takes them all back: no guest stops, no VMI status changes", async () => {
+Deno.test("handler: a launcher host SIGKILLed with 50 running VMIs is restarted and takes them all back", async () => {
+  // No guest stops and no VMI's status changes while the host is gone and back.
   await ensureLibvirtd();
   const names = Array.from({ length: 50 }, (_, i) => `vm-${i}-${suffix()}`);
   try {
@@ -319,7 +321,8 @@ Deno.test("handler: a VMI labelled for another node is never touched", async () 
   });
 });
 
-Deno.test("handler: SIGKILLed with 20 running VMIs and restarted, it re-adopts every VMI without stopping or duplicating one", async () => {
+Deno.test("handler: SIGKILLed with 20 running VMIs and restarted, it re-adopts every one", async () => {
+  // No VMI is stopped or duplicated by the restart.
   await withHandler("restart", async ({ h, node, client, kubeconfig }) => {
     const names = Array.from({ length: 20 }, (_, i) => `vm-${i}-${suffix()}`);
     const uids = new Map<string, string>();

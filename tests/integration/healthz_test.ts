@@ -52,7 +52,9 @@ Deno.test("/healthz answers virt-handler's JSON and follows the KubeVirt CR's re
   });
 });
 
-Deno.test("/healthz asked as KubeVirt's suite asks it (`https://host:port//healthz`) is redirected to /healthz as Go's ServeMux does, and a following client gets the JSON", async () => {
+Deno.test("/healthz asked with a double slash, as KubeVirt's suite asks it, is redirected as Go would", async () => {
+  // KubeVirt's suite asks for `https://host:port//healthz`. The answer is the redirect
+  // to /healthz that Go's ServeMux gives, and a client following it gets the JSON.
   await withHandler("healthz-slashes", async ({ h }) => {
     const raw = await fetch(`${h.health}//healthz`, { redirect: "manual" });
     assert.equal(raw.status, 301);

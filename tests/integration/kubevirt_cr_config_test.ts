@@ -123,7 +123,10 @@ Deno.test("the labeller follows the KubeVirt CR's obsoleteCPUModels through the 
   }
 });
 
-Deno.test("a running handler follows the KubeVirt CR live: the CPUManager gate turns its cpumanager label on, a verbosity of 1 ends its debug lines (the test's handler starts at debug), and a value KubeVirt refuses leaves the last good configuration in force", async () => {
+Deno.test("a running handler follows the KubeVirt CR live: feature gate, verbosity, refused values", async () => {
+  // The CPUManager gate turns the cpumanager label on; a verbosity of
+  // 1 ends the debug lines the test's handler starts with; a value
+  // KubeVirt refuses leaves the last good configuration in force.
   // The kubelet runs the static CPU manager policy: only KubeVirt's gate keeps the label off.
   const stateDir = await Deno.makeTempDir({ prefix: "virtnode-cpumanager-" });
   const stateFile = `${stateDir}/cpu_manager_state`;

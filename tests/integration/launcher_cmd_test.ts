@@ -341,9 +341,11 @@ Deno.test(
 );
 
 Deno.test(
-  "launcher cmd server: SyncMigrationTarget readies the target's disks and socket folder without defining a domain; bad input and a non-unix source are refused",
+  "launcher cmd server: SyncMigrationTarget readies disks and sockets without defining a domain",
   grpcTest,
   async () => {
+    // It prepares the target's disks and socket folder only. Bad
+    // input and a source that is not a unix socket are refused.
     const h = await startHarness("vm-target");
     try {
       const spec = {

@@ -60,9 +60,10 @@ async function removeDomains(names: string[]): Promise<void> {
 }
 
 Deno.test(
-  "launcher host: serves many VMIs' sockets, a bad spec or a failing VMI touches no other, stop removes what it served",
+  "launcher host: serves many VMIs' sockets, keeps a failure to its VMI, stop removes all it served",
   grpcTest,
   async () => {
+    // A bad spec or a failing VMI touches no other VMI.
     await ensureLibvirtd();
     const dir = await Deno.makeTempDir({ prefix: "vn-host" });
     const notify = await startNotifyServer();
@@ -156,9 +157,10 @@ Deno.test(
 );
 
 Deno.test(
-  "launcher host: SIGKILLed with 50 running VMIs and started again, it takes every one back on the same socket; no guest stops, no status changes",
+  "launcher host: SIGKILLed with 50 running VMIs and restarted, it takes each back on its socket",
   grpcTest,
   async () => {
+    // Each VMI is adopted on the same socket as before; no guest stops and no status changes.
     await ensureLibvirtd();
     const dir = await Deno.makeTempDir({ prefix: "vn-host" });
     const notify = await startNotifyServer();
@@ -240,9 +242,10 @@ Deno.test(
 );
 
 Deno.test(
-  "launcher host: start with sync defines and starts the domain in the same request; a bad spec is that VMI's sync error and its launcher stays",
+  "launcher host: start with sync defines and starts the domain in one request",
   grpcTest,
   async () => {
+    // A bad spec becomes that VMI's sync error, and its launcher stays.
     await ensureLibvirtd();
     const dir = await Deno.makeTempDir({ prefix: "vn-host" });
     const notify = await startNotifyServer();

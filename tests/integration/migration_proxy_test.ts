@@ -80,7 +80,10 @@ async function sha(bytes: Uint8Array): Promise<string> {
     .map((b) => b.toString(16).padStart(2, "0")).join("");
 }
 
-Deno.test("migration proxy: libvirt's socket and a direct-migration port cross it whole both ways; wrong certificates on either side carry no byte; stopping leaves no socket or port", async () => {
+Deno.test("migration proxy: libvirt's and direct-migration traffic cross whole; wrong certificates do not", async () => {
+  // Both libvirt's socket and a direct-migration port carry data
+  // intact both ways. A wrong certificate on either side lets no
+  // byte through, and stopping the proxy leaves no socket or port.
   const dir = await Deno.makeTempDir({ prefix: "virtnode-migproxy-" });
   const certs = await makeCertificates(dir);
   const serverPair: KeyPair = {

@@ -3,7 +3,8 @@ import { MNTNS_CHILD_SUBCOMMAND, runInMountNamespace } from "../../ffi/mod.ts";
 
 const MAIN = new URL("../../main.ts", import.meta.url).pathname;
 
-Deno.test("virtnode's hidden __mntns-child subcommand enters another process's mount namespace (what a compiled binary runs)", async () => {
+Deno.test("virtnode's hidden __mntns-child subcommand enters another process's mount namespace", async () => {
+  // This is what a compiled virtnode binary runs.
   const dir = await Deno.makeTempDir();
   // A process in its own mount namespace with a tmpfs only it can see. `exec sleep`: the
   // SIGKILL below must end the sleep itself, not only a shell that would orphan it.

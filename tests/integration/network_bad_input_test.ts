@@ -85,7 +85,8 @@ const CASES: { what: string; spec: Spec; refusedBy: "virt-api" | "handler"; mess
   },
 ];
 
-Deno.test("bad network specs: virt-api refuses what it checks, the handler names the field of the rest in a condition and an Event", async () => {
+Deno.test("bad network specs: virt-api refuses what it checks, the handler names the field of the rest", async () => {
+  // For specs virt-api lets through, the handler names the bad field in a condition and an Event.
   await withHandler("badnet", async ({ h, node, client }) => {
     for (const [i, c] of CASES.entries()) {
       const name = `bad${i}`;

@@ -154,7 +154,9 @@ function target(netns: string, privateDir: string): PodNetworkTarget {
 }
 
 for (const binding of ["bridge", "masquerade"] as const) {
-  Deno.test(`pod network (${binding}): a handler killed after any step of the setup leaves a network the next one finishes exactly as one clean pass builds it`, async () => {
+  Deno.test(`pod network (${binding}): the next handler finishes a setup killed after any step, as one pass would`, async () => {
+    // Whatever step the handler is killed after, the network the
+    // next one finishes equals the one a single clean pass builds.
     await withPods(async ({ runner, pods, dir }) => {
       const iface = binding === "masquerade"
         ? { masquerade: {}, ports: [{ port: 80 }] }
@@ -197,7 +199,8 @@ for (const binding of ["bridge", "masquerade"] as const) {
   });
 }
 
-Deno.test("pod network: a setup another handler began without a record is refused clearly; one it finished is taken as finished", async () => {
+Deno.test("pod network: another handler's setup without a record is refused; one it finished is taken", async () => {
+  // The refusal says clearly why; a setup the other handler finished is taken as finished.
   await withPods(async ({ runner, pods, dir }) => {
     const uid = crypto.randomUUID();
     const netns = await pods.ensure(uid);
@@ -295,7 +298,8 @@ async function dhclient(
   return text;
 }
 
-Deno.test("DHCP: a real client gets masquerade's lease over DHCPv4 and DHCPv6, and bridge binding's lease only for the guest's MAC", async () => {
+Deno.test("DHCP: a real client gets masquerade's v4 and v6 leases, and bridge's only for the guest's MAC", async () => {
+  // Masquerade answers over DHCPv4 and DHCPv6; bridge binding leases only to the guest's MAC.
   await withPods(async ({ runner, pods, dir }) => {
     const dhcp = new DhcpServers(runner);
     await Deno.writeTextFile(

@@ -475,9 +475,11 @@ async function pciDevice(
 }
 
 Deno.test(
-  "permitted PCI host devices: one plugin per resource of vfio-pci devices, IOMMU groups as devices, KubeVirt's variable and VFIO nodes on Allocate, following the configuration",
+  "permitted PCI host devices: one plugin per resource, IOMMU groups as devices, VFIO on Allocate",
   grpcTest,
   async () => {
+    // Only devices on vfio-pci count. Allocate gives KubeVirt's variable and
+    // the VFIO nodes, and the plugins follow changes to the configuration.
     const env = await setup(["dev/kvm", "dev/vfio/vfio", "dev/vfio/12", "dev/vfio/13"]);
     const sysRoot = join(env.dir, "sys");
     const gpu = newDevicePluginClient(join(env.pluginDir, "kubevirt-nvidia.com-TU104GL.sock"));
@@ -568,9 +570,11 @@ Deno.test(
 );
 
 Deno.test(
-  "permitted mediated devices: one plugin per type, IOMMU groups as devices with the parent's NUMA node, UUIDs in KubeVirt's variable; a group whose VFIO node went fails the allocation",
+  "permitted mediated devices: one plugin per type, IOMMU groups as devices, UUIDs on Allocate",
   grpcTest,
   async () => {
+    // Devices carry the parent's NUMA node, Allocate gives the UUIDs in
+    // KubeVirt's variable, and a group whose VFIO node went fails the allocation.
     const env = await setup(["dev/vfio/vfio", "dev/vfio/20"]);
     const sysRoot = join(env.dir, "sys");
     const grid = newDevicePluginClient(join(env.pluginDir, "kubevirt-nvidia.com-GRID_T4-1Q.sock"));
@@ -640,9 +644,11 @@ Deno.test(
 );
 
 Deno.test(
-  "permitted USB devices: sets of one device per selector, KubeVirt's bus:device variable, nodes handed to user 107 beneath the device root, the same IDs when the configuration is read again",
+  "permitted USB devices: one device set per selector, nodes handed to user 107, stable IDs",
   grpcTest,
   async () => {
+    // Allocate gives KubeVirt's bus:device variable and hands the nodes beneath the
+    // device root to user 107; reading the configuration again keeps the same IDs.
     const env = await setup(["dev/bus/usb/001/004", "dev/bus/usb/001/005", "dev/bus/usb/002/007"]);
     const sysRoot = join(env.dir, "sys");
     const keys = newDevicePluginClient(join(env.pluginDir, "kubevirt-kubevirt.io-token.sock"));

@@ -25,7 +25,8 @@ import {
 } from "../helpers/handler_process.ts";
 import { makeCertificates, restServerArgs } from "../helpers/rest_client.ts";
 
-Deno.test("pod-less migrations: a VMIM for a VMI that is not LiveMigratable fails with admission's reason and an Event; the VMI keeps running on its node", async () => {
+Deno.test("pod-less migrations: a VMIM for a VMI that is not LiveMigratable fails; the VMI keeps running", async () => {
+  // The failure carries admission's reason and an Event, and the VMI stays on its node.
   const cluster = await useCluster();
   const client = await kubeClient(cluster.kubeconfigPath);
   const dir = await Deno.makeTempDir({ prefix: "vn-refuse-" });

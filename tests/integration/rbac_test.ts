@@ -328,7 +328,8 @@ async function grantedBeyondBaseline(ctx: Context): Promise<string[]> {
   return (await grantedTo(ctx.kubeconfig)).filter((p) => !everyone.has(p));
 }
 
-Deno.test("rbac: a pod-less node's identity (deploy/rbac.yaml and deploy/podless-node.yaml) may do exactly what the pod-less handler calls, no more", async () => {
+Deno.test("rbac: a pod-less node's identity may do exactly what the pod-less handler calls, no more", async () => {
+  // The identity is what deploy/rbac.yaml and deploy/podless-node.yaml grant together.
   await withServiceAccount({ account: ACCOUNT, mode: "podless" }, async (ctx) => {
     const granted = await grantedBeyondBaseline(ctx);
     assert.deepEqual(
@@ -343,7 +344,8 @@ Deno.test("rbac: a pod-less node's identity (deploy/rbac.yaml and deploy/podless
   });
 });
 
-Deno.test("rbac: a pod-less handler with only its node's identity places a VMI, runs it, deletes it and beats its Node, with no 403", async () => {
+Deno.test("rbac: a pod-less handler with only its node's identity runs a VMI's life with no 403", async () => {
+  // It places the VMI, runs it, deletes it and beats its Node.
   await withServiceAccount({ account: ACCOUNT, mode: "podless" }, async (ctx) => {
     const { admin, controller, node } = ctx;
     let stopped: Deno.CommandStatus | undefined;
@@ -409,7 +411,9 @@ Deno.test("rbac: a pod-less handler with only its node's identity places a VMI, 
   });
 });
 
-Deno.test("rbac: KubeVirt mode's ClusterRole grants what the KubeVirt-mode handler calls, and a handler with only it runs a launcher pod's VMI through its life with no 403", async () => {
+Deno.test("rbac: KubeVirt mode's ClusterRole grants just what its handler calls, enough for a VMI's life", async () => {
+  // The role grants exactly what the KubeVirt-mode handler calls, and a handler
+  // holding only that role takes a launcher pod's VMI through its life with no 403.
   await withServiceAccount({ account: ACCOUNT, mode: "kubevirt" }, async (ctx) => {
     const { admin, controller, node } = ctx;
     assert.deepEqual(await grantedBeyondBaseline(ctx), KUBEVIRT_MODE_CALLS);

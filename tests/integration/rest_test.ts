@@ -38,7 +38,10 @@ function text(body: Uint8Array): string {
   return new TextDecoder().decode(body);
 }
 
-Deno.test("REST server (pod-less, test driver): mutual TLS refuses every wrong client; KubeVirt's answers for unknown VMIs, wrong methods and bad upgrades; pause/unpause change the Paused condition; a console symlink out of the VMI's directory is not followed", async () => {
+Deno.test("REST server (pod-less, test driver): mutual TLS, KubeVirt's errors, pause and console safety", async () => {
+  // Every wrong client is refused; unknown VMIs, wrong methods and bad
+  // upgrades get KubeVirt's answers; pause/unpause change the Paused
+  // condition; a console symlink out of the VMI's directory is not followed.
   const cluster = await useCluster();
   const client = await kubeClient(cluster.kubeconfigPath);
   const id = crypto.randomUUID().slice(0, 8);

@@ -30,7 +30,9 @@ function healthPort(health: string): number {
   return Number(new URL(health).port);
 }
 
-Deno.test("REST and health TLS: a rotated server certificate is served on both ports, a changed kubevirt-ca ConfigMap changes which clients get in, and --health-tls alone reloads its certificate too", async () => {
+Deno.test("REST and health TLS: rotated certificates and a changed kubevirt-ca take effect live", async () => {
+  // A rotated server certificate is served on both ports; a changed kubevirt-ca ConfigMap changes
+  // which clients get in; with --health-tls alone, the health port reloads its certificate too.
   const cluster = await useCluster();
   const client = await kubeClient(cluster.kubeconfigPath);
   const id = crypto.randomUUID().slice(0, 8);

@@ -143,7 +143,9 @@ async function leftoversOf(
   return left;
 }
 
-Deno.test("storage cleanup: 50 VMIs with containerDisk, emptyDisk and cloud-init created and deleted leave nothing of theirs in the state and run directories, and no mount", async () => {
+Deno.test("storage cleanup: 50 VMIs created and deleted leave no file of theirs and no mount", async () => {
+  // Each VMI has a containerDisk, an emptyDisk and cloud-init; once
+  // deleted, nothing of theirs remains in the state or run directories.
   await withHandler("cleanup", async ({ h, node, client }) => {
     const names = Array.from({ length: COUNT }, (_, i) => `vm-${node}-${i}`);
     // Read when the first VMI needs it: installed now, with the handler running.
@@ -181,7 +183,8 @@ Deno.test("storage cleanup: 50 VMIs with containerDisk, emptyDisk and cloud-init
   });
 });
 
-Deno.test("storage cleanup: a handler killed while tearing down 10 deleted VMIs is started again and finishes it: no guest, file, ghost record or VMI of theirs is left", async () => {
+Deno.test("storage cleanup: a handler killed mid-teardown of 10 VMIs finishes it once started again", async () => {
+  // In the end no guest, file, ghost record or VMI of the deleted ones is left.
   await withHandler("cleanup-restart", async ({ h, node, client, kubeconfig }) => {
     const names = Array.from({ length: 10 }, (_, i) => `vm-${node}-${i}`);
     await installTestGuest(join(h.stateDir, "images"));

@@ -94,7 +94,9 @@ async function withStore(fn: (dir: string, store: ContainerDiskStore) => Promise
   }
 }
 
-Deno.test("containerDisk store: an OCI archive's /disk file, a layout with a gzip layer and a named path are stored once, read-only", async () => {
+Deno.test("containerDisk store: archives, gzip layers and named paths are each stored once, read-only", async () => {
+  // The inputs: an OCI archive with a /disk file, a layout whose layer is
+  // gzip-compressed, and an image whose disk is found at a named path.
   await withStore(async (dir, store) => {
     await image(dir, "example.org/raw:1", { "disk/root.img": ["-f", "raw", "@", "1M"] });
     await image(dir, "example.org/qcow:1", { "disk/root.qcow2": ["-f", "qcow2", "@", "2M"] }, {
@@ -128,7 +130,8 @@ Deno.test("containerDisk store: an OCI archive's /disk file, a layout with a gzi
   });
 });
 
-Deno.test("containerDisk store: images that are no usable containerDisk are refused, naming the field and the image", async () => {
+Deno.test("containerDisk store: unusable images are refused, naming the field and the image", async () => {
+  // Among them: no disk at all, two disks, and a disk in a format that is not accepted.
   await withStore(async (dir, store) => {
     await image(dir, "bad/none:1", { "etc/motd": "hello" });
     await image(dir, "bad/two:1", {
@@ -169,7 +172,8 @@ Deno.test("containerDisk store: images that are no usable containerDisk are refu
   });
 });
 
-Deno.test("containerDisk store: collect() removes the disks of images replaced or removed that no VMI reads, and keeps the rest", async () => {
+Deno.test("containerDisk store: collect() removes disks of replaced or removed images no VMI reads", async () => {
+  // Disks a VMI still reads, and those of images still present, are kept.
   await withStore(async (dir, store) => {
     await image(dir, "example.org/kept:1", { "disk/root.img": ["-f", "raw", "@", "1M"] });
     await image(dir, "example.org/replaced:1", { "disk/root.img": ["-f", "raw", "@", "1M"] });

@@ -60,7 +60,8 @@ async function withRoot(mib: number, fn: (root: string, claimDir: string) => Pro
   }
 }
 
-Deno.test("host disks: a filesystem claim's disk.img is created sparse, of the claim's size, owned by QEMU's user, and never resized or overwritten", async () => {
+Deno.test("host disks: a filesystem claim's disk.img is made sparse, at the claim's size, for QEMU's user", async () => {
+  // Once made, the image is never resized or overwritten.
   await withRoot(64, async (root, claimDir) => {
     const vmi = replaceClaimsByHostDisks(claimVmi("16Mi"));
     const done = await prepareHostDisks(vmi, { root, runtimeUser: 0 });
@@ -90,7 +91,9 @@ Deno.test("host disks: a filesystem claim's disk.img is created sparse, of the c
   });
 });
 
-Deno.test("host disks: a claim a little short gets an image filling it (ToleratedSmallPV); one too short is refused naming the volume, with nothing made", async () => {
+Deno.test("host disks: a slightly short claim gets an image filling it; one too short is refused", async () => {
+  // A claim a little smaller than asked is tolerated (ToleratedSmallPV).
+  // One much too small is refused naming the volume, and nothing is made.
   await withRoot(20, async (root, claimDir) => {
     const short = await prepareHostDisks(replaceClaimsByHostDisks(claimVmi("21Mi")), {
       root,

@@ -132,7 +132,9 @@ function hostMountsUnder(dir: string): string[] {
   return Deno.readTextFileSync("/proc/self/mountinfo").split("\n").filter((l) => l.includes(dir));
 }
 
-Deno.test("containerDisk (KubeVirt mode): KubeVirt's container-disk server's /disk file is bound read-only into the launcher's namespace only, and a restarted handler unmounts it and ends the server", async () => {
+Deno.test("containerDisk (KubeVirt mode): the disk is bound read-only into the launcher's namespace only", async () => {
+  // The /disk file comes from KubeVirt's container-disk server;
+  // a restarted handler unmounts it and ends the server.
   const uid = crypto.randomUUID();
   await world(uid, undefined, async ({ dir, podDir, container, launcher }) => {
     const mounts = new ContainerDiskMounts(join(dir, "records"));
@@ -177,7 +179,9 @@ Deno.test("containerDisk (KubeVirt mode): KubeVirt's container-disk server's /di
   });
 });
 
-Deno.test("containerDisk (KubeVirt mode): symlinks planted in the container's root or the launcher's root never lead a mount, or a write beneath a pod, out of them", async () => {
+Deno.test("containerDisk (KubeVirt mode): planted symlinks never lead a mount or a write out of a root", async () => {
+  // Links are planted in both the container's root and the launcher's
+  // root; neither a mount nor a write beneath a pod escapes them.
   const uid = crypto.randomUUID();
   const hostHostname = await Deno.readTextFile("/etc/hostname");
   await world(uid, async ({ containerRoot, launcherRoot }) => {
@@ -218,7 +222,8 @@ Deno.test("containerDisk (KubeVirt mode): symlinks planted in the container's ro
   });
 });
 
-Deno.test("containerDisk (KubeVirt mode): an image whose /disk holds two files is refused naming the volume, nothing mounted", async () => {
+Deno.test("containerDisk (KubeVirt mode): an image with two files in /disk is refused naming the volume", async () => {
+  // Nothing is mounted.
   const uid = crypto.randomUUID();
   await world(uid, async ({ containerRoot }) => {
     await Deno.writeTextFile(join(containerRoot, "disk/second.img"), "x");

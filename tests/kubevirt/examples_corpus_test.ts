@@ -88,7 +88,8 @@ function containerDiskImages(vmi: Record<string, unknown>): string[] {
   return (volumes ?? []).flatMap((v) => v.containerDisk?.image ? [v.containerDisk.image] : []);
 }
 
-Deno.test("KubeVirt's examples, defaulted by its admission, through the converter: converted N of M, every refusal names its field", async () => {
+Deno.test("KubeVirt's examples through the converter: converted N of M, every refusal names its field", async () => {
+  // Each example is first defaulted by KubeVirt's admission, as the cluster would store it.
   const kubevirtDir = await buildKubevirt();
   const cluster = await startCluster({ admission: true });
   const work = await Deno.realPath(await Deno.makeTempDir({ prefix: "virtnode-corpus-" }));

@@ -131,7 +131,9 @@ Deno.test("KubeVirt's admission refuses what a user may not do, and the VMI CRD 
   }
 });
 
-Deno.test("pod-less handler under KubeVirt's CRD and admission: a user's VMI is placed, runs, and its status is written by updating the whole VMI, never /status", async () => {
+Deno.test("pod-less handler under KubeVirt's admission runs a user's VMI, never writing /status", async () => {
+  // KubeVirt's CRD is installed too. The VMI is placed and runs,
+  // and its status is written by updating the whole object.
   const cluster = await startCluster({ admission: true });
   const node = `kv-${crypto.randomUUID().slice(0, 8)}`;
   const admin = await kubeClient(cluster.kubeconfigPath);

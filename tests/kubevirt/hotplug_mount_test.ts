@@ -88,7 +88,10 @@ async function run(cmd: string, ...args: string[]): Promise<void> {
   if (!out.success) throw new Error(`${cmd}: ${new TextDecoder().decode(out.stderr)}`);
 }
 
-Deno.test("hotplug (KubeVirt mode): a claim's disk.img from the attachment pod is bound into the launcher's namespace only and a block claim's device made there and let into its cgroup; both go when the volumes leave the spec", async () => {
+Deno.test("hotplug (KubeVirt mode): claims are bound into the launcher's namespace only and go on removal", async () => {
+  // A filesystem claim's disk.img comes from the attachment pod; a
+  // block claim's device node is made in that namespace and let into
+  // the launcher's cgroup. Both go when the volumes leave the spec.
   const kubevirt = await buildKubevirt();
   const dir = await Deno.makeTempDir({ prefix: "virtnode-hotplug-" });
   const podsDir = join(dir, "pods");
@@ -190,7 +193,8 @@ Deno.test("hotplug (KubeVirt mode): a claim's disk.img from the attachment pod i
   }
 });
 
-Deno.test("hotplug (KubeVirt mode): a disk.img planted as a link out of the claim resolves inside the attachment pod's root, never to the node's file", async () => {
+Deno.test("hotplug (KubeVirt mode): a disk.img linked out of the claim resolves inside the pod's root", async () => {
+  // The link is followed within the attachment pod's root, never to the node's own file.
   const kubevirt = await buildKubevirt();
   const dir = await Deno.makeTempDir({ prefix: "virtnode-hotplug-" });
   const podsDir = join(dir, "pods");

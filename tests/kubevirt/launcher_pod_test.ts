@@ -60,7 +60,8 @@ function exists(path: string): boolean {
   }
 }
 
-Deno.test("kubevirt: KubeVirt's virt-launcher in a launcher pod runs a VMI under virtnode's handler: Running, paused, resumed, shut down, deleted", async () => {
+Deno.test("kubevirt: KubeVirt's virt-launcher in a launcher pod runs a VMI under virtnode's handler", async () => {
+  // The VMI goes Running, is paused, resumed, shut down and deleted.
   const cluster = await useCluster();
   const admin = await kubeClient(cluster.kubeconfigPath);
   const controller = await kubeClient(cluster.handlerKubeconfigPath);

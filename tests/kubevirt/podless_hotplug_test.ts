@@ -118,7 +118,9 @@ async function domainDisks(domain: string): Promise<Map<string, string[]>> {
   return disks;
 }
 
-Deno.test("pod-less hotplug through KubeVirt's virt-api: a filesystem and a block claim under the host disk root are attached to the running domain and detached on removal; one outside the root or pinned to another node fails the sync by its field", async () => {
+Deno.test("pod-less hotplug via virt-api: claims under the host disk root attach and detach live", async () => {
+  // A filesystem claim and a block claim are attached to the running domain and detached on
+  // removal. A claim outside the root, or pinned to another node, fails the sync naming its field.
   const uri = await ensureLibvirtd();
   const kubevirtDir = await buildKubevirt();
   const cluster = await startCluster({ podNetwork: true });

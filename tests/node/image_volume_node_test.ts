@@ -34,7 +34,8 @@ interface PodVolume {
   image?: { reference?: string };
 }
 
-Deno.test("node: KubeVirt's ImageVolume gate turned on in the CR while virtnode runs: the containerDisk comes as an image volume and the guest boots", async () => {
+Deno.test("node: ImageVolume turned on in the CR while virtnode runs: the guest boots from an image volume", async () => {
+  // KubeVirt's ImageVolume gate changes live; the containerDisk then arrives as an image volume.
   await ensureLibvirtd();
   const cluster = await startCluster({ podNetwork: true });
   const kc = cluster.kubeconfigPath;

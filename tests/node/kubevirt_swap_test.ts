@@ -354,8 +354,10 @@ async function journey(handler: Handler): Promise<void> {
   }
 }
 
+// virtnode is installed as the DaemonSet next to KubeVirt's virt-api, virt-controller
+// and virt-launcher; the journey covers create, a handler restart, delete and drain.
 Deno.test(
-  "node: virtnode installed from deploy/ as the DaemonSet takes virt-handler's place beside KubeVirt's own virt-api, virt-controller and virt-launcher: create, handler restart, delete, drain",
+  "node: virtnode from deploy/ takes virt-handler's place beside KubeVirt's own components",
   () => journey("virtnode"),
 );
 

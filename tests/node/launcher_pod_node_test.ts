@@ -112,7 +112,8 @@ function launcherPod(vmi: VirtualMachineInstance, image: string, node: string, g
   };
 }
 
-Deno.test("node: KubeVirt's virt-launcher image in a pod of the real kubelet runs a VMI under virtnode's handler, which registers its device plugins with that kubelet", async () => {
+Deno.test("node: KubeVirt's virt-launcher in a real kubelet's pod runs a VMI under virtnode's handler", async () => {
+  // The handler also registers its device plugins with that kubelet.
   const cluster = await useCluster();
   const admin = await kubeClient(cluster.kubeconfigPath);
   const controller = await kubeClient(cluster.handlerKubeconfigPath);

@@ -34,7 +34,8 @@ async function guestBoot(ip: string): Promise<{ bootId: string; uptime: number }
   return bootId && Number.isFinite(uptime) ? { bootId, uptime } : undefined;
 }
 
-Deno.test("node: KubeVirt's virt-controller migrates a running guest between two kubelets' nodes through virtnode's handlers and KubeVirt's launcher pods", async () => {
+Deno.test("node: KubeVirt's virt-controller migrates a running guest between two kubelets' nodes", async () => {
+  // The migration goes through virtnode's handlers and KubeVirt's launcher pods.
   const libvirtUri = await ensureLibvirtd();
   assert.equal(libvirtUri, "qemu:///system", "the DaemonSet's labeller reads the host's libvirtd");
   const cluster = await startCluster({ podNetwork: true });

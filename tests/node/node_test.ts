@@ -24,7 +24,8 @@ function inCidr(ip: string, cidr: string): boolean {
   return ((n(ip) & mask) >>> 0) === ((n(net) & mask) >>> 0);
 }
 
-Deno.test("node: a DaemonSet's pod is created, scheduled, run by the kubelet through containerd and given an address by the CNI; deleted, it goes", async () => {
+Deno.test("node: a DaemonSet's pod runs through the kubelet, containerd and the CNI, and goes when deleted", async () => {
+  // The pod is created, scheduled, run through containerd and given an address by the CNI.
   const cluster = await useCluster();
   const client = await kubeClient(cluster.kubeconfigPath);
   const node = await startNode(cluster);

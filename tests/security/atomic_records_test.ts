@@ -91,7 +91,8 @@ const POD = "9a3e1c2d-1111-4222-8333-444455556666";
 const POD_VOLUMES = `${POD}/volumes/kubernetes.io~empty-dir`;
 const UID = "5c0ffee0-aaaa-4bbb-8ccc-000000000034";
 
-Deno.test("a torn containerDisk mount record (and a torn hotplug record) does not block the VMI's cleanup; the spec's container-disk sockets still go", async () => {
+Deno.test("a torn containerDisk or hotplug mount record does not block the VMI's cleanup", async () => {
+  // The sockets of the spec's container disks still go.
   const dir = await Deno.makeTempDir({ prefix: "virtnode-torn-" });
   const podsDir = join(dir, "pods");
   const listeners: Deno.Listener[] = [];

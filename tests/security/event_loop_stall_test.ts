@@ -110,7 +110,8 @@ time.sleep(120)`,
   }
 }
 
-Deno.test("listenerPid() on a launcher that stopped accepting fails in its deadline and the event loop keeps running", async () => {
+Deno.test("listenerPid() on a launcher no longer accepting fails in time; the event loop keeps running", async () => {
+  // The call gives up within its deadline.
   await withFullListener(async (path) => {
     const report = await probe(
       `import { listenerPid } from ${JSON.stringify(new URL("ffi/mod.ts", REPO).href)};`,
@@ -177,7 +178,8 @@ async function withHungClaim(fn: (hung: string, healthy: string) => Promise<void
   }
 }
 
-Deno.test("prepareHostDisks() on a claim whose file system never answers fails with a timeout and the event loop keeps running", async () => {
+Deno.test("prepareHostDisks() on a hung claim fails with a timeout; the event loop keeps running", async () => {
+  // The claim's file system never answers.
   await withHungClaim(async (hung, healthy) => {
     const vmi = {
       metadata: { name: "vm", namespace: "default", uid: "u" },

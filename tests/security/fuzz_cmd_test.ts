@@ -128,9 +128,10 @@ function responseOf(answer: unknown): { success: boolean; message: string } {
 }
 
 Deno.test(
-  "cmd server: every RPC with mutated VMIs, options and protobuf is answered with a failure that names the problem, and the launcher stays up",
+  "cmd server: every RPC with mutated input gets a failure naming the problem; the launcher lives",
   grpcTest,
   async () => {
+    // Mutations cover the VMIs, the options and the protobuf encoding itself.
     const workspace = await createWorkspace();
     const dir = workspace.root;
     const notify = await startNotifyServer();
@@ -267,9 +268,10 @@ Deno.test(
 );
 
 Deno.test(
-  "cmd server regression: FinalizeVirtualMachineMigration hands KubeVirt's interfaceMigration Method to the domain manager",
+  "cmd server regression: FinalizeVirtualMachineMigration passes the interfaceMigration Method on",
   grpcTest,
   async () => {
+    // The Method of KubeVirt's interfaceMigration must reach the domain manager.
     // Found on c1d8a68 while writing the options fuzzer (not by its checks): the .proto's
     // field is `Method`, the domain manager reads `method`, so a guest whose interface
     // KubeVirt names for link-refresh never had its link cycled after a migration.

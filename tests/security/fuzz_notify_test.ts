@@ -138,9 +138,10 @@ function checkK8sNotification(event: K8sEventNotification): void {
 const grpcTest = { sanitizeOps: false, sanitizeResources: false };
 
 Deno.test(
-  "notify server: mutated domain events, Kubernetes events and protobuf from a launcher are each answered, none malformed gets through, the server stays up",
+  "notify server: mutated events and protobuf from a launcher are each answered; it stays up",
   grpcTest,
   async () => {
+    // Domain events, Kubernetes events and protobuf are mutated; nothing malformed gets through.
     const dir = await Deno.makeTempDir({ prefix: "vn-fuzz-notify-" });
     const socket = join(dir, "domain-notify.sock");
     const received = { domains: [] as DomainNotification[], k8s: [] as K8sEventNotification[] };

@@ -180,7 +180,8 @@ function checkReader(bytes: Uint8Array, rand: Rand): void {
   assert.ok(ms < 1_000, `${bytes.length} bytes in pieces took ${ms.toFixed(0)} ms`);
 }
 
-Deno.test("WebSocket FrameReader: mutated client streams never throw, read the same however cut, in bounded time and memory", async () => {
+Deno.test("WebSocket FrameReader: mutated client streams never throw and read the same however cut", async () => {
+  // Each stream is also read in bounded time and memory.
   await fuzz("websocket", { budgetMs: 10_000, minCases: 100 }, (c) => {
     const { bytes, applied } = mutate(c.rand.pick(SEEDS), c.rand, MUTATIONS);
     c.note = `${applied.join("+")} ${hex(bytes)}`;
@@ -196,7 +197,7 @@ Deno.test("WebSocket FrameReader: random bytes after a valid frame never throw",
   });
 });
 
-Deno.test("WebSocket FrameReader regression: a largest frame that comes 16 bytes at a time is read in linear time", () => {
+Deno.test("WebSocket FrameReader regression: a largest frame dripped 16 bytes at a time reads in linear time", () => {
   // Found by the fuzzer on c1d8a68 (small pieces): every push copied all the bytes held
   // so far, so a client that drips a 1 MiB frame made the handler copy 32 GiB.
   const frame = clientFrame(0x2, keys(MAX_FRAME_PAYLOAD));

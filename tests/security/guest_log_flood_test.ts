@@ -121,7 +121,8 @@ log.info("Last line");
 `;
 }
 
-Deno.test("a launcher that logs 48 MiB leaves its log and two rotated copies, each within 10 MiB, the newest lines in the live file", async () => {
+Deno.test("a launcher logging 48 MiB leaves its log and two rotated copies, each within 10 MiB", async () => {
+  // The newest lines are in the live file.
   const dir = await Deno.makeTempDir({ prefix: "vn-log-flood-" });
   const script = join(dir, "launcher.ts");
   await Deno.writeTextFile(script, floodingLauncher());

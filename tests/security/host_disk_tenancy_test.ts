@@ -49,7 +49,8 @@ async function hostDiskRoot(): Promise<string> {
   return root;
 }
 
-Deno.test("a VMI in namespace a may not name a host disk in namespace b's folder of the root, directly or through a symlink", async () => {
+Deno.test("a VMI in namespace a may not name a host disk in namespace b's folder, even through a symlink", async () => {
+  // Both folders sit in one host disk root; the disk is refused named directly and through a link.
   const root = await hostDiskRoot();
   try {
     await Deno.symlink(join(root, "b"), join(root, "a", "to-b"));
@@ -84,7 +85,8 @@ Deno.test("a VMI in namespace a may not name a host disk in namespace b's folder
   }
 });
 
-Deno.test("a pod-less handler refuses another namespace's host disk with Synchronized=False and a SyncFailed Event naming the field and the allowed root", async () => {
+Deno.test("a pod-less handler refuses another namespace's host disk, naming the field and the allowed root", async () => {
+  // The refusal shows as Synchronized=False and a SyncFailed Event.
   const cluster = await startCluster({ admission: true });
   const root = await hostDiskRoot();
   const admin = await kubeClient(cluster.kubeconfigPath);

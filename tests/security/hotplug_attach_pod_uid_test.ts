@@ -10,7 +10,8 @@ import { HotplugMountError, HotplugMounts } from "../../mod/handler/testing.ts";
 
 const ATTACH_SOCKET_DIR = "volumes/kubernetes.io~empty-dir/hotplug-disks";
 
-Deno.test("a hotplugged volume whose attachPodUID climbs out of the pods directory gets a clear error and nothing outside is dialled", async () => {
+Deno.test("a hotplugged volume whose attachPodUID climbs out of the pods directory is refused", async () => {
+  // The error is clear and nothing outside the pods directory is dialled.
   const dir = await Deno.makeTempDir({ prefix: "virtnode-attach-uid-" });
   const podsDir = join(dir, "kubelet", "pods");
   await Deno.mkdir(podsDir, { recursive: true });

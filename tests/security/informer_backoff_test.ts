@@ -79,7 +79,8 @@ async function runUntilListed(
   await Promise.all(running);
 }
 
-Deno.test("after a 410 Gone the informer relists after a short random delay (a tenth of a second to one), not at once", async () => {
+Deno.test("after a 410 Gone the informer relists after a short random delay, not at once", async () => {
+  // The delay falls between a tenth of a second and one second.
   const api = fakeApiserver();
   const draws = [0, 0.5, 0.999];
   // The jitter's random source, given: the delays it makes are known.

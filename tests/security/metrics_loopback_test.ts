@@ -36,7 +36,8 @@ async function get(url: string): Promise<{ status: number; body: string }> {
   return { status: response.status, body: await response.text() };
 }
 
-Deno.test("with default flags /metrics answers on 127.0.0.1 but not on the host's other addresses, where the probes still answer; --metrics-address opens it", async () => {
+Deno.test("/metrics answers only on 127.0.0.1 by default; --metrics-address opens it elsewhere", async () => {
+  // With default flags the probes still answer on the host's other addresses; /metrics does not.
   const cluster = await useCluster();
   const host = await nonLoopbackAddress();
   const dir = await Deno.makeTempDir({ prefix: "vn-metrics-" }); // short: pod-less sockets

@@ -49,7 +49,8 @@ async function serverSideOf(
   return { socket, close: () => (client.destroy(), socket.destroy()) };
 }
 
-Deno.test("a migration client of another CA with the allowed common name is refused because its chain is not verified", async () => {
+Deno.test("a migration client with the allowed common name but another CA's chain is refused", async () => {
+  // The common name alone is not enough: the client's certificate chain is verified.
   const { dir, certs, serverPair } = await certificates();
   // A TLS layer that asks for a certificate but lets the handshake finish either way.
   const server = tls.createServer({
@@ -89,7 +90,8 @@ Deno.test("a migration client of another CA with the allowed common name is refu
   }
 });
 
-Deno.test("the migration target listener carries no byte for a client of another CA with the allowed common name", async () => {
+Deno.test("the migration target listener carries no byte for the allowed common name from another CA", async () => {
+  // The client shows the allowed common name on a certificate another CA signed.
   const { dir, certs, serverPair } = await certificates();
   let reached = 0;
   const launcher = net.createServer((s) => {

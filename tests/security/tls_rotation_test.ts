@@ -50,7 +50,8 @@ async function waitUntil(what: string, done: () => Promise<boolean>, timeoutMs: 
   }
 }
 
-Deno.test("the REST server keeps its old certificate while the key on disk is not the new certificate's, and takes the pair once it matches", async () => {
+Deno.test("the REST server keeps its old certificate until the key on disk matches the new one", async () => {
+  // Once the pair on disk matches, the new certificate is taken.
   const dir = await Deno.makeTempDir({ prefix: "vn-tls-race-" });
   const stop = new AbortController();
   const running: Promise<void>[] = [];

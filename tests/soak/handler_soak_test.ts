@@ -145,7 +145,8 @@ async function destroyGuests(uri: string, prefix: string): Promise<void> {
   }
 }
 
-Deno.test("a handler with 20 VMIs, REST on mutual TLS, console sessions, scrapes and certificate rotations keeps its heap and RSS flat", async () => {
+Deno.test("a handler with 20 VMIs under REST, console, scrape and rotation load keeps heap and RSS flat", async () => {
+  // REST on mutual TLS; console sessions, metric scrapes and certificate rotations run throughout.
   const uri = await ensureLibvirtd();
   const cluster = await useCluster();
   const client = await kubeClient(cluster.kubeconfigPath);

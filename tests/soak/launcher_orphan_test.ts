@@ -50,7 +50,8 @@ function sample(pid: number): Sample | undefined {
   }
 }
 
-Deno.test("the launcher host whose handler died mid-burst stays idle and small, keeps serving, and exits promptly on SIGTERM", async () => {
+Deno.test("an orphaned launcher host stays idle and small, keeps serving, and exits promptly on SIGTERM", async () => {
+  // Its handler died in the middle of a burst of VMIs.
   const cluster = await useCluster();
   const client = await kubeClient(cluster.kubeconfigPath);
   const node = `soak-${crypto.randomUUID().slice(0, 8)}`;

@@ -20,7 +20,8 @@ function vmi(uid: string): VirtualMachineInstance {
   } as unknown as VirtualMachineInstance;
 }
 
-Deno.test("containerDisks with the ImageVolume gate: nothing to wait for or mount, unless the pod was made before the gate", async () => {
+Deno.test("containerDisks under the ImageVolume gate need no wait or mount, unless the pod predates it", async () => {
+  // Only a pod made before the gate was turned on still needs the container-disk wait and mount.
   const dir = await Deno.makeTempDir({ prefix: "virtnode-image-volume-" });
   try {
     const podDir = join(dir, "pod");

@@ -350,7 +350,8 @@ const INVALID: [string, string, (vmi: Json) => void][] = [
 ];
 
 for (const [what, path, change] of INVALID) {
-  Deno.test(`checkVmiSemantics() refuses ${what}, naming "${path}"`, () => {
+  Deno.test(`checkVmiSemantics() refuses ${what}, naming its field`, () => {
+    // The error's path must be the field the case breaks, as the table gives it.
     const vmi = baseVmi();
     change(vmi);
     assert.throws(() => check(vmi), (error: unknown) => {

@@ -154,7 +154,8 @@ Deno.test("prepareVolumes() refuses a dangling hostDisk symlink", async () => {
   });
 });
 
-Deno.test("prepareVolumes() refuses a hostDisk in another namespace's folder of the root, named or through a symlink", async () => {
+Deno.test("prepareVolumes() refuses a hostDisk in another namespace's folder, named or via a symlink", async () => {
+  // Both folders sit in one host disk root.
   await withWorkspace(async (ws, options) => {
     const other = path.join(ws.hostDiskRoot, "other");
     await Deno.mkdir(other);
@@ -287,7 +288,8 @@ Deno.test("hotplugDiskXml() gives a hotplugged disk the first device name of its
   );
 });
 
-Deno.test("generateDomainXml() adds the SCSI controller hotplugged disks attach to unless disableHotplug, as KubeVirt does", () => {
+Deno.test("generateDomainXml() adds the SCSI controller for hotplugged disks unless disableHotplug", () => {
+  // KubeVirt adds the same controller for hotplugged disks to attach to.
   const volumes = { scratch: { path: "/d.qcow2", format: "qcow2" as const } };
   const vmi = validateVmi(vmiWith({ name: "scratch", emptyDisk: { capacity: "1Mi" } }));
   const controller = /<controller type='scsi' index='0' model='virtio-scsi'\/>/;
@@ -506,7 +508,9 @@ Deno.test("generateDomainXml() refuses control characters libvirt cannot parse",
   );
 });
 
-Deno.test("generateDomainXml() follows the cluster's settings the handler sends: SMBIOS system entries, balloon statistics period, free page reporting as KubeVirt's launcher decides it", async () => {
+Deno.test("generateDomainXml() follows the cluster settings the handler sends, as KubeVirt's launcher does", async () => {
+  // Covered: SMBIOS system entries, the balloon statistics period, and
+  // free page reporting decided as KubeVirt's launcher decides it.
   const volumes = { scratch: { path: "/d.qcow2", format: "qcow2" as const } };
   const vmi = validateVmi(vmiWith({ name: "scratch", emptyDisk: { capacity: "1Mi" } }));
   const cluster = domainClusterOptions({

@@ -21,7 +21,8 @@ Deno.test("vmiPhaseFromDomain() maps no domain and an unresponsive launcher to F
   }
 });
 
-Deno.test("vmiPhaseFromDomain() maps no domain and an unresponsive launcher of a migration target to WaitingForSync", () => {
+Deno.test("vmiPhaseFromDomain() maps a migration target without domain or answer to WaitingForSync", () => {
+  // On a migration target a missing domain and an unresponsive launcher both wait for sync.
   for (const vmiPhase of [VmiPhase.Scheduled, VmiPhase.Running]) {
     const decision = vmiPhaseFromDomain({
       vmiPhase,
@@ -91,7 +92,9 @@ Deno.test("vmiPhaseFromDomain() maps Shutoff/Crashed and Crashed/Panicked to Fai
   }
 });
 
-Deno.test("vmiPhaseFromDomain() maps Shutoff/Destroyed to Failed when ACPI is on with a grace period that is unset or not 0, or after a failed post-copy migration; else Succeeded", () => {
+Deno.test("vmiPhaseFromDomain() maps Shutoff/Destroyed to Failed or Succeeded as KubeVirt does", () => {
+  // Failed when ACPI is on and the grace period is unset or not 0,
+  // or after a failed post-copy migration; Succeeded otherwise.
   // KubeVirt's isACPIEnabled and the phase rule beside it, every combination written out.
   const rows: [
     grace: number | null | undefined,

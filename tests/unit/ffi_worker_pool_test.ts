@@ -109,7 +109,8 @@ Deno.test("worker pool: a fixed pool (max = min) starts none, stuck or not", asy
   }
 });
 
-Deno.test("worker pool: a call past its timeout fails with CallTimeoutError; a queued one leaves the queue, a running one keeps its worker until it ends", async () => {
+Deno.test("worker pool: a call past its timeout fails with CallTimeoutError, queued or running", async () => {
+  // A queued call leaves the queue; a running one keeps its worker until it ends.
   const { pool, made } = poolOf(1, 1);
   try {
     const running = pool.call("domainSuspend", ["a"], "Cannot pause A", { timeoutMs: 30 });

@@ -254,7 +254,8 @@ Deno.test("domainEvent() counts a domain with a deletion timestamp as gone (a la
   assert.equal(s.queue.len(), 1, "its key is queued");
 });
 
-Deno.test("hotplugUnsettled() is true while a hotplugged volume waits for the launcher: in the spec and not Ready, or out of it with a target", async () => {
+Deno.test("hotplugUnsettled() is true while a hotplugged volume still waits for the launcher", async () => {
+  // That is: in the spec but not yet Ready, or out of the spec while it still has a target.
   const { hotplugUnsettled } = await import("../../mod/handler/testing.ts");
   const vmi = (volumes: string[], statuses: Record<string, unknown>[]) =>
     ({
@@ -293,12 +294,12 @@ Deno.test("hotplugUnsettled() is true while a hotplugged volume waits for the la
 
 for (const podless of [true, false]) {
   Deno.test(
-    `reconcile() of a deleted Running VMI left without a domain or launcher (its guest died unseen) ${
-      podless
-        ? "makes it Failed and removes the finalizer in the same sync, pod-less"
-        : "leaves both to virt-controller"
+    `reconcile() of a deleted Running VMI whose guest died unseen ${
+      podless ? "fails it, finalizer removed (pod-less)" : "leaves both to virt-controller"
     }`,
     async () => {
+      // No domain or launcher is left. Pod-less, one sync makes the VMI Failed and removes its
+      // finalizer; in KubeVirt mode both are virt-controller's job.
       const s = doubles(podless, true);
       const v = vmi("Running");
       v.metadata.finalizers = ["kubevirt.io/foregroundDeleteVirtualMachine"];
@@ -356,7 +357,8 @@ Deno.test("reconcile() forgets domains under names no VMI, deleted VMI or ghost 
   assert.equal(s.controller.domains.size, 0);
 });
 
-Deno.test("reconcile() fails a Scheduled VMI whose launcher pod ended before it made its socket, as virt-handler does", async () => {
+Deno.test("reconcile() fails a Scheduled VMI whose launcher pod ended before it made its socket", async () => {
+  // virt-handler does the same.
   for (const podGone of [true, false]) {
     const s = doubles(false, true);
     // KubeVirt mode: the provider looks for the launcher pod's folder on the host.

@@ -137,8 +137,8 @@ const ROWS: Row[] = [
     deleteFirst: true,
   },
   {
-    name:
-      "5: a VMI deleted before it started, whose launcher answers, has it delete, then is cleaned up",
+    // Its launcher still answers, so it is told to delete before the cleanup.
+    name: "5: a VMI deleted before it started has its launcher delete, then is cleaned up",
     input: { vmi: vmi(VmiPhase.Scheduled, { deleting: true }), domain: undefined },
     action: SyncAction.Cleanup,
     writesStatus: true,
@@ -181,7 +181,8 @@ const ROWS: Row[] = [
   },
   // 7: update.
   {
-    name: "7: a Scheduled VMI without a domain and a ready launcher is updated (domain created)",
+    // The update is what creates the domain.
+    name: "7: a Scheduled VMI with a ready launcher but no domain is updated",
     input: { vmi: vmi(VmiPhase.Scheduled), domain: undefined, launcher: "responsive" },
     action: SyncAction.Update,
     writesStatus: true,
@@ -214,7 +215,7 @@ const ROWS: Row[] = [
   },
   // 9: a domain down for a reason that decides no phase.
   {
-    name: "9: a Scheduled VMI whose domain is defined and not started yet waits without a write",
+    name: "9: a Scheduled VMI whose domain is defined but not started waits without a write",
     input: {
       vmi: vmi(VmiPhase.Scheduled),
       domain: domain(LifeCycle.Shutoff, StateChangeReason.Unknown),
@@ -232,7 +233,8 @@ const ROWS: Row[] = [
     writesStatus: true,
   },
   {
-    name: "9: a Running VMI whose QEMU died (Shutoff, Failed) is not synced: its launcher is going",
+    // QEMU's death shows as Shutoff with the reason Failed.
+    name: "9: a Running VMI whose QEMU died is not synced: its launcher is going",
     input: {
       vmi: vmi(VmiPhase.Running),
       domain: domain(LifeCycle.Shutoff, StateChangeReason.Failed),

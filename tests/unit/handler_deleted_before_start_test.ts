@@ -133,7 +133,8 @@ async function reconcileDeleted(
 
 const CRASHED = "The VirtualMachineInstance crashed.";
 
-Deno.test("a VMI deleted before it started, whose launcher answers, gets virt-handler's deletion Event and no crash", async () => {
+Deno.test("a VMI deleted before it started gets virt-handler's deletion Event and no crash", async () => {
+  // Its launcher still answers, so it is told to delete before it is stopped.
   const { events, calls, written } = await reconcileDeleted("Scheduled", "responsive");
   assert.deepEqual(events, [{ type: "Normal", reason: "Deleted", message: "Signaled Deletion" }]);
   assert.deepEqual(calls, ["deleteVirtualMachine", "provider.stop"]);
@@ -155,7 +156,8 @@ Deno.test("a Running VMI deleted after its guest vanished unseen is still the ha
   assert.deepEqual(events, [{ type: "Warning", reason: "Stopped", message: CRASHED }]);
 });
 
-Deno.test("a VMI deleted after its launcher went away unseen is cleaned up: the failed delete of a disconnected launcher is not an error", async () => {
+Deno.test("a VMI deleted after its launcher went away unseen is cleaned up without an error", async () => {
+  // Deleting through a disconnected launcher fails, and that failure is expected here.
   const gone = new LauncherCallError("DeleteVirtualMachine", "connect ECONNREFUSED", {
     unreachable: true,
   });

@@ -1,7 +1,8 @@
 import assert from "node:assert/strict";
 import { deviceCgroupOf } from "../../mod/handler/testing.ts";
 
-Deno.test("deviceCgroupOf() takes the devices controller's cgroup on a v1 or hybrid host, the v2 one where there is none, and refuses one outside the namespace", () => {
+Deno.test("deviceCgroupOf() prefers the devices controller's cgroup to v2's; refuses one outside the namespace", () => {
+  // v1 or hybrid hosts give the devices controller's cgroup; v2 is used only where there is none.
   const hybrid = [
     "12:devices:/kubepods/besteffort/pod1/abc",
     "11:cpu,cpuacct:/kubepods/besteffort/pod1/abc",

@@ -9,7 +9,8 @@ async function owner(path: string): Promise<number | null> {
   return (await Deno.lstat(path)).uid;
 }
 
-Deno.test("device ownership: the launcher's /dev/kvm and /dev/net/tun go to the runtime user; a missing /dev/vhost-net is skipped", async () => {
+Deno.test("device ownership: the launcher's kvm and tun nodes go to the runtime user; no vhost-net is fine", async () => {
+  // The nodes are /dev/kvm and /dev/net/tun; a missing /dev/vhost-net is skipped, not an error.
   const root = await Deno.makeTempDir();
   try {
     await Deno.mkdir(`${root}/dev/net`, { recursive: true });
@@ -23,7 +24,7 @@ Deno.test("device ownership: the launcher's /dev/kvm and /dev/net/tun go to the 
   }
 });
 
-Deno.test("device ownership: a device that is a symlink out of the root is refused and its target keeps its owner", async () => {
+Deno.test("device ownership: a device symlinked out of the root is refused and its target keeps its owner", async () => {
   const root = await Deno.makeTempDir();
   const outside = await Deno.makeTempFile();
   try {
@@ -51,7 +52,8 @@ Deno.test("device ownership: a /dev that is a symlink out of the root is refused
   }
 });
 
-Deno.test("device ownership follows the cluster's useEmulation as virt-handler does: a launcher without /dev/kvm fails its set-up unless emulation is allowed", async () => {
+Deno.test("device ownership: a launcher without /dev/kvm fails its set-up unless emulation is allowed", async () => {
+  // This follows the cluster's useEmulation, as virt-handler does.
   const root = await Deno.makeTempDir();
   try {
     await Deno.mkdir(`${root}/dev/net`, { recursive: true });

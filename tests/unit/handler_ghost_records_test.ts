@@ -114,7 +114,7 @@ Deno.test("findLauncherByUid() finds a launcher process by the --uid on its comm
   }
 });
 
-Deno.test("LauncherSpawner.ensurePidFile() writes the PID and start-time files of a launcher found in /proc, once", async () => {
+Deno.test("LauncherSpawner.ensurePidFile() writes a /proc-found launcher's PID and start-time files once", async () => {
   const { LauncherSpawner } = await import("../../mod/handler/testing.ts");
   const { processStartTime } = await import("../../ffi/mod.ts");
   const dir = await Deno.makeTempDir();

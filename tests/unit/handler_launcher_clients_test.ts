@@ -1,7 +1,8 @@
 import assert from "node:assert/strict";
 import { LauncherClients } from "../../mod/handler/testing.ts";
 
-Deno.test("LauncherClients marks a launcher unresponsive only after 30 s without a successful dial, and writes the marker", async () => {
+Deno.test("LauncherClients marks a launcher unresponsive after 30 s without a dial, writing the marker", async () => {
+  // Failed dials within the first 30 s do not mark it yet.
   const dir = await Deno.makeTempDir();
   const socket = `${dir}/launcher-sock`;
   let now = 1_000_000;
@@ -87,12 +88,13 @@ function acceptedConnections(dir: string): string[] {
 }
 
 Deno.test(
-  "LauncherClient reuses one connection to its launcher across calls, also after a pause (a closed HTTP/2 session is memory Deno 2.9 never frees)",
+  "LauncherClient reuses one connection to its launcher across calls, also after a pause",
   {
     sanitizeOps: false,
     sanitizeResources: false,
   },
   async () => {
+    // Deno 2.9 never frees the memory of a closed HTTP/2 session, so a session per call would leak.
     const { CmdServer } = await import("../../mod/launcher/mod.ts");
     const { LauncherClient } = await import("../../mod/handler/testing.ts");
     const dir = await Deno.makeTempDir();
@@ -125,7 +127,8 @@ Deno.test(
   },
 );
 
-Deno.test("LauncherClients: a launcher reported ended before its client exists starts unresponsive, without a marker file; a cleanup forgets the early mark", async () => {
+Deno.test("LauncherClients: a launcher reported ended before its client exists starts unresponsive", async () => {
+  // No marker file is written for that early mark, and a cleanup forgets it.
   const dir = await Deno.makeTempDir();
   const markerDir = `${dir}/unresponsive`;
   const gone: string[] = [];

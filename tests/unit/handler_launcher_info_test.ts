@@ -78,9 +78,10 @@ async function startLauncher(versions?: number[]): Promise<FakeLauncher> {
 }
 
 Deno.test(
-  "LauncherClient asks CmdInfo once per connection, shared by concurrent first calls, and again after UNAVAILABLE reset it",
+  "LauncherClient asks CmdInfo once per connection and again after UNAVAILABLE resets it",
   grpcTest,
   async () => {
+    // Concurrent first calls share the one CmdInfo request.
     const launcher = await startLauncher([1]);
     const client = new LauncherClient(launcher.socketPath);
     try {
@@ -111,9 +112,10 @@ Deno.test(
 );
 
 Deno.test(
-  "LauncherClient refuses a launcher that speaks no cmd version 1, naming both sides' versions, and never calls Cmd",
+  "LauncherClient refuses a launcher without cmd version 1, naming both sides' versions",
   grpcTest,
   async () => {
+    // Cmd itself is never called on such a launcher.
     const launcher = await startLauncher([2, 3]);
     const client = new LauncherClient(launcher.socketPath);
     try {

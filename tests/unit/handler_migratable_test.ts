@@ -29,7 +29,8 @@ Deno.test("migratability: a VMI with nothing local or special has no blocker and
   assert.deepEqual(m, { blockers: [], storageBlockers: [], method: "LiveMigration" });
 });
 
-Deno.test("migratability: the pod network's binding decides as KubeVirt's (masquerade, bridge with the annotation, a migratable plugin)", () => {
+Deno.test("migratability: the pod network's binding decides as KubeVirt's does", () => {
+  // Masquerade migrates; bridge only with the annotation; a binding plugin only if migratable.
   const bridge = migratability(vmi(podBridge));
   assert.equal(bridge.blockers[0]?.reason, "InterfaceNotLiveMigratable");
   assert.match(bridge.blockers[0].message, /allow-pod-bridge-network-live-migration/);
@@ -76,7 +77,9 @@ Deno.test("migratability: a host-model CPU needs a node with a host model; passt
   );
 });
 
-Deno.test("migratability: host devices, GPUs, SEV, SNP, TDX, SCSI reservations, hyperv passthrough and reenlightenment without a TSC frequency each block", () => {
+Deno.test("migratability: host devices, confidential computing, some Hyper-V and SCSI settings each block", () => {
+  // The cases: host devices, GPUs, SEV, SNP, TDX, SCSI reservations,
+  // Hyper-V passthrough, and reenlightenment without a TSC frequency.
   const cases: [Partial<Spec>, string, VirtualMachineInstance["status"]?][] = [
     [{ domain: { devices: { hostDevices: [{}] } } }, "HostDeviceNotLiveMigratable"],
     [{ domain: { devices: { gpus: [{}] } } }, "HostDeviceNotLiveMigratable"],
@@ -125,7 +128,8 @@ Deno.test("migratability: host devices, GPUs, SEV, SNP, TDX, SCSI reservations, 
   );
 });
 
-Deno.test("migratability: claims must be ReadWriteMany as virt-controller recorded them; hostDisks shared; local disks copy along", () => {
+Deno.test("migratability: claims must be ReadWriteMany, hostDisks shared; local disks copy along", () => {
+  // The claims' access modes are read as virt-controller recorded them.
   const claim: Partial<Spec> = {
     volumes: [{ name: "root", persistentVolumeClaim: { claimName: "pvc1" } }],
   };
@@ -201,7 +205,8 @@ Deno.test("migratability: claims must be ReadWriteMany as virt-controller record
   assert.equal(writableCdrom.method, "BlockMigration");
 });
 
-Deno.test("migratability: the first blocker is what LiveMigratable says; the storage condition joins all but the volumes'", () => {
+Deno.test("migratability: LiveMigratable shows the first blocker, the storage condition all but volumes'", () => {
+  // The storage condition's message joins every blocker except those about volumes.
   const m = migratability(vmi({
     ...podBridge,
     domain: {

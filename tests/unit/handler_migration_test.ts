@@ -31,7 +31,8 @@ function domain(status: LifeCycle, reason: StateChangeReason, migration?: object
   return d;
 }
 
-Deno.test("isMigrationInProgress() follows KubeVirt's: started and not ended in the VMI or the domain, or paused by the migration", () => {
+Deno.test("isMigrationInProgress() follows KubeVirt's rule over the VMI, the domain and a migration pause", () => {
+  // In progress: started and not ended in the VMI or the domain, or paused by the migration.
   const rows: [string, VirtualMachineInstance | undefined, Domain | undefined, boolean][] = [
     ["no migration", vmi(), domain(LifeCycle.Running, StateChangeReason.Unknown), false],
     ["VMI says started", vmi({ migrationState: { startTimestamp: "t" } }), undefined, true],
@@ -123,7 +124,8 @@ Deno.test("domainMigrated() and domainActiveOnTarget() read the domain's state a
   assert.equal(domainActiveOnTarget(undefined), false);
 });
 
-Deno.test("migrationOptions() gives KubeVirt's MigrationOptions from the migration's configuration, its defaults and the parallel connections rule", () => {
+Deno.test("migrationOptions() builds KubeVirt's MigrationOptions from the configuration and defaults", () => {
+  // The parallel connections rule is applied as KubeVirt applies it.
   assert.deepEqual(migrationOptions(vmi()), {
     Bandwidth: "0Mi",
     ProgressTimeout: 150,

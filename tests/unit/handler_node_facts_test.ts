@@ -75,7 +75,7 @@ Deno.test("NodeLabeller.hostCpuModel is unknown before the first read, then the 
   assert.equal(labeller.hostCpuModel, "");
 });
 
-Deno.test("NodeLabeller tells its listeners when the host CPU model becomes known or changes, not on a read that changes nothing", async () => {
+Deno.test("NodeLabeller tells listeners of a new or changed host CPU model, not of an unchanged read", async () => {
   let withModel = true;
   const labeller = new NodeLabeller({} as KubeClient, "node1", {
     source: () => Promise.resolve(hostInfo(withModel)),
@@ -94,7 +94,7 @@ Deno.test("NodeLabeller tells its listeners when the host CPU model becomes know
   assert.deepEqual(heard, ["Skylake-Server-IBRS", ""], "a listener taken off hears nothing");
 });
 
-Deno.test("computeStatus() leaves a host-model VMI's LiveMigratable as it is while the host's CPU model is unknown", () => {
+Deno.test("computeStatus() keeps a host-model VMI's LiveMigratable while the host's CPU model is unknown", () => {
   const before = [{ type: "LiveMigratable", status: "True" }];
   assert.deepEqual(liveMigratable(vmi("host-model", before), undefined), before[0]);
   assert.equal(liveMigratable(vmi("host-model"), undefined), undefined, "none written");

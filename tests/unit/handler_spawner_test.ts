@@ -162,7 +162,8 @@ Deno.test("stop() signals nothing when the launcher died and its PID went to a l
   }
 });
 
-Deno.test("stop() signals nothing when a one-number PID file names a process without the launcher's command line", async () => {
+Deno.test("stop() signals nothing when a one-number PID file names a process that is no launcher", async () => {
+  // The process's command line is not the launcher's.
   const dir = await Deno.makeTempDir();
   const uid = `u-${crypto.randomUUID()}`;
   // Carries the UID, but is no `launcher --uid <uid>`.
@@ -202,7 +203,8 @@ Deno.test({
   },
 });
 
-Deno.test("A restarted handler finds a launcher by its PID file (with or without its start time) and stop() ends it", async () => {
+Deno.test("A restarted handler finds a launcher by its PID file and stop() ends it", async () => {
+  // The PID file may hold the launcher's start time or not.
   const dir = await Deno.makeTempDir();
   const uid = `u-${crypto.randomUUID()}`;
   const launcher = await standIn(uid);
@@ -228,7 +230,8 @@ Deno.test("A restarted handler finds a launcher by its PID file (with or without
   }
 });
 
-Deno.test('stop() SIGKILLs a launcher that ignores SIGTERM, spawned by an earlier handler whose command name holds ") "', async () => {
+Deno.test('stop() SIGKILLs a launcher that ignores SIGTERM, though its command name holds ") "', async () => {
+  // An earlier handler spawned it.
   const dir = await Deno.makeTempDir();
   const uid = `u-${crypto.randomUUID()}`;
   // The command name (field 2 of /proc/<pid>/stat) becomes "vn) 1 2 3" after exec: the

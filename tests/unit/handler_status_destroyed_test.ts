@@ -59,7 +59,8 @@ function phaseAfterDestroy(vmi: VirtualMachineInstance, domainJson: string) {
   });
 }
 
-Deno.test("computeStatus() of a destroyed domain gives virt-handler's phase for every VMI grace period, domain features and metadata grace period", () => {
+Deno.test("computeStatus() of a destroyed domain gives virt-handler's phase for every grace and ACPI mix", () => {
+  // Rows cover each VMI grace period, domain features and the grace period in its metadata.
   // Failed exactly where the domain has ACPI and the VMI's grace period is not 0; the
   // domain's metadata grace period never changes the answer.
   const rows: [Grace, Features, MetadataGrace, "Failed" | "Succeeded"][] = [
@@ -113,7 +114,8 @@ Deno.test("computeStatus() of a destroyed domain without ACPI is Failed after a 
   }
 });
 
-Deno.test("a guest with ACPI and a grace period destroyed from outside gets virt-handler's Warning, not a shutdown event", () => {
+Deno.test("a guest with ACPI and a grace period destroyed from outside gets virt-handler's Warning", () => {
+  // To virt-handler that is a crash, not a shutdown.
   const r = phaseAfterDestroy(runningVmi(30), destroyedDomainJson("acpi", 30));
   assert.deepEqual(phaseChangeEvent(r.phaseChange!), {
     type: "Warning",

@@ -66,7 +66,8 @@ Deno.test("computeStatus() reports the domain's machine type in status.machine, 
   assert.deepEqual(computeStatus(before, input(LifeCycle.Running)).status.machine, { type: "q35" });
 });
 
-Deno.test("computeStatus() carries the agent's guest OS and freeze state: frozen shown, thawed cleared, unknown kept", () => {
+Deno.test("computeStatus() carries the agent's guest OS and freeze state", () => {
+  // Frozen is shown, thawed clears it, and an unknown state keeps what was there.
   const frozen = input(LifeCycle.Running);
   frozen.domain!.status.osInfo = { name: "virtnode test guest", id: "virtnode-guest" };
   frozen.domain!.status.fsFreezeStatus = { status: "frozen" };
@@ -157,7 +158,8 @@ Deno.test("computeStatus() leaves Ready alone outside pod-less mode (virt-contro
   assert.equal(r.status.conditions!.find((c) => c.type === "Ready"), undefined);
 });
 
-Deno.test("computeStatus() writes LiveMigratable and StorageLiveMigratable with KubeVirt's first reason, and the migration method", () => {
+Deno.test("computeStatus() writes both migratable conditions with KubeVirt's first reason, and the method", () => {
+  // Both conditions: LiveMigratable and StorageLiveMigratable; the method is migrationMethod.
   const plain = computeStatus(vmi("Running"), input(LifeCycle.Running)).status;
   const live = plain.conditions?.find((c) => c.type === "LiveMigratable");
   assert.equal(live?.status, "True");
@@ -288,7 +290,8 @@ Deno.test("computeStatus() makes a VMI LiveMigratable unless KubeVirt's first bl
   }
 });
 
-Deno.test("computeStatus() reports the pod's IP on the pod network's interface, first, with the guest agent's other family added", () => {
+Deno.test("computeStatus() lists the pod's IP first on the pod network's interface", () => {
+  // The guest agent's address of the other family is added after it.
   const i = input(LifeCycle.Running, StateChangeReason.Unknown, {
     podAddresses: new Map([["default", { podIP: "10.244.1.5", podIPs: ["10.244.1.5"] }]]),
   });
@@ -335,7 +338,8 @@ Deno.test("computeStatus() reports the pod's IP on the pod network's interface, 
   assert.equal(kubevirt.status.interfaces![0].podInterfaceName, "pod123");
 });
 
-Deno.test("computeStatus() fills each volume's target into virt-controller's volumeStatus, keeping its claim info and hotplug phase", () => {
+Deno.test("computeStatus() fills each volume's target into virt-controller's volumeStatus", () => {
+  // The claim info and hotplug phase virt-controller wrote are kept.
   const claim = {
     claimName: "data",
     accessModes: ["ReadWriteOnce"],
@@ -377,7 +381,9 @@ Deno.test("computeStatus() fills each volume's target into virt-controller's vol
   ]);
 });
 
-Deno.test("computeStatus() moves a hotplugged volume as KubeVirt's handler does: MountedToPod once mounted, Ready once the domain has it, UnMountedFromPod once out of the spec and unmounted", () => {
+Deno.test("computeStatus() moves a hotplugged volume through its phases as KubeVirt's handler does", () => {
+  // MountedToPod once mounted, Ready once the domain has it,
+  // UnMountedFromPod once it is out of the spec and unmounted.
   const hot = (phase: string, target = "") => ({
     name: "hp",
     target,
@@ -417,7 +423,9 @@ Deno.test("computeStatus() moves a hotplugged volume as KubeVirt's handler does:
   assert.equal(run({ volumes: [] }, hot("Detaching"), []).phase, "Detaching", "controller's");
 });
 
-Deno.test("computeStatus() in pod-less mode writes a hotplugged claim's entry itself: Pending when it is in the spec, MountedToPod once found, Ready once attached, gone once out of the spec and detached", () => {
+Deno.test("computeStatus() in pod-less mode writes a hotplugged claim's volumeStatus entry itself", () => {
+  // Pending while in the spec, MountedToPod once found, Ready
+  // once attached, and gone once out of the spec and detached.
   const spec = {
     volumes: [
       { name: "root", containerDisk: { image: "i" } },
@@ -463,7 +471,7 @@ Deno.test("computeStatus() in pod-less mode writes a hotplugged claim's entry it
   assert.deepEqual(gone.map((e) => e.name), ["root"]);
 });
 
-Deno.test("computeStatus() reports the launcher's SELinux context once a domain runs, as KubeVirt's handler does", () => {
+Deno.test("computeStatus() reports the launcher's SELinux context once a domain runs, as virt-handler does", () => {
   const running = computeStatus(
     vmi("Running"),
     input(LifeCycle.Running, undefined, { selinuxContext: "none" }),
@@ -476,7 +484,8 @@ Deno.test("computeStatus() reports the launcher's SELinux context once a domain 
   assert.equal(none.status.selinuxContext, undefined, "no domain, nothing to say");
 });
 
-Deno.test("computeStatus() reports the launcher's access-credential verdict as virt-handler does: AccessCredentialsSynchronized with its message, and an Event per change", () => {
+Deno.test("computeStatus() reports the launcher's access-credential verdict as virt-handler does", () => {
+  // The verdict goes into AccessCredentialsSynchronized with its message; each change is an Event.
   const withVerdict = (succeeded: boolean, message?: string, now = T0) => {
     const i = input(LifeCycle.Running, undefined, { now });
     i.domain!.spec.metadata.kubevirt.accessCredential = { succeeded, message };
@@ -528,7 +537,8 @@ Deno.test("computeStatus() reports the launcher's access-credential verdict as v
   assert.deepEqual(condition(silent), condition(failed));
 });
 
-Deno.test("computeStatus() warns, as virt-handler does, when a VMI to be live-migrated on eviction cannot migrate: its own evictionStrategy or the cluster's", () => {
+Deno.test("computeStatus() warns when a VMI to be live-migrated on eviction cannot migrate", () => {
+  // As virt-handler does; the strategy may be the VMI's own evictionStrategy or the cluster's.
   const hostDevice = { domain: { devices: { hostDevices: [{ name: "h", deviceName: "x" }] } } };
   const warning = {
     type: "Warning",

@@ -11,7 +11,8 @@ import { prepareForQemuUser, qemuUserOfCapabilities } from "../../mod/launcher/t
 
 const U = 0xffffffff;
 
-Deno.test("encodeAcl() writes the kernel's version 2 layout, sorted by tag and id, and decodeAcl() reads it back", () => {
+Deno.test("encodeAcl() writes the kernel's version 2 layout, sorted, and decodeAcl() reads it back", () => {
+  // Entries are sorted by tag, then by id.
   const entries = [
     { tag: 0x20, perm: 0, id: U },
     { tag: 0x02, perm: 6, id: 107 },
@@ -29,7 +30,8 @@ Deno.test("encodeAcl() writes the kernel's version 2 layout, sorted by tag and i
   assert.throws(() => decodeAcl(new Uint8Array([1, 0, 0, 0])), /not a version 2 ACL/);
 });
 
-Deno.test("withUserAccess() adds the user's bits and a mask that lets them through, and changes nothing granted already", () => {
+Deno.test("withUserAccess() adds the user's bits and a mask letting them through, unless granted already", () => {
+  // Access granted already changes nothing.
   const plain = [{ tag: 1, perm: 6, id: U }, { tag: 4, perm: 4, id: U }, {
     tag: 0x20,
     perm: 0,
@@ -54,7 +56,8 @@ Deno.test("withUserAccess() adds the user's bits and a mask that lets them throu
   assert.ok(withUserAccess(held, 107, 4), "what the mask lets through already is fine");
 });
 
-Deno.test("grantUserAccess() lets only that user in by an ACL entry, leaves owner and group alone, and refuses a symlink", async () => {
+Deno.test("grantUserAccess() lets only that user in by an ACL entry and refuses a symlink", async () => {
+  // The file's owner and group stay as they were.
   const dir = await Deno.makeTempDir();
   try {
     const file = `${dir}/f`;
@@ -97,7 +100,8 @@ Deno.test("qemuUserOfCapabilities() reads the DAC base label libvirt runs QEMU w
   assert.equal(qemuUserOfCapabilities("<capabilities><host/></capabilities>"), undefined);
 });
 
-Deno.test("prepareForQemuUser() gives the VMI's folders to QEMU's group and lets it search the folders above, and does nothing for root", async () => {
+Deno.test("prepareForQemuUser() gives the VMI's folders to QEMU's group, with search on the folders above", async () => {
+  // When QEMU runs as root it does nothing.
   const top = await Deno.makeTempDir(); // 0700, as a temporary directory is
   try {
     const run = `${top}/a/run`;

@@ -28,7 +28,8 @@ Deno.test("parseKubevirtConfiguration(): no configuration is KubeVirt's defaults
   });
 });
 
-Deno.test("parseKubevirtConfiguration(): zero values are no values (omitempty), nested objects merge, lists replace", () => {
+Deno.test("parseKubevirtConfiguration(): zero values are unset, nested objects merge, lists replace", () => {
+  // Zero values count as absent, as Go's omitempty makes them.
   const c = parseKubevirtConfiguration({
     developerConfiguration: {
       useEmulation: false,
@@ -57,7 +58,8 @@ Deno.test("parseKubevirtConfiguration(): zero values are no values (omitempty), 
   assert.equal(c.migrations.allowWorkloadDisruption, true);
 });
 
-Deno.test("parseKubevirtConfiguration(): memBalloonStatsPeriod is a pointer in KubeVirt, so 0 (no statistics) is kept", () => {
+Deno.test("parseKubevirtConfiguration(): a memBalloonStatsPeriod of 0 is kept", () => {
+  // KubeVirt holds the period as a pointer, so 0 means no statistics rather than unset.
   assert.equal(
     parseKubevirtConfiguration({ memBalloonStatsPeriod: 0 }, SOURCE).memBalloonStatsPeriod,
     0,
@@ -145,7 +147,8 @@ const VMI = {
   spec: { domain: { devices: {} } },
 } as unknown as VirtualMachineInstance;
 
-Deno.test("the launcher's VirtualMachineOptions follow the configuration: SMBIOS, balloon period, free page reporting, serial log, VGA for EFI, ExpandDisks", () => {
+Deno.test("the launcher's VirtualMachineOptions follow the KubeVirt configuration", () => {
+  // Covered: SMBIOS, balloon period, free page reporting, serial log, VGA for EFI, ExpandDisks.
   const defaults = virtualMachineOptions(VMI, []);
   assert.deepEqual(defaults.VirtualMachineSMBios, KUBEVIRT_DEFAULTS.smbios);
   assert.equal(defaults.MemBalloonStatsPeriod, 10);

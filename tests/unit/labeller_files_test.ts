@@ -25,7 +25,7 @@ async function labellerDir(host: string, withBaseline = true): Promise<string> {
   return dir;
 }
 
-Deno.test("the labeller's inputs read from KubeVirt's node-labeller files give the labels libvirt's answers give", async () => {
+Deno.test("the labeller's inputs from KubeVirt's node-labeller files give the labels libvirt's answers give", async () => {
   for (const host of ["intel-skylake-server", "amd-epyc-rome"]) {
     const dir = await labellerDir(host);
     try {

@@ -111,7 +111,8 @@ Deno.test("EventForwarder sends the domain again when the guest agent connects a
   assert.equal(sink.sent[0].domain.status.status, LifeCycle.Running);
 });
 
-Deno.test("EventForwarder asks a guest agent that connects what it knows before sending the domain, and only then", async () => {
+Deno.test("EventForwarder asks a guest agent that connects what it knows, before sending the domain", async () => {
+  // Only a connect asks; a disconnect sends the domain without asking.
   const current = { agentState: "connected", osName: "virtnode test guest", agentAsked: 0 };
   const sink = recordingSink();
   const forwarder = new EventForwarder(fakeManager(current), sink, () => {});
@@ -126,7 +127,8 @@ Deno.test("EventForwarder asks a guest agent that connects what it knows before 
   assert.equal(sink.sent.length, 2);
 });
 
-Deno.test("EventForwarder asks a connected guest agent that did not answer again, until it does, and stops once it disconnects", async () => {
+Deno.test("EventForwarder asks a silent connected guest agent again until it answers or disconnects", async () => {
+  // Retries also stop once the instance has ended.
   const current = {
     agentState: "connected",
     osName: "virtnode test guest",
@@ -171,7 +173,7 @@ Deno.test("EventForwarder asks a connected guest agent that did not answer again
   assert.ok(!ended.agentRetryPending);
 });
 
-Deno.test("EventForwarder.refresh() sends the domain again; refreshAgent() sends it only when the agent's answers changed", async () => {
+Deno.test("EventForwarder.refresh() resends the domain; refreshAgent() only if the agent's answers changed", async () => {
   const current = { agentState: "connected", osName: "one" };
   const sink = recordingSink();
   const forwarder = new EventForwarder(fakeManager(current), sink, () => {});
@@ -196,7 +198,8 @@ Deno.test("EventForwarder leaves out another domain's agent events", async () =>
   assert.deepEqual(sink.sent, []);
 });
 
-Deno.test("updatesDomain() is true for lifecycle, reboot, agent and device added/removed events, false for IO errors", () => {
+Deno.test("updatesDomain() is true for lifecycle, reboot, agent and device events, false for IO errors", () => {
+  // The device events are device added and device removed.
   const lifecycle: DomainEvent = {
     type: "lifecycle",
     domain: DOMAIN_REF,

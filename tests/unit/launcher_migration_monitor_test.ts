@@ -9,7 +9,8 @@ const KUBEVIRT_DEFAULTS: MonitorOptions = {
 };
 const S = 1000;
 
-Deno.test("MigrationMonitor counts progress against the last look, as KubeVirt's: data dirtied again and then shrinking is progress", () => {
+Deno.test("MigrationMonitor counts progress against its last look, as KubeVirt's does", () => {
+  // Data that is dirtied again and then shrinks still counts as progress.
   const m = new MigrationMonitor({ ...KUBEVIRT_DEFAULTS, progressTimeout: 10 }, 1, 0);
   assert.equal(m.look(4000, 0).kind, "continue");
   assert.equal(m.look(4500, 9 * S).kind, "continue");
@@ -57,7 +58,8 @@ Deno.test("MigrationMonitor aborts a migration past completionTimeoutPerGiB per 
   });
 });
 
-Deno.test("MigrationMonitor with workload disruption allowed: post-copy when allowed, once, and nothing aborts it after", () => {
+Deno.test("MigrationMonitor with workload disruption allowed switches to post-copy once, then never aborts", () => {
+  // It switches only when post-copy is allowed; after that nothing aborts the migration.
   const m = new MigrationMonitor(
     {
       ...KUBEVIRT_DEFAULTS,
@@ -75,7 +77,8 @@ Deno.test("MigrationMonitor with workload disruption allowed: post-copy when all
   assert.equal(m.look(90, 600 * S).kind, "continue");
 });
 
-Deno.test("MigrationMonitor with workload disruption allowed and no post-copy: pauses the guest once and doubles the time, then aborts past that", () => {
+Deno.test("MigrationMonitor with workload disruption but no post-copy pauses once, then aborts past 2x time", () => {
+  // The guest is paused once and the completion time doubled; past that the migration aborts.
   const m = new MigrationMonitor(
     { ...KUBEVIRT_DEFAULTS, completionTimeoutPerGiB: 5, allowWorkloadDisruption: true },
     1,

@@ -101,7 +101,7 @@ Deno.test("sleep() ends early when its signal aborts", async () => {
   assert.ok(performance.now() - t0 < 1_000);
 });
 
-Deno.test("orAborted() settles as its promise does, or with undefined on abort, and takes its listener off either way", async () => {
+Deno.test("orAborted() settles as its promise does, or undefined on abort, and always drops its listener", async () => {
   const stop = new AbortController();
   let live = 0;
   const add = stop.signal.addEventListener.bind(stop.signal);

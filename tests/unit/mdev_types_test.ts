@@ -145,7 +145,9 @@ async function cards(f: Fixture): Promise<void> {
   await f.mdev("eeeeeeee-0000-4000-8000-000000000001", "0000:3e:00.0", "nvidia-300");
 }
 
-Deno.test("mediated devices made to order: unwanted ones removed, external and configured parents kept, free parents filled one type each; a second pass changes nothing; no configuration removes all but the external", async () => {
+Deno.test("mediated devices made to order: unwanted removed, parents filled, a second pass changes nothing", async () => {
+  // External and configured parents are kept, and each free parent gets one type.
+  // With no configuration, all but the externally provided devices are removed.
   const f = await fixture();
   try {
     await cards(f);
@@ -213,7 +215,8 @@ Deno.test("a parent whose creation fails is reported and the other types are sti
   }
 });
 
-Deno.test("host-device configuration: mediated devices wait for the node's labels, follow the gate, and the plugins serve what was made", async () => {
+Deno.test("host-device configuration: mediated devices wait for the node's labels and follow the gate", async () => {
+  // The device plugins serve what was made.
   const f = await fixture();
   try {
     await cards(f);

@@ -63,7 +63,8 @@ Deno.test("Exposition writes a histogram's buckets cumulatively with +Inf, _sum 
   ]);
 });
 
-Deno.test("addVmiSamples() converts KiB to bytes and ns to seconds, names drives and interfaces by alias, and skips unset values", () => {
+Deno.test("addVmiSamples() converts KiB and ns to bytes and seconds, names by alias, skips unset values", () => {
+  // Drives and interfaces are named by their alias.
   const exp = new Exposition();
   addVmiSamples(exp, vmi, {
     Cpu: {

@@ -62,7 +62,7 @@ Deno.test("a migration client named virt-handler is let in by default, as virt-h
   assert.equal(await reachesLauncher(undefined), true);
 });
 
-Deno.test("with --migration-cn-types migration (as virt-operator sets it) a client named virt-handler is refused", async () => {
+Deno.test("--migration-cn-types migration, as virt-operator sets it, refuses a client named virt-handler", async () => {
   assert.equal(await reachesLauncher(["kubevirt.io:system:client:migration"]), false);
   assert.equal(
     await reachesLauncher([

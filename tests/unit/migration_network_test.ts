@@ -20,7 +20,8 @@ function iface(name: string, address: string): Deno.NetworkInterfaceInfo {
   };
 }
 
-Deno.test("the migration network: migration0's global address; none without the interface; an error when it has none usable", () => {
+Deno.test("the migration network: migration0's global address, none without it, an error if unusable", () => {
+  // No migration0 interface means no address; one with no usable address is an error.
   const eth0 = iface("eth0", "10.244.0.7");
   assert.equal(migrationNetworkAddress([eth0]), undefined);
   // A link-local address first, as the kernel lists them: skipped, as Go's IsGlobalUnicast does.

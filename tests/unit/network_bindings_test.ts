@@ -139,7 +139,8 @@ Deno.test("hostTapName() is short enough for the kernel and the same for the sam
   assert.notEqual(hostTapName("6f1c2d3e-0000-4000-8000-000000000002"), a);
 });
 
-Deno.test("bridge binding: the pod interface becomes eth0-nic on k6t-eth0, a placeholder eth0 keeps MAC, MTU and addresses", () => {
+Deno.test("bridge binding: the pod interface becomes eth0-nic on k6t-eth0 behind a placeholder eth0", () => {
+  // The placeholder eth0 keeps the pod interface's MAC, MTU and addresses.
   const [plan] = podNetworkPlan(vmi({ bridge: {} }));
   const steps = bindingSteps(plan, discovery(), podState(), { tapOwner: 107 });
   assert.deepEqual(steps.ip, [

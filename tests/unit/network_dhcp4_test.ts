@@ -73,7 +73,8 @@ Deno.test("DHCPv4: a DISCOVER from the guest's MAC gets an OFFER of its one addr
   assert.equal(o.get(DhcpOption.DomainSearch)!.length, 27 + 19 + 15);
 });
 
-Deno.test("DHCPv4: REQUEST for the lease's address is ACKed, for another is NAKed, for another server's offer is ignored", () => {
+Deno.test("DHCPv4: a REQUEST is ACKed for the lease's address, NAKed for another, ignored if not ours", () => {
+  // A REQUEST for another server's offer is ignored.
   const ask = (ip: number[], server = [10, 0, 2, 1]) =>
     answerDhcp4(
       decodeDhcp4(clientMessage(DhcpMessageType.Request, [50, 4, ...ip, 54, 4, ...server])),

@@ -26,7 +26,8 @@ function solicit(extra: [number, Uint8Array][] = []) {
   }));
 }
 
-Deno.test("answerDhcp6() advertises fd10:0:2::2 for 999 days in the client's IA_NA, with the server's DUID-LL and DNS", () => {
+Deno.test("answerDhcp6() advertises fd10:0:2::2 for 999 days in the client's IA_NA", () => {
+  // The reply carries the server's DUID-LL and the DNS servers.
   const reply = answerDhcp6(solicit(), LEASE)!;
   assert.equal(reply.type, Dhcp6MessageType.Advertise);
   assert.equal(reply.transactionId, 0xabcdef);
@@ -41,7 +42,8 @@ Deno.test("answerDhcp6() advertises fd10:0:2::2 for 999 days in the client's IA_
   assert.equal(dhcp6Option(reply, Dhcp6Option.DnsServers)!.length, 16);
 });
 
-Deno.test("answerDhcp6() replies at once to rapid commit and to REQUEST; ignores servers' messages and other servers' requests", () => {
+Deno.test("answerDhcp6() replies at once to rapid commit and REQUEST; ignores other servers' traffic", () => {
+  // Messages from servers, and requests meant for another server, get no answer.
   assert.equal(
     answerDhcp6(solicit([[Dhcp6Option.RapidCommit, new Uint8Array()]]), LEASE)!.type,
     Dhcp6MessageType.Reply,
@@ -65,7 +67,7 @@ Deno.test("decodeDhcp6() refuses truncated input with a clear error", () => {
   assert.throws(() => decodeDhcp6(Uint8Array.of(1, 0, 0, 1, 0, 1, 0, 9, 1)), /runs past the end/);
 });
 
-Deno.test("parseResolvConf() gives servers by family, the search list and the domain; loopback servers are left out", () => {
+Deno.test("parseResolvConf() gives servers by family, the search list and the domain, without loopback", () => {
   const dns = parseResolvConf(
     "nameserver 10.96.0.10\nnameserver fd00::a\nnameserver 127.0.0.53\n" +
       "search default.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n",

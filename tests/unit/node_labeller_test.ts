@@ -97,7 +97,8 @@ Deno.test("computeNodeLabels() never labels obsolete models, even usable ones", 
   assert.equal(custom.labels["cpu-model.node.kubevirt.io/qemu64"], "true");
 });
 
-Deno.test("computeNodeLabels() flags a host model the configured list names, and none without a list, as virt-handler does", () => {
+Deno.test("computeNodeLabels() flags a host model the configured list names, as virt-handler does", () => {
+  // Without a configured list, no model is flagged.
   const domcaps = fixture("intel-skylake-server.domcapabilities.xml")
     .replace("<model fallback='forbid'>Skylake-Server-IBRS</model>", "<model>kvm64</model>");
   const info = infoOf("intel-skylake-server", domcaps);

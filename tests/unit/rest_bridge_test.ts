@@ -60,7 +60,8 @@ async function tcpPair(): Promise<
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-Deno.test("bridge: a client that stops reading holds a flooding console back, with a small buffer in the handler; reading again lets it go on", async () => {
+Deno.test("bridge: a client that stops reading holds a flooding console back; reading again resumes it", async () => {
+  // The handler buffers only a little meanwhile.
   const dir = await Deno.makeTempDir({ prefix: "virtnode-bridge-" });
   const flood = await floodServer(join(dir, "serial"));
   const pair = await tcpPair();
@@ -100,7 +101,7 @@ Deno.test("bridge: a client that stops reading holds a flooding console back, wi
   }
 });
 
-Deno.test("bridge: a client that vanishes while the console floods ends the bridge and closes the console's socket", async () => {
+Deno.test("bridge: a client vanishing while the console floods ends the bridge and closes the console", async () => {
   const dir = await Deno.makeTempDir({ prefix: "virtnode-bridge-" });
   const flood = await floodServer(join(dir, "serial"));
   const pair = await tcpPair();

@@ -28,7 +28,8 @@ Deno.test("acceptKey() answers RFC 6455's example key with its example accept", 
   assert.equal(acceptKey("dGhlIHNhbXBsZSBub25jZQ=="), "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
 });
 
-Deno.test("upgradeResponse() accepts a version 13 upgrade offering plain.kubevirt.io and refuses the rest by status", () => {
+Deno.test("upgradeResponse() accepts a version 13 upgrade offering plain.kubevirt.io, refuses the rest", () => {
+  // Each refusal has its own status.
   const headers = {
     upgrade: "websocket",
     connection: "keep-alive, Upgrade",

@@ -15,7 +15,8 @@ function vmi(
   } as VirtualMachineInstance;
 }
 
-Deno.test("replaceClaimsByHostDisks(): a filesystem claim and a DataVolume become DiskOrCreate host disks where the kubelet mounts them, of the claim's size", () => {
+Deno.test("replaceClaimsByHostDisks(): filesystem claims and DataVolumes become DiskOrCreate host disks", () => {
+  // Each host disk sits where the kubelet mounts the claim, with the claim's size.
   const given = vmi([
     { name: "root", containerDisk: { image: "i" } },
     { name: "data", persistentVolumeClaim: { claimName: "pvc-data" } },
@@ -68,7 +69,7 @@ Deno.test("replaceClaimsByHostDisks(): a filesystem claim and a DataVolume becom
   ]);
 });
 
-Deno.test("replaceClaimsByHostDisks(): block claims, hotplugged claims and a VMI without claims stay as they are", () => {
+Deno.test("replaceClaimsByHostDisks(): block and hotplugged claims, or a VMI without claims, stay as they are", () => {
   const none = vmi([{ name: "root", containerDisk: { image: "i" } }]);
   assert.equal(replaceClaimsByHostDisks(none), none);
   const block = { name: "blk", persistentVolumeClaim: { claimName: "b" } };
@@ -85,7 +86,8 @@ Deno.test("replaceClaimsByHostDisks(): block claims, hotplugged claims and a VMI
   assert.deepEqual(out.spec.volumes, [block, hot, attached]);
 });
 
-Deno.test("replaceClaimsByHostDisks(): a claim virt-controller has no info for is refused naming the volume's field and the claim", () => {
+Deno.test("replaceClaimsByHostDisks(): a claim virt-controller gave no info for is refused", () => {
+  // The error names the volume's field and the claim.
   assert.throws(
     () =>
       replaceClaimsByHostDisks(vmi([
@@ -98,7 +100,8 @@ Deno.test("replaceClaimsByHostDisks(): a claim virt-controller has no info for i
   );
 });
 
-Deno.test("claimImageSize(): the request unless the volume is smaller, aligned down to 1 MiB; no size or less than 1 MiB is an error", () => {
+Deno.test("claimImageSize(): the request or the smaller volume, aligned down to 1 MiB", () => {
+  // No size at all, or less than 1 MiB, is an error.
   assert.equal(claimImageSize({ requests: { storage: "10Mi" } }, "f"), 10 * MIB);
   assert.equal(claimImageSize({ capacity: { storage: "10Mi" } }, "f"), 10 * MIB);
   assert.equal(
