@@ -29,7 +29,7 @@ import type {
   WorkerRequest,
   WorkerResponse,
 } from "./_libvirt_protocol.ts";
-import { LibvirtLoadError } from "./errors.ts";
+import { errorText, LibvirtLoadError } from "./errors.ts";
 
 /** Thrown inside the worker with the failure already captured from libvirt. */
 class Failure extends Error {
@@ -545,7 +545,7 @@ const ops: WorkerOps = {
       throw new Failure({
         kind: "load",
         library: qemuPath,
-        detail: cause instanceof Error ? cause.message : String(cause),
+        detail: errorText(cause),
       });
     }
     const q = qemu.symbols;
@@ -570,11 +570,11 @@ function handle(request: WorkerRequest): WorkerResponse {
         failure: {
           kind: "load",
           library: error.library,
-          detail: cause instanceof Error ? cause.message : String(cause),
+          detail: errorText(cause),
         },
       };
     }
-    const message = error instanceof Error ? error.message : String(error);
+    const message = errorText(error);
     return { id: request.id, ok: false, failure: { kind: "internal", message } };
   }
 }

@@ -10,7 +10,7 @@
  * @module
  */
 
-import { ErrnoError } from "./errors.ts";
+import { ErrnoError, errorText } from "./errors.ts";
 import { close, O_CLOEXEC, O_RDONLY, open } from "./files.ts";
 import { disableTxChecksum, openUdpSocket } from "./sockets.ts";
 import { CLONE_NEWNET, setns, unshare } from "./namespaces.ts";
@@ -133,7 +133,7 @@ self.onmessage = async (event: MessageEvent<NetnsRequest>) => {
           errno: error.errno,
           description: error.description,
         }
-        : { message: error instanceof Error ? error.message : String(error) },
+        : { message: errorText(error) },
     };
   }
   self.postMessage(reply);

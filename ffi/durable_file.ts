@@ -12,6 +12,7 @@
  * @module
  */
 import { basename, dirname, join } from "node:path";
+import { errorText } from "./errors.ts";
 
 /**
  * A write a kill cut short leaves `<this><name>.tmp` beside the target (never a record); the
@@ -106,7 +107,7 @@ async function writeNow(
     try {
       removeIfThere(temp);
     } catch { /* the error above says more */ }
-    throw new DurableWriteError(path, error instanceof Error ? error.message : String(error), {
+    throw new DurableWriteError(path, errorText(error), {
       cause: error,
     });
   }

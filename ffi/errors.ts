@@ -4,6 +4,14 @@
  * @module
  */
 
+/**
+ * The text of a thrown value for a log line, a condition or an RPC's answer: an `Error`'s
+ * message, anything else as `String()` gives it. The one place this rule is written.
+ */
+export function errorText(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
 /** What libvirt reported about a failed call (copied out of its per-thread `virError`). */
 export interface LibvirtErrorDetails {
   /** `virErrorNumber`, e.g. 42 (`VIR_ERR_NO_DOMAIN`). */
@@ -84,7 +92,7 @@ export class LibvirtLoadError extends Error {
 
   /** Builds the error from the library, its package and the dlopen failure. */
   constructor(library: string, debianPackage: string, cause: unknown) {
-    const detail = cause instanceof Error ? cause.message : String(cause);
+    const detail = errorText(cause);
     super(
       `Cannot load ${library}: install the Debian package "${debianPackage}": ${detail}`,
       { cause },

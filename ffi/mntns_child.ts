@@ -9,7 +9,7 @@
  * @module
  */
 
-import { ErrnoError } from "./errors.ts";
+import { ErrnoError, errorText } from "./errors.ts";
 import { close, openRoot } from "./files.ts";
 import { enterMountNamespace } from "./namespaces.ts";
 import { bindContainerFile, type ContainerFileBind, detachMountBeneath } from "./mounts.ts";
@@ -63,7 +63,7 @@ export function mountNamespaceChild(arg: string | undefined): MountNamespaceRepl
     }
     return {
       ok: false,
-      error: { message: error instanceof Error ? error.message : String(error) },
+      error: { message: errorText(error) },
     };
   }
 }

@@ -18,7 +18,7 @@
  * @module
  */
 
-import { CallTimeoutError, LibvirtError, LibvirtLoadError } from "./errors.ts";
+import { CallTimeoutError, errorText, LibvirtError, LibvirtLoadError } from "./errors.ts";
 import type { WorkerFailure, WorkerResponse } from "./_libvirt_protocol.ts";
 
 /** The operations a worker module answers, by name: each takes and gives clonable values. */
@@ -56,7 +56,7 @@ export function answerCalls(ops: Record<string, (...args: never[]) => unknown>):
       if (!Object.hasOwn(ops, op)) throw new Error(`the worker has no operation "${op}"`);
       response = { id, ok: true, value: await ops[op](...(args as never[])) };
     } catch (error) {
-      const message = error instanceof Error ? error.message : String(error);
+      const message = errorText(error);
       response = { id, ok: false, failure: { kind: "internal", message } };
     }
     scope.postMessage(response);

@@ -20,6 +20,7 @@ import {
   terminate,
   waitUntil,
 } from "./processes.ts";
+import { errorText } from "../../ffi/mod.ts";
 
 export { ClusterError };
 
@@ -777,7 +778,7 @@ function pem(label: string, der: ArrayBuffer): string {
 }
 
 function message(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
+  return errorText(error);
 }
 
 if (import.meta.main) {

@@ -7,6 +7,7 @@
  * @module
  */
 import { sleep } from "../../mod/lifecycle/mod.ts";
+import { errorText } from "../../ffi/mod.ts";
 
 /** How long a server gets between SIGTERM and SIGKILL. */
 export const STOP_GRACE_MS = 10_000;
@@ -158,5 +159,5 @@ export async function logTail(logPath: string): Promise<string> {
 }
 
 function message(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
+  return errorText(error);
 }

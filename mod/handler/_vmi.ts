@@ -14,6 +14,7 @@ import {
 import type { Domain } from "../domain/mod.ts";
 import type { EventRecorder } from "../kube/mod.ts";
 import type { Logger } from "../log/mod.ts";
+import { errorText } from "../../ffi/mod.ts";
 
 /** The VMI's termination grace period in seconds (KubeVirt's default when unset). */
 export function gracePeriodSeconds(vmi: VirtualMachineInstance): number {
@@ -28,7 +29,7 @@ export function domainUid(domain: Domain | undefined): string | undefined {
 
 /** An error's message, for an Event or a condition. */
 export function describe(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
+  return errorText(error);
 }
 
 /**

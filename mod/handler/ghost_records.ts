@@ -15,7 +15,13 @@
  */
 import { join } from "node:path";
 import { vmiKey } from "../api/mod.ts";
-import { SET_ASIDE_DIR, setFileAside, TEMP_FILE_PREFIX, writeFileDurably } from "../../ffi/mod.ts";
+import {
+  errorText,
+  SET_ASIDE_DIR,
+  setFileAside,
+  TEMP_FILE_PREFIX,
+  writeFileDurably,
+} from "../../ffi/mod.ts";
 import { getLogger } from "../log/mod.ts";
 
 const log = getLogger("handler", "ghost-records");
@@ -117,7 +123,7 @@ export class GhostRecordStore {
           reason = validateGhostRecord(parsed, entry.name);
           if (reason === undefined) record = parsed as GhostRecord;
         } catch (error) {
-          reason = `unreadable: ${error instanceof Error ? error.message : String(error)}`;
+          reason = `unreadable: ${errorText(error)}`;
         }
       }
       if (record) {

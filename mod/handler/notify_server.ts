@@ -21,6 +21,7 @@ import {
 } from "../proto/mod.ts";
 import { aborted } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
+import { errorText } from "../../ffi/mod.ts";
 
 const log = getLogger("handler", "notify-server");
 
@@ -102,7 +103,7 @@ export function parseK8sEvent(req: K8sEventRequest): K8sEventNotification {
 function reply(callback: grpc.sendUnaryData<Response>, error?: unknown): void {
   callback(null, {
     success: error === undefined,
-    message: error === undefined ? "" : (error instanceof Error ? error.message : String(error)),
+    message: error === undefined ? "" : errorText(error),
   });
 }
 

@@ -33,6 +33,7 @@ import {
 } from "../proto/mod.ts";
 import type { DomainManager } from "./domain_manager.ts";
 import { getLogger } from "../log/mod.ts";
+import { errorText } from "../../ffi/mod.ts";
 
 const log = getLogger("launcher", "cmd-server");
 
@@ -133,12 +134,8 @@ type Callback<T> = (error: Partial<grpc.ServiceError> | null, value?: T) => void
 type Call<Req> = grpc.ServerUnaryCall<Req, unknown>;
 type Handler = (call: Call<unknown>, callback: Callback<unknown>) => void;
 
-function errorMessage(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
-}
-
 const ok = (): Response => ({ success: true, message: "" });
-const failed = (error: unknown): Response => ({ success: false, message: errorMessage(error) });
+const failed = (error: unknown): Response => ({ success: false, message: errorText(error) });
 
 /** Wraps an async handler so that nothing escapes: any throw becomes `onError(error)`. */
 function safe<Req, Res>(
@@ -157,7 +154,7 @@ function safe<Req, Res>(
     fn(request).then(
       (value) => callback(null, value),
       (error) => {
-        log.warn("Command failed", { rpc: name, error: errorMessage(error) });
+        log.warn("Command failed", { rpc: name, error: errorText(error) });
         callback(null, onError(error));
       },
     );
@@ -323,7 +320,7 @@ export class CmdServer {
       await removeIfExists(path);
       if (!options.replaceReady) await removeIfExists(launcherSocketPath(options.socketDir));
     } catch (error) {
-      throw new CmdServerError(path, errorMessage(error), { cause: error });
+      throw new CmdServerError(path, errorText(error), { cause: error });
     }
     const server = new grpc.Server();
     server.addService(cmdService(), buildHandlers(options.backend));
@@ -343,7 +340,7 @@ export class CmdServer {
     } catch (error) {
       server.forceShutdown();
       await removeIfExists(path).catch(() => {});
-      throw new CmdServerError(path, errorMessage(error), { cause: error });
+      throw new CmdServerError(path, errorText(error), { cause: error });
     }
     log.info("Cmd server listening", { socket: path });
     return new CmdServer(options.socketDir, server, path);
@@ -358,7 +355,7 @@ export class CmdServer {
     } catch (error) {
       throw new CmdServerError(
         this.#path,
-        `cannot rename it to "${ready}": ${errorMessage(error)}`,
+        `cannot rename it to "${ready}": ${errorText(error)}`,
         {
           cause: error,
         },

@@ -12,7 +12,7 @@
  * @module
  */
 
-import { type Connection, LIBVIRT_ERROR_CODES, LibvirtError } from "../../ffi/mod.ts";
+import { type Connection, errorText, LIBVIRT_ERROR_CODES, LibvirtError } from "../../ffi/mod.ts";
 import { sleep } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import type { VmiRef } from "./_domain_reader.ts";
@@ -149,7 +149,7 @@ export class ConnectionKeeper {
         log.debug("Reconnect attempt {attempt} failed: {error}", {
           ...this.#opts.vmi,
           attempt,
-          error: error instanceof Error ? error.message : String(error),
+          error: errorText(error),
         });
         await sleep(delay);
         delay = Math.min(delay * 2, maxMs);
@@ -168,7 +168,7 @@ export class ConnectionKeeper {
       } catch (error) {
         log.warn("Cannot re-read the domain after reconnecting: {error}", {
           ...this.#opts.vmi,
-          error: error instanceof Error ? error.message : String(error),
+          error: errorText(error),
         });
       }
       for (const waiter of [...this.#waiters]) waiter(true);

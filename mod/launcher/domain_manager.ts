@@ -12,6 +12,7 @@ import {
   type Connection,
   type Domain as LibvirtDomain,
   type DomainEvent,
+  errorText,
   LIBVIRT_ERROR_CODES,
   LibvirtError,
 } from "../../ffi/mod.ts";
@@ -178,7 +179,7 @@ function detail(error: unknown): string {
     // The converter's message repeats the VMI; keep its detail only.
     return error.message.replace(/^Cannot convert VMI "[^"]*": /, "");
   }
-  return error instanceof Error ? error.message : String(error);
+  return errorText(error);
 }
 
 function isNoDomain(error: unknown): boolean {

@@ -18,6 +18,7 @@ import { DomainEventType } from "../proto/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import type { DomainManager } from "./domain_manager.ts";
 import type { K8sEventType } from "./notify_client.ts";
+import { errorText } from "../../ffi/mod.ts";
 
 const log = getLogger("launcher");
 
@@ -160,7 +161,7 @@ export class EventForwarder {
     this.#chain = this.#chain.then(() => this.#forward(event)).catch((error) => {
       log.error("Cannot forward domain event", {
         ...this.#manager.vmi,
-        error: error instanceof Error ? error.message : String(error),
+        error: errorText(error),
       });
     });
   }
@@ -173,7 +174,7 @@ export class EventForwarder {
     this.#chain = this.#chain.then(() => this.#forward(undefined)).catch((error) => {
       log.error("Cannot forward domain event", {
         ...this.#manager.vmi,
-        error: error instanceof Error ? error.message : String(error),
+        error: errorText(error),
       });
     });
   }
@@ -233,7 +234,7 @@ export class EventForwarder {
       }).catch((error) => {
         log.error("Cannot ask the guest agent again", {
           ...this.#manager.vmi,
-          error: error instanceof Error ? error.message : String(error),
+          error: errorText(error),
         });
       });
     }, delay);

@@ -36,6 +36,7 @@
 import { join } from "node:path";
 import {
   type Connection,
+  errorText,
   LIBVIRT_ERROR_CODES,
   LibvirtError,
   NetnsRunner,
@@ -270,7 +271,7 @@ export class LauncherHost {
       await instance.manager.syncVmi(vmiJson, options);
       return { status, synced: {} };
     } catch (error) {
-      const message = error instanceof Error ? error.message : String(error);
+      const message = errorText(error);
       log.warn("Command failed", {
         rpc: "SyncVirtualMachine",
         uid: hosted.spec.uid,
@@ -550,7 +551,7 @@ export class LauncherHost {
           return { id, ok: false, error: `unknown op ${JSON.stringify(request.op)}` };
       }
     } catch (error) {
-      return { id, ok: false, error: error instanceof Error ? error.message : String(error) };
+      return { id, ok: false, error: errorText(error) };
     }
   }
 

@@ -36,6 +36,7 @@ import {
 } from "../proto/mod.ts";
 import { sleep } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
+import { errorText } from "../../ffi/mod.ts";
 
 const log = getLogger("launcher", "notify-client");
 
@@ -117,7 +118,7 @@ function unary<Req, Res>(
 }
 
 function message(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
+  return errorText(error);
 }
 
 /**

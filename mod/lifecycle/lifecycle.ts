@@ -17,6 +17,7 @@
  *
  * @module
  */
+import { errorText } from "../../ffi/mod.ts";
 
 /** Something long-running: it works until `signal` aborts, then winds down and resolves. */
 export interface Runnable {
@@ -114,7 +115,7 @@ export class RunnableError extends Error {
   readonly runnable: string;
   /** Creates `Runnable "<name>" failed: <detail>`. */
   constructor(runnable: string, options: { cause: unknown }) {
-    const detail = options.cause instanceof Error ? options.cause.message : String(options.cause);
+    const detail = errorText(options.cause);
     super(`Runnable "${runnable}" failed: ${detail}`, options);
     this.name = "RunnableError";
     this.runnable = runnable;

@@ -13,6 +13,7 @@
  *
  * @module
  */
+import { errorText } from "../../ffi/mod.ts";
 
 /** The size a log file may reach before it is rotated, bytes (10 MiB, as the kubelet's `containerLogMaxSize`). */
 export const LOG_FILE_MAX_BYTES = 10 * 1024 * 1024;
@@ -40,7 +41,7 @@ export class LogFileError extends Error {
   readonly path: string;
   /** Creates `<action> "<path>": <cause>`. */
   constructor(action: string, path: string, options: { cause: unknown }) {
-    const detail = options.cause instanceof Error ? options.cause.message : String(options.cause);
+    const detail = errorText(options.cause);
     super(`${action} "${path}": ${detail}`, options);
     this.name = "LogFileError";
     this.path = path;

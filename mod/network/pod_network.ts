@@ -16,7 +16,7 @@
  */
 
 import { join } from "node:path";
-import { type NetnsResult, type NetnsRunner, writeFileBeneath } from "../../ffi/mod.ts";
+import { errorText, type NetnsResult, type NetnsRunner, writeFileBeneath } from "../../ffi/mod.ts";
 import { type VirtualMachineInstance, vmiKey } from "../api/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import { adoptHostTapSteps, type BindingOptions, bindingSteps } from "./bindings.ts";
@@ -148,7 +148,7 @@ export class PodNetworks {
         if (error instanceof PodNetworkError) throw error;
         throw new PodNetworkError(
           plan.name,
-          error instanceof Error ? error.message : String(error),
+          errorText(error),
           {
             cause: error,
           },
@@ -320,7 +320,7 @@ export class PodNetworks {
       } catch (error) {
         throw new PodNetworkError(
           plan.name,
-          error instanceof Error ? error.message : String(error),
+          errorText(error),
           {
             cause: error,
           },

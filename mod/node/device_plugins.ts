@@ -37,6 +37,7 @@ import {
 } from "../proto/mod.ts";
 import { unixTarget } from "../proto/mod.ts";
 import { every, sleep } from "../lifecycle/mod.ts";
+import { errorText } from "../../ffi/mod.ts";
 
 const log = getLogger("device-plugins");
 
@@ -150,7 +151,7 @@ function fileId(info: Deno.FileInfo): string {
 }
 
 function message(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
+  return errorText(error);
 }
 
 /** A wake-up flag: `wake()` any number of times, `wait()` resolves once per batch. */

@@ -23,6 +23,7 @@
  */
 import { basename, join } from "node:path";
 import { getLogger } from "../log/mod.ts";
+import { errorText } from "../../ffi/mod.ts";
 
 const log = getLogger("device-plugins", "mdev");
 
@@ -165,7 +166,7 @@ export function configureMdevTypes(
   const uuid = options.uuid ?? (() => crypto.randomUUID());
   const result: MdevTypesResult = { removed: [], created: [], errors: [] };
   const fail = (message: string, error: unknown) => {
-    const text = `${message}: ${error instanceof Error ? error.message : String(error)}`;
+    const text = `${message}: ${errorText(error)}`;
     result.errors.push(text);
     log.error(text);
   };

@@ -10,7 +10,7 @@
  */
 
 import type { EventRecorder, KubeClient } from "../kube/mod.ts";
-import { closeOnExecFrom, LIBVIRT_ERROR_CODES, openLibvirt } from "../../ffi/mod.ts";
+import { closeOnExecFrom, errorText, LIBVIRT_ERROR_CODES, openLibvirt } from "../../ffi/mod.ts";
 import type { Runnable } from "../lifecycle/mod.ts";
 import { DevicePluginManager, type DevicePluginManagerOptions } from "./device_plugins.ts";
 import { Heartbeat, type HeartbeatOptions } from "./heartbeat.ts";
@@ -143,7 +143,7 @@ export async function readCapabilitiesInChild(
 }
 
 function message(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
+  return errorText(error);
 }
 
 /**

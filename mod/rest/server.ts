@@ -33,6 +33,7 @@ import { getLogger } from "../log/mod.ts";
 import { type Bridge, bridge } from "./bridge.ts";
 import { refuseClient, type TlsMaterial } from "./tls.ts";
 import { refusalResponse, UpgradeRefused, upgradeResponse } from "./websocket.ts";
+import { errorText } from "../../ffi/mod.ts";
 
 const log = getLogger("rest");
 
@@ -122,10 +123,6 @@ const GUEST_ROUTES = {
   filesystemlist: "GetFilesystems",
 } as const;
 const SOCKET_ROUTES = { console: "virt-serial0", vnc: "virt-vnc" } as const;
-
-function errorMessage(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
-}
 
 /**
  * A Go duration (`1h30m`, `300s`, `1.5m`) in seconds, as KubeVirt's `metav1.Duration`
@@ -230,14 +227,14 @@ export class RestServer implements Runnable {
     });
     server.on("request", (req: IncomingMessage, res: ServerResponse) => {
       this.#request(req, res).catch((error) => {
-        log.error("REST request failed: {error}", { error: errorMessage(error) });
-        if (!res.headersSent) this.#send(res, 500, errorMessage(error));
+        log.error("REST request failed: {error}", { error: errorText(error) });
+        if (!res.headersSent) this.#send(res, 500, errorText(error));
         else res.destroy();
       });
     });
     server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Uint8Array) => {
       this.#upgrade(req, socket as TLSSocket, head).catch((error) => {
-        log.error("WebSocket upgrade failed: {error}", { error: errorMessage(error) });
+        log.error("WebSocket upgrade failed: {error}", { error: errorText(error) });
         socket.destroy();
       });
     });
@@ -296,7 +293,7 @@ export class RestServer implements Runnable {
     try {
       return await this.#o.backend.launcher(vmi);
     } catch (error) {
-      throw new RouteError(500, errorMessage(error));
+      throw new RouteError(500, errorText(error));
     }
   }
 
@@ -333,7 +330,7 @@ export class RestServer implements Runnable {
         try {
           answer = await launcher.guestQuery(GUEST_ROUTES[action as keyof typeof GUEST_ROUTES]);
         } catch (error) {
-          throw new RouteError(500, errorMessage(error));
+          throw new RouteError(500, errorText(error));
         }
         // KubeVirt's handler wraps the two lists in a list object (its ListMeta is empty).
         if (action !== "guestosinfo") answer = { metadata: {}, items: answer };
@@ -407,10 +404,10 @@ export class RestServer implements Runnable {
           vmi,
           "Warning",
           "FreezeError",
-          `Failed to freeze VMI: ${errorMessage(error)}`,
+          `Failed to freeze VMI: ${errorText(error)}`,
         );
       }
-      throw new RouteError(failureStatus, errorMessage(error));
+      throw new RouteError(failureStatus, errorText(error));
     }
     res.writeHead(202);
     res.end();
@@ -422,7 +419,7 @@ export class RestServer implements Runnable {
     try {
       shot = await launcher.getScreenshot(vmi);
     } catch (error) {
-      throw new RouteError(500, errorMessage(error));
+      throw new RouteError(500, errorText(error));
     }
     res.writeHead(200, { "Content-Type": shot.mime || "application/octet-stream" });
     res.end(shot.data);
@@ -460,7 +457,7 @@ export class RestServer implements Runnable {
     try {
       opened = await this.#o.backend.openSocket(vmi, SOCKET_ROUTES[kind]);
     } catch (error) {
-      return refuse(400, errorMessage(error));
+      return refuse(400, errorText(error));
     }
     let target: Socket;
     try {
@@ -472,7 +469,7 @@ export class RestServer implements Runnable {
     } catch (error) {
       return refuse(
         500,
-        `Cannot connect to the VMI's ${SOCKET_ROUTES[kind]}: ${errorMessage(error)}`,
+        `Cannot connect to the VMI's ${SOCKET_ROUTES[kind]}: ${errorText(error)}`,
       );
     } finally {
       opened.release();

@@ -18,6 +18,7 @@ import { createPrivateKey, X509Certificate } from "node:crypto";
 import type { PeerCertificate } from "node:tls";
 import { sleep } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
+import { errorText } from "../../ffi/mod.ts";
 
 const log = getLogger("rest", "tls");
 
@@ -177,7 +178,7 @@ export class TlsMaterial {
       } catch (error) {
         // A rotation in progress (a Secret's files swapped one by one): next time. Said
         // once, not every round, for a rotation that never finishes.
-        const message = error instanceof Error ? error.message : String(error);
+        const message = errorText(error);
         if (message !== problem) {
           log.warn("Cannot reload the TLS material, serving the previous one: {error}", {
             error,
@@ -229,10 +230,6 @@ function checkPair(
       `Cannot use the ${o.role} certificate "${o.certFile}" with the key "${o.keyFile}": the key is not the certificate's`,
     );
   }
-}
-
-function errorText(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
 }
 
 function countCertificates(pem: string): number {

@@ -32,6 +32,7 @@ import {
   close,
   createFileBeneath,
   ErrnoError,
+  errorText,
   fchownat,
   fileIdentity,
   O_PATH,
@@ -281,7 +282,7 @@ export function hostDisksOutcome(
     }
     return {
       ok: false,
-      error: { message: error instanceof Error ? error.message : String(error) },
+      error: { message: errorText(error) },
     };
   }
 }

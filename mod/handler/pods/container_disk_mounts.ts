@@ -36,6 +36,7 @@ import { join } from "node:path";
 import {
   bindContainerFileInChild,
   ErrnoError,
+  errorText,
   listenerPid,
   mountNamespaceOf,
   openDirectoryInRoot,
@@ -298,7 +299,7 @@ export class ContainerDiskMounts {
       reason = invalidRecord(parsed);
       if (reason === undefined) record = parsed as MountRecord;
     } catch (error) {
-      reason = `not JSON: ${error instanceof Error ? error.message : String(error)}`;
+      reason = `not JSON: ${errorText(error)}`;
     }
     if (!record) {
       const movedTo = await setFileAside(file);

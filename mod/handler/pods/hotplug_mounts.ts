@@ -37,6 +37,7 @@ import {
   bindContainerFileInChild,
   chownBeneath,
   close,
+  errorText,
   fileIdentity,
   listenerPid,
   mknodBlockBeneath,
@@ -166,7 +167,7 @@ export class HotplugMounts {
       }
       reason = why;
     } catch (error) {
-      reason = `not JSON: ${error instanceof Error ? error.message : String(error)}`;
+      reason = `not JSON: ${errorText(error)}`;
     }
     const movedTo = await setFileAside(file);
     log.error("Set aside unreadable hotplug mount record {file}: {reason}", {
