@@ -22,6 +22,7 @@ import {
   SETTINGS,
   V8_FLAGS,
 } from "./mod/config/mod.ts";
+import { errorText } from "./ffi/mod.ts";
 import { getLogger, setLogLevel, setupLogging } from "./mod/log/mod.ts";
 import type { TlsMaterial } from "./mod/rest/mod.ts";
 import type { HandlerOptions } from "./mod/handler/mod.ts";
@@ -32,6 +33,18 @@ export const VERSION: string = denoJson.version;
 /** Exit code for a bad flag or configuration value. */
 const EXIT_USAGE = 2;
 
+/**
+ * A bad flag or configuration value: {@linkcode main} prints `virtnode <command>: <message>`
+ * and exits {@linkcode EXIT_USAGE}. Every subcommand reports its usage errors this way.
+ */
+class UsageError extends Error {
+  /** `command` names the subcommand (`handler`), or none for the program's own flags. */
+  constructor(readonly command: string | undefined, message: string) {
+    super(message);
+    this.name = "UsageError";
+  }
+}
+
 /** Reads and validates the configuration of a subcommand; exits 2 on a bad value. */
 function loadConfig(command: Command, component: string): Config {
   const opts = command.optsWithGlobals() as RawConfig;
@@ -40,8 +53,7 @@ function loadConfig(command: Command, component: string): Config {
     config = parseConfig(opts);
   } catch (error) {
     if (error instanceof ConfigError) {
-      console.error(`virtnode: ${error.message}`);
-      Deno.exit(EXIT_USAGE);
+      throw new UsageError(undefined, error.message);
     }
     throw error;
   }
@@ -54,8 +66,7 @@ function loadConfig(command: Command, component: string): Config {
     });
   } catch (error) {
     // --log-file names a file that cannot be opened.
-    console.error(`virtnode: ${(error as Error).message}`);
-    Deno.exit(EXIT_USAGE);
+    throw new UsageError(undefined, errorText(error));
   }
   return config;
 }
@@ -148,7 +159,7 @@ function versionCommand(program: Command): void {
         const { hostProbes } = await import("./mod/preflight/mod.ts");
         lines.push(`libvirt ${await hostProbes.libvirtVersion()}`);
       } catch (error) {
-        lines.push(`libvirt unavailable: ${error instanceof Error ? error.message : error}`);
+        lines.push(`libvirt unavailable: ${errorText(error)}`);
       }
       console.log(lines.join("\n"));
     });
@@ -204,16 +215,15 @@ async function migrationOptions(
   try {
     onMigrationNetwork = migrationNetworkAddress();
   } catch (error) {
-    console.error(`virtnode handler: ${(error as Error).message}`);
-    Deno.exit(EXIT_USAGE);
+    throw new UsageError("handler", errorText(error));
   }
   const address = opts.migrationIp ?? onMigrationNetwork ?? Deno.env.get("MY_POD_IP") ??
     defaultMigrationAddress();
   if (!address || !/^[0-9a-fA-F.:]+$/.test(address)) {
-    console.error(
-      `virtnode handler: --migration-ip ${JSON.stringify(address ?? "")}: expected an IP address`,
+    throw new UsageError(
+      "handler",
+      `--migration-ip ${JSON.stringify(address ?? "")}: expected an IP address`,
     );
-    Deno.exit(EXIT_USAGE);
   }
   const { TlsMaterial } = await import("./mod/rest/mod.ts");
   const clientTls = new TlsMaterial({
@@ -355,8 +365,7 @@ function handlerCommand(program: Command): void {
         try {
           await tls.load();
         } catch (error) {
-          console.error(`virtnode handler: ${(error as Error).message}`);
-          Deno.exit(EXIT_USAGE);
+          throw new UsageError("handler", errorText(error));
         }
         return tls;
       };
@@ -379,18 +388,18 @@ function handlerCommand(program: Command): void {
       for (const [i, [flag, value, port]] of listeners.entries()) {
         const clash = listeners.slice(i + 1).find((other) => port !== "0" && other[2] === port);
         if (clash) {
-          console.error(
-            `virtnode handler: ${flag} ${value} and ${clash[0]} ${clash[1]} need different ports`,
+          throw new UsageError(
+            "handler",
+            `${flag} ${value} and ${clash[0]} ${clash[1]} need different ports`,
           );
-          Deno.exit(EXIT_USAGE);
         }
       }
       if (opts.consoleServerPort !== undefined) {
         if (!/^[^/\s]+\/[^/\s]+$/.test(opts.caConfigmap)) {
-          console.error(
-            `virtnode handler: --ca-configmap ${opts.caConfigmap}: expected namespace/name`,
+          throw new UsageError(
+            "handler",
+            `--ca-configmap ${opts.caConfigmap}: expected namespace/name`,
           );
-          Deno.exit(EXIT_USAGE);
         }
         const tls = await serverCerts();
         rest = {
@@ -416,17 +425,16 @@ function handlerCommand(program: Command): void {
       const { checkPodlessNetwork } = await import("./mod/network/mod.ts");
       const wrong = checkPodlessNetwork(podNetwork);
       if (wrong) {
-        console.error(
-          `virtnode handler: invalid pod network (--pod-network-cidr, --pod-network-bridge): ${wrong}`,
+        throw new UsageError(
+          "handler",
+          `invalid pod network (--pod-network-cidr, --pod-network-bridge): ${wrong}`,
         );
-        Deno.exit(EXIT_USAGE);
       }
       if (opts.podless) {
         const { podlessSocketPathProblem } = await import("./mod/handler/mod.ts");
         const problem = podlessSocketPathProblem(config);
         if (problem) {
-          console.error(`virtnode handler: ${problem}`);
-          Deno.exit(EXIT_USAGE);
+          throw new UsageError("handler", problem);
         }
       }
       await keepAliveOnUnhandledRejections();
@@ -686,8 +694,7 @@ function launcherCommand(program: Command): void {
         options = parseLauncherArgs(args);
       } catch (error) {
         if (error instanceof LauncherArgsError) {
-          console.error(`virtnode launcher: ${error.message}`);
-          Deno.exit(EXIT_USAGE);
+          throw new UsageError("launcher", error.message);
         }
         throw error;
       }
@@ -732,10 +739,10 @@ function launcherHostCommand(program: Command): void {
       if (
         opts.domainType !== undefined && opts.domainType !== "kvm" && opts.domainType !== "qemu"
       ) {
-        console.error(
-          `virtnode launcher-host: --domain-type must be kvm or qemu, not "${opts.domainType}"`,
+        throw new UsageError(
+          "launcher-host",
+          `--domain-type must be kvm or qemu, not "${opts.domainType}"`,
         );
-        Deno.exit(EXIT_USAGE);
       }
       const { runLauncherHost } = await import("./mod/launcher/mod.ts");
       Deno.exit(
@@ -788,8 +795,12 @@ export async function main(args: string[]): Promise<void> {
     if (error instanceof CommanderError) {
       Deno.exit(error.exitCode === 0 ? 0 : EXIT_USAGE);
     }
+    if (error instanceof UsageError) {
+      console.error(`virtnode${error.command ? ` ${error.command}` : ""}: ${error.message}`);
+      Deno.exit(EXIT_USAGE);
+    }
     getLogger().fatal("virtnode failed: {error}", { error });
-    console.error(`virtnode: ${error instanceof Error ? error.message : error}`);
+    console.error(`virtnode: ${errorText(error)}`);
     Deno.exit(1);
   }
 }

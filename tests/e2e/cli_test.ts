@@ -43,6 +43,32 @@ Deno.test("a bad flag value exits 2 with a message naming the flag, the value an
   assert.match(unknown.stderr, /unknown option '--bogus'/);
 });
 
+Deno.test("each subcommand's usage error exits 2 with 'virtnode <command>: <what>'", async () => {
+  // One path for all of them (main.ts's UsageError): the handler, the launcher host and the
+  // launcher each refuse a bad value of their own flags before they start anything.
+  const host = await virtnode([
+    "launcher-host",
+    "--dir=/nonexistent/host",
+    "--host-id=h",
+    "--image-dir=/nonexistent/images",
+    "--domain-type=xen",
+  ]);
+  assert.equal(host.code, 2, host.stderr);
+  assert.equal(
+    host.stderr.trim(),
+    'virtnode launcher-host: --domain-type must be kvm or qemu, not "xen"',
+  );
+  const handler = await virtnode(["handler", "--migration-ip", "nowhere"]);
+  assert.equal(handler.code, 2, handler.stderr);
+  assert.match(
+    handler.stderr,
+    /^virtnode handler: --migration-ip "nowhere": expected an IP address$/m,
+  );
+  const launcher = await virtnode(["launcher", "--bogus"]);
+  assert.equal(launcher.code, 2, launcher.stderr);
+  assert.match(launcher.stderr, /^virtnode launcher: .*--bogus/m);
+});
+
 Deno.test("a pod-less handler exits 2 naming --run-dir or --state-dir when its socket paths would not fit", async () => {
   // Unix socket paths are limited in length; a directory too long for the sockets
   // below it is refused at start, with the flag named and how much to shorten it.
