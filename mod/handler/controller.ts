@@ -119,6 +119,11 @@ export interface ControllerDeps {
    * here: the VMI is another node's until the migration ends).
    */
   handledElsewhere?: (key: string) => boolean;
+  /**
+   * Stops a VMI's migration proxy listeners, source and target, when its local state goes
+   * (KubeVirt's cleanup does this first); none when this node takes no part in migrations.
+   */
+  stopMigrationProxies?: (uid: string) => Promise<void>;
   /** The cluster's configuration in force (the KubeVirt CR's); KubeVirt's defaults unless told. */
   clusterConfig?: () => KubevirtConfig;
   /** Resolves once the cluster's configuration has been read (the KubeVirt CR listed). */
@@ -871,13 +876,14 @@ export class VmiController {
   }
 
   /**
-   * Removes what the node keeps for a VMI, in KubeVirt's order: the migration proxy
-   * first (none is started by this version), then the launcher, the pod network, the
-   * ghost record and local state, the launcher client last.
+   * Removes what the node keeps for a VMI, in KubeVirt's order: the migration proxy's
+   * listeners first, then the launcher, the pod network, the ghost record and local state,
+   * the launcher client last.
    */
   async #processVmCleanup(vmi: VirtualMachineInstance): Promise<void> {
     const key = vmiKey(vmi.metadata);
     const uid = vmi.metadata.uid!;
+    await this.#d.stopMigrationProxies?.(uid);
     // Close our connection before the launcher's server goes away: Deno 2.9.4+ can crash
     // in a process whose grpc-js client is connected while the peer shuts down.
     this.#d.launchers.remove(uid);

@@ -416,6 +416,12 @@ export class Handler implements Runnable {
       onStarted: () => this.#onStarted(),
       hostCpu: options.hostCpu,
       handledElsewhere: (key) => this.#migration?.target.handles(key) ?? false,
+      stopMigrationProxies: this.#migration
+        ? async (uid) => {
+          const proxy = this.#migration!.proxy;
+          await Promise.all([proxy.stopTargetListener(uid), proxy.stopSourceListener(uid)]);
+        }
+        : undefined,
       clusterConfig: options.kubevirtCr ? () => options.kubevirtCr!.config() : undefined,
       configReady: options.kubevirtCr ? () => options.kubevirtCr!.synced() : undefined,
     });

@@ -131,6 +131,10 @@ function doubles(standsInForController = true, writes = false): Doubles {
       remove: () => calls.push("launchers.remove"),
       forgetMark: () => Promise.resolve(),
     },
+    stopMigrationProxies: () => {
+      calls.push("proxies.stop");
+      return Promise.resolve();
+    },
     networks: {
       addresses: () => Promise.resolve(new Map()),
       teardown: () => {
@@ -173,6 +177,7 @@ Deno.test("reconcile() of a deleted VMI cleans up and prunes its domain and expe
   const result = await s.controller.reconcile(KEY);
   assert.deepEqual(result, { kind: "done" });
   assert.deepEqual(s.calls, [
+    "proxies.stop",
     "launchers.remove",
     "provider.stop",
     "provider.releasePodNetwork",
