@@ -11,7 +11,7 @@
  * @module
  */
 
-import { LifeCycle, StateChangeReason } from "./status.ts";
+import { isDomainDown, LifeCycle, StateChangeReason } from "./status.ts";
 
 /** `kind` of a domain object. */
 export const DOMAIN_KIND = "Domain";
@@ -605,4 +605,9 @@ function osInfoFromWire(info: Json): DomainOsInfo | undefined {
     id: optString(info.Id, "Status.OSInfo.Id"),
   });
   return Object.keys(result).length > 0 ? result : undefined;
+}
+
+/** Whether there is a domain and it is not down (any state but Shutoff or Crashed). */
+export function isDomainAlive(domain: Domain | undefined): domain is Domain {
+  return domain !== undefined && !isDomainDown(domain.status.status);
 }

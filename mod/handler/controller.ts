@@ -24,7 +24,13 @@ import {
   vmiKey,
   VmiPhase,
 } from "../api/mod.ts";
-import { type Domain, type LauncherState, LifeCycle, StateChangeReason } from "../domain/mod.ts";
+import {
+  type Domain,
+  isDomainAlive,
+  type LauncherState,
+  LifeCycle,
+  StateChangeReason,
+} from "../domain/mod.ts";
 import type {
   EventRecorder,
   Expectations,
@@ -134,10 +140,6 @@ interface ShutdownState {
   startedMs: number;
   lastAcpiMs: number;
   graceSeconds: number;
-}
-
-function isDomainAlive(domain: Domain): boolean {
-  return domain.status.status !== LifeCycle.Shutoff && domain.status.status !== LifeCycle.Crashed;
 }
 
 function isPausedBy(domain: Domain | undefined, reason: StateChangeReason): boolean {
@@ -743,8 +745,7 @@ export class VmiController {
     // The spec itself, not metadata.generation: KubeVirt's VMI CRD has no status
     // subresource, so every status write bumps the generation, and a Sync per status write
     // would call a launcher for nothing (and fail while its libvirt restarts).
-    const alive = domain !== undefined && domain.status.status !== LifeCycle.Shutoff &&
-      domain.status.status !== LifeCycle.Crashed;
+    const alive = isDomainAlive(domain);
     const notReady = requeueAfter(this.#d.provider.notReadyRequeueMs, "launcher not ready");
     // KubeVirt's order: containerDisks, hotplug volumes, network, then the sync.
     let network: PodNetworkTarget | undefined;

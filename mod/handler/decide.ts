@@ -25,7 +25,13 @@
  * @module
  */
 import { isFinalPhase, type VirtualMachineInstance, VmiPhase } from "../api/mod.ts";
-import { type Domain, type LauncherState, LifeCycle, StateChangeReason } from "../domain/mod.ts";
+import {
+  type Domain,
+  isDomainAlive,
+  type LauncherState,
+  LifeCycle,
+  StateChangeReason,
+} from "../domain/mod.ts";
 import { nextPhase } from "./status.ts";
 
 /** The actions of one sync, in the order they are considered. */
@@ -107,8 +113,7 @@ export function decideSync(input: SyncInput): SyncDecision {
 
   const domainExists = domain !== undefined && launcher !== "unresponsive";
   const status = domainExists ? domain.status.status : undefined;
-  const domainAlive = domainExists && status !== LifeCycle.Shutoff &&
-    status !== LifeCycle.Crashed;
+  const domainAlive = domainExists && isDomainAlive(domain);
   const seen = launcher === "unresponsive" && domain
     ? `${describeDomain(domain)}, launcher unresponsive`
     : describeDomain(domain);

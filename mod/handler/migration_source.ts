@@ -23,7 +23,7 @@ import {
   VmiPhase,
 } from "../api/mod.ts";
 import type { KubevirtConfig } from "../config/mod.ts";
-import type { Domain } from "../domain/mod.ts";
+import { type Domain, isDomainAlive } from "../domain/mod.ts";
 import type {
   EventRecorder,
   Expectations,
@@ -150,9 +150,7 @@ export class MigrationSourceController {
     let result: ReconcileResult = DONE;
     let syncError: unknown;
     try {
-      const alive = domain !== undefined && domain.status.status !== "Shutoff" &&
-        domain.status.status !== "Crashed";
-      if (alive) result = await this.#migrate(vmi, domain);
+      if (isDomainAlive(domain)) result = await this.#migrate(vmi, domain);
     } catch (error) {
       syncError = error;
       this.#record(vmi, "Warning", "SyncFailed", describe(error));

@@ -29,7 +29,7 @@ import {
   type VirtualMachineInstanceStatus,
   vmiKey,
 } from "../api/mod.ts";
-import type { Domain } from "../domain/mod.ts";
+import { type Domain, isDomainAlive } from "../domain/mod.ts";
 import type { EventRecorder, Informer, StatusWriter, WorkQueue } from "../kube/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import type { MigrationProxyManager } from "../migration/mod.ts";
@@ -157,8 +157,7 @@ export class MigrationTargetController {
       log.info("Ignoring the domain of an older VMI with this name", { key, uid });
       return DONE;
     }
-    const alive = domain !== undefined && domain.status.status !== "Shutoff" &&
-      domain.status.status !== "Crashed";
+    const alive = isDomainAlive(domain);
     if (domain && !alive && !domainPausedFailedPostCopy(domain)) return DONE;
     if (!vmi.status?.migrationState || !isMigrationTarget(vmi, this.#d.nodeName)) return DONE;
     return await this.#sync(structuredClone(vmi), domain);

@@ -2,10 +2,13 @@ import assert from "node:assert/strict";
 import {
   domainStateFromLibvirt,
   isDomainActive,
+  isDomainAlive,
   isDomainDown,
   LifeCycle,
   lifeCycleFromLibvirt,
+  newDomain,
   reasonFromLibvirt,
+  StateChangeReason,
   VirDomainCrashedReason,
   VirDomainPausedReason,
   VirDomainRunningReason,
@@ -106,4 +109,23 @@ Deno.test("isDomainActive() and isDomainDown() split the lifecycle states", () =
   assert.equal(isDomainActive(LifeCycle.Shutoff), false);
   assert.equal(isDomainDown(LifeCycle.Crashed), true);
   assert.equal(isDomainDown(LifeCycle.Running), false);
+});
+
+Deno.test("isDomainAlive() is false for no domain and for a Shutoff or Crashed one", () => {
+  const meta = { namespace: "d", name: "v", uid: "u" };
+  assert.equal(isDomainAlive(undefined), false);
+  for (const status of [LifeCycle.Shutoff, LifeCycle.Crashed]) {
+    assert.equal(
+      isDomainAlive(newDomain(meta, { status, reason: StateChangeReason.Unknown })),
+      false,
+      status,
+    );
+  }
+  for (const status of [LifeCycle.Running, LifeCycle.Paused, LifeCycle.Shutdown]) {
+    assert.equal(
+      isDomainAlive(newDomain(meta, { status, reason: StateChangeReason.Unknown })),
+      true,
+      status,
+    );
+  }
 });
