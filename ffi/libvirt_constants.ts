@@ -40,6 +40,17 @@ export const VIR_DOMAIN_EVENT_PMSUSPENDED = 7;
 /** `virDomainEventType`: crashed. */
 export const VIR_DOMAIN_EVENT_CRASHED = 8;
 
+/** `virDomainEventDefinedDetailType`: a new domain was defined. */
+export const VIR_DOMAIN_EVENT_DEFINED_ADDED = 0;
+/** `virDomainEventStartedDetailType`: started as an incoming migration. */
+export const VIR_DOMAIN_EVENT_STARTED_MIGRATED = 1;
+/** `virDomainEventSuspendedDetailType`: paused by the user or a job. */
+export const VIR_DOMAIN_EVENT_SUSPENDED_PAUSED = 0;
+/** `virDomainEventResumedDetailType`: resumed at the end of an incoming migration. */
+export const VIR_DOMAIN_EVENT_RESUMED_MIGRATED = 1;
+/** `virDomainEventCrashedDetailType`: the guest panicked. */
+export const VIR_DOMAIN_EVENT_CRASHED_PANICKED = 0;
+
 /** `virDomainEventID`: lifecycle. */
 export const VIR_DOMAIN_EVENT_ID_LIFECYCLE = 0;
 /** `virDomainEventID`: reboot. */

@@ -11,6 +11,7 @@
  * @module
  */
 
+import type { GuestOsInfo } from "../api/mod.ts";
 import { isDomainDown, LifeCycle, StateChangeReason } from "./status.ts";
 
 /** `kind` of a domain object. */
@@ -21,26 +22,6 @@ export const DOMAIN_API_VERSION = "1.2.2";
 export const GUEST_AGENT_CHANNEL = "org.qemu.guest_agent.0";
 /** libvirt's channel target state while a guest agent is listening on the channel. */
 export const CHANNEL_CONNECTED = "connected";
-
-/** Guest OS information the guest agent reports. */
-export interface DomainOsInfo {
-  /** The OS name, e.g. `Fedora Linux`. */
-  name?: string;
-  /** The kernel release, e.g. `6.8.5-301.fc40.x86_64`. */
-  kernelRelease?: string;
-  /** The OS version, e.g. `40 (Cloud Edition)`. */
-  version?: string;
-  /** The OS name and version for display, e.g. `Fedora Linux 40 (Cloud Edition)`. */
-  prettyName?: string;
-  /** The OS version ID, e.g. `40`. */
-  versionId?: string;
-  /** The kernel version string, as `uname -v` prints it. */
-  kernelVersion?: string;
-  /** The machine architecture, e.g. `x86_64`. */
-  machine?: string;
-  /** The OS ID, e.g. `fedora`. */
-  id?: string;
-}
 
 /** One guest network interface the guest agent reports. */
 export interface DomainInterfaceStatus {
@@ -167,7 +148,7 @@ export interface DomainStatus {
   /** Why the domain is in that state. */
   reason: StateChangeReason;
   /** The guest OS, as the guest agent reports it. */
-  osInfo?: DomainOsInfo;
+  osInfo?: GuestOsInfo;
   /** The guest's network interfaces, as the guest agent reports them. */
   interfaces?: DomainInterfaceStatus[];
   /** Whether the guest's filesystems are frozen, e.g. `frozen`. */
@@ -593,7 +574,7 @@ export function domainFromWire(raw: unknown): Domain {
   return domain;
 }
 
-function osInfoFromWire(info: Json): DomainOsInfo | undefined {
+function osInfoFromWire(info: Json): GuestOsInfo | undefined {
   const result = compact({
     name: optString(info.Name, "Status.OSInfo.Name"),
     kernelRelease: optString(info.KernelRelease, "Status.OSInfo.KernelRelease"),

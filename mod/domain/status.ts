@@ -202,6 +202,14 @@ export function reasonFromLibvirt(state: number, reason: number): StateChangeRea
   return table?.[reason] ?? StateChangeReason.Unknown;
 }
 
+/**
+ * The reason a STOPPED lifecycle event's detail gives. libvirt numbers the details of that
+ * event as its shutoff reasons less one (they have no "unknown"), so one table serves both.
+ */
+export function stoppedEventReason(detail: number): StateChangeReason {
+  return SHUTOFF_REASONS[detail + 1] ?? StateChangeReason.Unknown;
+}
+
 /** libvirt's `(state, reason)` pair as KubeVirt's `{status, reason}`. */
 export function domainStateFromLibvirt(state: number, reason: number): DomainState {
   return { status: lifeCycleFromLibvirt(state), reason: reasonFromLibvirt(state, reason) };

@@ -16,11 +16,16 @@ import {
   LIBVIRT_ERROR_CODES,
   LibvirtError,
 } from "../../ffi/mod.ts";
-import { isFinalPhase, type VirtualMachineInstance, vmiKey, VmiPhase } from "../api/mod.ts";
+import {
+  type GuestOsInfo,
+  isFinalPhase,
+  type VirtualMachineInstance,
+  vmiKey,
+  VmiPhase,
+} from "../api/mod.ts";
 import {
   type Domain,
   domainNameOf,
-  type DomainOsInfo,
   type DomainState,
   domainStateFromLibvirt,
   isDomainActive,
@@ -221,7 +226,7 @@ export class DomainManager {
    * carried in the domain's status (the handler's `status.guestOSInfo` and
    * `status.fsFreezeStatus` follow it), as KubeVirt's launcher carries its agent poller's.
    */
-  #agentInfo: { osInfo?: DomainOsInfo; fsFreezeStatus?: string } = {};
+  #agentInfo: { osInfo?: GuestOsInfo; fsFreezeStatus?: string } = {};
   /** Hears of a change of what the launcher adds to the domain (the instance re-sends it). */
   #onChange: () => void = () => {};
   /** The live migration from here, once one was asked for. */

@@ -5,7 +5,15 @@
  * @module
  */
 
-import type { DomainEvent } from "../../ffi/mod.ts";
+import {
+  type DomainEvent,
+  VIR_DOMAIN_EVENT_CRASHED,
+  VIR_DOMAIN_EVENT_CRASHED_PANICKED,
+  VIR_DOMAIN_EVENT_DEFINED,
+  VIR_DOMAIN_EVENT_DEFINED_ADDED,
+  VIR_DOMAIN_EVENT_STOPPED,
+  VIR_DOMAIN_EVENT_UNDEFINED,
+} from "../../ffi/mod.ts";
 import {
   type Domain,
   type DomainState,
@@ -13,6 +21,7 @@ import {
   isDomainDown,
   LifeCycle,
   StateChangeReason,
+  stoppedEventReason,
 } from "../domain/mod.ts";
 import { DomainEventType } from "../proto/mod.ts";
 import { getLogger } from "../log/mod.ts";
@@ -47,34 +56,21 @@ export const NO_SINK: EventSink = {
   close: () => {},
 };
 
-// libvirt's virDomainEventType and the STOPPED / CRASHED details.
-const EVENT_DEFINED = 0;
-const EVENT_UNDEFINED = 1;
-const EVENT_STOPPED = 5;
-const EVENT_CRASHED = 8;
-const STOPPED_REASONS: readonly StateChangeReason[] = [
-  StateChangeReason.Shutdown,
-  StateChangeReason.Destroyed,
-  StateChangeReason.Crashed,
-  StateChangeReason.Migrated,
-  StateChangeReason.Saved,
-  StateChangeReason.Failed,
-  StateChangeReason.FromSnapshot,
-];
-
 /** The state an event itself proves, when later queries might already see a newer one. */
 function stateFromEvent(event: DomainEvent): DomainState | undefined {
   if (event.type !== "lifecycle") return undefined;
-  if (event.event === EVENT_STOPPED) {
+  if (event.event === VIR_DOMAIN_EVENT_STOPPED) {
     return {
       status: LifeCycle.Shutoff,
-      reason: STOPPED_REASONS[event.detail] ?? StateChangeReason.Unknown,
+      reason: stoppedEventReason(event.detail),
     };
   }
-  if (event.event === EVENT_CRASHED) {
+  if (event.event === VIR_DOMAIN_EVENT_CRASHED) {
     return {
       status: LifeCycle.Crashed,
-      reason: event.detail === 0 ? StateChangeReason.Panicked : StateChangeReason.Unknown,
+      reason: event.detail === VIR_DOMAIN_EVENT_CRASHED_PANICKED
+        ? StateChangeReason.Panicked
+        : StateChangeReason.Unknown,
     };
   }
   return undefined;
@@ -327,10 +323,13 @@ export class EventForwarder {
     let type: DomainEventType = DomainEventType.Modified;
     if (!domain) {
       domain = this.#manager.nonExistentDomain();
-      if (event?.type === "lifecycle" && event.event === EVENT_UNDEFINED) {
+      if (event?.type === "lifecycle" && event.event === VIR_DOMAIN_EVENT_UNDEFINED) {
         type = DomainEventType.Deleted;
       }
-    } else if (event?.type === "lifecycle" && event.event === EVENT_DEFINED && event.detail === 0) {
+    } else if (
+      event?.type === "lifecycle" && event.event === VIR_DOMAIN_EVENT_DEFINED &&
+      event.detail === VIR_DOMAIN_EVENT_DEFINED_ADDED
+    ) {
       type = DomainEventType.Added;
     }
     // An event of another's domain under our name (pod-less mode shares the host's

@@ -8,20 +8,22 @@
  *
  * @module
  */
-import type { Domain as LibvirtDomain, DomainEvent } from "../../ffi/mod.ts";
+import {
+  type Domain as LibvirtDomain,
+  type DomainEvent,
+  VIR_DOMAIN_EVENT_RESUMED,
+  VIR_DOMAIN_EVENT_RESUMED_MIGRATED,
+  VIR_DOMAIN_EVENT_STARTED,
+  VIR_DOMAIN_EVENT_STARTED_MIGRATED,
+  VIR_DOMAIN_EVENT_SUSPENDED,
+  VIR_DOMAIN_EVENT_SUSPENDED_PAUSED,
+} from "../../ffi/mod.ts";
 import { kubeTime } from "../api/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import type { MigrationMetadata } from "./migration_source.ts";
 
 const log = getLogger("launcher", "migration");
 
-/** libvirt's lifecycle event numbers and details this module reads. */
-const EVENT_STARTED = 2;
-const EVENT_SUSPENDED = 3;
-const EVENT_RESUMED = 4;
-const STARTED_MIGRATED = 1;
-const SUSPENDED_PAUSED = 0;
-const RESUMED_MIGRATED = 1;
 /** `VIR_DOMAIN_JOB_OPERATION_MIGRATION_IN`. */
 const JOB_OPERATION_MIGRATION_IN = 4;
 /** `VIR_DOMAIN_JOB_NONE`. */
@@ -35,14 +37,16 @@ const RETRY_DELAYS_MS = [1_000, 2_000, 3_000];
 /** Whether an event tells that the incoming migration handed the guest over. */
 export function endsIncomingMigration(event: DomainEvent): boolean {
   if (event.type !== "lifecycle") return false;
-  return (event.event === EVENT_RESUMED && event.detail === RESUMED_MIGRATED) ||
-    (event.event === EVENT_SUSPENDED && event.detail === SUSPENDED_PAUSED);
+  return (event.event === VIR_DOMAIN_EVENT_RESUMED &&
+    event.detail === VIR_DOMAIN_EVENT_RESUMED_MIGRATED) ||
+    (event.event === VIR_DOMAIN_EVENT_SUSPENDED &&
+      event.detail === VIR_DOMAIN_EVENT_SUSPENDED_PAUSED);
 }
 
 /** Whether an event tells that the incoming migration's domain started here. */
 export function startsIncomingMigration(event: DomainEvent): boolean {
-  return event.type === "lifecycle" && event.event === EVENT_STARTED &&
-    event.detail === STARTED_MIGRATED;
+  return event.type === "lifecycle" && event.event === VIR_DOMAIN_EVENT_STARTED &&
+    event.detail === VIR_DOMAIN_EVENT_STARTED_MIGRATED;
 }
 
 /** The migration a target launcher takes in; see the module doc. */

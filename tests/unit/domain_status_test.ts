@@ -9,6 +9,7 @@ import {
   newDomain,
   reasonFromLibvirt,
   StateChangeReason,
+  stoppedEventReason,
   VirDomainCrashedReason,
   VirDomainPausedReason,
   VirDomainRunningReason,
@@ -128,4 +129,13 @@ Deno.test("isDomainAlive() is false for no domain and for a Shutoff or Crashed o
       status,
     );
   }
+});
+
+Deno.test("stoppedEventReason() reads a STOPPED event's detail as the shutoff reason it is", () => {
+  // libvirt numbers the stopped details as its shutoff reasons less one.
+  assert.equal(stoppedEventReason(0), StateChangeReason.Shutdown);
+  assert.equal(stoppedEventReason(1), StateChangeReason.Destroyed);
+  assert.equal(stoppedEventReason(3), StateChangeReason.Migrated);
+  assert.equal(stoppedEventReason(6), StateChangeReason.FromSnapshot);
+  assert.equal(stoppedEventReason(42), StateChangeReason.Unknown);
 });
