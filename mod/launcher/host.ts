@@ -62,6 +62,7 @@ import {
 } from "./host_protocol/mod.ts";
 
 import { grantKvm, type QemuUser, qemuUserOfCapabilities } from "./qemu_user.ts";
+import { removeIfPresent } from "../lifecycle/mod.ts";
 
 const log = getLogger("launcher", "host");
 
@@ -391,8 +392,8 @@ export class LauncherHost {
         await this.#reap({ namespace: vmi.namespace, name: vmi.name, uid });
         await this.#removeQemuLogs(domainNameOf(vmi.namespace, vmi.name));
       }
-      await Deno.remove(this.#specFile(uid)).catch(() => {});
-      await Deno.remove(this.#exitFile(uid)).catch(() => {});
+      await removeIfPresent(this.#specFile(uid));
+      await removeIfPresent(this.#exitFile(uid));
       return;
     }
     hosted.stopping ??= (async () => {
@@ -408,8 +409,13 @@ export class LauncherHost {
         await this.#reap(hosted.spec);
       }
       await this.#removeQemuLogs(domainNameOf(hosted.spec.namespace, hosted.spec.name));
-      await Deno.remove(this.#specFile(uid)).catch(() => {});
-      await Deno.remove(this.#exitFile(uid)).catch(() => {});
+      // The VM is stopped: it is forgotten either way. A spec file left behind is read
+      // again when the host restarts, so it is reported.
+      for (const file of [this.#specFile(uid), this.#exitFile(uid)]) {
+        await removeIfPresent(file).catch((error) =>
+          log.warn("Cannot remove {file}: {error}", { uid, file, error })
+        );
+      }
       this.#vms.delete(uid);
       log.info("Launcher stopped", { uid });
     })();
@@ -466,7 +472,7 @@ export class LauncherHost {
   /** Serves the control socket until `signal` aborts. */
   async serveControl(signal: AbortSignal, onListening?: () => void): Promise<void> {
     const path = this.controlSocket;
-    await Deno.remove(path).catch(() => {});
+    await removeIfPresent(path);
     const listener = Deno.listen({ transport: "unix", path });
     await Deno.chmod(path, 0o600);
     onListening?.();

@@ -55,6 +55,7 @@ import { type VirtualMachineInstance, vmiKey } from "../../api/mod.ts";
 import { getLogger } from "../../log/mod.ts";
 import { DISK_IMAGE, isHotplugVolume, QEMU_USER } from "../../storage/mod.ts";
 import { type DeviceRule, LAUNCHER_DEVICE_RULES, setDeviceRules } from "./device_cgroup_v2.ts";
+import { removeIfPresent } from "../../lifecycle/mod.ts";
 
 const log = getLogger("handler", "hotplug");
 
@@ -181,7 +182,7 @@ export class HotplugMounts {
   async #write(uid: string, record: HotplugRecord): Promise<void> {
     if (record.volumes.length === 0) {
       this.#records.delete(uid);
-      await Deno.remove(this.#path(uid)).catch(() => {});
+      await removeIfPresent(this.#path(uid));
       return;
     }
     await writeFileDurably(this.#path(uid), JSON.stringify(record), {
@@ -364,7 +365,12 @@ export class HotplugMounts {
       return;
     }
     try {
-      for (const v of files) await Deno.remove(`${dir.path}/${v}.img`).catch(() => {});
+      for (const v of files) {
+        // Unmounted already: an empty mount point left in the launcher's dir is harmless.
+        await removeIfPresent(`${dir.path}/${v}.img`).catch((error) =>
+          log.warn("Cannot remove the hotplug mount point {volume}: {error}", { volume: v, error })
+        );
+      }
     } finally {
       dir.release();
     }
