@@ -52,6 +52,7 @@ async function removeLeftover(path: string, options?: Deno.RemoveOptions): Promi
     console.warn(`cannot remove ${path}: ${error}`)
   );
 }
+
 /** The pods' sandbox image. */
 export const PAUSE_IMAGE = "virtnode.local/pause:1";
 const CNI_BIN_DIR = "/usr/lib/cni";
