@@ -135,7 +135,14 @@ export class LauncherHost {
       vmi: { namespace: "", name: "launcher-host", uid: "" },
       onRestored: async () => {
         await Promise.all(
-          [...this.#vms.values()].map((h) => h.instance?.resync().catch(() => {})),
+          [...this.#vms.values()].map((h) =>
+            h.instance?.resync().catch((error) =>
+              log.warn("Cannot resync {uid} after reconnecting: {error}", {
+                uid: h.spec.uid,
+                error,
+              })
+            )
+          ),
         );
       },
     });
@@ -190,6 +197,7 @@ export class LauncherHost {
         specs.push(checkHostedVmSpec(JSON.parse(await Deno.readTextFile(file))));
       } catch (error) {
         log.error("Launcher spec set aside: {error}", { file, error: String(error) });
+        // Logged above; a spec left in place fails, and is logged, again at the next start.
         await Deno.rename(file, `${file}.bad`).catch(() => {});
       }
     }
@@ -200,6 +208,7 @@ export class LauncherHost {
   }
 
   async #adopt(spec: HostedVmSpec): Promise<void> {
+    // No exit file (the usual reason it cannot be read): the VM has not ended, and is adopted.
     const exit = await Deno.readTextFile(this.#exitFile(spec.uid)).catch(() => undefined);
     if (exit !== undefined) {
       let code = 1;
@@ -374,7 +383,12 @@ export class LauncherHost {
     if (this.#byDomain.get(instance.domainName) === instance) {
       this.#byDomain.delete(instance.domainName);
     }
-    await instance.close().catch(() => {});
+    await instance.close().catch((error) =>
+      log.warn("Cannot close the launcher instance {domain}: {error}", {
+        domain: instance.domainName,
+        error,
+      })
+    );
   }
 
   /**
@@ -397,6 +411,7 @@ export class LauncherHost {
       return;
     }
     hosted.stopping ??= (async () => {
+      // start()'s failure went to its caller; stopping goes on either way.
       await hosted.started.catch(() => {});
       const instance = hosted.instance;
       if (instance) {
@@ -563,12 +578,20 @@ export class LauncherHost {
   /** Lets go of libvirt and the notify client; guests and socket files stay. */
   async close(): Promise<void> {
     await Promise.all(
-      [...this.#vms.values()].map((h) => h.instance?.close({ keepSocket: true }).catch(() => {})),
+      [...this.#vms.values()].map((h) =>
+        h.instance?.close({ keepSocket: true }).catch((error) =>
+          log.warn("Cannot close the launcher instance of {uid}: {error}", {
+            uid: h.spec.uid,
+            error,
+          })
+        )
+      ),
     );
     this.#sink.close();
     await this.#dhcp.close();
     this.#netns.close();
     await this.#keeper.stop();
+    // The host is closing: the connection ends with it, and guests keep running.
     await this.#conn.close().catch(() => {});
   }
 }

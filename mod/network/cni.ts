@@ -214,6 +214,7 @@ export class PodlessNetworks {
     const netns = this.netnsPath(uid);
     const pinned = await isPinned(netns);
     await this.#plugin("DEL", "bridge", uid, pinned ? netns : undefined);
+    // The loopback plugin holds nothing outside the namespace, which goes next.
     if (pinned) await this.#plugin("DEL", "loopback", uid, netns).catch(() => {});
     await this.#o.runner.run(undefined, [{ op: "remove", path: netns }]);
     await removeIfPresent(this.#resultFile(uid));

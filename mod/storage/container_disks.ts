@@ -76,6 +76,7 @@ async function sha256Hex(text: string): Promise<string> {
 }
 
 async function kind(path: string): Promise<"file" | "dir" | undefined> {
+  // Not there or not readable: either way no disk to use at this path.
   const stat = await Deno.stat(path).catch(() => undefined);
   return stat?.isFile ? "file" : stat?.isDirectory ? "dir" : undefined;
 }

@@ -528,7 +528,7 @@ export class PodlessLaunchers implements LauncherProvider {
         ms: backoff,
         hostLog: this.hostLog,
       });
-      await sleep(backoff, signal).catch(() => {});
+      await sleep(backoff, signal);
       backoff = Math.min(backoff * 2, 30_000);
     }
     await this.#client?.close();
@@ -636,7 +636,7 @@ export class PodlessLaunchers implements LauncherProvider {
         });
       } catch {
         if ((await this.#spawner.alivePid(this.hostId)) === undefined) return undefined;
-        await sleep(50, signal).catch(() => {});
+        await sleep(50, signal);
       }
     }
     return undefined;

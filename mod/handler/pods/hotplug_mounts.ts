@@ -237,8 +237,15 @@ export class HotplugMounts {
             hotplugged: Object.values(record.devices ?? {}),
           });
         } catch (error) {
+          // The mount's own error is thrown below; one left mounted is logged.
           await this.#unmountVolumes(launcherPid, [volume], launcherStart, record.devices)
-            .catch(() => {});
+            .catch((undoError) =>
+              log.warn("Cannot undo the hotplug mount of {volume}: {error}", {
+                uid,
+                volume,
+                error: undoError,
+              })
+            );
           const { [volume]: _, ...devices } = record.devices ?? {};
           record = { ...record, volumes: record.volumes.filter((v) => v !== volume), devices };
           await this.#write(uid, record);
@@ -274,7 +281,14 @@ export class HotplugMounts {
         }
       } catch (error) {
         record = { ...record, volumes: record.volumes.filter((v) => v !== volume) };
-        await this.#unmountVolumes(launcherPid, [volume]).catch(() => {});
+        // The mount's own error is thrown below; one left mounted is logged.
+        await this.#unmountVolumes(launcherPid, [volume]).catch((undoError) =>
+          log.warn("Cannot undo the hotplug mount of {volume}: {error}", {
+            uid,
+            volume,
+            error: undoError,
+          })
+        );
         await this.#write(uid, record);
         throw new HotplugMountError(key, volume, String(error), { cause: error });
       }
