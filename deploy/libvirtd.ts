@@ -14,7 +14,7 @@ import {
   processStartTime,
   SIGTERM,
 } from "../ffi/mod.ts";
-import { sleep } from "../mod/lifecycle/mod.ts";
+import { removeIfPresent, sleep } from "../mod/lifecycle/mod.ts";
 
 /** The URI of the system libvirtd that {@linkcode ensureLibvirtd} starts. */
 export const QEMU_SYSTEM_URI = "qemu:///system";
@@ -131,7 +131,7 @@ export async function prepareLibvirtd(): Promise<PreparedLibvirtd> {
       if (logd) await stopDaemon(logd);
       if (!changedQemuConf) return;
       if (hadConf) await Deno.writeTextFile(QEMU_CONF, conf);
-      else await Deno.remove(QEMU_CONF).catch(() => {});
+      else await removeIfPresent(QEMU_CONF);
     },
   };
 }

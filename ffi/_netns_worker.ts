@@ -58,8 +58,10 @@ async function perform(netns: string | undefined, step: NetnsStep): Promise<Netn
         }).spawn());
       if (step.stdin !== undefined) {
         const writer = child.stdin.getWriter();
+        // A child that exits without reading its stdin closes the pipe; its exit status and
+        // stderr, below, tell what went wrong.
         await writer.write(new TextEncoder().encode(step.stdin)).catch(() => {});
-        await writer.close().catch(() => {});
+        await writer.close().catch(() => {}); // Fails only on a pipe closed already, as above.
       }
       const out = await child.output();
       return {

@@ -61,6 +61,7 @@ export function writeFileDurably(
 ): Promise<void> {
   const previous = pending.get(path) ?? Promise.resolve();
   const write = previous.then(() => writeNow(path, data, options));
+  // The caller gets the error through write; settled only orders the next write to the path.
   const settled = write.catch(() => {});
   pending.set(path, settled);
   settled.then(() => {

@@ -623,6 +623,7 @@ export class Connection {
       await conn.#connect();
       return conn;
     } catch (error) {
+      // The connect error is what the caller must see; this frees what the half-made connection holds.
       await conn.#shutdown().catch(() => {});
       throw error;
     }

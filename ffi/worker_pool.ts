@@ -389,6 +389,7 @@ export class WorkerPool<Ops extends CallOps<Ops> = Record<string, (...args: any[
       this.#retireTimers.delete(worker);
       if (worker.load > 0 || this.#workers.length <= this.#min) return;
       this.#drop(worker);
+      // The worker is terminated either way, which frees whatever retiring it did not.
       (this.#retire?.(worker) ?? Promise.resolve()).catch(() => {}).finally(() =>
         worker.terminate()
       );

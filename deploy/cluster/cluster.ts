@@ -21,6 +21,7 @@ import {
   waitUntil,
 } from "./processes.ts";
 import { errorText } from "../../ffi/mod.ts";
+import { removeIfPresent } from "../../mod/lifecycle/mod.ts";
 
 export { ClusterError };
 
@@ -705,7 +706,12 @@ async function removeOrphanedDirs(tempDir: string): Promise<void> {
     // No owner file: a cluster still being created, or not ours to judge.
     if (!/^\d+\s*$/.test(owner)) continue;
     const ownerAlive = await Deno.stat(`/proc/${owner.trim()}`).then(() => true, () => false);
-    if (!ownerAlive) await Deno.remove(dir, { recursive: true }).catch(() => {});
+    // Best effort: another run retries, and this cluster does not need the space.
+    if (!ownerAlive) {
+      await removeIfPresent(dir, { recursive: true }).catch((error) =>
+        console.warn(`cannot remove the orphaned ${dir}: ${error}`)
+      );
+    }
   }
 }
 

@@ -21,6 +21,7 @@ import { freePorts, type Managed, spawnManaged, terminate } from "../cluster/pro
 import { kubectl } from "./daemonsets.ts";
 import { CLUSTER_DOMAIN } from "./node.ts";
 import { Informer, type KubeObject, loadKubeClient } from "../../mod/kube/mod.ts";
+import { removeIfPresent } from "../../mod/lifecycle/mod.ts";
 
 interface Service extends KubeObject {
   spec?: { clusterIP?: string; clusterIPs?: string[] };
@@ -89,7 +90,10 @@ export async function startClusterDns(cluster: Cluster): Promise<ClusterDns> {
       "endpointslice/kube-dns-host",
     ]).catch(() => {});
     if (dnsmasq) await terminate(dnsmasq);
-    await Deno.remove(dir, { recursive: true }).catch(() => {});
+    // Stopping goes on either way; what is left is reported.
+    await removeIfPresent(dir, { recursive: true }).catch((error) =>
+      console.warn(`cluster DNS: cannot remove ${dir}: ${error}`)
+    );
   };
   try {
     dnsmasq = await spawnManaged("dnsmasq", "dnsmasq", [

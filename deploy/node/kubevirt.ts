@@ -16,6 +16,7 @@
  */
 import { join } from "node:path";
 import { kvmUsable } from "../../mod/host/mod.ts";
+import { removeIfPresent } from "../../mod/lifecycle/mod.ts";
 import {
   type Cluster,
   CONTROLLER_SERVICE_ACCOUNT,
@@ -119,7 +120,10 @@ export async function startKubevirt(
   const processes: Managed[] = [];
   const stop = async () => {
     for (const p of processes.splice(0).reverse()) await terminate(p);
-    await Deno.remove(dir, { recursive: true }).catch(() => {});
+    // Stopping goes on either way; what is left is reported.
+    await removeIfPresent(dir, { recursive: true }).catch((error) =>
+      console.warn(`cannot remove ${dir}: ${error}`)
+    );
   };
   try {
     await kubectl(cluster, ["create", "namespace", KUBEVIRT_NAMESPACE]).catch((error) => {

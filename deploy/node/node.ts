@@ -39,8 +39,20 @@ import {
   terminate,
   waitUntil,
 } from "../cluster/processes.ts";
+import { removeIfPresent } from "../../mod/lifecycle/mod.ts";
 
 const BUILD_SCRIPT = new URL("./build.sh", import.meta.url).pathname;
+
+/**
+ * Removes what a stopping node leaves behind; one path that cannot be removed (busy, still
+ * mounted) is reported and the teardown goes on with the rest.
+ */
+async function removeLeftover(path: string, options?: Deno.RemoveOptions): Promise<void> {
+  await removeIfPresent(path, options).catch((error) =>
+    console.warn(`cannot remove ${path}: ${error}`)
+  );
+}
+
 /** The pods' sandbox image. */
 export const PAUSE_IMAGE = "virtnode.local/pause:1";
 const CNI_BIN_DIR = "/usr/lib/cni";
@@ -306,14 +318,14 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
     }
     for (const { netns } of sandboxes) {
       await run("umount", [netns]).catch(() => {});
-      await Deno.remove(netns).catch(() => {});
+      await removeLeftover(netns);
     }
     if (sandboxes.length > 0) {
       // `<network>-<sandbox id>-<interface>`, one per network the sandbox was attached to.
       const cached = await Array.fromAsync(Deno.readDir(CNI_RESULTS)).catch(() => []);
       for (const { name } of cached) {
         if (sandboxes.some(({ id }) => name.includes(`-${id}-`))) {
-          await Deno.remove(join(CNI_RESULTS, name)).catch(() => {});
+          await removeLeftover(join(CNI_RESULTS, name));
         }
       }
     }
@@ -334,16 +346,16 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
     const mounts = (await Deno.readTextFile("/proc/self/mountinfo")).split("\n")
       .map((l) => l.split(" ")[4]).filter((m) => m?.startsWith(dir)).sort().reverse();
     for (const m of mounts) await run("umount", ["-l", m]).catch(() => {});
-    await Deno.remove(dir, { recursive: true }).catch(() => {});
-    if (!isolated) await Deno.remove(join(DEVICE_PLUGINS_DIR, "kubelet.sock")).catch(() => {});
+    await removeLeftover(dir, { recursive: true });
+    if (!isolated) await removeLeftover(join(DEVICE_PLUGINS_DIR, "kubelet.sock"));
     for (const path of created) {
-      if (path) await Deno.remove(path, { recursive: true }).catch(() => {});
+      if (path) await removeLeftover(path, { recursive: true });
     }
     const shared = await host;
     if (--shared.nodes === 0) {
       if (kubeletHost === host) kubeletHost = undefined;
       if (!shared.hadChains) await removeKubeChains();
-      if (shared.logDir) await Deno.remove(shared.logDir, { recursive: true }).catch(() => {});
+      if (shared.logDir) await removeLeftover(shared.logDir, { recursive: true });
     }
   };
 
@@ -776,7 +788,10 @@ async function cachedImage(
     await build(staging);
     await Deno.rename(staging, dir);
   } catch (error) {
-    await Deno.remove(staging, { recursive: true }).catch(() => {});
+    // The build's own error is what matters here; a staging dir left behind is reported.
+    await removeIfPresent(staging, { recursive: true }).catch((error) =>
+      console.warn(`cannot remove ${staging}: ${error}`)
+    );
     if (!await built()) throw error;
   }
   return archive;

@@ -9,6 +9,7 @@
  * @module
  */
 import { join } from "node:path";
+import { removeIfPresent } from "../../mod/lifecycle/mod.ts";
 
 /** What goes into an image. */
 export interface ImageSpec {
@@ -135,6 +136,9 @@ export async function buildImageArchive(spec: ImageSpec, archive: string): Promi
     ]);
     return manifest.digest;
   } finally {
-    await Deno.remove(layout, { recursive: true }).catch(() => {});
+    // In a finally, where a throw would hide the build's own error: only reported.
+    await removeIfPresent(layout, { recursive: true }).catch((error) =>
+      console.warn(`cannot remove ${layout}: ${error}`)
+    );
   }
 }

@@ -30,6 +30,7 @@
  */
 import { join } from "node:path";
 import { kvmUsable } from "../../mod/host/mod.ts";
+import { removeIfPresent } from "../../mod/lifecycle/mod.ts";
 import { type Cluster, KUBEVIRT_NAMESPACE } from "../cluster/cluster.ts";
 import { buildKubevirt } from "../cluster/cluster.ts";
 import { kubectl } from "./daemonsets.ts";
@@ -122,7 +123,10 @@ async function programImage(
     await Deno.remove(root, { recursive: true });
     await Deno.rename(staging, dir);
   } catch (error) {
-    await Deno.remove(staging, { recursive: true }).catch(() => {});
+    // The build's own error is what matters here; a staging dir left behind is reported.
+    await removeIfPresent(staging, { recursive: true }).catch((error) =>
+      console.warn(`cannot remove ${staging}: ${error}`)
+    );
     try {
       await Deno.stat(archive);
     } catch {

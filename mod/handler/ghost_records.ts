@@ -23,6 +23,7 @@ import {
   writeFileDurably,
 } from "../../ffi/mod.ts";
 import { getLogger } from "../log/mod.ts";
+import { removeIfPresent } from "../lifecycle/mod.ts";
 
 const log = getLogger("handler", "ghost-records");
 
@@ -108,8 +109,11 @@ export class GhostRecordStore {
       if (entry.name === SET_ASIDE_DIR) continue;
       const file = join(this.#dir, entry.name);
       if (entry.name.startsWith(TEMP_FILE_PREFIX)) {
-        // A write that never finished its rename: nothing was promised by it.
-        await Deno.remove(file).catch(() => {});
+        // A write that never finished its rename: nothing was promised by it, so one that
+        // cannot be removed is only reported, and loading goes on.
+        await removeIfPresent(file).catch((error) =>
+          log.warn("Cannot remove the unfinished record {file}: {error}", { file, error })
+        );
         continue;
       }
       let reason: string | undefined;

@@ -81,7 +81,7 @@ export class HealthStatus {
             await this.#readVersion();
           } catch (error) {
             log.debug("Cannot read the apiserver's version yet: {error}", { error });
-            await sleep(VERSION_RETRY_MS, signal).catch(() => {});
+            await sleep(VERSION_RETRY_MS, signal);
           }
         }
       }),

@@ -40,7 +40,7 @@ import {
   type VMIRequest,
 } from "../proto/mod.ts";
 import { writeFileDurably } from "../../ffi/mod.ts";
-import { every } from "../lifecycle/mod.ts";
+import { every, removeIfPresent } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
 
 const log = getLogger("handler", "launcher-clients");
@@ -677,7 +677,7 @@ export class LauncherClients {
   async forgetMark(uid: string): Promise<void> {
     this.#early.delete(uid);
     const marker = this.#marker(uid);
-    if (marker) await Deno.remove(marker).catch(() => {});
+    if (marker) await removeIfPresent(marker);
   }
 
   /** One monitor round: ping every launcher whose socket exists. */

@@ -19,7 +19,7 @@ import {
   SUPPORTED_NOTIFY_VERSIONS,
   unixTarget,
 } from "../proto/mod.ts";
-import { aborted } from "../lifecycle/mod.ts";
+import { aborted, removeIfPresent } from "../lifecycle/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import { errorText } from "../../ffi/mod.ts";
 
@@ -272,7 +272,7 @@ export class NotifyServer {
     server.addService(notifyInfoService(), implementation.info);
     const dir = socketPath.slice(0, socketPath.lastIndexOf("/")) || "/";
     await Deno.mkdir(dir, { recursive: true, mode: 0o755 });
-    await Deno.remove(socketPath).catch(() => {});
+    await removeIfPresent(socketPath);
     await new Promise<void>((resolve, reject) => {
       server.bindAsync(unixTarget(socketPath), grpc.ServerCredentials.createInsecure(), (err) => {
         if (err) reject(new Error(`Cannot bind notify socket "${socketPath}"`, { cause: err }));
@@ -300,6 +300,9 @@ export class NotifyServer {
         resolve();
       });
     });
-    await Deno.remove(this.socketPath).catch(() => {});
+    // Shutting down: a socket left behind is replaced by the next start().
+    await removeIfPresent(this.socketPath).catch((error) =>
+      log.warn("Cannot remove the notify socket {path}: {error}", { path: this.socketPath, error })
+    );
   }
 }

@@ -119,10 +119,12 @@ export class EventRecorder {
     // One request per key at a time: a repeat that comes while the first Event is still
     // being created must patch it, not create a second one.
     const before = this.#inFlight.get(key);
+    // The earlier Event's failure went to its own caller; this one only waits its turn.
     const recorded = (before ? before.catch(() => {}) : Promise.resolve()).then(() =>
       this.#recordNow(key, object, namespace, type, reason, message)
     );
     this.#inFlight.set(key, recorded);
+    // Only to clear the entry: the caller gets the error through recorded.
     recorded.catch(() => {}).finally(() => {
       if (this.#inFlight.get(key) === recorded) this.#inFlight.delete(key);
     });

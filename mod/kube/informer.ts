@@ -515,6 +515,7 @@ export async function* jsonLines(
   signal?: AbortSignal,
 ): AsyncGenerator<string> {
   const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+  // The stream may already be closed or errored; cancel() only frees it.
   const cancel = () => reader.cancel().catch(() => {});
   signal?.addEventListener("abort", cancel, { once: true });
   if (signal?.aborted) cancel();
@@ -549,6 +550,7 @@ export async function* jsonLines(
     if (rest) yield rest;
   } finally {
     signal?.removeEventListener("abort", cancel);
+    // The stream may already be closed or errored; cancel() only frees it.
     await reader.cancel().catch(() => {});
   }
 }

@@ -34,6 +34,7 @@ import {
 import type { DomainManager } from "./domain_manager.ts";
 import { getLogger } from "../log/mod.ts";
 import { errorText } from "../../ffi/mod.ts";
+import { removeIfPresent } from "../lifecycle/mod.ts";
 
 const log = getLogger("launcher", "cmd-server");
 
@@ -282,14 +283,6 @@ function buildHandlers(backend: CmdBackend): Record<string, Handler> {
   return handlers;
 }
 
-async function removeIfExists(path: string): Promise<void> {
-  try {
-    await Deno.remove(path);
-  } catch (error) {
-    if (!(error instanceof Deno.errors.NotFound)) throw error;
-  }
-}
-
 /** A running cmd server. */
 export class CmdServer {
   /** Directory of the sockets. */
@@ -317,8 +310,8 @@ export class CmdServer {
     const path = launcherInitSocketPath(options.socketDir);
     try {
       await Deno.mkdir(options.socketDir, { recursive: true, mode: 0o755 });
-      await removeIfExists(path);
-      if (!options.replaceReady) await removeIfExists(launcherSocketPath(options.socketDir));
+      await removeIfPresent(path);
+      if (!options.replaceReady) await removeIfPresent(launcherSocketPath(options.socketDir));
     } catch (error) {
       throw new CmdServerError(path, errorText(error), { cause: error });
     }
@@ -339,7 +332,10 @@ export class CmdServer {
       await Deno.chmod(path, 0o600);
     } catch (error) {
       server.forceShutdown();
-      await removeIfExists(path).catch(() => {});
+      // The bind's own error is what the caller must see; this one is only logged.
+      await removeIfPresent(path).catch((removeError) =>
+        log.warn("Cannot remove the cmd socket {path}: {error}", { path, error: removeError })
+      );
       throw new CmdServerError(path, errorText(error), { cause: error });
     }
     log.info("Cmd server listening", { socket: path });
@@ -382,6 +378,10 @@ export class CmdServer {
         resolve();
       });
     });
-    if (!options.keepSocket) await removeIfExists(this.#path).catch(() => {});
+    if (options.keepSocket) return;
+    // Stopping goes on either way: a socket left behind is replaced by the next start().
+    await removeIfPresent(this.#path).catch((error) =>
+      log.warn("Cannot remove the cmd socket {path}: {error}", { path: this.#path, error })
+    );
   }
 }

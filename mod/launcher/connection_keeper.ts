@@ -135,6 +135,7 @@ export class ConnectionKeeper {
     this.#stopped = true;
     this.#offClose();
     for (const waiter of [...this.#waiters]) waiter(false);
+    // #reconnect() logs its own failures; stop() only waits for it to end.
     await this.#loop?.catch(() => {});
   }
 

@@ -26,6 +26,7 @@ import { confinePath, confineToNamespace, namespaceRoot, PathEscapeError } from 
 import { writeIso } from "./iso.ts";
 import type { IsoTool } from "./iso.ts";
 import { runCommand } from "./_process.ts";
+import { removeIfPresent } from "../lifecycle/mod.ts";
 
 /** Where the preparation step finds inputs and puts what it creates. */
 export interface PrepareOptions {
@@ -167,7 +168,7 @@ class Preparer {
   ): Promise<void> {
     if (await exists(target)) return;
     const partial = `${target}.partial`;
-    await Deno.remove(partial).catch(() => {});
+    await removeIfPresent(partial);
     await create(partial);
     try {
       await Deno.rename(partial, target);

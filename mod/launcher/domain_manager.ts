@@ -347,6 +347,7 @@ export class DomainManager {
         throw new LauncherCommandError(action, this.vmiKey, detail(error), { cause: error });
       }
     });
+    // The caller gets the error through result; the lock only orders the commands.
     this.#lock = result.catch(() => {});
     return result;
   }

@@ -185,7 +185,10 @@ export class EventForwarder {
       if (await this.#manager.refreshAgentInfo()) await this.#forward(undefined);
       else await this.#followAgent(await this.#manager.getDomain());
     });
-    this.#chain = run.catch(() => {});
+    // refreshAgent() returns the chain, so a failure would go unseen without this.
+    this.#chain = run.catch((error) =>
+      log.warn("Cannot refresh the guest agent's info: {error}", { error })
+    );
     return this.#chain;
   }
 
@@ -273,6 +276,7 @@ export class EventForwarder {
           was: last ? `${last.status}/${last.reason}` : "unknown",
         },
       );
+      // The notify client logs what it cannot deliver.
       this.#sink.sendDomainEvent(DomainEventType.Modified, domain).catch(() => {});
       this.#last = { type: DomainEventType.Modified, state };
       for (const waiter of [...this.#waiters]) waiter();
@@ -280,6 +284,7 @@ export class EventForwarder {
         this.#onDown(state);
       }
     });
+    // The caller gets the error through run; the chain only orders the work.
     this.#chain = run.catch(() => {});
     return run;
   }

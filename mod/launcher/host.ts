@@ -63,6 +63,7 @@ import {
 } from "./host_protocol/mod.ts";
 
 import { grantKvm, type QemuUser, qemuUserOfCapabilities } from "./qemu_user.ts";
+import { removeIfPresent } from "../lifecycle/mod.ts";
 
 const log = getLogger("launcher", "host");
 
@@ -135,7 +136,14 @@ export class LauncherHost {
       vmi: { namespace: "", name: "launcher-host", uid: "" },
       onRestored: async () => {
         await Promise.all(
-          [...this.#vms.values()].map((h) => h.instance?.resync().catch(() => {})),
+          [...this.#vms.values()].map((h) =>
+            h.instance?.resync().catch((error) =>
+              log.warn("Cannot resync {uid} after reconnecting: {error}", {
+                uid: h.spec.uid,
+                error,
+              })
+            )
+          ),
         );
       },
     });
@@ -190,6 +198,7 @@ export class LauncherHost {
         specs.push(checkHostedVmSpec(JSON.parse(await Deno.readTextFile(file))));
       } catch (error) {
         log.error("Launcher spec set aside: {error}", { file, error: String(error) });
+        // Logged above; a spec left in place fails, and is logged, again at the next start.
         await Deno.rename(file, `${file}.bad`).catch(() => {});
       }
     }
@@ -200,6 +209,7 @@ export class LauncherHost {
   }
 
   async #adopt(spec: HostedVmSpec): Promise<void> {
+    // No exit file (the usual reason it cannot be read): the VM has not ended, and is adopted.
     const exit = await Deno.readTextFile(this.#exitFile(spec.uid)).catch(() => undefined);
     if (exit !== undefined) {
       let code = 1;
@@ -374,7 +384,12 @@ export class LauncherHost {
     if (this.#byDomain.get(instance.domainName) === instance) {
       this.#byDomain.delete(instance.domainName);
     }
-    await instance.close().catch(() => {});
+    await instance.close().catch((error) =>
+      log.warn("Cannot close the launcher instance {domain}: {error}", {
+        domain: instance.domainName,
+        error,
+      })
+    );
   }
 
   /**
@@ -392,11 +407,12 @@ export class LauncherHost {
         await this.#reap({ namespace: vmi.namespace, name: vmi.name, uid });
         await this.#removeQemuLogs(domainNameOf(vmi.namespace, vmi.name));
       }
-      await Deno.remove(this.#specFile(uid)).catch(() => {});
-      await Deno.remove(this.#exitFile(uid)).catch(() => {});
+      await removeIfPresent(this.#specFile(uid));
+      await removeIfPresent(this.#exitFile(uid));
       return;
     }
     hosted.stopping ??= (async () => {
+      // start()'s failure went to its caller; stopping goes on either way.
       await hosted.started.catch(() => {});
       const instance = hosted.instance;
       if (instance) {
@@ -409,8 +425,13 @@ export class LauncherHost {
         await this.#reap(hosted.spec);
       }
       await this.#removeQemuLogs(domainNameOf(hosted.spec.namespace, hosted.spec.name));
-      await Deno.remove(this.#specFile(uid)).catch(() => {});
-      await Deno.remove(this.#exitFile(uid)).catch(() => {});
+      // The VM is stopped: it is forgotten either way. A spec file left behind is read
+      // again when the host restarts, so it is reported.
+      for (const file of [this.#specFile(uid), this.#exitFile(uid)]) {
+        await removeIfPresent(file).catch((error) =>
+          log.warn("Cannot remove {file}: {error}", { uid, file, error })
+        );
+      }
       this.#vms.delete(uid);
       log.info("Launcher stopped", { uid });
     })();
@@ -467,7 +488,7 @@ export class LauncherHost {
   /** Serves the control socket until `signal` aborts. */
   async serveControl(signal: AbortSignal, onListening?: () => void): Promise<void> {
     const path = this.controlSocket;
-    await Deno.remove(path).catch(() => {});
+    await removeIfPresent(path);
     const listener = Deno.listen({ transport: "unix", path });
     await Deno.chmod(path, 0o600);
     onListening?.();
@@ -558,12 +579,20 @@ export class LauncherHost {
   /** Lets go of libvirt and the notify client; guests and socket files stay. */
   async close(): Promise<void> {
     await Promise.all(
-      [...this.#vms.values()].map((h) => h.instance?.close({ keepSocket: true }).catch(() => {})),
+      [...this.#vms.values()].map((h) =>
+        h.instance?.close({ keepSocket: true }).catch((error) =>
+          log.warn("Cannot close the launcher instance of {uid}: {error}", {
+            uid: h.spec.uid,
+            error,
+          })
+        )
+      ),
     );
     this.#sink.close();
     await this.#dhcp.close();
     this.#netns.close();
     await this.#keeper.stop();
+    // The host is closing: the connection ends with it, and guests keep running.
     await this.#conn.close().catch(() => {});
   }
 }

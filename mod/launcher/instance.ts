@@ -169,7 +169,7 @@ export class LauncherInstance {
       reason === StateChangeReason.Shutdown ? "Normal" : "Warning",
       "Stopped",
       `The domain stopped unrequested: ${status} (${reason})`,
-    ).catch(() => {});
+    ).catch(() => {}); // The notify client logs what it cannot deliver.
     return status === LifeCycle.Shutoff && reason === StateChangeReason.Shutdown
       ? 0
       : EXIT_DOMAIN_FAILED;
@@ -193,7 +193,7 @@ export class LauncherInstance {
       const state = await currentState(this.manager).catch(() => undefined);
       if (state && isDomainActive(state.status)) {
         this.#o.sink.sendK8sEvent(vmi, "Normal", "ShuttingDown", "Signaled Graceful Shutdown")
-          .catch(() => {});
+          .catch(() => {}); // The notify client logs what it cannot deliver.
       }
       const how = await this.#stopGuest();
       if (how !== "absent") {

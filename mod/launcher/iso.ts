@@ -7,6 +7,10 @@
 
 import * as path from "node:path";
 import { CommandError, programExists, runCommand } from "./_process.ts";
+import { removeIfPresent } from "../lifecycle/mod.ts";
+import { getLogger } from "../log/mod.ts";
+
+const log = getLogger("launcher", "iso");
 
 /** Which program writes ISO images. */
 export type IsoTool = "genisoimage" | "xorriso";
@@ -49,7 +53,11 @@ export async function writeIso(
     await runCommand(command, { timeoutMs: options.timeoutMs ?? 10_000 });
     await Deno.rename(partial, output);
   } finally {
-    await Deno.remove(staging, { recursive: true }).catch(() => {});
-    await Deno.remove(partial).catch(() => {});
+    // In a finally, where a throw would hide the build's own error: only logged.
+    for (const leftover of [staging, partial]) {
+      await removeIfPresent(leftover, { recursive: true }).catch((error) =>
+        log.warn("Cannot remove {path}: {error}", { path: leftover, error })
+      );
+    }
   }
 }

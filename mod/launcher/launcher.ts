@@ -129,12 +129,14 @@ export async function runLauncher(
   } finally {
     for (const s of signals) Deno.removeSignalListener(s, onSignal);
     runtime.signal?.removeEventListener("abort", onSignal);
+    // The launcher is exiting: the process takes its socket and libvirt handles with it.
     await instance.close().catch(() => {});
     await dhcp.close();
     netns.close();
     offEvents();
     sink.close();
     await keeper.stop();
+    // The launcher is exiting: the connection ends with the process.
     await conn.close().catch(() => {});
   }
 }

@@ -29,6 +29,7 @@ import { basename, dirname, join } from "node:path";
 import { openSocketBeneath } from "../../ffi/mod.ts";
 import { MAX_SOCKET_PATH } from "../api/mod.ts";
 import { getLogger } from "../log/mod.ts";
+import { removeIfPresent } from "../lifecycle/mod.ts";
 
 const log = getLogger("migration", "proxy");
 
@@ -283,7 +284,7 @@ class SourceProxy implements Running {
       );
     }
     if (makeDir) await Deno.mkdir(dirname(this.path), { recursive: true, mode: 0o755 });
-    await Deno.remove(this.path).catch(() => {});
+    await removeIfPresent(this.path);
     await new Promise<void>((resolve, reject) => {
       this.server.once("error", reject);
       this.server.listen(this.path, () => {
@@ -307,7 +308,10 @@ class SourceProxy implements Running {
     for (const c of this.#connections) c.destroy();
     this.#connections.clear();
     await new Promise<void>((resolve) => this.server.close(() => resolve()));
-    await Deno.remove(this.path).catch(() => {});
+    // Closing goes on either way: the next listen() replaces a socket left behind.
+    await removeIfPresent(this.path).catch((error) =>
+      log.warn("Cannot remove the migration socket {path}: {error}", { path: this.path, error })
+    );
   }
 }
 

@@ -21,6 +21,7 @@ import { type NetnsRunner, writeFileDurably } from "../../ffi/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import { familyOf, parseCidr } from "./address.ts";
 import { hostLinkExists } from "./pod_network.ts";
+import { removeIfPresent } from "../lifecycle/mod.ts";
 
 const log = getLogger("network", "cni");
 
@@ -213,9 +214,10 @@ export class PodlessNetworks {
     const netns = this.netnsPath(uid);
     const pinned = await isPinned(netns);
     await this.#plugin("DEL", "bridge", uid, pinned ? netns : undefined);
+    // The loopback plugin holds nothing outside the namespace, which goes next.
     if (pinned) await this.#plugin("DEL", "loopback", uid, netns).catch(() => {});
     await this.#o.runner.run(undefined, [{ op: "remove", path: netns }]);
-    await Deno.remove(this.#resultFile(uid)).catch(() => {});
+    await removeIfPresent(this.#resultFile(uid));
   }
 }
 

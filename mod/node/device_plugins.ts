@@ -36,7 +36,7 @@ import {
   type PreferredAllocationResponse,
 } from "../proto/mod.ts";
 import { unixTarget } from "../proto/mod.ts";
-import { every, sleep } from "../lifecycle/mod.ts";
+import { every, removeIfPresent, sleep } from "../lifecycle/mod.ts";
 import { errorText } from "../../ffi/mod.ts";
 
 const log = getLogger("device-plugins");
@@ -134,14 +134,6 @@ async function statOrUndefined(path: string): Promise<Deno.FileInfo | undefined>
       return undefined;
     }
     throw error;
-  }
-}
-
-async function removeIfExists(path: string): Promise<void> {
-  try {
-    await Deno.remove(path);
-  } catch (error) {
-    if (!(error instanceof Deno.errors.NotFound)) throw error;
   }
 }
 
@@ -280,7 +272,7 @@ export class GenericDevicePlugin {
   }
 
   async #session(signal: AbortSignal): Promise<SessionEnd> {
-    await removeIfExists(this.socketPath);
+    await removeIfPresent(this.socketPath);
     if (this.device.preOpen) {
       try {
         (await Deno.open(this.watchedPath, { read: true })).close();
@@ -321,9 +313,17 @@ export class GenericDevicePlugin {
       }
       this.#streams.clear();
       server.forceShutdown();
+      // A socket that cannot be looked at is left alone: the next session removes it first.
       const current = await statOrUndefined(this.socketPath).catch(() => undefined);
       if (current && socketIno !== null && current.ino === socketIno) {
-        await removeIfExists(this.socketPath).catch(() => {});
+        // In a finally, where a throw would hide the session's own error.
+        await removeIfPresent(this.socketPath).catch((error) =>
+          log.warn("Cannot remove the device plugin socket {path}: {error}", {
+            resource: this.resourceName,
+            path: this.socketPath,
+            error,
+          })
+        );
       }
     }
   }

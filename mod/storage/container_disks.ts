@@ -29,6 +29,7 @@ import {
   openLayout,
   walkTar,
 } from "./oci.ts";
+import { removeIfPresent } from "../lifecycle/mod.ts";
 
 const log = getLogger("storage", "container-disks");
 
@@ -75,6 +76,7 @@ async function sha256Hex(text: string): Promise<string> {
 }
 
 async function kind(path: string): Promise<"file" | "dir" | undefined> {
+  // Not there or not readable: either way no disk to use at this path.
   const stat = await Deno.stat(path).catch(() => undefined);
   return stat?.isFile ? "file" : stat?.isDirectory ? "dir" : undefined;
 }
@@ -157,7 +159,10 @@ export class ContainerDiskStore {
       });
       return { file, format };
     } finally {
-      await Deno.remove(partial).catch(() => {});
+      // Gone after the rename; a throw here would hide the pull's own error.
+      await removeIfPresent(partial).catch((error) =>
+        log.warn("Cannot remove {partial}: {error}", { partial, error })
+      );
     }
   }
 
@@ -203,8 +208,8 @@ export class ContainerDiskStore {
         }
       }
       if (current.get(stored.image) === stored.manifest) continue;
-      await Deno.remove(file).catch(() => {});
-      await Deno.remove(meta).catch(() => {});
+      await removeIfPresent(file);
+      await removeIfPresent(meta);
       removed.push(file);
       log.info("containerDisk removed from the store: its image is gone or replaced", {
         image: stored.image,

@@ -173,6 +173,7 @@ export async function walkTar(
       await reader.pass(taken ? padded - header.size : padded);
     }
   } finally {
+    // The stream may already be closed or errored; cancel() only frees it.
     await reader.cancel().catch(() => {});
   }
 }
@@ -220,6 +221,7 @@ export async function openLayout(ref: string, dir: string): Promise<OciSource> {
     join(dir, "blobs", "sha256", checkedDigest(ref, digest).slice(7));
   const blob = async (digest: string, size?: number) => {
     const file = path(digest);
+    // Any failure reads as missing: the error below names the blob.
     const stat = await Deno.lstat(file).catch(() => undefined);
     if (!stat?.isFile) throw new OciImageError(ref, `blob ${digest} is missing`);
     if (size !== undefined && stat.size !== size) {

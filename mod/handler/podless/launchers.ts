@@ -24,7 +24,7 @@ import {
   vmiKey,
   type Volume,
 } from "../../api/mod.ts";
-import { orAborted, sleep } from "../../lifecycle/mod.ts";
+import { orAborted, removeIfPresent, sleep } from "../../lifecycle/mod.ts";
 import type { HostedVmStatus, LauncherHostOptions } from "../../launcher/host_protocol/mod.ts";
 import { getLogger } from "../../log/mod.ts";
 import {
@@ -528,7 +528,7 @@ export class PodlessLaunchers implements LauncherProvider {
         ms: backoff,
         hostLog: this.hostLog,
       });
-      await sleep(backoff, signal).catch(() => {});
+      await sleep(backoff, signal);
       backoff = Math.min(backoff * 2, 30_000);
     }
     await this.#client?.close();
@@ -540,7 +540,7 @@ export class PodlessLaunchers implements LauncherProvider {
     if (pid === undefined) {
       await Deno.mkdir(this.hostDir, { recursive: true, mode: 0o700 });
       // A stale control socket would look like a host that is up.
-      await Deno.remove(join(this.hostDir, "control.sock")).catch(() => {});
+      await removeIfPresent(join(this.hostDir, "control.sock"));
       await this.#spawner.start({
         namespace: "",
         name: "launcher-host",
@@ -636,7 +636,7 @@ export class PodlessLaunchers implements LauncherProvider {
         });
       } catch {
         if ((await this.#spawner.alivePid(this.hostId)) === undefined) return undefined;
-        await sleep(50, signal).catch(() => {});
+        await sleep(50, signal);
       }
     }
     return undefined;

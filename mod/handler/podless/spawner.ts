@@ -36,7 +36,7 @@ import {
   writeFileDurably,
 } from "../../../ffi/mod.ts";
 import { SocketNames } from "../../api/mod.ts";
-import { sleep } from "../../lifecycle/mod.ts";
+import { removeIfPresent, sleep } from "../../lifecycle/mod.ts";
 import { getLogger, LOG_FILE_ENV, rotateLogFileIfFull } from "../../log/mod.ts";
 
 const log = getLogger("handler", "launcher-spawner");
@@ -482,8 +482,13 @@ export class LauncherSpawner {
       }
     }
     this.#forgetChild(uid);
-    await Deno.remove(this.#pidFile(uid)).catch(() => {});
-    await Deno.remove(this.#startFile(uid)).catch(() => {});
+    // The launcher is stopped already, and stop() is called from error paths that must go
+    // on; a stale pid file is told apart by its start file.
+    for (const file of [this.#pidFile(uid), this.#startFile(uid)]) {
+      await removeIfPresent(file).catch((error) =>
+        log.warn("Cannot remove {file}: {error}", { uid, file, error })
+      );
+    }
   }
 
   /** Forgets children without stopping them (the handler is exiting; VMs keep running). */

@@ -48,6 +48,7 @@ import {
 } from "../../../ffi/mod.ts";
 import { type VirtualMachineInstance, vmiKey } from "../../api/mod.ts";
 import { getLogger } from "../../log/mod.ts";
+import { removeIfPresent } from "../../lifecycle/mod.ts";
 
 const log = getLogger("handler", "container-disks");
 
@@ -335,14 +336,21 @@ export class ContainerDiskMounts {
       }
       try {
         // unlink(2) never follows the last component.
-        await Deno.remove(`${dir.path}/${s.path.slice(s.path.lastIndexOf("/") + 1)}`).catch(
-          () => {},
-        );
+        // A socket left in the pod's volume goes with the pod; the other sockets and the
+        // record are still cleaned up.
+        await removeIfPresent(`${dir.path}/${s.path.slice(s.path.lastIndexOf("/") + 1)}`)
+          .catch((error) =>
+            log.warn("Cannot remove the containerDisk socket {path}: {error}", {
+              uid,
+              path: s.path,
+              error,
+            })
+          );
       } finally {
         dir.release();
       }
     }
-    await Deno.remove(this.#record(uid)).catch(() => {});
+    await removeIfPresent(this.#record(uid));
     log.info("containerDisks unmounted", { uid, launcherAlive: alive });
   }
 }

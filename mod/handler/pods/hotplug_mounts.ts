@@ -56,6 +56,7 @@ import { type VirtualMachineInstance, vmiKey } from "../../api/mod.ts";
 import { getLogger } from "../../log/mod.ts";
 import { DISK_IMAGE, isHotplugVolume, QEMU_USER } from "../../storage/mod.ts";
 import { type DeviceRule, LAUNCHER_DEVICE_RULES, setDeviceRules } from "./device_cgroup_v2.ts";
+import { removeIfPresent } from "../../lifecycle/mod.ts";
 
 const log = getLogger("handler", "hotplug");
 
@@ -182,7 +183,7 @@ export class HotplugMounts {
   async #write(uid: string, record: HotplugRecord): Promise<void> {
     if (record.volumes.length === 0) {
       this.#records.delete(uid);
-      await Deno.remove(this.#path(uid)).catch(() => {});
+      await removeIfPresent(this.#path(uid));
       return;
     }
     await writeFileDurably(this.#path(uid), JSON.stringify(record), {
@@ -237,8 +238,15 @@ export class HotplugMounts {
             hotplugged: Object.values(record.devices ?? {}),
           });
         } catch (error) {
+          // The mount's own error is thrown below; one left mounted is logged.
           await this.#unmountVolumes(launcherPid, [volume], launcherStart, record.devices)
-            .catch(() => {});
+            .catch((undoError) =>
+              log.warn("Cannot undo the hotplug mount of {volume}: {error}", {
+                uid,
+                volume,
+                error: undoError,
+              })
+            );
           const { [volume]: _, ...devices } = record.devices ?? {};
           record = { ...record, volumes: record.volumes.filter((v) => v !== volume), devices };
           await this.#write(uid, record);
@@ -274,7 +282,14 @@ export class HotplugMounts {
         }
       } catch (error) {
         record = { ...record, volumes: record.volumes.filter((v) => v !== volume) };
-        await this.#unmountVolumes(launcherPid, [volume]).catch(() => {});
+        // The mount's own error is thrown below; one left mounted is logged.
+        await this.#unmountVolumes(launcherPid, [volume]).catch((undoError) =>
+          log.warn("Cannot undo the hotplug mount of {volume}: {error}", {
+            uid,
+            volume,
+            error: undoError,
+          })
+        );
         await this.#write(uid, record);
         throw new HotplugMountError(key, volume, String(error), { cause: error });
       }
@@ -365,7 +380,12 @@ export class HotplugMounts {
       return;
     }
     try {
-      for (const v of files) await Deno.remove(`${dir.path}/${v}.img`).catch(() => {});
+      for (const v of files) {
+        // Unmounted already: an empty mount point left in the launcher's dir is harmless.
+        await removeIfPresent(`${dir.path}/${v}.img`).catch((error) =>
+          log.warn("Cannot remove the hotplug mount point {volume}: {error}", { volume: v, error })
+        );
+      }
     } finally {
       dir.release();
     }

@@ -35,6 +35,7 @@ import { getLogger } from "../../log/mod.ts";
 import { notifyInfoService, notifyService } from "../../proto/mod.ts";
 import type { DialResolver } from "../launcher_clients.ts";
 import { type NotifyHandlers, notifyImplementation, type NotifySender } from "../notify_server.ts";
+import { removeIfPresent } from "../../lifecycle/mod.ts";
 
 const log = getLogger("handler", "notify-pipes");
 
@@ -168,7 +169,10 @@ export class NotifyPipes {
     for (const conn of pipe.conns) conn.destroy();
     pipe.server.forceShutdown();
     await closed;
-    await Deno.remove(`${pipe.dir.path}/${SocketNames.DomainNotifyPipe}`).catch(() => {});
+    // The directory must be released either way; the pod's volume goes with the pod.
+    await removeIfPresent(`${pipe.dir.path}/${SocketNames.DomainNotifyPipe}`).catch((error) =>
+      log.warn("Cannot remove the notify pipe socket: {error}", { uid, error })
+    );
     pipe.dir.release();
   }
 
