@@ -50,7 +50,12 @@ import {
   type LauncherClient,
   type LauncherClients,
 } from "./launcher_clients.ts";
-import type { LauncherProvider } from "./launcher_provider.ts";
+import type {
+  ControllerStandIn,
+  LauncherLocator,
+  LauncherPodNetwork,
+  LauncherVolumes,
+} from "./launcher_provider.ts";
 import { type HostCpuSource, usesHostModel } from "./migratable.ts";
 import { podNetworkPlan, type PodNetworks, type PodNetworkTarget } from "../network/mod.ts";
 import { FailRetryManager } from "./retry_manager.ts";
@@ -91,8 +96,10 @@ export const DEFAULT_WORKERS = 8;
 export interface ControllerDeps {
   /** This node's name. */
   nodeName: string;
-  /** Where launchers come from (pod-less or launcher pods). */
-  provider: LauncherProvider;
+  /** Where launchers come from (pod-less or launcher pods): the parts a sync uses. */
+  provider: LauncherLocator & LauncherVolumes & LauncherPodNetwork;
+  /** virt-controller's part, where the handler plays it (pod-less mode only). */
+  standIn?: ControllerStandIn;
   /** The VMIs of this node. */
   informer: Informer<VirtualMachineInstance>;
   /** The one queue of `namespace/name` keys. */
@@ -438,7 +445,7 @@ export class VmiController {
       vmiExists,
       domain,
       launcher,
-      standsInForController: this.#d.provider.standsInForController,
+      standIn: this.#d.standIn,
     });
     const logged = { key, uid, action: decision.action, reason: decision.reason };
     if (decision.action === "none") log.debug("Sync: {action}, {reason}", logged);
@@ -465,7 +472,7 @@ export class VmiController {
       // is Failed, as virt-controller fails a VMI whose pod went, and its finalizer comes
       // off, instead of the VMI waiting for a launcher that never comes.
       const cleanedUp = decision.action === "cleanup" && syncError === undefined &&
-        this.#d.provider.standsInForController;
+        this.#d.standIn !== undefined;
       // virt-controller fails a Scheduled VMI whose pod went without an Event; the
       // handler's "crashed" is for a guest that ran.
       const neverRan = (vmi.status?.phase ?? VmiPhase.Unset) === VmiPhase.Scheduled;
@@ -473,7 +480,8 @@ export class VmiController {
         domain: domainSeen,
         launcher: cleanedUp ? "unresponsive" : launcher,
         nodeName: this.#d.nodeName,
-        standsInForController: this.#d.provider.standsInForController,
+        standIn: this.#d.standIn &&
+          { hotplugClaims: this.#d.standIn.hotplugClaims(vmi.metadata.uid!) },
         now: kubeTime(),
         syncError: syncError === undefined ? undefined : describe(syncError),
         podAddresses: await this.#d.networks.addresses(vmi),
@@ -481,7 +489,6 @@ export class VmiController {
         hotplugMounted: hasHotplugVolumes(vmi)
           ? await this.#d.provider.hotplugMounted(vmi.metadata.uid!)
           : undefined,
-        hotplugClaims: this.#d.provider.hotplugClaims?.(vmi.metadata.uid!),
         migratable: { hostCpuModel: this.#d.hostCpu ? this.#d.hostCpu.hostCpuModel : "" },
         clusterEvictionStrategy: this.#d.clusterConfig?.().evictionStrategy,
         agentSupport: guestAgentConnected(domainSeen) ? await this.#agentSupport(vmi) : undefined,
@@ -600,7 +607,7 @@ export class VmiController {
    * goes away.
    */
   async #releaseFinalizer(vmi: VirtualMachineInstance, written?: VmiPhase): Promise<void> {
-    if (!this.#d.provider.standsInForController) return;
+    if (!this.#d.standIn) return;
     const current = this.#d.informer.get(vmiKey(vmi.metadata));
     if (!current || current.metadata.uid !== vmi.metadata.uid) return;
     // The phase this sync wrote counts before its watch echo brings it to the cache.
@@ -790,7 +797,7 @@ export class VmiController {
       // Adopted after a restart: the domain runs this spec already; do not disturb it
       // (a tap a restart left in the host's namespace still joins the pod).
       this.#synced.set(uid, spec);
-      if (this.#d.provider.standsInForController && podNetworkPlan(vmi).length > 0) {
+      if (this.#d.standIn && podNetworkPlan(vmi).length > 0) {
         await this.#afterStart(vmi, await this.#d.provider.podNetwork(vmi));
       }
       if (!hotplugUnsettled(vmi)) return DONE;

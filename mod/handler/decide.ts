@@ -24,6 +24,7 @@
  *
  * @module
  */
+import type { ControllerStandIn } from "./launcher_provider.ts";
 import { isFinalPhase, type VirtualMachineInstance, VmiPhase } from "../api/mod.ts";
 import {
   type Domain,
@@ -64,8 +65,8 @@ export interface SyncInput {
   domain: Domain | undefined;
   /** How the VMI's launcher answers. */
   launcher: LauncherState;
-  /** The handler plays virt-controller's part (pod-less mode): it schedules Pending VMIs. */
-  standsInForController: boolean;
+  /** virt-controller's part, where the handler plays it (pod-less mode): it schedules Pending VMIs. */
+  standIn?: ControllerStandIn;
 }
 
 /** The result of {@linkcode decideSync}. */
@@ -94,7 +95,7 @@ export function decideSync(input: SyncInput): SyncDecision {
   const phase = (vmi.status?.phase ?? VmiPhase.Unset) as VmiPhase;
 
   if (vmiExists && (phase === VmiPhase.Unset || phase === VmiPhase.Pending)) {
-    if (input.standsInForController && !vmi.metadata.deletionTimestamp) {
+    if (input.standIn && !vmi.metadata.deletionTimestamp) {
       return {
         action: SyncAction.Schedule,
         reason: "VMI is Pending; scheduling it to this node",

@@ -404,6 +404,7 @@ export class Handler implements Runnable {
     this.#controller = new VmiController({
       nodeName: config.nodeName,
       provider: this.#provider,
+      standIn: this.#provider.standIn,
       informer: this.#informer,
       queue,
       expectations: new Expectations(),
@@ -486,7 +487,7 @@ export class Handler implements Runnable {
         return domains();
       },
     });
-    const podless = this.#provider.standsInForController
+    const podless = this.#provider.standIn
       ? new PodlessMigrations({
         nodeName: config.nodeName,
         client: this.#client,

@@ -8,7 +8,8 @@
  *   (scheduling Pending VMIs to this node, the `Ready` condition).
  *
  * Everything after "where is this VMI's launcher socket" is the same code: the
- * controller never asks which mode it runs in, only what the provider can do.
+ * controller never asks which mode it runs in, only what the provider can do; the one
+ * part only pod-less mode has, virt-controller's, is an optional {@linkcode ControllerStandIn}.
  * Both providers write a VMI's ghost record before the handler's first call to its
  * launcher (pod-less: before the launcher is even started).
  *
@@ -55,22 +56,10 @@ export interface MigrationSourceDir {
   release(): void;
 }
 
-/** Finds, starts, stops and re-adopts the launchers of this node's VMIs. */
-export interface LauncherProvider extends Runnable {
-  /**
-   * The handler plays virt-controller's part: it schedules Pending VMIs to this node
-   * and owns their `Ready` condition (pod-less mode).
-   */
-  readonly standsInForController: boolean;
+/** Finds, starts and stops a VMI's launcher: what the controller asks of every launcher. */
+export interface LauncherLocator {
   /** How soon to look at a VMI again whose launcher socket has not appeared, ms. */
   readonly notReadyRequeueMs: number;
-  /**
-   * The provider learns itself when a launcher ends or hangs, so the handler need not dial
-   * each launcher's socket (pod-less mode: the launcher host reports ends and is pinged).
-   */
-  readonly watchesLaunchers: boolean;
-  /** How the handler reaches a launcher's socket file (safely, where others control it). */
-  readonly dialResolver: DialResolver;
   /** The cmd socket of the VMI's launcher if one is known; starts nothing. */
   socketOf(vmi: VirtualMachineInstance): Promise<string | undefined>;
   /**
@@ -90,6 +79,12 @@ export interface LauncherProvider extends Runnable {
   ): Promise<LauncherStart>;
   /** Ends the VMI's launcher once its domain is gone and removes what it left on the node. */
   stop(vmi: VirtualMachineInstance): Promise<void>;
+  /** The root of the VMI's launcher (`/proc/<pid>/root`), where there is one to look in. */
+  launcherRoot(vmi: VirtualMachineInstance): Promise<string | undefined>;
+}
+
+/** A VMI's disks as its launcher gets them, at the start and while it runs. */
+export interface LauncherVolumes {
   /**
    * Hands the VMI's disks that need the node's help to its launcher before the domain is
    * defined (KubeVirt mode: containerDisks bound from their containers into the launcher);
@@ -112,20 +107,12 @@ export interface LauncherProvider extends Runnable {
   hotplug(vmi: VirtualMachineInstance): Promise<void>;
   /** The names of the VMI's hotplugged volumes mounted into its launcher now. */
   hotplugMounted(uid: string): Promise<ReadonlySet<string>>;
-  /**
-   * The claim info of the VMI's hotplugged volumes, by name, where the handler writes their
-   * status entries itself (pod-less mode; virt-controller writes it otherwise).
-   */
-  hotplugClaims?(uid: string): ReadonlyMap<string, ClaimInfo>;
-  /**
-   * Opens a socket of the VMI's private directory (`virt-serial0`, `virt-vnc`) without
-   * following a link on the way; throws a clear error when there is none.
-   */
-  openPrivateSocket(vmi: VirtualMachineInstance, name: string): Promise<BeneathSocket>;
-  /** The root of the VMI's launcher (`/proc/<pid>/root`), where there is one to look in. */
-  launcherRoot(vmi: VirtualMachineInstance): Promise<string | undefined>;
   /** Takes back the hotplugged volumes gone from the spec, once the launcher detached them. */
   unplug(vmi: VirtualMachineInstance): Promise<void>;
+}
+
+/** Where a VMI's pod network lives on this node. */
+export interface LauncherPodNetwork {
   /**
    * Where the VMI's pod network is: its namespace, the launcher's private directory, the
    * owner of what is made there (pod-less: the namespace is made now, with its address).
@@ -137,6 +124,10 @@ export interface LauncherProvider extends Runnable {
    * (pod-less: the namespace, its address, unused taps); a pod's goes with the pod.
    */
   releasePodNetwork(vmi: VirtualMachineInstance): Promise<void>;
+}
+
+/** The launcher sockets a migration's proxies carry connections to and from. */
+export interface MigrationEndpoints {
   /**
    * The sockets of the VMI's migration target launcher that this node's target listeners
    * carry connections to: its libvirt's (port 0), then QEMU's incoming socket for each
@@ -151,8 +142,52 @@ export interface LauncherProvider extends Runnable {
    * sockets are closed and removed.
    */
   migrationSourceDir(vmi: VirtualMachineInstance): Promise<MigrationSourceDir>;
+}
+
+/** How the handler as a whole reaches launchers: dialling, adopting, their sockets. */
+export interface LauncherAccess {
+  /**
+   * The provider learns itself when a launcher ends or hangs, so the handler need not dial
+   * each launcher's socket (pod-less mode: the launcher host reports ends and is pinged).
+   */
+  readonly watchesLaunchers: boolean;
+  /** How the handler reaches a launcher's socket file (safely, where others control it). */
+  readonly dialResolver: DialResolver;
   /** Launchers that run from before this handler's start, to ask for their domains. */
   adoptable(): { uid: string; socket: string; namespace: string; name: string }[];
+  /**
+   * Opens a socket of the VMI's private directory (`virt-serial0`, `virt-vnc`) without
+   * following a link on the way; throws a clear error when there is none.
+   */
+  openPrivateSocket(vmi: VirtualMachineInstance, name: string): Promise<BeneathSocket>;
+}
+
+/**
+ * virt-controller's part for this node's VMIs, which the handler plays where none runs
+ * (pod-less mode; only that mode's provider has one). With it the handler schedules
+ * Pending VMIs to this node, owns their `Ready` condition and volume status entries,
+ * fails a VMI its cleanup left without a launcher, and takes the finalizer off a final VMI.
+ */
+export interface ControllerStandIn {
+  /** The claim info of the VMI's hotplugged volumes found on this host, by name. */
+  hotplugClaims(uid: string): ReadonlyMap<string, ClaimInfo>;
+}
+
+/**
+ * One mode's launchers, every part of them: KubeVirt mode's pods or pod-less mode's
+ * launcher host. Each user takes the parts it needs (the VMI controller: locator, volumes
+ * and pod network; the migration sides: endpoints).
+ */
+export interface LauncherProvider
+  extends
+    Runnable,
+    LauncherLocator,
+    LauncherVolumes,
+    LauncherPodNetwork,
+    MigrationEndpoints,
+    LauncherAccess {
+  /** virt-controller's part, where the handler plays it (pod-less mode). */
+  readonly standIn?: ControllerStandIn;
 }
 
 /** The launchers a ghost record store names, as {@linkcode LauncherProvider.adoptable} gives them. */

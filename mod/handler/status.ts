@@ -77,16 +77,17 @@ export interface StatusInput {
   syncError?: string;
   /** This node's name. */
   nodeName: string;
-  /** The handler stands in for virt-controller (pod-less mode), so it also owns `Ready`. */
-  standsInForController: boolean;
+  /**
+   * Where the handler plays virt-controller's part (pod-less mode): it also owns `Ready`
+   * and the volume status entries, with the hotplugged volumes' claims found on this host.
+   */
+  standIn?: StandInFacts;
   /** Now, RFC 3339 (injectable for tests). */
   now: string;
   /** The pod IPs of the VMI's pod networks set up on this node, by network name. */
   podAddresses?: ReadonlyMap<string, PodAddresses>;
   /** The hotplugged volumes mounted into the launcher now, by name. */
   hotplugMounted?: ReadonlySet<string>;
-  /** Pod-less mode: the claim info of the hotplugged volumes found on this host, by name. */
-  hotplugClaims?: ReadonlyMap<string, ClaimInfo>;
   /** The launcher's SELinux label (`none` without SELinux), once known. */
   selinuxContext?: string;
   /**
@@ -233,9 +234,13 @@ export function interfacesFromDomain(
 export interface VolumeStatusOptions {
   /** The hotplugged volumes mounted into the launcher now, by name. */
   hotplugMounted?: ReadonlySet<string>;
-  /** The handler stands in for virt-controller (pod-less mode): it owns the entries too. */
-  standsInForController?: boolean;
-  /** With `standsInForController`: the claim info of hotplugged volumes, by name. */
+  /** Where the handler stands in for virt-controller (pod-less mode): it owns the entries. */
+  standIn?: StandInFacts;
+}
+
+/** What the handler knows in virt-controller's stead (pod-less mode). */
+export interface StandInFacts {
+  /** The claim info of the VMI's hotplugged volumes found on this host, by name. */
   hotplugClaims?: ReadonlyMap<string, ClaimInfo>;
 }
 
@@ -255,7 +260,7 @@ export function volumeStatusFromDomain(
   options: VolumeStatusOptions = {},
 ): VolumeStatus[] {
   const hotplugMounted = options.hotplugMounted ?? new Set<string>();
-  const owner = options.standsInForController ?? false;
+  const owner = options.standIn !== undefined;
   const targets = new Map<string, string>();
   for (const disk of domain.spec.devices.disks) {
     const name = stripAlias(disk.alias?.name);
@@ -278,7 +283,7 @@ export function volumeStatusFromDomain(
     const next: VolumeStatus = { ...entry, target: targets.get(entry.name) ?? "" };
     if (entry.hotplugVolume) {
       if (owner && !inSpec.has(entry.name) && !next.target) continue;
-      const claim = owner ? options.hotplugClaims?.get(entry.name) : undefined;
+      const claim = options.standIn?.hotplugClaims?.get(entry.name);
       if (claim && !next.persistentVolumeClaimInfo) next.persistentVolumeClaimInfo = claim;
       Object.assign(next, hotplugPhase(next, inSpec.has(entry.name), hotplugMounted));
     }
@@ -511,7 +516,7 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
     status.migrationMethod = verdict.method;
   }
 
-  if (input.standsInForController) {
+  if (input.standIn) {
     const st = domain?.status.status;
     const running = status.phase === VmiPhase.Running &&
       (st === LifeCycle.Running || st === LifeCycle.Blocked || st === LifeCycle.PMSuspended);
@@ -531,13 +536,12 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
     const interfaces = interfacesFromDomain(domain, {
       podAddresses: input.podAddresses,
       previous: status.interfaces,
-      podInterfaceName: input.standsInForController ? "eth0" : undefined,
+      podInterfaceName: input.standIn ? "eth0" : undefined,
     });
     if (interfaces.length > 0) status.interfaces = interfaces;
     const volumes = volumeStatusFromDomain(vmi, domain, {
       hotplugMounted: input.hotplugMounted,
-      standsInForController: input.standsInForController,
-      hotplugClaims: input.hotplugClaims,
+      standIn: input.standIn,
     });
     if (volumes.length > 0) status.volumeStatus = volumes;
     else delete status.volumeStatus;

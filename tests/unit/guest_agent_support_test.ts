@@ -89,7 +89,6 @@ Deno.test("computeStatus() adds AgentVersionNotSupported once, keeps it, and dro
     domain,
     launcher: "responsive" as const,
     nodeName: "node1",
-    standsInForController: false,
   };
   const unsupported = (r: { supported: boolean; reason: string }, now: string, from = vmi()) =>
     computeStatus(from, { ...base, now, agentSupport: r });

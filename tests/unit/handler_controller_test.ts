@@ -5,13 +5,7 @@
 import assert from "node:assert/strict";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
 import { LifeCycle, newDomain, StateChangeReason } from "../../mod/domain/mod.ts";
-import {
-  type ControllerDeps,
-  dialDirectly,
-  type GhostRecord,
-  type LauncherProvider,
-  VmiController,
-} from "../../mod/handler/testing.ts";
+import { type ControllerDeps, type GhostRecord, VmiController } from "../../mod/handler/testing.ts";
 import { Expectations, WorkQueue } from "../../mod/kube/mod.ts";
 
 const UID = "0badf00d-0000-4000-8000-000000000001";
@@ -54,40 +48,33 @@ function doubles(standsInForController = true, writes = false): Doubles {
     uid: UID,
     socketFile: "/nonexistent/launcher-sock",
   };
-  const provider: LauncherProvider = {
-    watchesLaunchers: false,
-    name: "test-double",
-    standsInForController,
+  // Only the parts of a provider the controller uses.
+  const provider: ControllerDeps["provider"] = {
     notReadyRequeueMs: 1_000,
-    dialResolver: dialDirectly,
     socketOf: () => Promise.resolve(undefined),
     start: () => Promise.resolve({ waiting: "no slot in this test" }),
     stop: () => {
       calls.push("provider.stop");
       return Promise.resolve();
     },
-    adoptable: () => [],
     prepareDisks: () => Promise.resolve("ready"),
     forLauncher: (vmi: VirtualMachineInstance) => vmi,
     hotplug: () => Promise.resolve(),
     hotplugMounted: () => Promise.resolve(new Set<string>()),
     launcherRoot: () => Promise.resolve(undefined),
-    openPrivateSocket: () => Promise.reject(new Error("no sockets in this test")),
-    migrationTargets: () => Promise.reject(new Error("no migrations in this test")),
-    migrationSourceDir: () => Promise.reject(new Error("no migrations in this test")),
     unplug: () => Promise.resolve(),
     podNetwork: () => Promise.resolve(undefined),
     releasePodNetwork: () => {
       calls.push("provider.releasePodNetwork");
       return Promise.resolve();
     },
-    run: () => Promise.resolve(),
   };
   const expectations = new Expectations();
   const queue = new WorkQueue<string>();
   const deps = {
     nodeName: "node1",
     provider,
+    standIn: standsInForController ? { hotplugClaims: () => new Map() } : undefined,
     informer: {
       addHandlers: (h: Doubles["handlers"]) => Object.assign(handlers, h),
       hasSynced: () => true,

@@ -11,9 +11,7 @@ import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
 import type { LauncherState } from "../../mod/domain/mod.ts";
 import {
   type ControllerDeps,
-  dialDirectly,
   LauncherCallError,
-  type LauncherProvider,
   VmiController,
 } from "../../mod/handler/testing.ts";
 import { Expectations, WorkQueue } from "../../mod/kube/mod.ts";
@@ -61,11 +59,7 @@ async function reconcileDeleted(
     },
   };
   const provider = {
-    name: "test-double",
-    watchesLaunchers: false,
-    standsInForController: true,
     notReadyRequeueMs: 1_000,
-    dialResolver: dialDirectly,
     socketOf: () => Promise.resolve(launcher === "notReady" ? undefined : "/nonexistent/sock"),
     stop: () => {
       calls.push("provider.stop");
@@ -73,11 +67,13 @@ async function reconcileDeleted(
     },
     releasePodNetwork: () => Promise.resolve(),
     hotplugMounted: () => Promise.resolve(new Set<string>()),
-  } as unknown as LauncherProvider;
+  } as unknown as ControllerDeps["provider"];
   let served = launcher !== "notReady";
   const deps = {
     nodeName: "node1",
     provider,
+    // Pod-less mode: the handler plays virt-controller's part.
+    standIn: { hotplugClaims: () => new Map() },
     informer: {
       addHandlers: () => {},
       hasSynced: () => true,

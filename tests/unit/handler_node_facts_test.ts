@@ -55,7 +55,7 @@ function liveMigratable(v: VirtualMachineInstance, hostCpuModel: string | undefi
     domain,
     launcher: "responsive",
     nodeName: "node1",
-    standsInForController: true,
+    standIn: {},
     now: "2026-11-29T10:00:00Z",
     migratable: { hostCpuModel },
   }).status;

@@ -54,7 +54,6 @@ function phaseAfterDestroy(vmi: VirtualMachineInstance, domainJson: string) {
     domain: decodeDomainJson(domainJson),
     launcher: "responsive",
     nodeName: "node1",
-    standsInForController: false,
     now: "2026-11-29T10:00:00Z",
   });
 }

@@ -36,7 +36,7 @@ function input(status?: LifeCycle, reason?: StateChangeReason, more: Partial<Sta
       : undefined,
     launcher: "responsive" as const,
     nodeName: "node1",
-    standsInForController: true,
+    standIn: {},
     now: T0,
     ...more,
   };
@@ -153,7 +153,7 @@ Deno.test("computeStatus() requeues a Scheduled VMI whose launcher is not ready 
 Deno.test("computeStatus() leaves Ready alone outside pod-less mode (virt-controller owns it)", () => {
   const r = computeStatus(
     vmi("Scheduled"),
-    input(LifeCycle.Running, undefined, { standsInForController: false }),
+    input(LifeCycle.Running, undefined, { standIn: undefined }),
   );
   assert.equal(r.status.conditions!.find((c) => c.type === "Ready"), undefined);
 });
@@ -333,7 +333,7 @@ Deno.test("computeStatus() lists the pod's IP first on the pod network's interfa
       ...vmi("Running"),
       status: { phase: "Running", interfaces: [{ name: "default", podInterfaceName: "pod123" }] },
     } as VirtualMachineInstance,
-    { ...i, standsInForController: false },
+    { ...i, standIn: undefined },
   );
   assert.equal(kubevirt.status.interfaces![0].podInterfaceName, "pod123");
 });
@@ -401,7 +401,7 @@ Deno.test("computeStatus() moves a hotplugged volume through its phases as KubeV
     v.status!.volumeStatus = [entry];
     const i = input(LifeCycle.Running, undefined, {
       hotplugMounted: new Set(mounted),
-      standsInForController: false,
+      standIn: undefined,
     });
     if (disk) {
       i.domain!.spec.devices.disks = [
@@ -442,7 +442,9 @@ Deno.test("computeStatus() in pod-less mode writes a hotplugged claim's volumeSt
     v.status!.volumeStatus = entries;
     const i = input(LifeCycle.Running, undefined, {
       hotplugMounted: new Set(found),
-      hotplugClaims: new Map(found.map((n) => [n, { claimName: "c", volumeMode: "Block" }])),
+      standIn: {
+        hotplugClaims: new Map(found.map((n) => [n, { claimName: "c", volumeMode: "Block" }])),
+      },
     });
     i.domain!.spec.devices.disks = [
       { alias: { name: "ua-root" }, target: { dev: "vda" }, source: { file: "/r/disk.qcow2" } },

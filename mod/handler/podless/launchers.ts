@@ -43,6 +43,7 @@ import {
 } from "../../network/mod.ts";
 import type { GhostRecordStore } from "../ghost_records.ts";
 import {
+  type ControllerStandIn,
   type LauncherProvider,
   launchersOfGhostRecords,
   type LauncherStart,
@@ -153,7 +154,8 @@ export class PodlessLaunchers implements LauncherProvider {
   /** For logs. */
   readonly name = "podless";
   /** The handler schedules Pending VMIs and owns `Ready` here. */
-  readonly standsInForController = true;
+  /** Pod-less mode plays virt-controller's part; see {@linkcode ControllerStandIn}. */
+  readonly standIn: ControllerStandIn = { hotplugClaims: (uid) => this.#hotplugClaims(uid) };
   /** The host reports every launcher that ends, and is pinged itself. */
   readonly watchesLaunchers = true;
   /** See {@linkcode PODLESS_NOT_READY_REQUEUE_MS}. */
@@ -406,7 +408,7 @@ export class PodlessLaunchers implements LauncherProvider {
   }
 
   /** The claim info of the VMI's hotplugged claims found on this host, for their status. */
-  hotplugClaims(uid: string): ReadonlyMap<string, ClaimInfo> {
+  #hotplugClaims(uid: string): ReadonlyMap<string, ClaimInfo> {
     return new Map([...this.#hostClaims.get(uid) ?? []].map(([name, c]) => [name, c.claimInfo]));
   }
 

@@ -68,7 +68,7 @@ export function scheduledStatus(
     domain: undefined,
     launcher: "notReady",
     nodeName: node,
-    standsInForController: true,
+    standIn: {},
     now,
   }).status;
 }

@@ -95,7 +95,6 @@ export class PodLaunchers implements LauncherProvider {
   /** For logs. */
   readonly name = "kubevirt";
   /** virt-controller schedules VMIs and owns `Ready` here. */
-  readonly standsInForController = false;
   /** Each pod's socket is dialled by the handler's monitor, as KubeVirt's handler does. */
   readonly watchesLaunchers = false;
   /** See {@linkcode POD_SOCKET_POLL_MS}. */

@@ -9,9 +9,15 @@
 export { PodLaunchers, type PodLaunchersOptions } from "./launchers.ts";
 // The core's types that PodLaunchers' members name.
 export type {
+  ControllerStandIn,
   DiskEventRecorder,
+  LauncherAccess,
+  LauncherLocator,
+  LauncherPodNetwork,
   LauncherProvider,
   LauncherStart,
+  LauncherVolumes,
+  MigrationEndpoints,
   MigrationSourceDir,
 } from "../launcher_provider.ts";
 export type { DialResolver, DialTarget } from "../launcher_clients.ts";
