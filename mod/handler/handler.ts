@@ -36,7 +36,14 @@ import {
   WorkQueue,
 } from "../kube/mod.ts";
 import type { LauncherHostOptions } from "../launcher/host_protocol/mod.ts";
-import { aborted, every, type Runnable, runnable, runStages } from "../lifecycle/mod.ts";
+import {
+  aborted,
+  every,
+  forEachLimited,
+  type Runnable,
+  runnable,
+  runStages,
+} from "../lifecycle/mod.ts";
 import {
   isLoopbackAddress,
   type PodlessNetworkConfig,
@@ -671,36 +678,30 @@ export class Handler implements Runnable {
     );
     const results: (undefined | { stats: Record<string, unknown>; fs: GuestFilesystemStat[] })[] =
       vmis.map(() => undefined);
-    let next = 0;
-    const worker = async () => {
-      while (next < vmis.length) {
-        const i = next++;
-        const vmi = vmis[i];
-        const left = deadline - performance.now();
-        if (left <= 0) return;
-        try {
-          const socket = await this.#provider.socketOf(vmi);
-          if (!socket) continue;
-          const client = this.#launchers.getOrCreate(vmi.metadata.uid!, socket);
-          const stats = await client.getDomainStats(left);
-          if (!stats) continue;
-          const agent = (vmi.status?.conditions ?? []).some((c) =>
-            c.type === "AgentConnected" && c.status === "True"
-          );
-          const fs = agent && deadline > performance.now()
-            ? (await client.guestQuery("GetFilesystems").catch(() => [])) as GuestFilesystemStat[]
-            : [];
-          results[i] = { stats, fs: Array.isArray(fs) ? fs : [] };
-        } catch (error) {
-          log.debug("No statistics of {name} for this scrape: {error}", {
-            namespace: vmi.metadata.namespace,
-            name: vmi.metadata.name,
-            error,
-          });
-        }
+    await forEachLimited(vmis, METRICS_CONCURRENCY, async (vmi, i) => {
+      const left = deadline - performance.now();
+      if (left <= 0) return;
+      try {
+        const socket = await this.#provider.socketOf(vmi);
+        if (!socket) return;
+        const client = this.#launchers.getOrCreate(vmi.metadata.uid!, socket);
+        const stats = await client.getDomainStats(left);
+        if (!stats) return;
+        const agent = (vmi.status?.conditions ?? []).some((c) =>
+          c.type === "AgentConnected" && c.status === "True"
+        );
+        const fs = agent && deadline > performance.now()
+          ? (await client.guestQuery("GetFilesystems").catch(() => [])) as GuestFilesystemStat[]
+          : [];
+        results[i] = { stats, fs: Array.isArray(fs) ? fs : [] };
+      } catch (error) {
+        log.debug("No statistics of {name} for this scrape: {error}", {
+          namespace: vmi.metadata.namespace,
+          name: vmi.metadata.name,
+          error,
+        });
       }
-    };
-    await Promise.all(Array.from({ length: METRICS_CONCURRENCY }, worker));
+    });
     vmis.forEach((vmi, i) => {
       const r = results[i];
       if (r) addVmiSamples(exp, vmi, r.stats, r.fs);
@@ -790,26 +791,22 @@ export class Handler implements Runnable {
   async #adopt(): Promise<number> {
     let adopted = 0;
     const all = this.#provider.adoptable();
-    for (let i = 0; i < all.length; i += ADOPT_CONCURRENCY) {
-      await Promise.all(
-        all.slice(i, i + ADOPT_CONCURRENCY).map(async (l) => {
-          const client = this.#launchers.getOrCreate(l.uid, l.socket);
-          try {
-            await Deno.lstat(l.socket);
-            const domain = await client.getDomain();
-            if (domain) this.#controller.domainEvent("ADDED", domain);
-            adopted++;
-          } catch (error) {
-            log.warn("Launcher of ghost record not answering yet: {error}", {
-              namespace: l.namespace,
-              name: l.name,
-              uid: l.uid,
-              error,
-            });
-          }
-        }),
-      );
-    }
+    await forEachLimited(all, ADOPT_CONCURRENCY, async (l) => {
+      const client = this.#launchers.getOrCreate(l.uid, l.socket);
+      try {
+        await Deno.lstat(l.socket);
+        const domain = await client.getDomain();
+        if (domain) this.#controller.domainEvent("ADDED", domain);
+        adopted++;
+      } catch (error) {
+        log.warn("Launcher of ghost record not answering yet: {error}", {
+          namespace: l.namespace,
+          name: l.name,
+          uid: l.uid,
+          error,
+        });
+      }
+    });
     return adopted;
   }
 }

@@ -63,7 +63,7 @@ import {
 } from "./host_protocol/mod.ts";
 
 import { grantKvm, type QemuUser, qemuUserOfCapabilities } from "./qemu_user.ts";
-import { removeIfPresent } from "../lifecycle/mod.ts";
+import { forEachLimited, removeIfPresent } from "../lifecycle/mod.ts";
 
 const log = getLogger("launcher", "host");
 
@@ -202,9 +202,7 @@ export class LauncherHost {
         await Deno.rename(file, `${file}.bad`).catch(() => {});
       }
     }
-    for (let i = 0; i < specs.length; i += ADOPT_CONCURRENCY) {
-      await Promise.all(specs.slice(i, i + ADOPT_CONCURRENCY).map((s) => this.#adopt(s)));
-    }
+    await forEachLimited(specs, ADOPT_CONCURRENCY, (s) => this.#adopt(s));
     return specs.length;
   }
 

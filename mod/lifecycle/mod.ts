@@ -7,3 +7,4 @@
  */
 export * from "./lifecycle.ts";
 export * from "./files.ts";
+export * from "./concurrency.ts";
