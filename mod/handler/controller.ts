@@ -646,15 +646,11 @@ export class VmiController {
     const key = vmiKey(vmi.metadata);
     const current = this.#d.informer.get(key);
     if (!current) return false;
-    this.#d.expectations.expectWrites(key);
-    try {
-      const r = await this.#d.statusWriter.update(current, mutate);
-      if (!r.written) this.#d.expectations.writeObserved(key);
-      return r.written;
-    } catch (error) {
-      this.#d.expectations.writeFailed(key);
-      throw error;
-    }
+    const r = await this.#d.expectations.expectingWrite(
+      key,
+      () => this.#d.statusWriter.update(current, mutate),
+    );
+    return r.written;
   }
 
   /**

@@ -157,14 +157,10 @@ export class MigrationSourceController {
     }
     const handover = this.#updateStatus(vmi, domain);
     if (handover.kind === "requeueAfter" && result.kind === "done") result = handover;
-    this.#d.expectations.expectWrites(key);
-    try {
-      const r = await this.#d.statusWriter.update(current, () => vmi.status);
-      if (!r.written) this.#d.expectations.writeObserved(key);
-    } catch (error) {
-      this.#d.expectations.writeFailed(key);
-      throw error;
-    }
+    await this.#d.expectations.expectingWrite(
+      key,
+      () => this.#d.statusWriter.update(current, () => vmi.status),
+    );
     if (syncError !== undefined) throw syncError;
     return result;
   }

@@ -95,6 +95,26 @@ export class Expectations {
   }
 
   /**
+   * Makes one write of `key` under expectations: expected before it starts, counted as
+   * observed at once when `write` says nothing was written (no watch event will come), and
+   * forgotten when it throws. Resolves to what `write` resolved to.
+   */
+  async expectingWrite<T extends { written: boolean }>(
+    key: string,
+    write: () => Promise<T>,
+  ): Promise<T> {
+    this.expectWrites(key);
+    try {
+      const result = await write();
+      if (!result.written) this.writeObserved(key);
+      return result;
+    } catch (error) {
+      this.writeFailed(key);
+      throw error;
+    }
+  }
+
+  /**
    * Whether `key` may be acted on: no record, every expectation observed, or the
    * record is older than the TTL.
    */

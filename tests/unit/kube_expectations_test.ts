@@ -66,3 +66,18 @@ Deno.test("Expectations: raising again restarts the TTL", () => {
   now = 150;
   assert.equal(e.satisfied("ns/a"), false);
 });
+
+Deno.test("expectingWrite() expects, settles an unwritten write at once and forgets a failed one", async () => {
+  const e = new Expectations();
+  await e.expectingWrite("ns/a", () => Promise.resolve({ written: true }));
+  assert.equal(e.satisfied("ns/a"), false, "a made write waits for its watch event");
+  e.writeObserved("ns/a");
+  assert.equal(e.satisfied("ns/a"), true);
+  await e.expectingWrite("ns/b", () => Promise.resolve({ written: false }));
+  assert.equal(e.satisfied("ns/b"), true, "no write, no event to wait for");
+  await assert.rejects(
+    e.expectingWrite("ns/c", () => Promise.reject(new Error("conflict"))),
+    /conflict/,
+  );
+  assert.equal(e.satisfied("ns/c"), true, "a failed write is not waited for");
+});
