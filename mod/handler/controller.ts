@@ -69,10 +69,17 @@ import {
   type StatusInput,
   volumePhaseEvents,
 } from "./status.ts";
-import { describe, domainUid, gracePeriodSeconds, recordVmiEvent } from "./_vmi.ts";
+import { describe, domainUid, gracePeriodSeconds } from "./_vmi.ts";
 import { domainMigrated, isMigrationInProgress } from "./migration_state.ts";
 import { hostTopology, type NumaCell, virtualMachineOptions } from "./vm_options.ts";
-import { DONE, type ReconcileResult, requeueAfter, runWorkers, sooner } from "./_workers.ts";
+import {
+  DONE,
+  KeyedController,
+  type ReconcileResult,
+  requeueAfter,
+  sooner,
+  type SyncCounts,
+} from "./_workers.ts";
 
 export { DONE, type ReconcileResult, requeueAfter, sooner };
 
@@ -154,7 +161,7 @@ function isPausedBy(domain: Domain | undefined, reason: StateChangeReason): bool
 }
 
 /** The VirtualMachineController of KubeVirt's virt-handler. */
-export class VmiController {
+export class VmiController extends KeyedController {
   /** For logs and errors. */
   readonly name = "vmi-controller";
   readonly #d: ControllerDeps;
@@ -174,6 +181,20 @@ export class VmiController {
 
   /** Creates the controller and subscribes it to the informer; nothing runs until {@linkcode run}. */
   constructor(deps: ControllerDeps) {
+    const syncs = { success: 0, error: 0 };
+    super({
+      queue: deps.queue,
+      workers: deps.workers ?? DEFAULT_WORKERS,
+      log,
+      recorder: deps.recorder,
+      counts: syncs,
+      // Before the informer has listed, a VMI missing from the cache would look deleted and
+      // its running VM would be shut down; and, as virt-handler, no VMI is synced before the
+      // cluster's configuration is read.
+      ready: () => Promise.all([deps.informer.waitForSync(), deps.configReady?.()]),
+      onStarted: deps.onStarted,
+    });
+    this.syncs = syncs;
     this.#d = deps;
     deps.informer.addHandlers({
       onAdd: (vmi) => this.#vmiEvent(vmi),
@@ -251,29 +272,8 @@ export class VmiController {
     if (rec) this.#d.queue.add(vmiKey(rec));
   }
 
-  /** Wakes a key. */
-  wake(key: string): void {
-    this.#d.queue.add(key);
-  }
-
-  /**
-   * Runs the workers once the informer has listed (before that a VMI missing from the
-   * cache would look deleted, and its running VM would be shut down). When `signal`
-   * aborts, the queue takes no new keys, in-flight syncs finish, and this resolves.
-   */
-  async run(signal: AbortSignal): Promise<void> {
-    await runWorkers(this.#d.queue, (key) => this.reconcile(key), {
-      workers: this.#d.workers ?? DEFAULT_WORKERS,
-      log,
-      counts: this.syncs,
-      // As virt-handler: no VMI is synced before the cluster's configuration is read.
-      ready: Promise.all([this.#d.informer.waitForSync(), this.#d.configReady?.()]).then(() => {}),
-      onStarted: this.#d.onStarted,
-    }, signal);
-  }
-
   /** Syncs done since start, by outcome (the handler's metrics). */
-  readonly syncs = { success: 0, error: 0 };
+  readonly syncs: SyncCounts;
 
   /** The work queue's counters and timings (the handler's metrics). */
   queueStats(): QueueStats {
@@ -499,7 +499,7 @@ export class VmiController {
       }
     }
     if (syncError !== undefined) {
-      if (vmiExists) this.#record(vmi, "Warning", EventReason.SyncFailed, describe(syncError));
+      if (vmiExists) this.record(vmi, "Warning", EventReason.SyncFailed, describe(syncError));
       throw syncError;
     }
     return result;
@@ -592,15 +592,6 @@ export class VmiController {
     }
   }
 
-  #record(
-    vmi: VirtualMachineInstance,
-    type: "Normal" | "Warning",
-    reason: string,
-    message: string,
-  ): void {
-    recordVmiEvent(this.#d.recorder, log, vmi, { type, reason, message });
-  }
-
   /**
    * virt-controller's last step, for this node (pod-less mode): once a VMI is final and
    * its domain is gone, the finalizer virt-api put on it comes off, so a deleted VMI
@@ -676,14 +667,14 @@ export class VmiController {
       return r.status;
     });
     if (written) {
-      for (const ev of volumeEvents) this.#record(vmi, "Normal", ev.reason, ev.message);
-      for (const ev of statusEvents) this.#record(vmi, ev.type, ev.reason, ev.message);
+      for (const ev of volumeEvents) this.record(vmi, "Normal", ev.reason, ev.message);
+      for (const ev of statusEvents) this.record(vmi, ev.type, ev.reason, ev.message);
     }
     const key = vmiKey(vmi.metadata);
     if (written) log.debug("Status written", { key, phase: change?.to });
     if (written && change) {
       const ev = options.phaseEvent ? phaseChangeEvent(change) : undefined;
-      if (ev) this.#record(vmi, ev.type, ev.reason, ev.message);
+      if (ev) this.record(vmi, ev.type, ev.reason, ev.message);
       log.info("VMI phase changed from {from} to {to}", {
         namespace: vmi.metadata.namespace,
         name: vmi.metadata.name,
@@ -759,7 +750,7 @@ export class VmiController {
     const forLauncher = this.#d.provider.forLauncher(vmi);
     if (!alive) {
       const record = (type: "Normal" | "Warning", reason: string, message: string) =>
-        this.#record(vmi, type, reason, message);
+        this.record(vmi, type, reason, message);
       if ((await this.#d.provider.prepareDisks(forLauncher, record)) === "notReady") {
         return notReady;
       }
@@ -780,13 +771,13 @@ export class VmiController {
       this.#synced.set(uid, spec);
       await this.#afterStart(vmi, network);
       if (!domain) {
-        this.#record(vmi, "Normal", EventReason.Created, "VirtualMachineInstance defined.");
+        this.record(vmi, "Normal", EventReason.Created, "VirtualMachineInstance defined.");
       }
       return DONE;
     }
     if (isPausedBy(domain, StateChangeReason.PausedIOError)) {
       await client.unpauseVirtualMachine(vmi);
-      this.#record(vmi, "Normal", EventReason.Resumed, "VMI resumed after IO error");
+      this.record(vmi, "Normal", EventReason.Resumed, "VMI resumed after IO error");
       return DONE;
     }
     if (alive && !this.#synced.has(uid)) {
@@ -807,7 +798,7 @@ export class VmiController {
     if (alive) await this.#d.provider.unplug(vmi);
     await this.#afterStart(vmi, network);
     if (!domain) {
-      this.#record(vmi, "Normal", EventReason.Created, "VirtualMachineInstance defined.");
+      this.record(vmi, "Normal", EventReason.Created, "VirtualMachineInstance defined.");
     }
     this.#synced.set(uid, spec);
     return DONE;
@@ -837,7 +828,7 @@ export class VmiController {
         // As KubeVirt's handler: the first request only, so that a long grace period's
         // resends do not spend the Event spam filter's budget before the final Event.
         if (st.lastAcpiMs === 0) {
-          this.#record(vmi, "Normal", EventReason.ShuttingDown, "Signaled Graceful Shutdown");
+          this.record(vmi, "Normal", EventReason.ShuttingDown, "Signaled Graceful Shutdown");
         }
         st.lastAcpiMs = now;
         log.debug("Sent ACPI shutdown", {
@@ -869,13 +860,13 @@ export class VmiController {
     const client = this.#d.launchers.get(vmi.metadata.uid!);
     if (!client) throw new Error("no launcher client to destroy the domain with");
     await client.killVirtualMachine(vmi);
-    this.#record(vmi, "Normal", EventReason.Deleted, "VirtualMachineInstance stopping");
+    this.record(vmi, "Normal", EventReason.Deleted, "VirtualMachineInstance stopping");
   }
 
   async #processVmDelete(vmi: VirtualMachineInstance): Promise<void> {
     const client = this.#d.launchers.get(vmi.metadata.uid!);
     if (!client) throw new Error("no launcher client to delete the domain with");
-    this.#record(vmi, "Normal", EventReason.Deleted, "Signaled Deletion");
+    this.record(vmi, "Normal", EventReason.Deleted, "Signaled Deletion");
     await client.deleteVirtualMachine(vmi);
   }
 

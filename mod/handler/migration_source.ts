@@ -42,8 +42,8 @@ import {
   migrationOptions,
 } from "./migration_state.ts";
 import { MigrationEvents } from "./migration_target.ts";
-import { describe, domainUid, recordVmiEvent } from "./_vmi.ts";
-import { DONE, type ReconcileResult, requeueAfter, runWorkers } from "./_workers.ts";
+import { describe, domainUid } from "./_vmi.ts";
+import { DONE, KeyedController, type ReconcileResult, requeueAfter } from "./_workers.ts";
 
 const log = getLogger("handler", "migration-source");
 
@@ -81,13 +81,20 @@ export interface MigrationSourceDeps {
 }
 
 /** KubeVirt's MigrationSourceController; see the module doc. */
-export class MigrationSourceController {
+export class MigrationSourceController extends KeyedController {
   /** For logs. */
   readonly name = "migration-source";
   readonly #d: MigrationSourceDeps;
 
   /** Creates the controller and subscribes it to the node's VMI informer. */
   constructor(deps: MigrationSourceDeps) {
+    super({
+      queue: deps.queue,
+      workers: deps.workers ?? 2,
+      log,
+      recorder: deps.recorder,
+      ready: () => deps.informer.waitForSync(),
+    });
     this.#d = deps;
     const wake = (vmi: VirtualMachineInstance) => {
       const key = vmiKey(vmi.metadata);
@@ -99,20 +106,6 @@ export class MigrationSourceController {
       onUpdate: (_old, vmi) => wake(vmi),
       onDelete: (vmi) => deps.queue.add(vmiKey(vmi.metadata)),
     });
-  }
-
-  /** A domain event of the node: wakes the key. */
-  wake(key: string): void {
-    this.#d.queue.add(key);
-  }
-
-  /** Runs the workers once the informer has listed, until `signal` aborts. */
-  async run(signal: AbortSignal): Promise<void> {
-    await runWorkers(this.#d.queue, (key) => this.reconcile(key), {
-      workers: this.#d.workers ?? 2,
-      log,
-      ready: this.#d.informer.waitForSync(),
-    }, signal);
   }
 
   /** One look at a key (KubeVirt's `execute`). */
@@ -153,7 +146,7 @@ export class MigrationSourceController {
       if (isDomainAlive(domain)) result = await this.#migrate(vmi, domain);
     } catch (error) {
       syncError = error;
-      this.#record(vmi, "Warning", "SyncFailed", describe(error));
+      this.record(vmi, "Warning", "SyncFailed", describe(error));
     }
     const handover = this.#updateStatus(vmi, domain);
     if (handover.kind === "requeueAfter" && result.kind === "done") result = handover;
@@ -182,7 +175,7 @@ export class MigrationSourceController {
     if (state.abortRequested) {
       if (state.abortStatus === "Aborting" || state.abortStatus === "Succeeded") return DONE;
       await client.cancelVirtualMachineMigration(vmi);
-      this.#record(vmi, "Normal", MigrationEvents.Migrating, MigrationEvents.AbortingMessage);
+      this.record(vmi, "Normal", MigrationEvents.Migrating, MigrationEvents.AbortingMessage);
       return DONE;
     }
     if (isMigrationInProgress(vmi, domain)) return DONE;
@@ -205,7 +198,7 @@ export class MigrationSourceController {
     const options = migrationOptions(vmi, this.#d.clusterConfig?.().migrations);
     log.info("Migration options matched", { uid, options: JSON.stringify(options) });
     await client.migrateVirtualMachine(this.#d.provider.forLauncher(vmi), options);
-    this.#record(vmi, "Normal", MigrationEvents.Migrating, MigrationEvents.MigratingMessage);
+    this.record(vmi, "Normal", MigrationEvents.Migrating, MigrationEvents.MigratingMessage);
     return DONE;
   }
 
@@ -224,7 +217,7 @@ export class MigrationSourceController {
       if (meta.failed) {
         state.endTimestamp = meta.endTimestamp;
         state.failureReason = meta.failureReason;
-        this.#record(
+        this.record(
           vmi,
           "Warning",
           MigrationEvents.Migrated,
@@ -240,7 +233,7 @@ export class MigrationSourceController {
       state.completed = true;
       state.failed = true;
       state.endTimestamp ??= kubeTime();
-      this.#record(
+      this.record(
         vmi,
         "Warning",
         MigrationEvents.Migrated,
@@ -254,7 +247,7 @@ export class MigrationSourceController {
       status.phase = VmiPhase.Failed;
       state.completed = true;
       state.failed = true;
-      this.#record(
+      this.record(
         vmi,
         "Warning",
         MigrationEvents.Migrated,
@@ -263,14 +256,5 @@ export class MigrationSourceController {
       );
     }
     return DONE;
-  }
-
-  #record(
-    vmi: VirtualMachineInstance,
-    type: "Normal" | "Warning",
-    reason: string,
-    message: string,
-  ): void {
-    recordVmiEvent(this.#d.recorder, log, vmi, { type, reason, message });
   }
 }

@@ -43,8 +43,8 @@ import {
   isMigrationTarget,
   migrationNeedsFinalization,
 } from "./migration_state.ts";
-import { describe, domainUid, recordVmiEvent } from "./_vmi.ts";
-import { DONE, type ReconcileResult, requeueAfter, runWorkers, sooner } from "./_workers.ts";
+import { describe, domainUid } from "./_vmi.ts";
+import { DONE, KeyedController, type ReconcileResult, requeueAfter, sooner } from "./_workers.ts";
 import { interfaceDomainAttachment } from "./vm_options.ts";
 
 const log = getLogger("handler", "migration-target");
@@ -93,7 +93,7 @@ export interface MigrationTargetDeps {
 }
 
 /** KubeVirt's MigrationTargetController; see the module doc. */
-export class MigrationTargetController {
+export class MigrationTargetController extends KeyedController {
   /** For logs. */
   readonly name = "migration-target";
   readonly #d: MigrationTargetDeps;
@@ -106,6 +106,13 @@ export class MigrationTargetController {
 
   /** Creates the controller and subscribes it to its informer. */
   constructor(deps: MigrationTargetDeps) {
+    super({
+      queue: deps.queue,
+      workers: deps.workers ?? 2,
+      log,
+      recorder: deps.recorder,
+      ready: () => deps.informer.waitForSync(),
+    });
     this.#d = deps;
     deps.informer.addHandlers({
       onAdd: (vmi) => deps.queue.add(vmiKey(vmi.metadata)),
@@ -122,20 +129,6 @@ export class MigrationTargetController {
   handles(key: string): boolean {
     const vmi = this.#d.informer.get(key);
     return vmi !== undefined && vmi.metadata.labels?.[Labels.NodeName] !== this.#d.nodeName;
-  }
-
-  /** A domain event of the node: wakes the key. */
-  wake(key: string): void {
-    this.#d.queue.add(key);
-  }
-
-  /** Runs the workers once the informer has listed, until `signal` aborts. */
-  async run(signal: AbortSignal): Promise<void> {
-    await runWorkers(this.#d.queue, (key) => this.reconcile(key), {
-      workers: this.#d.workers ?? 2,
-      log,
-      ready: this.#d.informer.waitForSync(),
-    }, signal);
   }
 
   /** One look at a key (KubeVirt's `execute`). */
@@ -192,7 +185,7 @@ export class MigrationTargetController {
       result = await this.#processVmi(vmi);
     } catch (error) {
       syncError = error;
-      this.#record(vmi, "Warning", "SyncFailed", describe(error));
+      this.record(vmi, "Warning", "SyncFailed", describe(error));
     }
     result = sooner(result, await this.#updateStatus(vmi, domain));
     await this.#write(current, vmi);
@@ -223,7 +216,7 @@ export class MigrationTargetController {
     const notReady = requeueAfter(TARGET_REQUEUE_MS, "the target launcher is not ready");
     const forLauncher = this.#d.provider.forLauncher(vmi);
     const record = (type: "Normal" | "Warning", reason: string, message: string) =>
-      this.#record(vmi, type, reason, message);
+      this.record(vmi, type, reason, message);
     if ((await this.#d.provider.prepareDisks(forLauncher, record)) === "notReady") {
       return notReady;
     }
@@ -240,7 +233,7 @@ export class MigrationTargetController {
     const targets = await this.#d.provider.migrationTargets(vmi);
     await this.#d.proxy.startTargetListener(uid, targets);
     this.#prepared.set(uid, migrationUid);
-    this.#record(vmi, "Normal", MigrationEvents.PreparingTarget, MigrationEvents.TargetPrepared);
+    this.record(vmi, "Normal", MigrationEvents.PreparingTarget, MigrationEvents.TargetPrepared);
     return DONE;
   }
 
@@ -291,7 +284,7 @@ export class MigrationTargetController {
       return requeueAfter(TARGET_REQUEUE_MS, "the target's listeners are not up");
     }
     if (state.targetNodeAddress !== this.#d.migrationAddress) {
-      this.#record(
+      this.record(
         vmi,
         "Normal",
         MigrationEvents.PreparingTarget,
@@ -324,7 +317,7 @@ export class MigrationTargetController {
     status.nodeName = this.#d.nodeName;
     (status as { evacuationNodeName?: string }).evacuationNodeName = undefined;
     status.migrationTransport = "Unix";
-    this.#record(
+    this.record(
       vmi,
       "Normal",
       MigrationEvents.Migrated,
@@ -405,14 +398,5 @@ export class MigrationTargetController {
       o.metadata.labels = vmi.metadata.labels;
       o.metadata.annotations = vmi.metadata.annotations;
     });
-  }
-
-  #record(
-    vmi: VirtualMachineInstance,
-    type: "Normal" | "Warning",
-    reason: string,
-    message: string,
-  ): void {
-    recordVmiEvent(this.#d.recorder, log, vmi, { type, reason, message });
   }
 }
