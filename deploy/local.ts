@@ -20,9 +20,8 @@
  *
  * @module
  */
-import { startCluster } from "./cluster/cluster.ts";
+import { kubectl, startCluster } from "./cluster/cluster.ts";
 import { type PreparedLibvirtd, prepareLibvirtd } from "./libvirtd.ts";
-import { kubectl } from "./node/daemonsets.ts";
 import { podlessNodeKubeconfig } from "./podless_node.ts";
 import { KubeApiError, type KubeClient, loadKubeClient } from "../mod/kube/mod.ts";
 import { sleep } from "../mod/lifecycle/mod.ts";

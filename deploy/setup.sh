@@ -18,12 +18,12 @@ APT_PACKAGES=(
   libxml2-utils procps ca-certificates debootstrap
   # KubeVirt's virt-launcher, built as a test peer, links libvirt with cgo.
   libvirt-dev pkgconf gcc libc6-dev
-  # The test node (deploy/node/node.ts): container runtime, pod network, kube-proxy's rules.
+  # The test node (tests/harness/node/node.ts): container runtime, pod network, kube-proxy's rules.
   containerd runc containernetworking-plugins iptables
   # The launcher image: setcap gives virt-launcher-monitor its file capability.
   libcap2-bin
   # Pod networks: masquerade's rules; the test guest (Debian's kernel is fetched with
-  # apt-get download, never installed: deploy/guest/build.sh); a real DHCP client.
+  # apt-get download, never installed: tests/harness/guest/build.sh); a real DHCP client.
   nftables busybox-static syslinux syslinux-common mtools isc-dhcp-client
   # The conformance tier's cluster DNS (kube-system/kube-dns), which KubeVirt's suite needs.
   dnsmasq-base
@@ -137,21 +137,21 @@ echo "$cluster_bin"
 step "KubeVirt's CRDs, admission, handler-side clients and launcher (built from kubevirt.io/kubevirt by deploy/kubevirt/build.sh; cached)"
 kubevirt_bin=$(bash deploy/kubevirt/build.sh)
 echo "$kubevirt_bin"
-step "KubeVirt's virtctl, the node tier's client of virt-api (deploy/kubevirt/build_virtctl.sh; cached)"
-bash deploy/kubevirt/build_virtctl.sh
-step "promtool from Debian's prometheus package, which checks the handler's metrics (deploy/promtool.sh; cached)"
-bash deploy/promtool.sh
-step "The test node's kubelet, scheduler, controller manager and kube-proxy (deploy/node/build.sh; cached)"
-bash deploy/node/build.sh
-step "containerd 2 for the node test of KubeVirt's ImageVolume gate (deploy/node/build_containerd.sh; cached)"
-bash deploy/node/build_containerd.sh
-step "The test node's launcher image root: Debian 12, libvirt, QEMU, KubeVirt's virt-launcher (deploy/node/images.sh; cached)"
-bash deploy/node/images.sh launcher "$kubevirt_bin"
-step "The virtnode image's Debian layer: libvirt0 (deploy/node/images.sh; cached)"
-bash deploy/node/images.sh virtnode-base
+step "KubeVirt's virtctl, the node tier's client of virt-api (tests/harness/kubevirt/build_virtctl.sh; cached)"
+bash tests/harness/kubevirt/build_virtctl.sh
+step "promtool from Debian's prometheus package, which checks the handler's metrics (tests/harness/promtool.sh; cached)"
+bash tests/harness/promtool.sh
+step "The test node's kubelet, scheduler, controller manager and kube-proxy (tests/harness/node/build.sh; cached)"
+bash tests/harness/node/build.sh
+step "containerd 2 for the node test of KubeVirt's ImageVolume gate (tests/harness/node/build_containerd.sh; cached)"
+bash tests/harness/node/build_containerd.sh
+step "The test node's launcher image root: Debian 12, libvirt, QEMU, KubeVirt's virt-launcher (tests/harness/node/images.sh; cached)"
+bash tests/harness/node/images.sh launcher "$kubevirt_bin"
+step "The virtnode image's Debian layer: libvirt0 (tests/harness/node/images.sh; cached)"
+bash tests/harness/node/images.sh virtnode-base
 
-step "The test guest: Debian's kernel and busybox with a DHCP client and an HTTP server (deploy/guest/build.sh; cached)"
-bash deploy/guest/build.sh
+step "The test guest: Debian's kernel and busybox with a DHCP client and an HTTP server (tests/harness/guest/build.sh; cached)"
+bash tests/harness/guest/build.sh
 
 step "kubectl"
 # A link we made earlier points into the cache; a kubectl of the machine's own is kept.

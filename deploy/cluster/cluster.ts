@@ -151,7 +151,7 @@ export async function useCluster(options: StartClusterOptions = {}): Promise<Clu
   const kubeconfigPath = Deno.env.get("VIRTNODE_TEST_KUBECONFIG");
   if (!kubeconfigPath) return await startCluster({ admission: true, ...options });
   const view = (field: string) =>
-    kubectl(["--kubeconfig", kubeconfigPath, "config", "view", "--raw", "--minify", "-o", field]);
+    kubectl(kubeconfigPath, ["config", "view", "--raw", "--minify", "-o", field]);
   let server: string;
   let token: string;
   try {
@@ -182,6 +182,30 @@ export async function useCluster(options: StartClusterOptions = {}): Promise<Clu
 }
 
 /**
+ * Runs `kubectl` (`$KUBECTL`, else the one on PATH) with `kubeconfig` and returns its
+ * output, trimmed; a failure throws with its exit code and stderr.
+ */
+export async function kubectl(kubeconfig: string, args: string[], input?: string): Promise<string> {
+  const child = new Deno.Command(KUBECTL, {
+    args: ["--kubeconfig", kubeconfig, ...args],
+    stdin: input === undefined ? "null" : "piped",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  if (input !== undefined) {
+    const w = child.stdin.getWriter();
+    await w.write(new TextEncoder().encode(input));
+    await w.close();
+  }
+  const out = await child.output();
+  const dec = new TextDecoder();
+  if (!out.success) {
+    throw new Error(`kubectl ${args.join(" ")} exited ${out.code}: ${dec.decode(out.stderr)}`);
+  }
+  return dec.decode(out.stdout).trim();
+}
+
+/**
  * Runs `deploy/kubevirt/build.sh` (a no-op when its cache holds the result) and returns
  * its directory: KubeVirt's CRDs under `crds/`, its examples under `examples/`, and the
  * programs built from KubeVirt's packages (`kubevirt-admission`, `cmdclient-check`).
@@ -190,24 +214,16 @@ export async function buildKubevirt(): Promise<string> {
   return await runBuildScript(KUBEVIRT_BUILD_SCRIPT, "KubeVirt's test peers");
 }
 
-/**
- * Runs `deploy/kubevirt/build_virtctl.sh` (a no-op when cached) and returns the path of
- * KubeVirt's `virtctl` built from the same module version.
- */
-export async function buildVirtctl(): Promise<string> {
-  const dir = await runBuildScript(
-    new URL("../kubevirt/build_virtctl.sh", import.meta.url).pathname,
-    "KubeVirt's virtctl",
-  );
-  return `${dir}/virtctl`;
-}
-
 /** Runs build.sh (a no-op when its cache holds the binaries) and returns the binary directory. */
 function buildBinaries(): Promise<string> {
   return runBuildScript(BUILD_SCRIPT, "the control plane");
 }
 
-async function runBuildScript(script: string, what: string): Promise<string> {
+/**
+ * Runs a build script that prints its cache directory (a no-op when the cache holds the
+ * result) and returns that directory; a failure names `what` and the script's output.
+ */
+export async function runBuildScript(script: string, what: string): Promise<string> {
   let output: Deno.CommandOutput;
   try {
     output = await new Deno.Command("bash", {
@@ -259,8 +275,7 @@ class ControlPlane implements Cluster {
    * once it said it is ready.
    */
   async startAdmission(kubevirtDir: string): Promise<void> {
-    const kc = ["--kubeconfig", this.kubeconfigPath];
-    await kubectl([...kc, "create", "namespace", KUBEVIRT_NAMESPACE]);
+    await kubectl(this.kubeconfigPath, ["create", "namespace", KUBEVIRT_NAMESPACE]);
     await createKubevirtCr(this.kubeconfigPath, this.dir, {});
     const readyFile = path.join(this.dir, "kubevirt-admission.ready");
     const admission = await this.#spawn(
@@ -283,8 +298,7 @@ class ControlPlane implements Cluster {
       CONTROLLER_SERVICE_ACCOUNT,
       path.join(this.dir, `${CONTROLLER_SERVICE_ACCOUNT}.kubeconfig`),
     );
-    await kubectl([
-      ...kc,
+    await kubectl(this.kubeconfigPath, [
       "create",
       "clusterrolebinding",
       `${CONTROLLER_SERVICE_ACCOUNT}-test-harness`,
@@ -669,18 +683,8 @@ async function applyCrds(kubeconfigPath: string, dir: string): Promise<void> {
   if (count === 0) throw new ClusterError(`The CRD directory "${dir}" holds no manifests`);
   // Server-side: KubeVirt's VMI CRD is too large for client-side apply's annotation.
   try {
-    await kubectl([
-      "--kubeconfig",
-      kubeconfigPath,
-      "apply",
-      "--server-side",
-      "--force-conflicts",
-      "-f",
-      dir,
-    ]);
-    await kubectl([
-      "--kubeconfig",
-      kubeconfigPath,
+    await kubectl(kubeconfigPath, ["apply", "--server-side", "--force-conflicts", "-f", dir]);
+    await kubectl(kubeconfigPath, [
       "wait",
       "--for=condition=established",
       "--timeout=60s",
@@ -726,7 +730,6 @@ export async function createKubevirtCr(
   developerConfiguration: Record<string, unknown>,
   configuration: Record<string, unknown> = {},
 ): Promise<void> {
-  const kc = ["--kubeconfig", kubeconfigPath];
   const crFile = path.join(dir, "kubevirt-cr.json");
   await Deno.writeTextFile(
     crFile,
@@ -737,9 +740,8 @@ export async function createKubevirtCr(
       spec: { configuration: { ...configuration, developerConfiguration } },
     }),
   );
-  await kubectl([...kc, "create", "-f", crFile]);
-  await kubectl([
-    ...kc,
+  await kubectl(kubeconfigPath, ["create", "-f", crFile]);
+  await kubectl(kubeconfigPath, [
     "patch",
     "kubevirt",
     "kubevirt",
@@ -765,16 +767,6 @@ async function hostAddress(): Promise<string> {
   const any = /inet (\d+\.\d+\.\d+\.\d+)\/\d+ .*scope global/.exec(await ip(["-4", "addr"]));
   if (any) return any[1];
   throw new ClusterError("Cannot find an address of this host that pods can reach");
-}
-
-/** Runs kubectl and returns its stdout; throws with its stderr. */
-async function kubectl(args: string[]): Promise<string> {
-  const output = await new Deno.Command(KUBECTL, { args, stdin: "null" }).output();
-  const decoder = new TextDecoder();
-  if (!output.success) {
-    throw new Error(`kubectl exited with code ${output.code}: ${decoder.decode(output.stderr)}`);
-  }
-  return decoder.decode(output.stdout).trim();
 }
 
 function pem(label: string, der: ArrayBuffer): string {
@@ -817,10 +809,9 @@ export async function serviceAccountKubeconfig(
   file: string,
   options: { boundNode?: string } = {},
 ): Promise<string> {
-  const kc = ["--kubeconfig", cluster.kubeconfigPath];
   const createIfMissing = async (args: string[]) => {
     try {
-      await kubectl([...kc, "create", ...args]);
+      await kubectl(cluster.kubeconfigPath, ["create", ...args]);
     } catch (error) {
       if (!/AlreadyExists|already exists/.test(message(error))) throw error;
     }
@@ -828,8 +819,7 @@ export async function serviceAccountKubeconfig(
   try {
     await createIfMissing(["namespace", namespace]);
     await createIfMissing(["serviceaccount", name, "-n", namespace]);
-    const token = await kubectl([
-      ...kc,
+    const token = await kubectl(cluster.kubeconfigPath, [
       "create",
       "token",
       name,
@@ -841,7 +831,7 @@ export async function serviceAccountKubeconfig(
         : []),
     ]);
     const config = JSON.parse(
-      await kubectl([...kc, "config", "view", "--raw", "--minify", "-o", "json"]),
+      await kubectl(cluster.kubeconfigPath, ["config", "view", "--raw", "--minify", "-o", "json"]),
     );
     config.users = [{ name: `${namespace}-${name}`, user: { token: token.trim() } }];
     config.contexts[0].context.user = `${namespace}-${name}`;

@@ -1,6 +1,6 @@
 /**
  * The test control plane's and test node's server processes (deploy/cluster/cluster.ts,
- * deploy/node/node.ts): started with their output in a log file, waited for until
+ * tests/harness/node/node.ts): started with their output in a log file, waited for until
  * ready (failing early with the log's tail when one exits), and stopped with SIGTERM,
  * then SIGKILL after a grace period.
  *

@@ -19,26 +19,30 @@
  * @module
  */
 import { join } from "node:path";
-import { buildKubevirt, type Cluster, startCluster } from "../../deploy/cluster/cluster.ts";
+import {
+  buildKubevirt,
+  type Cluster,
+  kubectl,
+  startCluster,
+} from "../../deploy/cluster/cluster.ts";
 import {
   launcherImage,
   type Node,
   startNode,
   virtHandlerImage,
   virtnodeImage,
-} from "../../deploy/node/node.ts";
-import { type KubevirtControlPlane, startKubevirt } from "../../deploy/node/kubevirt.ts";
+} from "../harness/node/node.ts";
+import { type KubevirtControlPlane, startKubevirt } from "../harness/node/kubevirt.ts";
 import {
   cpuModelFor,
   DAEMONSET_NAMES,
-  kubectl,
   type LabelledNode,
   offered,
   userVmi,
   virtHandlerDaemonSet,
   virtnodeDaemonSet,
   virtnodeDirs,
-} from "../../deploy/node/daemonsets.ts";
+} from "../harness/node/daemonsets.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
 import { kubeClient, testVmi } from "../helpers/handler_process.ts";
 import { startNotifyServer } from "../helpers/notify_server.ts";

@@ -1,6 +1,6 @@
 /**
  * KubeVirt v1.7.0's own conformance specs, with substitute guest images, on a real node:
- * KubeVirt installed by its own virt-operator (deploy/node/operator.ts), the specs run
+ * KubeVirt installed by its own virt-operator (tests/harness/node/operator.ts), the specs run
  * first with virtnode in the operator's `virt-handler` DaemonSet, then with KubeVirt's own
  * virt-handler on the same node, the yardstick. Each run prints its line
  * (`KubeVirt v1.7.0 conformance, substitute guests (<handler>): N passed, ...`) and each
@@ -20,11 +20,12 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { buildVirtctl, startCluster } from "../../deploy/cluster/cluster.ts";
-import { startNode } from "../../deploy/node/node.ts";
-import { type ClusterDns, startClusterDns } from "../../deploy/node/cluster_dns.ts";
-import { type HandlerKind, installByOperator } from "../../deploy/node/operator.ts";
-import { SUITE_IMAGES, suiteImageArchive } from "../../deploy/guest/suite_images.ts";
+import { startCluster } from "../../deploy/cluster/cluster.ts";
+import { buildVirtctl } from "../harness/kubevirt/virtctl.ts";
+import { startNode } from "../harness/node/node.ts";
+import { type ClusterDns, startClusterDns } from "../harness/node/cluster_dns.ts";
+import { type HandlerKind, installByOperator } from "../harness/node/operator.ts";
+import { SUITE_IMAGES, suiteImageArchive } from "../harness/guest/suite_images.ts";
 import { runSuite, type SpecResult, summaryLine } from "../helpers/kubevirt_suite.ts";
 
 /**
@@ -126,7 +127,7 @@ Deno.test({
         PLAN?.[0]?.configuration,
       );
       // The suite's guests and its helper pod's image, under the names it gives them:
-      // substitutes built here (deploy/guest/suite_images.sh).
+      // substitutes built here (tests/harness/guest/suite_images.sh).
       for (const image of SUITE_IMAGES) {
         await node.importImage((await suiteImageArchive(image)).archive);
       }

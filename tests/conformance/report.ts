@@ -119,7 +119,7 @@ const lines = [
   "machine of these runs had no /dev/kvm.",
   "",
   "The guest images are **substitutes** built here from Debian's packages under the suite's",
-  "names (deploy/guest/suite_images.sh): none of KubeVirt's can be fetched. The fedora one is",
+  "names (tests/harness/guest/suite_images.sh): none of KubeVirt's can be fetched. The fedora one is",
   "a busybox userland with Debian's qemu-guest-agent, sshd, sudo and bash, not Fedora. A",
   "result here says how virtnode and virt-handler compare on these specs and these guests;",
   "it is not a certification.",

@@ -5,7 +5,7 @@
  * namespace, no mount, none of the folders it made, no process.
  */
 import assert from "node:assert/strict";
-import { kubectl } from "../../deploy/node/daemonsets.ts";
+import { kubectl } from "../../deploy/cluster/cluster.ts";
 import {
   createUserVmi,
   domainId,

@@ -1,5 +1,5 @@
 /**
- * The test guest (`deploy/guest/build.sh`: Debian's kernel and busybox, a DHCP client and
+ * The test guest (`tests/harness/guest/build.sh`: Debian's kernel and busybox, a DHCP client and
  * an HTTP server) as the tests use it: built once and cached by key, put into a pod-less
  * handler's image directory as a containerDisk, and VMIs that boot it with a NIC on the
  * pod network.
@@ -8,11 +8,11 @@
  */
 import { join } from "node:path";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
-import { GUEST_CPU_FEATURES } from "../../deploy/guest_cpu.ts";
+import { GUEST_CPU_FEATURES } from "../harness/guest_cpu.ts";
 import { kvmUsable } from "../../mod/host/mod.ts";
-import { buildImageArchive } from "../../deploy/node/oci.ts";
+import { buildImageArchive } from "../harness/node/oci.ts";
 
-const BUILD = new URL("../../deploy/guest/build.sh", import.meta.url).pathname;
+const BUILD = new URL("../harness/guest/build.sh", import.meta.url).pathname;
 
 /** The containerDisk image name the test guest goes by in an image directory. */
 export const GUEST_IMAGE = "virtnode.local/test-guest:1";

@@ -10,7 +10,7 @@ import { loadKubeClient } from "../../mod/kube/mod.ts";
 import type { KubeClient } from "../../mod/kube/mod.ts";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
 import { V8_FLAGS } from "../../mod/config/mod.ts";
-import { GUEST_CPU_FEATURES } from "../../deploy/guest_cpu.ts";
+import { GUEST_CPU_FEATURES } from "../harness/guest_cpu.ts";
 
 const MAIN = new URL("../../main.ts", import.meta.url).pathname;
 

@@ -1,12 +1,12 @@
 /**
- * KubeVirt's own functional suite (`tests.test`, deploy/kubevirt/build_suite.sh) run
+ * KubeVirt's own functional suite (`tests.test`, tests/harness/kubevirt/build_suite.sh) run
  * against a test cluster, and its JUnit report read back: which specs passed, failed or
  * were skipped, and the first line of each failure.
  *
  * @module
  */
 import { join } from "node:path";
-import { KUBEVIRT_IMAGE_PREFIX, KUBEVIRT_IMAGE_TAG } from "../../deploy/node/operator.ts";
+import { KUBEVIRT_IMAGE_PREFIX, KUBEVIRT_IMAGE_TAG } from "../harness/node/operator.ts";
 
 /**
  * The specs of KubeVirt's `conformance` label that fit one node, IPv4 only, offline and
@@ -35,7 +35,7 @@ export interface RunSuiteOptions {
   /** The directory of build_suite.sh's output. */
   suiteDir: string;
   kubeconfig: string;
-  /** KubeVirt's virtctl (deploy/kubevirt/build_virtctl.sh). */
+  /** KubeVirt's virtctl (tests/harness/kubevirt/build_virtctl.sh). */
   virtctl: string;
   /** Where the report and the suite's artifacts go. */
   artifacts: string;

@@ -9,7 +9,7 @@ import { LauncherHostClient } from "../../mod/handler/testing.ts";
 import type { HostExit } from "../../mod/handler/testing.ts";
 import type { HostedVmSpec } from "../../mod/launcher/mod.ts";
 import { waitFor } from "./handler_process.ts";
-import { GUEST_CPU_FEATURES } from "../../deploy/guest_cpu.ts";
+import { GUEST_CPU_FEATURES } from "../harness/guest_cpu.ts";
 
 const MAIN = new URL("../../main.ts", import.meta.url).pathname;
 

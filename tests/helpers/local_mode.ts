@@ -6,7 +6,7 @@
  *
  * @module
  */
-import { kubectl } from "../../deploy/node/daemonsets.ts";
+import { kubectl } from "../../deploy/cluster/cluster.ts";
 import { findMarkedProcesses, RUN_MARKER_VAR, sweepMarkedProcesses } from "../run.ts";
 
 const root = new URL("../../", import.meta.url).pathname;

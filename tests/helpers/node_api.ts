@@ -5,7 +5,7 @@
  * @module
  */
 import type { KubeClient } from "../../mod/kube/mod.ts";
-import { userVmi } from "../../deploy/node/daemonsets.ts";
+import { userVmi } from "../harness/node/daemonsets.ts";
 import { GUEST_IMAGE } from "./guest.ts";
 
 /** The fields of a Pod the node tests read. */

@@ -1,5 +1,5 @@
 /**
- * `promtool check metrics` (Debian's prometheus package, unpacked by `deploy/promtool.sh`)
+ * `promtool check metrics` (Debian's prometheus package, unpacked by `tests/harness/promtool.sh`)
  * on a scrape's text.
  *
  * @module
@@ -10,7 +10,7 @@ let promtool: Promise<string> | undefined;
 
 /** Runs `promtool check metrics` on `text`: whether it passed, and what it said. */
 export async function promtoolCheck(text: string): Promise<{ ok: boolean; complaints: string }> {
-  promtool ??= runText("bash", new URL("../../deploy/promtool.sh", import.meta.url).pathname)
+  promtool ??= runText("bash", new URL("../harness/promtool.sh", import.meta.url).pathname)
     .then((out) => out.trim().split("\n").at(-1)!);
   const check = new Deno.Command(await promtool, {
     args: ["check", "metrics"],

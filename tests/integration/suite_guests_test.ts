@@ -1,5 +1,5 @@
 /**
- * The substitute guests of KubeVirt's suite (deploy/guest/suite_images.sh) boot under QEMU
+ * The substitute guests of KubeVirt's suite (tests/harness/guest/suite_images.sh) boot under QEMU
  * alone and answer the console dialogue of KubeVirt's tests/console/login.go, with a NoCloud
  * seed whose user-data runs and whose meta-data names the host.
  */
@@ -9,7 +9,7 @@ import {
   buildSuiteFlavour,
   SUITE_IMAGES,
   suiteImageArchive,
-} from "../../deploy/guest/suite_images.ts";
+} from "../harness/guest/suite_images.ts";
 
 const HOST = "suite-vmi";
 const PROMPT = /(\$ |# )/;

@@ -12,7 +12,7 @@ import { join } from "node:path";
 import { buildKubevirt, startCluster } from "../../deploy/cluster/cluster.ts";
 import { admit } from "../helpers/admission.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
-import { GUEST_CPU_FEATURES } from "../../deploy/guest_cpu.ts";
+import { GUEST_CPU_FEATURES } from "../harness/guest_cpu.ts";
 
 const REPO_ROOT = new URL("../../", import.meta.url).pathname;
 

@@ -17,7 +17,7 @@ import {
   serviceAccountKubeconfig,
   startCluster,
 } from "../../deploy/cluster/cluster.ts";
-import { startKubevirt } from "../../deploy/node/kubevirt.ts";
+import { startKubevirt } from "../harness/node/kubevirt.ts";
 import type { KubeClient } from "../../mod/kube/mod.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
 import {

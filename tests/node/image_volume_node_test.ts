@@ -12,16 +12,15 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { buildKubevirt, startCluster } from "../../deploy/cluster/cluster.ts";
-import { launcherImage, startNode, virtnodeImage } from "../../deploy/node/node.ts";
-import { startKubevirt } from "../../deploy/node/kubevirt.ts";
+import { buildKubevirt, kubectl, startCluster } from "../../deploy/cluster/cluster.ts";
+import { launcherImage, startNode, virtnodeImage } from "../harness/node/node.ts";
+import { startKubevirt } from "../harness/node/kubevirt.ts";
 import {
   cpuModelFor,
   DAEMONSET_NAMES,
-  kubectl,
   virtnodeDaemonSet,
   virtnodeDirs,
-} from "../../deploy/node/daemonsets.ts";
+} from "../harness/node/daemonsets.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
 import { kubeClient, waitFor } from "../helpers/handler_process.ts";
 import { networkVmi, nodeApi, type NodeObject, podReady, stepper } from "../helpers/node_api.ts";

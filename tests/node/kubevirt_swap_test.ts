@@ -19,24 +19,19 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { buildKubevirt, buildVirtctl, startCluster } from "../../deploy/cluster/cluster.ts";
-import {
-  launcherImage,
-  startNode,
-  virtHandlerImage,
-  virtnodeImage,
-} from "../../deploy/node/node.ts";
-import { startKubevirt } from "../../deploy/node/kubevirt.ts";
+import { buildKubevirt, kubectl, startCluster } from "../../deploy/cluster/cluster.ts";
+import { buildVirtctl } from "../harness/kubevirt/virtctl.ts";
+import { launcherImage, startNode, virtHandlerImage, virtnodeImage } from "../harness/node/node.ts";
+import { startKubevirt } from "../harness/node/kubevirt.ts";
 import {
   cpuModelFor,
   DAEMONSET_NAMES,
-  kubectl,
   offered,
   userVmi,
   virtHandlerDaemonSet,
   virtnodeDaemonSet,
   virtnodeDirs,
-} from "../../deploy/node/daemonsets.ts";
+} from "../harness/node/daemonsets.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
 import { kubeClient, waitFor } from "../helpers/handler_process.ts";
 import {

@@ -12,7 +12,7 @@
  */
 import assert from "node:assert/strict";
 import { useCluster } from "../../deploy/cluster/cluster.ts";
-import { launcherImage, startNode } from "../../deploy/node/node.ts";
+import { launcherImage, startNode } from "../harness/node/node.ts";
 import {
   createVmi,
   deleteVmi,

@@ -11,16 +11,10 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { buildKubevirt, startCluster } from "../../deploy/cluster/cluster.ts";
-import { launcherImage, type Node, startNode, virtnodeImage } from "../../deploy/node/node.ts";
-import { startKubevirt } from "../../deploy/node/kubevirt.ts";
-import {
-  cpuModelFor,
-  kubectl,
-  offered,
-  userVmi,
-  virtnodeDaemonSet,
-} from "../../deploy/node/daemonsets.ts";
+import { buildKubevirt, kubectl, startCluster } from "../../deploy/cluster/cluster.ts";
+import { launcherImage, type Node, startNode, virtnodeImage } from "../harness/node/node.ts";
+import { startKubevirt } from "../harness/node/kubevirt.ts";
+import { cpuModelFor, offered, userVmi, virtnodeDaemonSet } from "../harness/node/daemonsets.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
 import { kubeClient, waitFor } from "../helpers/handler_process.ts";
 import { nodeApi, type NodeObject, podReady, stepper } from "../helpers/node_api.ts";

@@ -1,5 +1,5 @@
 /**
- * One real node (deploy/node/node.ts) joined to the test control plane: containerd,
+ * One real node (tests/harness/node/node.ts) joined to the test control plane: containerd,
  * runc and the CNI bridge from Debian, and a kubelet, kube-scheduler and
  * kube-controller-manager from the apiserver's own Kubernetes module. A DaemonSet of the
  * sandbox image built here shows the whole path: the controller manager creates the pod,
@@ -8,7 +8,7 @@
  */
 import assert from "node:assert/strict";
 import { useCluster } from "../../deploy/cluster/cluster.ts";
-import { PAUSE_IMAGE, startNode } from "../../deploy/node/node.ts";
+import { PAUSE_IMAGE, startNode } from "../harness/node/node.ts";
 import { kubeClient, waitFor } from "../helpers/handler_process.ts";
 
 interface Pod {

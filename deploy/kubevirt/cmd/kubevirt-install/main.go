@@ -6,7 +6,7 @@
 // and validating webhook configurations with the CA bundle filled in, and the
 // kubevirt-cluster-critical PriorityClass. The
 // test harness applies the List, writes each Secret's files where the component reads
-// them, and runs the programs (deploy/node/kubevirt.ts).
+// them, and runs the programs (tests/harness/node/kubevirt.ts).
 //
 // With --handler-image it prints instead virt-handler's DaemonSet as the operator makes
 // it, for that image and --launcher-image (the launcher image also runs its node

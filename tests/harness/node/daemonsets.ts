@@ -12,9 +12,9 @@ import { join } from "node:path";
 import { load } from "js-yaml";
 import type { Node } from "./node.ts";
 import { GUEST_CPU_FEATURES } from "../guest_cpu.ts";
-import { kvmUsable } from "../../mod/host/mod.ts";
+import { kvmUsable } from "../../../mod/host/mod.ts";
 
-const REPO = new URL("../../", import.meta.url).pathname;
+const REPO = new URL("../../../", import.meta.url).pathname;
 
 /** The host directories virtnode's DaemonSet mounts. */
 export interface VirtnodeDirs {
@@ -85,25 +85,6 @@ export async function virtHandlerDaemonSet(
   return JSON.stringify(ds);
 }
 
-/** Runs kubectl with `kubeconfig` (and `input` on its stdin); throws with its stderr. */
-export async function kubectl(kubeconfig: string, args: string[], input?: string): Promise<string> {
-  const child = new Deno.Command("kubectl", {
-    args: ["--kubeconfig", kubeconfig, ...args],
-    stdin: input === undefined ? "null" : "piped",
-    stdout: "piped",
-    stderr: "piped",
-  }).spawn();
-  if (input !== undefined) {
-    const w = child.stdin.getWriter();
-    await w.write(new TextEncoder().encode(input));
-    await w.close();
-  }
-  const out = await child.output();
-  const dec = new TextDecoder();
-  if (!out.success) throw new Error(`kubectl ${args.join(" ")}: ${dec.decode(out.stderr)}`);
-  return dec.decode(out.stdout);
-}
-
 /** Whether an allocatable quantity ("1k", "1000", "0") offers any device. */
 export function offered(quantity: string | undefined): boolean {
   return quantity !== undefined && !/^0+[a-zA-Z]*$/.test(quantity);
@@ -143,7 +124,7 @@ export function cpuModelFor(node: LabelledNode): string {
 
 /**
  * A VMI as a user writes it: no node named, the CPU model this node can give, 64Mi of guest
- * memory, no NIC, the CPU features of `deploy/guest_cpu.ts`. `cpuRequest` replaces KubeVirt's default request (a tenth of a core per
+ * memory, no NIC, the CPU features of `tests/harness/guest_cpu.ts`. `cpuRequest` replaces KubeVirt's default request (a tenth of a core per
  * vCPU), so that more VMIs than a tenth of the node's cores fit.
  */
 export function userVmi(name: string, cpuModel: string, cpuRequest?: string) {

@@ -6,23 +6,24 @@
 # KubeVirt's other programs; built in a copy of go.mod and go.sum, which a build may
 # extend, so the tree's own stay as they are.
 #
-#   deploy/kubevirt/build_virtctl.sh
+#   tests/harness/kubevirt/build_virtctl.sh
 #
 # Environment: VIRTNODE_CACHE (default ~/.cache/virtnode), GO, GOTOOLCHAIN (as build.sh).
 set -euo pipefail
 build_name=kubevirt/build_virtctl.sh
-# shellcheck source=../build_lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../build_lib.sh"
+# shellcheck source=../../../deploy/build_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../../deploy/build_lib.sh"
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-cd "$here"
+# KubeVirt's module recipe (go.mod, go.sum) is deploy/kubevirt's, shared with its build.sh.
+cd "$here/../../../deploy/kubevirt"
 find_go
 
 go_version=$("$GO" env GOVERSION)
 key=$(
   {
     echo "$go_version $("$GO" env GOOS GOARCH) virtctl"
-    cat build_virtctl.sh go.mod go.sum
+    cat "$here/build_virtctl.sh" go.mod go.sum
   } | sha256sum | cut -c1-16
 )
 cache_root=${VIRTNODE_CACHE:-$HOME/.cache/virtnode}/virtctl

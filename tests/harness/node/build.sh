@@ -5,19 +5,19 @@
 #   kubelet, kube-scheduler, kube-controller-manager, kube-proxy
 #       from the same k8s.io/kubernetes module and go.mod as the apiserver
 #       (deploy/cluster/go.mod), with the same version stamps
-#   pause   the pods' sandbox process (deploy/node/cmd/pause), static
+#   pause   the pods' sandbox process (tests/harness/node/cmd/pause), static
 #
-#   deploy/node/build.sh
+#   tests/harness/node/build.sh
 #
 # Environment: VIRTNODE_CACHE (default ~/.cache/virtnode), GO (as in
 # deploy/cluster/build.sh), GOTOOLCHAIN (default auto).
 set -euo pipefail
 build_name=node/build.sh
-# shellcheck source=../build_lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../build_lib.sh"
+# shellcheck source=../../../deploy/build_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../../deploy/build_lib.sh"
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-module=$(cd "$here/../cluster" && pwd)
+module=$(cd "$here/../../../deploy/cluster" && pwd)
 
 find_go
 

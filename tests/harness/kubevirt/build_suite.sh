@@ -14,32 +14,33 @@
 #   tests/               the suite's data files: tests/testdata and tests/*-config.json
 #
 # The images the manifests name are `virtnode.local/kubevirt/<name>:v1.7.0`
-# (SUITE_IMAGE_PREFIX, SUITE_IMAGE_TAG): deploy/node builds them and imports them under
+# (SUITE_IMAGE_PREFIX, SUITE_IMAGE_TAG): tests/harness/node builds them and imports them under
 # those names, since no registry is reachable here.
 #
 # Built in a copy of go.mod and go.sum (a build may extend them), with a tools file that
 # pins the suite's own packages: kubevirt.io/kubevirt/tests holds only _test.go files.
 #
-#   deploy/kubevirt/build_suite.sh
+#   tests/harness/kubevirt/build_suite.sh
 #
 # Environment: VIRTNODE_CACHE (default ~/.cache/virtnode), GO, GOTOOLCHAIN (as build.sh).
 set -euo pipefail
 build_name=kubevirt/build_suite.sh
-# shellcheck source=../build_lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../build_lib.sh"
+# shellcheck source=../../../deploy/build_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../../deploy/build_lib.sh"
 
 SUITE_IMAGE_PREFIX=virtnode.local/kubevirt
 SUITE_IMAGE_TAG=v1.7.0
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-cd "$here"
+# KubeVirt's module recipe (go.mod, go.sum) is deploy/kubevirt's, shared with its build.sh.
+cd "$here/../../../deploy/kubevirt"
 find_go
 
 go_version=$("$GO" env GOVERSION)
 key=$(
   {
     echo "$go_version $("$GO" env GOOS GOARCH) $SUITE_IMAGE_PREFIX $SUITE_IMAGE_TAG"
-    cat build_suite.sh go.mod go.sum
+    cat "$here/build_suite.sh" go.mod go.sum
   } | sha256sum | cut -c1-16
 )
 cache_root=${VIRTNODE_CACHE:-$HOME/.cache/virtnode}/kubevirt-suite

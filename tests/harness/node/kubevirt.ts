@@ -15,15 +15,15 @@
  * @module
  */
 import { join } from "node:path";
-import { kvmUsable } from "../../mod/host/mod.ts";
-import { removeIfPresent } from "../../mod/lifecycle/mod.ts";
+import { kvmUsable } from "../../../mod/host/mod.ts";
+import { removeIfPresent } from "../../../mod/lifecycle/mod.ts";
 import {
   type Cluster,
   CONTROLLER_SERVICE_ACCOUNT,
   createKubevirtCr,
   KUBEVIRT_NAMESPACE,
   serviceAccountKubeconfig,
-} from "../cluster/cluster.ts";
+} from "../../../deploy/cluster/cluster.ts";
 import {
   ClusterError,
   freePorts,
@@ -32,7 +32,7 @@ import {
   spawnManaged,
   terminate,
   waitUntil,
-} from "../cluster/processes.ts";
+} from "../../../deploy/cluster/processes.ts";
 
 const READY_TIMEOUT_MS = 120_000;
 const API_SERVICE_ACCOUNT = "kubevirt-apiserver";
@@ -156,7 +156,7 @@ export async function startKubevirt(
       },
       // No CPU model is obsolete: where KVM is only kvm-pvm, KubeVirt's labeller reads the
       // KVM capabilities, which offer no named model and a host model (kvm64) on the
-      // default obsolete list, and no VMI could be placed (deploy/node/daemonsets.ts).
+      // default obsolete list, and no VMI could be placed (tests/harness/node/daemonsets.ts).
       useEmulation ? { obsoleteCPUModels: {} } : {},
     );
 

@@ -9,7 +9,7 @@
  * @module
  */
 import { join } from "node:path";
-import { removeIfPresent } from "../../mod/lifecycle/mod.ts";
+import { removeIfPresent } from "../../../mod/lifecycle/mod.ts";
 
 /** What goes into an image. */
 export interface ImageSpec {

@@ -4,11 +4,11 @@
 # installed: installing it would also enable and start a Prometheus server on the host.
 # Keyed by the package version.
 #
-#   deploy/promtool.sh
+#   tests/harness/promtool.sh
 set -euo pipefail
 build_name=promtool.sh
-# shellcheck source=build_lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/build_lib.sh"
+# shellcheck source=../../deploy/build_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../deploy/build_lib.sh"
 
 version=$(apt-cache policy prometheus 2>/dev/null | sed -n 's/^ *Candidate: //p')
 [[ -n $version && $version != "(none)" ]] || {

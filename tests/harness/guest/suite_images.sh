@@ -34,12 +34,12 @@
 # $VIRTNODE_CACHE/suite-guests/ (default ~/.cache/virtnode); prints the directory that
 # holds disk.img (or root/ for vm-killer).
 #
-#   deploy/guest/suite_images.sh cirros|alpine|fedora|vm-killer
+#   tests/harness/guest/suite_images.sh cirros|alpine|fedora|vm-killer
 set -euo pipefail
 build_name=guest/suite_images.sh
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=../build_lib.sh
-source "$here/../build_lib.sh"
+# shellcheck source=../../../deploy/build_lib.sh
+source "$here/../../../deploy/build_lib.sh"
 # shellcheck source=guest_lib.sh
 source "$here/guest_lib.sh"
 

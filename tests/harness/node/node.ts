@@ -2,7 +2,7 @@
  * One real Kubernetes node for a test control plane (deploy/cluster/cluster.ts): Debian's
  * containerd, runc and CNI plugins (bridge, host-local, loopback), and a kubelet,
  * kube-scheduler and kube-controller-manager built from the apiserver's own
- * `k8s.io/kubernetes` module (deploy/node/build.sh). Every file lives in one temporary
+ * `k8s.io/kubernetes` module (tests/harness/node/build.sh). Every file lives in one temporary
  * directory (containerd's root and state, the kubelet's root, the CNI configuration and
  * address store, logs), and {@linkcode Node.stop} ends every process it started, removes
  * the pods' containers and network (with the sandboxes' network namespaces in /run/netns
@@ -11,8 +11,8 @@
  * /var/log/containers when the host had none before.
  *
  * No registry is reachable here: the pods' sandbox image (`virtnode.local/pause:1`,
- * deploy/node/cmd/pause) and every other image are OCI archives built on this machine
- * (deploy/node/oci.ts) and imported with {@linkcode Node.importImage}.
+ * tests/harness/node/cmd/pause) and every other image are OCI archives built on this machine
+ * (tests/harness/node/oci.ts) and imported with {@linkcode Node.importImage}.
  *
  * Settings this machine needs, and why:
  * - `failCgroupV1: false`: the hierarchy is cgroup v1 (hybrid), which kubelet refuses
@@ -28,7 +28,7 @@
  * @module
  */
 import { join } from "node:path";
-import { buildKubevirt, type Cluster } from "../cluster/cluster.ts";
+import { buildKubevirt, type Cluster } from "../../../deploy/cluster/cluster.ts";
 import { buildImageArchive } from "./oci.ts";
 import {
   ClusterError,
@@ -38,8 +38,8 @@ import {
   spawnManaged,
   terminate,
   waitUntil,
-} from "../cluster/processes.ts";
-import { removeIfPresent } from "../../mod/lifecycle/mod.ts";
+} from "../../../deploy/cluster/processes.ts";
+import { removeIfPresent } from "../../../mod/lifecycle/mod.ts";
 
 const BUILD_SCRIPT = new URL("./build.sh", import.meta.url).pathname;
 
@@ -114,14 +114,14 @@ export interface StartNodeOptions {
    */
   clusterServices?: boolean;
   /**
-   * The cluster DNS Service's address (deploy/node/cluster_dns.ts): the kubelet gives its
+   * The cluster DNS Service's address (tests/harness/node/cluster_dns.ts): the kubelet gives its
    * pods that nameserver and the `cluster.local` search domains, as a kubelet of a cluster
    * with CoreDNS does. Unset: pods get the host's /etc/resolv.conf as it is.
    */
   clusterDns?: string;
   /**
    * Which containerd runs the pods: Debian 12's 1.6 (default), or containerd 2 built from
-   * the Go module proxy (deploy/node/build_containerd.sh), which gives pods images as
+   * the Go module proxy (tests/harness/node/build_containerd.sh), which gives pods images as
    * volumes (Kubernetes' ImageVolume; KubeVirt's ImageVolume gate needs it).
    */
   containerd?: "debian" | "v2";
@@ -134,7 +134,7 @@ export async function buildContainerdV2(): Promise<string> {
     stdout: "piped",
     stderr: "inherit",
   }).output();
-  if (!out.success) throw new Error("deploy/node/build_containerd.sh failed");
+  if (!out.success) throw new Error("tests/harness/node/build_containerd.sh failed");
   return new TextDecoder().decode(out.stdout).trim();
 }
 
@@ -229,7 +229,7 @@ function splitRule(rule: string): string[] {
   return [...rule.matchAll(/"([^"]*)"|(\S+)/g)].map((m) => m[1] ?? m[2]);
 }
 
-/** Runs deploy/node/build.sh (a no-op when cached) and returns its output directory. */
+/** Runs tests/harness/node/build.sh (a no-op when cached) and returns its output directory. */
 export async function buildNodeBinaries(): Promise<string> {
   const out = await new Deno.Command("bash", {
     args: [BUILD_SCRIPT],
@@ -649,7 +649,7 @@ export interface BuiltImage {
 
 /**
  * KubeVirt's virt-launcher image: Debian 12 with libvirt and QEMU, and KubeVirt's own
- * virt-launcher and virt-launcher-monitor (deploy/node/images.sh; cached by key, as is
+ * virt-launcher and virt-launcher-monitor (tests/harness/node/images.sh; cached by key, as is
  * the archive packed from it).
  */
 export async function launcherImage(): Promise<BuiltImage> {
@@ -671,7 +671,7 @@ export async function launcherImage(): Promise<BuiltImage> {
   return { name, archive };
 }
 
-const REPO_ROOT = new URL("../../", import.meta.url).pathname;
+const REPO_ROOT = new URL("../../../", import.meta.url).pathname;
 /** What the virtnode image carries of this checkout: the program and its lock. */
 const IMAGE_SOURCES = ["main.ts", "deno.json", "deno.lock", "mod", "ffi"];
 /** Where the image keeps the program, and Deno's cache (npm packages) beside it. */

@@ -1,7 +1,7 @@
 /**
  * KubeVirt installed on a test node the way its users install it: by its own virt-operator.
  * The operator's release manifest (`kubevirt-operator.yaml.in`, filled in by KubeVirt's
- * manifest-templator, deploy/kubevirt/build_suite.sh) is applied as published, then a
+ * manifest-templator, tests/harness/kubevirt/build_suite.sh) is applied as published, then a
  * KubeVirt CR; the operator makes everything else — virt-api, virt-controller, the
  * virt-handler DaemonSet, their certificates, RBAC and webhooks — and writes the CR's
  * status itself.
@@ -29,11 +29,11 @@
  * @module
  */
 import { join } from "node:path";
-import { kvmUsable } from "../../mod/host/mod.ts";
-import { removeIfPresent } from "../../mod/lifecycle/mod.ts";
-import { type Cluster, KUBEVIRT_NAMESPACE } from "../cluster/cluster.ts";
-import { buildKubevirt } from "../cluster/cluster.ts";
-import { kubectl } from "./daemonsets.ts";
+import { kvmUsable } from "../../../mod/host/mod.ts";
+import { removeIfPresent } from "../../../mod/lifecycle/mod.ts";
+import { type Cluster, KUBEVIRT_NAMESPACE } from "../../../deploy/cluster/cluster.ts";
+import { buildKubevirt } from "../../../deploy/cluster/cluster.ts";
+import { kubectl } from "../../../deploy/cluster/cluster.ts";
 import { launcherImage, type Node, virtHandlerImage, virtnodeImage } from "./node.ts";
 import { buildImageArchive } from "./oci.ts";
 
@@ -48,7 +48,7 @@ const READY_TIMEOUT_MS = 600_000;
 export type HandlerKind = "virtnode" | "virt-handler";
 
 /**
- * Runs deploy/kubevirt/build_suite.sh (a no-op when cached) and returns its directory:
+ * Runs tests/harness/kubevirt/build_suite.sh (a no-op when cached) and returns its directory:
  * the suite's `tests.test`, `virt-operator`, the filled-in manifests and the suite's data.
  */
 export async function buildSuite(): Promise<string> {

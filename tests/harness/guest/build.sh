@@ -32,12 +32,12 @@
 # versions) under $VIRTNODE_CACHE/guest/ (default ~/.cache/virtnode); prints the directory
 # of guest.img, which also holds the kernel and initramfs alone (vmlinuz, initrd).
 #
-#   deploy/guest/build.sh
+#   tests/harness/guest/build.sh
 set -euo pipefail
 build_name=guest/build.sh
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=../build_lib.sh
-source "$here/../build_lib.sh"
+# shellcheck source=../../../deploy/build_lib.sh
+source "$here/../../../deploy/build_lib.sh"
 # shellcheck source=guest_lib.sh
 source "$here/guest_lib.sh"
 

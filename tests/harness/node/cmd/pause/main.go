@@ -1,7 +1,7 @@
 // Command pause is the sandbox process of every pod on the test node: it holds the
 // pod's namespaces, reaps orphaned children (it is PID 1 of the pod when the pod shares
 // its PID namespace) and exits on SIGINT or SIGTERM. No registry is reachable here, so
-// the node's sandbox image is built from this file (deploy/node/images.ts).
+// the node's sandbox image is built from this file (tests/harness/node/images.ts).
 package main
 
 import (

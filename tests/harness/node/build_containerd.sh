@@ -10,14 +10,14 @@
 # (Kubernetes' ImageVolume, which KubeVirt's ImageVolume gate renders containerDisks as);
 # containerd 2.1 and later can. A test node started with `containerd: "v2"` runs these.
 #
-#   deploy/node/build_containerd.sh
+#   tests/harness/node/build_containerd.sh
 #
 # Environment: VIRTNODE_CACHE (default ~/.cache/virtnode), GO, GOTOOLCHAIN (as in
-# deploy/node/build.sh).
+# tests/harness/node/build.sh).
 set -euo pipefail
 build_name=node/build_containerd.sh
-# shellcheck source=../build_lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../build_lib.sh"
+# shellcheck source=../../../deploy/build_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../../deploy/build_lib.sh"
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 find_go
@@ -29,7 +29,7 @@ ldflags="-s -w -X $module/version.Version=$CONTAINERD_VERSION -X $module/version
 # The Go the control plane builds with (deploy/cluster/go.mod's toolchain), for this build
 # too: outside any module, a Go older than containerd's go line would switch to the newest
 # toolchain it can find, and the key would differ between machines.
-go_version=$(cd "$here/../cluster" && "$GO" env GOVERSION)
+go_version=$(cd "$here/../../../deploy/cluster" && "$GO" env GOVERSION)
 key=$(
   {
     echo "$go_version $CONTAINERD_VERSION $ldflags $("$GO" env GOOS GOARCH) ${programs[*]}"

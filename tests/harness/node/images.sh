@@ -12,17 +12,17 @@
 #   virtnode-base
 #       the lower layer of the virtnode image: what the handler loads through FFI
 #       (libvirt's client library) and the programs it runs; Deno and the source go in
-#       a layer above it (deploy/node/node.ts, virtnodeImage).
+#       a layer above it (tests/harness/node/node.ts, virtnodeImage).
 #
 # Each root is cached by key (this script, the package list, the binaries) under
 # $VIRTNODE_CACHE/images/ (default ~/.cache/virtnode); prints its directory.
 #
-#   deploy/node/images.sh launcher <kubevirt build dir>
-#   deploy/node/images.sh virtnode-base
+#   tests/harness/node/images.sh launcher <kubevirt build dir>
+#   tests/harness/node/images.sh virtnode-base
 set -euo pipefail
 build_name=node/images.sh
-# shellcheck source=../build_lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../build_lib.sh"
+# shellcheck source=../../../deploy/build_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../../deploy/build_lib.sh"
 
 SUITE=bookworm
 MIRROR=http://deb.debian.org/debian

@@ -3,7 +3,7 @@
  * (`kube-system/kube-dns`: it puts the Service's address into its guests' cloud-init network
  * data). The server behind it is Debian's dnsmasq on this host, reached from pods through
  * the Service's EndpointSlice and the node's kube-proxy, as virt-api's is in
- * deploy/node/kubevirt.ts.
+ * tests/harness/node/kubevirt.ts.
  *
  * It answers what a cluster's CoreDNS answers for Services, `<name>.<namespace>.svc.` under
  * the cluster domain with the cluster IP: a watch of the cluster's Services writes them into
@@ -16,12 +16,17 @@
  * @module
  */
 import { join } from "node:path";
-import type { Cluster } from "../cluster/cluster.ts";
-import { freePorts, type Managed, spawnManaged, terminate } from "../cluster/processes.ts";
-import { kubectl } from "./daemonsets.ts";
+import type { Cluster } from "../../../deploy/cluster/cluster.ts";
+import {
+  freePorts,
+  type Managed,
+  spawnManaged,
+  terminate,
+} from "../../../deploy/cluster/processes.ts";
+import { kubectl } from "../../../deploy/cluster/cluster.ts";
 import { CLUSTER_DOMAIN } from "./node.ts";
-import { Informer, type KubeObject, loadKubeClient } from "../../mod/kube/mod.ts";
-import { removeIfPresent } from "../../mod/lifecycle/mod.ts";
+import { Informer, type KubeObject, loadKubeClient } from "../../../mod/kube/mod.ts";
+import { removeIfPresent } from "../../../mod/lifecycle/mod.ts";
 
 interface Service extends KubeObject {
   spec?: { clusterIP?: string; clusterIPs?: string[] };
