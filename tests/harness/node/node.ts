@@ -247,355 +247,497 @@ function spawn(dir: string, name: string, program: string, args: string[]): Prom
   return spawnManaged(name, program, args, { logPath: join(dir, "logs", `${name}.log`) });
 }
 
+/** The names, paths and addresses one test node uses; every step reads them. */
+interface NodeLayout {
+  name: string;
+  dir: string;
+  ctrDir: string;
+  containerdSocket: string;
+  kubeletDir: string;
+  cniDir: string;
+  podCidr: string;
+  bridge: string;
+  /** The node's address for the apiserver, when it is not loopback. */
+  nodeIp?: string;
+  isolated: boolean;
+  /** The node's programs (build.sh's output). */
+  bin: string;
+  /** containerd 2's directory, when the node runs it instead of Debian's 1.6. */
+  containerdV2?: string;
+  /** The loopback ports of the kubelet and the cluster services, picked together. */
+  ports: {
+    kubelet: number;
+    scheduler: number;
+    controllerManager: number;
+    proxyHealth: number;
+    proxyMetrics: number;
+  };
+}
+
+/** What a running node holds: its processes, what it made on the host, how it enters. */
+interface NodeState {
+  processes: Managed[];
+  /** The topmost host paths the node made (removed when it stops). */
+  created: (string | undefined)[];
+  /** The command prefix that runs a program in the node's mount namespace (isolated). */
+  enter: string[];
+  host: Promise<KubeletHostState>;
+}
+
+/** Runs containerd's `ctr` against the node's containerd, in the kubelet's namespace. */
+function ctrOf(layout: NodeLayout): (args: string[]) => Promise<string> {
+  return (args) => run("ctr", ["--address", layout.containerdSocket, "-n", "k8s.io", ...args]);
+}
+
 /** Starts a node registered with `cluster`; resolves once the Node is Ready. */
 export async function startNode(cluster: Cluster, options: StartNodeOptions = {}): Promise<Node> {
-  const bin = await buildNodeBinaries();
-  const containerdV2 = options.containerd === "v2" ? await buildContainerdV2() : undefined;
-  const id = crypto.randomUUID().slice(0, 6);
-  const name = options.name ?? `node-${id}`;
-  const dir = await Deno.makeTempDir({ prefix: "virtnode-node-" });
-  const processes: Managed[] = [];
-  const ctrDir = join(dir, "containerd");
-  const containerdSocket = join(ctrDir, "containerd.sock");
-  const kubeletDir = join(dir, "kubelet");
-  const cniDir = join(dir, "cni");
-  // One /24 per node, picked at random from 10.244.0.0/16; the bridge is named after it.
-  const octet = 1 + Math.floor(Math.random() * 250);
-  const podCidr = `10.244.${octet}.0/24`;
-  const bridge = `vnt${id}`;
-  // The apiserver reaches the kubelet (logs, exec) at the node's address: the host's, when
-  // the apiserver listens on it (a pod-network cluster); a kubelet refuses a loopback one.
-  const serverHost = new URL(cluster.server).hostname;
-  const nodeIp = serverHost === "127.0.0.1" ? undefined : serverHost;
+  const layout = await nodeLayout(cluster, options);
+  const state = await claimHostPaths(layout);
   let stopped = false;
-  const isolated = options.isolated ?? false;
-  // The device plugin directory is the host's, and containerd 1.6 keeps its shims' sockets
-  // in /run/containerd/s whatever its state directory: what the node creates goes with it.
-  // An isolated node makes the mount points of its own paths on the host.
-  const created = isolated
-    ? await Promise.all(Object.keys(ISOLATED_PATHS).map((p) => firstMissing(p)))
-    : [await firstMissing(DEVICE_PLUGINS_DIR), await firstMissing(CONTAINERD_SHIM_SOCKETS)];
-  /** Runs a program in the node's mount namespace (an isolated node's), or as it is. */
-  let enter: string[] = [];
-
-  const ctr = (args: string[]) =>
-    run("ctr", ["--address", containerdSocket, "-n", "k8s.io", ...args]);
-  kubeletHost ??= probeKubeletHost();
-  const host = kubeletHost;
-  (await host).nodes++;
-
   const stop = async () => {
     if (stopped) return;
     stopped = true;
-    // The kubelet first, so nothing restarts what containerd is told to end.
-    for (const p of [...processes].reverse()) {
-      if (p.name !== "containerd") await terminate(p);
-    }
-    const containerd = processes.find((p) => p.name === "containerd");
-    // Killed rather than stopped through the CRI, a pod sandbox leaves on the host what the
-    // CRI would have torn down: its network namespace pinned in /run/netns and the CNI
-    // library's cached results in /var/lib/cni/results, both named by the sandbox.
-    const sandboxes: { id: string; netns: string }[] = [];
-    if (containerd) {
-      const ids = (await ctr(["containers", "list", "-q"]).catch(() => "")).split("\n")
-        .filter(Boolean);
-      for (const id of ids) {
-        const info = JSON.parse(await ctr(["containers", "info", id]).catch(() => "{}")) as {
-          Spec?: { linux?: { namespaces?: { type: string; path?: string }[] } };
-        };
-        const netns = info.Spec?.linux?.namespaces?.find((n) => n.type === "network")?.path;
-        if (netns && /^\/(var\/)?run\/netns\/cni-[0-9a-f-]+$/.test(netns)) {
-          sandboxes.push({ id, netns });
-        }
-      }
-      // The pods' sandboxes, so their network namespaces and addresses go with them.
-      for (const task of (await ctr(["tasks", "list", "-q"]).catch(() => "")).split("\n")) {
-        if (task) await ctr(["tasks", "kill", "-s", "SIGKILL", task]).catch(() => {});
-      }
-      await sleep(500);
-      for (const id of ids) await ctr(["containers", "delete", id]).catch(() => {});
-      await terminate(containerd);
-    }
-    for (const { netns } of sandboxes) {
-      await run("umount", [netns]).catch(() => {});
-      await removeLeftover(netns);
-    }
-    if (sandboxes.length > 0) {
-      // `<network>-<sandbox id>-<interface>`, one per network the sandbox was attached to.
-      const cached = await Array.fromAsync(Deno.readDir(CNI_RESULTS)).catch(() => []);
-      for (const { name } of cached) {
-        if (sandboxes.some(({ id }) => name.includes(`-${id}-`))) {
-          await removeLeftover(join(CNI_RESULTS, name));
-        }
-      }
-    }
-    // runc's container processes live in their own sessions: end any left.
-    // containerd 1.6 gives a shim its namespace, then its address; containerd 2 its
-    // namespace, its id, then its address.
-    await run("pkill", [
-      "-KILL",
-      "-f",
-      `containerd-shim-runc-v2 -namespace k8s.io (-id [^ ]+ )?-address ${containerdSocket}`,
-    ])
-      .catch(() => {});
-    await run("ip", ["link", "delete", bridge]).catch(() => {});
-    // kube-proxy's chains and rules in the host's tables.
-    await run(join(bin, "kube-proxy"), ["--cleanup"]).catch(() => {});
-    // Mounts the kubelet and containerd made below the directory (volumes, rootfs, shm).
-    // The directory's own bind mount last (the sort puts it after everything below it).
-    const mounts = (await Deno.readTextFile("/proc/self/mountinfo")).split("\n")
-      .map((l) => l.split(" ")[4]).filter((m) => m?.startsWith(dir)).sort().reverse();
-    for (const m of mounts) await run("umount", ["-l", m]).catch(() => {});
-    await removeLeftover(dir, { recursive: true });
-    if (!isolated) await removeLeftover(join(DEVICE_PLUGINS_DIR, "kubelet.sock"));
-    for (const path of created) {
-      if (path) await removeLeftover(path, { recursive: true });
-    }
-    const shared = await host;
-    if (--shared.nodes === 0) {
-      if (kubeletHost === host) kubeletHost = undefined;
-      if (!shared.hadChains) await removeKubeChains();
-      if (shared.logDir) await removeLeftover(shared.logDir, { recursive: true });
-    }
+    await tearDownNode(layout, state);
   };
-
   try {
-    await Deno.mkdir(join(dir, "logs"));
-    await Deno.mkdir(join(cniDir, "net.d"), { recursive: true });
-    await Deno.mkdir(ctrDir);
-    await Deno.mkdir(kubeletDir);
-    // As on a host under systemd, mounts propagate (this directory only: the host's root
-    // stays private): virt-handler's pod mounts its kubelet and share directories
-    // Bidirectional, which the kubelet allows only on a shared mount.
-    await run("mount", ["--bind", dir, dir]);
-    await run("mount", ["--make-rshared", dir]);
-    if (isolated) {
-      // The node's mount namespace, held by a process of its own: its paths bound from the
-      // node's folder. The folder's own mount is shared with this namespace, so what the
-      // kubelet mounts below /var/lib/kubelet shows in containerd's namespace and here.
-      for (const [at, name] of Object.entries(ISOLATED_PATHS)) {
-        await Deno.mkdir(join(dir, name), { recursive: true });
-        await Deno.mkdir(at, { recursive: true });
-      }
-      await Deno.mkdir(join(kubeletDir, "device-plugins"), { recursive: true });
-      const ready = join(dir, "namespace.ready");
-      const holder = await spawn(dir, "node-namespace", "unshare", [
-        "--mount",
-        "--propagation",
-        "unchanged",
-        "sh",
-        "-c",
-        [
-          "set -e",
-          ...Object.entries(ISOLATED_PATHS).map(([at, name]) =>
-            `mount --bind ${join(dir, name)} ${at}`
-          ),
-          `touch ${ready}`,
-          "exec sleep infinity",
-        ].join("\n"),
-      ]);
-      processes.push(holder);
-      await waitUntil(holder, READY_TIMEOUT_MS, () => Deno.stat(ready).then(() => true));
-      enter = ["nsenter", `--mount=/proc/${holder.child.pid}/ns/mnt`, "--"];
-    } else {
-      // The device-plugin directory is a constant of the kubelet's API, not below its root:
-      // the host's, shown where a pod that mounts the kubelet's root looks for it.
-      await Deno.mkdir(DEVICE_PLUGINS_DIR, { recursive: true });
-      await Deno.mkdir(join(kubeletDir, "device-plugins"));
-      await run("mount", ["--bind", DEVICE_PLUGINS_DIR, join(kubeletDir, "device-plugins")]);
-    }
-    const spawnInNode = (name: string, program: string, args: string[]) =>
-      enter.length > 0
-        ? spawn(dir, name, enter[0], [...enter.slice(1), program, ...args])
-        : spawn(dir, name, program, args);
-
-    // Images: the sandbox image first.
-    const pauseRoot = join(dir, "pause-root");
-    await Deno.mkdir(pauseRoot);
-    await Deno.copyFile(join(bin, "pause"), join(pauseRoot, "pause"));
-    await Deno.chmod(join(pauseRoot, "pause"), 0o755);
-    const pauseArchive = join(dir, "pause.tar");
-    await buildImageArchive(
-      { name: PAUSE_IMAGE, root: pauseRoot, entrypoint: ["/pause"] },
-      pauseArchive,
-    );
-
-    await Deno.writeTextFile(
-      join(cniDir, "net.d", "10-virtnode-test.conflist"),
-      JSON.stringify({
-        cniVersion: "0.4.0",
-        name: "virtnode-test",
-        plugins: [{
-          type: "bridge",
-          bridge,
-          isGateway: true,
-          ipMasq: false,
-          hairpinMode: true,
-          ipam: {
-            type: "host-local",
-            dataDir: join(cniDir, "ipam"),
-            ranges: [[{ subnet: podCidr }]],
-            routes: [{ dst: "0.0.0.0/0" }],
-          },
-        }],
-      }),
-    );
-    await Deno.writeTextFile(
-      join(ctrDir, "config.toml"),
-      [
-        "version = 2",
-        `root = "${join(ctrDir, "root")}"`,
-        `state = "${join(ctrDir, "state")}"`,
-        "[grpc]",
-        `  address = "${containerdSocket}"`,
-        "[ttrpc]",
-        `  address = "${join(ctrDir, "ttrpc.sock")}"`,
-        '[plugins."io.containerd.grpc.v1.cri"]',
-        `  sandbox_image = "${PAUSE_IMAGE}"`,
-        // Lowering a process's OOM score needs CAP_SYS_RESOURCE, which this machine's
-        // root lacks: the pods keep at least the node's own score.
-        "  restrict_oom_score_adj = true",
-        '[plugins."io.containerd.grpc.v1.cri".cni]',
-        `  bin_dir = "${CNI_BIN_DIR}"`,
-        `  conf_dir = "${join(cniDir, "net.d")}"`,
-        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]',
-        '  runtime_type = "io.containerd.runc.v2"',
-        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]',
-        `  Root = "${join(ctrDir, "runc")}"`,
-        "",
-      ].join("\n"),
-    );
-    // containerd in a PID namespace of its own, as the first process in it: the node's
-    // "host" PID namespace for hostPID pods. virt-handler enters the mount namespace of
-    // PID 1 (virt-chroot --mount /proc/1/ns/mnt); this machine's own PID 1 is a sandbox
-    // process whose namespaces not even root may open.
-    const containerd = await spawnInNode("containerd", "unshare", [
-      "--pid",
-      "--fork",
-      "--kill-child",
-      // Its own /proc for that namespace, in a mount namespace that still shares the
-      // node's directory (an rshared mount) with the kubelet in both directions.
-      "--mount-proc",
-      "--propagation",
-      "unchanged",
-      // containerd 2 finds its own runc shim first on its PATH.
-      ...(containerdV2 ? ["env", `PATH=${containerdV2}:${Deno.env.get("PATH") ?? ""}`] : []),
-      containerdV2 ? join(containerdV2, "containerd") : "containerd",
-      "--config",
-      join(ctrDir, "config.toml"),
-    ]);
-    processes.push(containerd);
-    await waitUntil(containerd, READY_TIMEOUT_MS, async () => {
-      await ctr(["version"]);
-      return true;
-    });
-    await ctr(["images", "import", pauseArchive]);
-
-    const [kubeletPort, schedulerPort, controllerManagerPort, proxyHealthPort, proxyMetricsPort] =
-      freePorts(5);
-    await Deno.writeTextFile(
-      join(dir, "kubelet.yaml"),
-      JSON.stringify({
-        apiVersion: "kubelet.config.k8s.io/v1beta1",
-        kind: "KubeletConfiguration",
-        failCgroupV1: false,
-        cgroupDriver: "cgroupfs",
-        cgroupsPerQOS: false,
-        enforceNodeAllocatable: [],
-        containerRuntimeEndpoint: `unix://${containerdSocket}`,
-        address: nodeIp ?? "127.0.0.1",
-        port: kubeletPort,
-        readOnlyPort: 0,
-        healthzPort: 0,
-        authentication: { anonymous: { enabled: true }, webhook: { enabled: false } },
-        authorization: { mode: "AlwaysAllow" },
-        failSwapOn: false,
-        podCIDR: podCidr,
-        podLogsDir: join(dir, "pod-logs"),
-        resolvConf: "/etc/resolv.conf",
-        ...(options.clusterDns
-          ? { clusterDNS: [options.clusterDns], clusterDomain: CLUSTER_DOMAIN }
-          : {}),
-        imageGCHighThresholdPercent: 100,
-        imageGCLowThresholdPercent: 99,
-        evictionHard: {
-          "memory.available": "1Mi",
-          "nodefs.available": "1%",
-          "imagefs.available": "1%",
-        },
-        serializeImagePulls: false,
-      }),
-    );
-    // An isolated node's kubelet has its root where a kubelet's is, /var/lib/kubelet.
-    const kubeletRoot = isolated ? "/var/lib/kubelet" : kubeletDir;
-    const kubelet = await spawnInNode("kubelet", join(bin, "kubelet"), [
-      `--config=${join(dir, "kubelet.yaml")}`,
-      `--kubeconfig=${cluster.kubeconfigPath}`,
-      `--hostname-override=${name}`,
-      ...(nodeIp ? [`--node-ip=${nodeIp}`] : []),
-      `--root-dir=${kubeletRoot}`,
-      `--cert-dir=${join(kubeletRoot, "pki")}`,
-    ]);
-    processes.push(kubelet);
-    const common = [`--kubeconfig=${cluster.kubeconfigPath}`, "--leader-elect=false"];
-    if (options.clusterServices ?? true) {
-      processes.push(
-        await spawn(dir, "kube-scheduler", join(bin, "kube-scheduler"), [
-          ...common,
-          `--secure-port=${schedulerPort}`,
-          "--bind-address=127.0.0.1",
-        ]),
-      );
-      processes.push(
-        await spawn(dir, "kube-controller-manager", join(bin, "kube-controller-manager"), [
-          ...common,
-          `--secure-port=${controllerManagerPort}`,
-          "--bind-address=127.0.0.1",
-          // No cloud, no node IPAM: the kubelet has its pod CIDR from its configuration.
-          "--controllers=*,-nodeipam",
-          `--service-account-private-key-file=${join(cluster.dir, "service-account.key")}`,
-          "--use-service-account-credentials=false",
-        ]),
-      );
-      // Services, as pods use them: the apiserver's own (`kubernetes`, 10.0.0.1:443) above all.
-      processes.push(
-        await spawn(dir, "kube-proxy", join(bin, "kube-proxy"), [
-          `--kubeconfig=${cluster.kubeconfigPath}`,
-          `--hostname-override=${name}`,
-          "--proxy-mode=iptables",
-          `--cluster-cidr=${podCidr}`,
-          // Leave the host's conntrack table size alone.
-          "--conntrack-max-per-core=0",
-          `--healthz-bind-address=127.0.0.1:${proxyHealthPort}`,
-          `--metrics-bind-address=127.0.0.1:${proxyMetricsPort}`,
-        ]),
-      );
-    }
-    await waitUntil(kubelet, READY_TIMEOUT_MS, async () => {
-      const out = await run("kubectl", [
-        "--kubeconfig",
-        cluster.kubeconfigPath,
-        "get",
-        "node",
-        name,
-        "-o",
-        'jsonpath={.status.conditions[?(@.type=="Ready")].status}',
-      ]);
-      return out.trim() === "True";
-    });
-    // Ready says nothing of the scheduler and the controller manager: each must still run.
-    await sleep(1_000);
-    for (const p of processes) {
-      // An exited child's status is settled: it wins the race against the resolved value.
-      const exited = await Promise.race([p.child.status, Promise.resolve(undefined)]);
-      if (exited) {
-        throw new ClusterError(`${p.name} exited (${exited.code}): ${await logTail(p.logPath)}`);
-      }
-    }
+    await prepareNodeMounts(layout, state);
+    const pauseArchive = await writeNodeConfigs(layout);
+    await startContainerd(layout, state, pauseArchive);
+    const kubelet = await startKubelet(layout, state, cluster, options);
+    if (options.clusterServices ?? true) await startClusterServices(layout, state, cluster);
+    await waitNodeReady(layout, state, cluster, kubelet);
   } catch (error) {
     await stop();
     throw error;
   }
+  return nodeHandle(layout, state, stop);
+}
+
+/** Step 1: the node's names, folder and pod network, and the programs it runs. */
+async function nodeLayout(cluster: Cluster, options: StartNodeOptions): Promise<NodeLayout> {
+  const bin = await buildNodeBinaries();
+  const containerdV2 = options.containerd === "v2" ? await buildContainerdV2() : undefined;
+  const id = crypto.randomUUID().slice(0, 6);
+  const dir = await Deno.makeTempDir({ prefix: "virtnode-node-" });
+  const ctrDir = join(dir, "containerd");
+  // One /24 per node, picked at random from 10.244.0.0/16; the bridge is named after it.
+  const octet = 1 + Math.floor(Math.random() * 250);
+  // The apiserver reaches the kubelet (logs, exec) at the node's address: the host's, when
+  // the apiserver listens on it (a pod-network cluster); a kubelet refuses a loopback one.
+  const serverHost = new URL(cluster.server).hostname;
+  const [kubelet, scheduler, controllerManager, proxyHealth, proxyMetrics] = freePorts(5);
+  return {
+    name: options.name ?? `node-${id}`,
+    dir,
+    ctrDir,
+    containerdSocket: join(ctrDir, "containerd.sock"),
+    kubeletDir: join(dir, "kubelet"),
+    cniDir: join(dir, "cni"),
+    podCidr: `10.244.${octet}.0/24`,
+    bridge: `vnt${id}`,
+    nodeIp: serverHost === "127.0.0.1" ? undefined : serverHost,
+    isolated: options.isolated ?? false,
+    bin,
+    containerdV2,
+    ports: { kubelet, scheduler, controllerManager, proxyHealth, proxyMetrics },
+  };
+}
+
+/**
+ * Step 2: what the node will make on the host, noted before it does. The device plugin
+ * directory is the host's, and containerd 1.6 keeps its shims' sockets in
+ * /run/containerd/s whatever its state directory: what the node creates goes with it. An
+ * isolated node makes the mount points of its own paths on the host.
+ */
+async function claimHostPaths(layout: NodeLayout): Promise<NodeState> {
+  const created = layout.isolated
+    ? await Promise.all(Object.keys(ISOLATED_PATHS).map((p) => firstMissing(p)))
+    : [await firstMissing(DEVICE_PLUGINS_DIR), await firstMissing(CONTAINERD_SHIM_SOCKETS)];
+  kubeletHost ??= probeKubeletHost();
+  const host = kubeletHost;
+  (await host).nodes++;
+  return { processes: [], created, enter: [], host };
+}
+
+/**
+ * Ends the node's processes and removes everything it left on the host. Each step is best
+ * effort (its `.catch(() => {})` is deliberate): what one finds gone already, or never made,
+ * must not keep the next from running, and the tier's leftover check reports what stays.
+ */
+async function tearDownNode(layout: NodeLayout, state: NodeState): Promise<void> {
+  const { dir, bin, bridge, containerdSocket, isolated } = layout;
+  const { processes, created, host } = state;
+  const ctr = ctrOf(layout);
+  // The kubelet first, so nothing restarts what containerd is told to end.
+  for (const p of [...processes].reverse()) {
+    if (p.name !== "containerd") await terminate(p);
+  }
+  const containerd = processes.find((p) => p.name === "containerd");
+  // Killed rather than stopped through the CRI, a pod sandbox leaves on the host what the
+  // CRI would have torn down: its network namespace pinned in /run/netns and the CNI
+  // library's cached results in /var/lib/cni/results, both named by the sandbox.
+  const sandboxes: { id: string; netns: string }[] = [];
+  if (containerd) {
+    const ids = (await ctr(["containers", "list", "-q"]).catch(() => "")).split("\n")
+      .filter(Boolean);
+    for (const id of ids) {
+      const info = JSON.parse(await ctr(["containers", "info", id]).catch(() => "{}")) as {
+        Spec?: { linux?: { namespaces?: { type: string; path?: string }[] } };
+      };
+      const netns = info.Spec?.linux?.namespaces?.find((n) => n.type === "network")?.path;
+      if (netns && /^\/(var\/)?run\/netns\/cni-[0-9a-f-]+$/.test(netns)) {
+        sandboxes.push({ id, netns });
+      }
+    }
+    // The pods' sandboxes, so their network namespaces and addresses go with them.
+    for (const task of (await ctr(["tasks", "list", "-q"]).catch(() => "")).split("\n")) {
+      if (task) await ctr(["tasks", "kill", "-s", "SIGKILL", task]).catch(() => {});
+    }
+    await sleep(500);
+    for (const id of ids) await ctr(["containers", "delete", id]).catch(() => {});
+    await terminate(containerd);
+  }
+  for (const { netns } of sandboxes) {
+    await run("umount", [netns]).catch(() => {});
+    await removeLeftover(netns);
+  }
+  if (sandboxes.length > 0) {
+    // `<network>-<sandbox id>-<interface>`, one per network the sandbox was attached to.
+    const cached = await Array.fromAsync(Deno.readDir(CNI_RESULTS)).catch(() => []);
+    for (const { name } of cached) {
+      if (sandboxes.some(({ id }) => name.includes(`-${id}-`))) {
+        await removeLeftover(join(CNI_RESULTS, name));
+      }
+    }
+  }
+  // runc's container processes live in their own sessions: end any left.
+  // containerd 1.6 gives a shim its namespace, then its address; containerd 2 its
+  // namespace, its id, then its address.
+  await run("pkill", [
+    "-KILL",
+    "-f",
+    `containerd-shim-runc-v2 -namespace k8s.io (-id [^ ]+ )?-address ${containerdSocket}`,
+  ])
+    .catch(() => {});
+  await run("ip", ["link", "delete", bridge]).catch(() => {});
+  // kube-proxy's chains and rules in the host's tables.
+  await run(join(bin, "kube-proxy"), ["--cleanup"]).catch(() => {});
+  // Mounts the kubelet and containerd made below the directory (volumes, rootfs, shm).
+  // The directory's own bind mount last (the sort puts it after everything below it).
+  const mounts = (await Deno.readTextFile("/proc/self/mountinfo")).split("\n")
+    .map((l) => l.split(" ")[4]).filter((m) => m?.startsWith(dir)).sort().reverse();
+  for (const m of mounts) await run("umount", ["-l", m]).catch(() => {});
+  await removeLeftover(dir, { recursive: true });
+  if (!isolated) await removeLeftover(join(DEVICE_PLUGINS_DIR, "kubelet.sock"));
+  for (const path of created) {
+    if (path) await removeLeftover(path, { recursive: true });
+  }
+  const shared = await host;
+  if (--shared.nodes === 0) {
+    if (kubeletHost === host) kubeletHost = undefined;
+    if (!shared.hadChains) await removeKubeChains();
+    if (shared.logDir) await removeLeftover(shared.logDir, { recursive: true });
+  }
+}
+
+/** Step 3: the node's folder as a shared mount, and an isolated node's mount namespace. */
+async function prepareNodeMounts(layout: NodeLayout, state: NodeState): Promise<void> {
+  const { dir, ctrDir, kubeletDir, cniDir, isolated } = layout;
+  const { processes } = state;
+  await Deno.mkdir(join(dir, "logs"));
+  await Deno.mkdir(join(cniDir, "net.d"), { recursive: true });
+  await Deno.mkdir(ctrDir);
+  await Deno.mkdir(kubeletDir);
+  // As on a host under systemd, mounts propagate (this directory only: the host's root
+  // stays private): virt-handler's pod mounts its kubelet and share directories
+  // Bidirectional, which the kubelet allows only on a shared mount.
+  await run("mount", ["--bind", dir, dir]);
+  await run("mount", ["--make-rshared", dir]);
+  if (isolated) {
+    // The node's mount namespace, held by a process of its own: its paths bound from the
+    // node's folder. The folder's own mount is shared with this namespace, so what the
+    // kubelet mounts below /var/lib/kubelet shows in containerd's namespace and here.
+    for (const [at, name] of Object.entries(ISOLATED_PATHS)) {
+      await Deno.mkdir(join(dir, name), { recursive: true });
+      await Deno.mkdir(at, { recursive: true });
+    }
+    await Deno.mkdir(join(kubeletDir, "device-plugins"), { recursive: true });
+    const ready = join(dir, "namespace.ready");
+    const holder = await spawn(dir, "node-namespace", "unshare", [
+      "--mount",
+      "--propagation",
+      "unchanged",
+      "sh",
+      "-c",
+      [
+        "set -e",
+        ...Object.entries(ISOLATED_PATHS).map(([at, name]) =>
+          `mount --bind ${join(dir, name)} ${at}`
+        ),
+        `touch ${ready}`,
+        "exec sleep infinity",
+      ].join("\n"),
+    ]);
+    processes.push(holder);
+    await waitUntil(holder, READY_TIMEOUT_MS, () => Deno.stat(ready).then(() => true));
+    state.enter = ["nsenter", `--mount=/proc/${holder.child.pid}/ns/mnt`, "--"];
+  } else {
+    // The device-plugin directory is a constant of the kubelet's API, not below its root:
+    // the host's, shown where a pod that mounts the kubelet's root looks for it.
+    await Deno.mkdir(DEVICE_PLUGINS_DIR, { recursive: true });
+    await Deno.mkdir(join(kubeletDir, "device-plugins"));
+    await run("mount", ["--bind", DEVICE_PLUGINS_DIR, join(kubeletDir, "device-plugins")]);
+  }
+}
+
+/** Runs a program in the node's mount namespace (an isolated node's), or as it is. */
+function spawnInNode(
+  layout: NodeLayout,
+  state: NodeState,
+  name: string,
+  program: string,
+  args: string[],
+): Promise<Managed> {
+  const { enter } = state;
+  return enter.length > 0
+    ? spawn(layout.dir, name, enter[0], [...enter.slice(1), program, ...args])
+    : spawn(layout.dir, name, program, args);
+}
+
+/** Step 4: the sandbox image, the CNI network and containerd's configuration. */
+async function writeNodeConfigs(layout: NodeLayout): Promise<string> {
+  const { dir, bin, cniDir, ctrDir, bridge, podCidr, containerdSocket } = layout;
+  // Images: the sandbox image first.
+  const pauseRoot = join(dir, "pause-root");
+  await Deno.mkdir(pauseRoot);
+  await Deno.copyFile(join(bin, "pause"), join(pauseRoot, "pause"));
+  await Deno.chmod(join(pauseRoot, "pause"), 0o755);
+  const pauseArchive = join(dir, "pause.tar");
+  await buildImageArchive(
+    { name: PAUSE_IMAGE, root: pauseRoot, entrypoint: ["/pause"] },
+    pauseArchive,
+  );
+
+  await Deno.writeTextFile(
+    join(cniDir, "net.d", "10-virtnode-test.conflist"),
+    JSON.stringify({
+      cniVersion: "0.4.0",
+      name: "virtnode-test",
+      plugins: [{
+        type: "bridge",
+        bridge,
+        isGateway: true,
+        ipMasq: false,
+        hairpinMode: true,
+        ipam: {
+          type: "host-local",
+          dataDir: join(cniDir, "ipam"),
+          ranges: [[{ subnet: podCidr }]],
+          routes: [{ dst: "0.0.0.0/0" }],
+        },
+      }],
+    }),
+  );
+  await Deno.writeTextFile(
+    join(ctrDir, "config.toml"),
+    [
+      "version = 2",
+      `root = "${join(ctrDir, "root")}"`,
+      `state = "${join(ctrDir, "state")}"`,
+      "[grpc]",
+      `  address = "${containerdSocket}"`,
+      "[ttrpc]",
+      `  address = "${join(ctrDir, "ttrpc.sock")}"`,
+      '[plugins."io.containerd.grpc.v1.cri"]',
+      `  sandbox_image = "${PAUSE_IMAGE}"`,
+      // Lowering a process's OOM score needs CAP_SYS_RESOURCE, which this machine's
+      // root lacks: the pods keep at least the node's own score.
+      "  restrict_oom_score_adj = true",
+      '[plugins."io.containerd.grpc.v1.cri".cni]',
+      `  bin_dir = "${CNI_BIN_DIR}"`,
+      `  conf_dir = "${join(cniDir, "net.d")}"`,
+      '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]',
+      '  runtime_type = "io.containerd.runc.v2"',
+      '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]',
+      `  Root = "${join(ctrDir, "runc")}"`,
+      "",
+    ].join("\n"),
+  );
+  return pauseArchive;
+}
+
+/** Step 5: containerd, in a PID namespace of its own, with the sandbox image imported. */
+async function startContainerd(
+  layout: NodeLayout,
+  state: NodeState,
+  pauseArchive: string,
+): Promise<void> {
+  const { ctrDir, containerdV2 } = layout;
+  const ctr = ctrOf(layout);
+  // containerd in a PID namespace of its own, as the first process in it: the node's
+  // "host" PID namespace for hostPID pods. virt-handler enters the mount namespace of
+  // PID 1 (virt-chroot --mount /proc/1/ns/mnt); this machine's own PID 1 is a sandbox
+  // process whose namespaces not even root may open.
+  const containerd = await spawnInNode(layout, state, "containerd", "unshare", [
+    "--pid",
+    "--fork",
+    "--kill-child",
+    // Its own /proc for that namespace, in a mount namespace that still shares the
+    // node's directory (an rshared mount) with the kubelet in both directions.
+    "--mount-proc",
+    "--propagation",
+    "unchanged",
+    // containerd 2 finds its own runc shim first on its PATH.
+    ...(containerdV2 ? ["env", `PATH=${containerdV2}:${Deno.env.get("PATH") ?? ""}`] : []),
+    containerdV2 ? join(containerdV2, "containerd") : "containerd",
+    "--config",
+    join(ctrDir, "config.toml"),
+  ]);
+  state.processes.push(containerd);
+  await waitUntil(containerd, READY_TIMEOUT_MS, async () => {
+    await ctr(["version"]);
+    return true;
+  });
+  await ctr(["images", "import", pauseArchive]);
+}
+
+/** Step 6: the kubelet, with its configuration; returns its process. */
+async function startKubelet(
+  layout: NodeLayout,
+  state: NodeState,
+  cluster: Cluster,
+  options: StartNodeOptions,
+): Promise<Managed> {
+  const { dir, name, kubeletDir, containerdSocket, nodeIp, podCidr, isolated, bin } = layout;
+  const kubeletPort = layout.ports.kubelet;
+  await Deno.writeTextFile(
+    join(dir, "kubelet.yaml"),
+    JSON.stringify({
+      apiVersion: "kubelet.config.k8s.io/v1beta1",
+      kind: "KubeletConfiguration",
+      failCgroupV1: false,
+      cgroupDriver: "cgroupfs",
+      cgroupsPerQOS: false,
+      enforceNodeAllocatable: [],
+      containerRuntimeEndpoint: `unix://${containerdSocket}`,
+      address: nodeIp ?? "127.0.0.1",
+      port: kubeletPort,
+      readOnlyPort: 0,
+      healthzPort: 0,
+      authentication: { anonymous: { enabled: true }, webhook: { enabled: false } },
+      authorization: { mode: "AlwaysAllow" },
+      failSwapOn: false,
+      podCIDR: podCidr,
+      podLogsDir: join(dir, "pod-logs"),
+      resolvConf: "/etc/resolv.conf",
+      ...(options.clusterDns
+        ? { clusterDNS: [options.clusterDns], clusterDomain: CLUSTER_DOMAIN }
+        : {}),
+      imageGCHighThresholdPercent: 100,
+      imageGCLowThresholdPercent: 99,
+      evictionHard: {
+        "memory.available": "1Mi",
+        "nodefs.available": "1%",
+        "imagefs.available": "1%",
+      },
+      serializeImagePulls: false,
+    }),
+  );
+  // An isolated node's kubelet has its root where a kubelet's is, /var/lib/kubelet.
+  const kubeletRoot = isolated ? "/var/lib/kubelet" : kubeletDir;
+  const kubelet = await spawnInNode(layout, state, "kubelet", join(bin, "kubelet"), [
+    `--config=${join(dir, "kubelet.yaml")}`,
+    `--kubeconfig=${cluster.kubeconfigPath}`,
+    `--hostname-override=${name}`,
+    ...(nodeIp ? [`--node-ip=${nodeIp}`] : []),
+    `--root-dir=${kubeletRoot}`,
+    `--cert-dir=${join(kubeletRoot, "pki")}`,
+  ]);
+  state.processes.push(kubelet);
+  return kubelet;
+}
+
+/** Step 7: the scheduler, the controller manager and kube-proxy (Services, as pods use them). */
+async function startClusterServices(
+  layout: NodeLayout,
+  state: NodeState,
+  cluster: Cluster,
+): Promise<void> {
+  const { dir, name, podCidr, bin } = layout;
+  const { processes } = state;
+  const { scheduler: schedulerPort, controllerManager: controllerManagerPort } = layout.ports;
+  const { proxyHealth: proxyHealthPort, proxyMetrics: proxyMetricsPort } = layout.ports;
+  const common = [`--kubeconfig=${cluster.kubeconfigPath}`, "--leader-elect=false"];
+  processes.push(
+    await spawn(dir, "kube-scheduler", join(bin, "kube-scheduler"), [
+      ...common,
+      `--secure-port=${schedulerPort}`,
+      "--bind-address=127.0.0.1",
+    ]),
+  );
+  processes.push(
+    await spawn(dir, "kube-controller-manager", join(bin, "kube-controller-manager"), [
+      ...common,
+      `--secure-port=${controllerManagerPort}`,
+      "--bind-address=127.0.0.1",
+      // No cloud, no node IPAM: the kubelet has its pod CIDR from its configuration.
+      "--controllers=*,-nodeipam",
+      `--service-account-private-key-file=${join(cluster.dir, "service-account.key")}`,
+      "--use-service-account-credentials=false",
+    ]),
+  );
+  // Services, as pods use them: the apiserver's own (`kubernetes`, 10.0.0.1:443) above all.
+  processes.push(
+    await spawn(dir, "kube-proxy", join(bin, "kube-proxy"), [
+      `--kubeconfig=${cluster.kubeconfigPath}`,
+      `--hostname-override=${name}`,
+      "--proxy-mode=iptables",
+      `--cluster-cidr=${podCidr}`,
+      // Leave the host's conntrack table size alone.
+      "--conntrack-max-per-core=0",
+      `--healthz-bind-address=127.0.0.1:${proxyHealthPort}`,
+      `--metrics-bind-address=127.0.0.1:${proxyMetricsPort}`,
+    ]),
+  );
+}
+
+/** Step 8: waits for the Node to be Ready and every process of it to still run. */
+async function waitNodeReady(
+  layout: NodeLayout,
+  state: NodeState,
+  cluster: Cluster,
+  kubelet: Managed,
+): Promise<void> {
+  const { name } = layout;
+  const { processes } = state;
+  await waitUntil(kubelet, READY_TIMEOUT_MS, async () => {
+    const out = await run("kubectl", [
+      "--kubeconfig",
+      cluster.kubeconfigPath,
+      "get",
+      "node",
+      name,
+      "-o",
+      'jsonpath={.status.conditions[?(@.type=="Ready")].status}',
+    ]);
+    return out.trim() === "True";
+  });
+  // Ready says nothing of the scheduler and the controller manager: each must still run.
+  await sleep(1_000);
+  for (const p of processes) {
+    // An exited child's status is settled: it wins the race against the resolved value.
+    const exited = await Promise.race([p.child.status, Promise.resolve(undefined)]);
+    if (exited) {
+      throw new ClusterError(`${p.name} exited (${exited.code}): ${await logTail(p.logPath)}`);
+    }
+  }
+}
+
+/** Step 9: the running node as tests use it. */
+function nodeHandle(layout: NodeLayout, state: NodeState, stop: () => Promise<void>): Node {
+  const { name, dir, containerdSocket, kubeletDir, podCidr, isolated } = layout;
+  const { processes } = state;
+  const ctr = ctrOf(layout);
   return {
     name,
     dir,
