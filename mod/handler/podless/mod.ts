@@ -10,17 +10,6 @@ export { type HostSettings, PodlessLaunchers, type PodlessLaunchersOptions } fro
 export { PodlessMigrations, type PodlessMigrationsOptions } from "./migrations.ts";
 export { PodlessScheduler } from "./scheduler.ts";
 // The core's types that these classes' members name.
-export type {
-  ControllerStandIn,
-  DiskEventRecorder,
-  LauncherAccess,
-  LauncherLocator,
-  LauncherPodNetwork,
-  LauncherProvider,
-  LauncherStart,
-  LauncherVolumes,
-  MigrationEndpoints,
-  MigrationSourceDir,
-} from "../launcher_provider.ts";
+export type * from "../launcher_provider.ts";
 export type { DialResolver, DialTarget } from "../launcher_clients.ts";
 export type { ReconcileResult } from "../controller.ts";

@@ -8,17 +8,6 @@
  */
 export { PodLaunchers, type PodLaunchersOptions } from "./launchers.ts";
 // The core's types that PodLaunchers' members name.
-export type {
-  ControllerStandIn,
-  DiskEventRecorder,
-  LauncherAccess,
-  LauncherLocator,
-  LauncherPodNetwork,
-  LauncherProvider,
-  LauncherStart,
-  LauncherVolumes,
-  MigrationEndpoints,
-  MigrationSourceDir,
-} from "../launcher_provider.ts";
+export type * from "../launcher_provider.ts";
 export type { DialResolver, DialTarget } from "../launcher_clients.ts";
 export type { DomainNotification, K8sEventNotification, NotifyHandlers } from "../notify_server.ts";
