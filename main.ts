@@ -25,6 +25,7 @@ import {
 import { errorText } from "./ffi/mod.ts";
 import { getLogger, setLogLevel, setupLogging } from "./mod/log/mod.ts";
 import type { TlsMaterial } from "./mod/rest/mod.ts";
+import type { KubeClient, KubevirtCrWatch } from "./mod/kube/mod.ts";
 import type { HandlerOptions } from "./mod/handler/mod.ts";
 
 /** virtnode's own version, from deno.json. */
@@ -350,224 +351,306 @@ function handlerCommand(program: Command): void {
       "pod-less mode: the folder of the migration proxy sockets, the same path on every node (default: --run-dir)",
       absoluteDir,
     )
-    .action(async (opts, command: Command) => {
-      const config = loadConfig(command, "virt-handler");
-      let rest:
-        | { hostname: string; port: number; tls: TlsMaterial; caConfigMap?: string }
-        | undefined;
-      const serverCerts = async () => {
-        const { TlsMaterial } = await import("./mod/rest/mod.ts");
-        const tls = new TlsMaterial({
-          certFile: `${opts.serverCertDir}/tls.crt`,
-          keyFile: `${opts.serverCertDir}/tls.key`,
-          caFile: opts.clientCaFile,
-        });
-        try {
-          await tls.load();
-        } catch (error) {
-          throw new UsageError("handler", errorText(error));
-        }
-        return tls;
-      };
-      // Two listeners on one port cannot both bind (port 0 is any free one, never the same);
-      // --metrics-address may name --health-address itself, which is then one listener.
-      const portOf = (address: string) => address.slice(address.lastIndexOf(":") + 1);
-      const listeners = [
-        ["--health-address", opts.healthAddress, portOf(opts.healthAddress)],
-        ...(opts.metricsAddress !== undefined && opts.metricsAddress !== opts.healthAddress
-          ? [["--metrics-address", opts.metricsAddress, portOf(opts.metricsAddress)]]
-          : []),
-        ...(opts.consoleServerPort !== undefined
-          ? [[
-            "--console-server-port",
-            String(opts.consoleServerPort),
-            String(opts.consoleServerPort),
-          ]]
-          : []),
-      ];
-      for (const [i, [flag, value, port]] of listeners.entries()) {
-        const clash = listeners.slice(i + 1).find((other) => port !== "0" && other[2] === port);
-        if (clash) {
-          throw new UsageError(
-            "handler",
-            `${flag} ${value} and ${clash[0]} ${clash[1]} need different ports`,
-          );
-        }
-      }
-      if (opts.consoleServerPort !== undefined) {
-        if (!/^[^/\s]+\/[^/\s]+$/.test(opts.caConfigmap)) {
-          throw new UsageError(
-            "handler",
-            `--ca-configmap ${opts.caConfigmap}: expected namespace/name`,
-          );
-        }
-        const tls = await serverCerts();
-        rest = {
-          hostname: opts.consoleServerAddress,
-          port: opts.consoleServerPort,
-          tls,
-          caConfigMap: opts.clientCaFile ? undefined : opts.caConfigmap,
-        };
-      }
-      const healthTls = opts.healthTls ? rest?.tls ?? await serverCerts() : undefined;
-      const migration = await migrationOptions(opts, {
-        config,
-        serverTls: () => rest?.tls ?? healthTls ?? serverCerts(),
-        caConfigMap: opts.clientCaFile ? undefined : opts.caConfigmap,
-      });
-      const podNetwork = {
-        bridge: opts.podNetworkBridge,
-        subnets: String(opts.podNetworkCidr).split(",").map((c: string) => c.trim()).filter(
-          Boolean,
-        ),
-        binDir: opts.cniBinDir,
-      };
-      const { checkPodlessNetwork } = await import("./mod/network/mod.ts");
-      const wrong = checkPodlessNetwork(podNetwork);
-      if (wrong) {
-        throw new UsageError(
-          "handler",
-          `invalid pod network (--pod-network-cidr, --pod-network-bridge): ${wrong}`,
-        );
-      }
-      if (opts.podless) {
-        const { podlessSocketPathProblem } = await import("./mod/handler/mod.ts");
-        const problem = podlessSocketPathProblem(config);
-        if (problem) {
-          throw new UsageError("handler", problem);
-        }
-      }
-      await keepAliveOnUnhandledRejections();
-      const [{ Handler }, node, kube, { runStages }] = await Promise.all([
-        import("./mod/handler/mod.ts"),
-        import("./mod/node/mod.ts"),
-        import("./mod/kube/mod.ts"),
-        import("./mod/lifecycle/mod.ts"),
-      ]);
-      // One signal for everything the handler runs; SIGTERM and SIGINT abort it.
-      const stop = new AbortController();
-      Deno.addSignalListener("SIGTERM", () => stop.abort());
-      Deno.addSignalListener("SIGINT", () => stop.abort());
-      const client = await kubeClientWithRetry(config, stop.signal);
-      const globals = ["--log-level", config.logLevel, "--log-format", "json"];
-      // The KubeVirt CR: the cluster's configuration, followed live (mod/config/kubevirt.ts);
-      // /healthz reports the version in force.
-      // virt-handler's apiserver budget from the start, until the CR says otherwise.
-      if (!opts.podless) client.setRateLimit(KUBEVIRT_DEFAULTS.handlerRateLimit);
-      const kubevirtCr = new kube.KubevirtCrWatch(client, {
-        nodeName: config.nodeName,
-        podless: opts.podless,
-      });
-      // Mediated devices follow the cluster's configuration and the node's labels, which each
-      // heartbeat brings back (KubeVirt mode: the plugins are the kubelet's).
-      let hostDevices: InstanceType<typeof node.HostDeviceConfiguration> | undefined;
-      const services = node.nodeServices(client, {
-        nodeName: config.nodeName,
-        libvirtUri: config.libvirtUri,
-        // libvirt's libraries and workers cost the handler ~30 MB RSS for as long as they
-        // are mapped; a child reads them (what KubeVirt's node-labeller script does).
-        // Under virt-operator, KubeVirt's init container has written them: no libvirt here.
-        readCapabilities: async (uri, gather) =>
-          await node.readCapabilityFiles(opts.nodeLabellerDir, gather) ??
-            node.readCapabilitiesInChild(
-              selfCommand([
-                ...globals,
-                "--libvirt-uri",
-                uri,
-                "labeller",
-                "--print-documents",
-                ...(gather.virttype ? ["--virttype", gather.virttype] : []),
-              ]),
-              gather,
-            ),
-        // Pod-less hosts have no kubelet to register with: no device plugins there.
-        devicePlugins: opts.podless
-          ? false
-          : { pluginDir: opts.devicePluginsDir, maxDevices: opts.maxDevices },
-        heartbeat: {
-          ...(opts.cpuManagerState ? { cpuManagerStatePaths: [opts.cpuManagerState] } : {}),
-          cpuManagerGate: () => featureGateEnabled(kubevirtCr.config(), "CPUManager"),
-          onNode: (n) => hostDevices?.nodeLabels(n.metadata?.labels ?? {}),
-        },
-        labeller: opts.nodeLabeller ? {} : false,
-        recorder: new kube.EventRecorder(client, {
-          host: config.nodeName,
-          component: "node-labeller",
-        }),
-      });
-      if (services.devicePlugins) {
-        hostDevices = new node.HostDeviceConfiguration(services.devicePlugins);
-      }
-      // What follows the cluster's configuration at once, as in virt-handler: the labeller's
-      // obsolete CPU models, the CPU manager labels (one beat now) and the log level.
-      let cpuManagerGate = false;
-      kubevirtCr.onChange(() => {
-        const cluster = kubevirtCr.config();
-        setLogLevel(
-          cluster.handlerLogVerbositySet
-            ? logLevelForVerbosity(cluster.handlerLogVerbosity)
-            : config.logLevel,
-        );
-        services.labeller?.setObsoleteModels(cluster.obsoleteCpuModels?.slice());
-        hostDevices?.configure({
-          permittedHostDevices: cluster.permittedHostDevices,
-          mediatedDevicesConfiguration: cluster.mediatedDevicesConfiguration,
-          mdevHandling: !featureGateEnabled(cluster, node.DISABLE_MDEV_CONFIGURATION_GATE),
-        });
-        // KubeVirt mode stands where virt-handler stands: its apiserver budget too. Pod-less
-        // mode also does virt-controller's writes, and is not limited.
-        if (!opts.podless) {
-          try {
-            client.setRateLimit(cluster.handlerRateLimit);
-          } catch (error) {
-            getLogger("handler").warn("Keeping the apiserver rate limit in force: {error}", {
-              error,
-            });
-          }
-        }
-        const gate = featureGateEnabled(cluster, "CPUManager");
-        if (gate !== cpuManagerGate) {
-          cpuManagerGate = gate;
-          services.heartbeat.beatNow();
-        }
-      });
-      const handler = await Handler.create(config, client, {
-        kubevirtCr,
-        // Host-model VMIs are synced again once the labeller has read the host's CPU.
-        hostCpu: services.labeller,
-        healthAddress: opts.healthAddress,
-        metricsAddress: opts.metricsAddress,
-        rest,
-        healthTls,
-        workers: opts.workers,
-        podsDir: opts.kubeletPodsDir,
-        imageDir: opts.imageDir,
-        hostDiskRoot: opts.hostDiskRoot,
-        podNetwork: opts.podless ? podNetwork : undefined,
-        migration,
-        hostCommand: opts.podless
-          ? (o) =>
-            selfCommand([
-              ...globals,
-              "--libvirt-uri",
-              o.libvirtUri,
-              "launcher-host",
-              "--host-id",
-              o.hostId,
-              "--dir",
-              o.dir,
-              "--image-dir",
-              o.imageDir,
-              ...(o.notifySocket ? ["--notify-socket", o.notifySocket] : []),
-              ...(o.hostDiskRoot ? ["--host-disk-root", o.hostDiskRoot] : []),
-              ...(o.migrationSocketDir ? ["--migration-socket-dir", o.migrationSocketDir] : []),
-            ])
-          : undefined,
-      });
-      // Unschedulable first, so no new VMI lands here while the handler drains.
-      await runStages([...services.stages, [handler], [kubevirtCr]], stop.signal);
-      Deno.exit(0);
+    .action(async (opts: HandlerFlags, command: Command) => {
+      await runHandler(opts, loadConfig(command, "virt-handler"));
     });
+}
+
+/** The `handler` subcommand's flags, as commander gives them. */
+interface HandlerFlags {
+  podless?: boolean;
+  healthAddress: string;
+  metricsAddress?: string;
+  workers: number;
+  kubeletPodsDir: string;
+  imageDir?: string;
+  hostDiskRoot?: string;
+  devicePluginsDir: string;
+  maxDevices: number;
+  cpuManagerState?: string;
+  nodeLabeller: boolean;
+  nodeLabellerDir: string;
+  podNetworkCidr: string;
+  podNetworkBridge: string;
+  cniBinDir: string;
+  consoleServerPort?: number;
+  consoleServerAddress: string;
+  migrationCnTypes?: string[];
+  healthTls?: boolean;
+  serverCertDir: string;
+  clientCaFile?: string;
+  caConfigmap: string;
+  clientCertDir: string;
+  migrationIp?: string;
+  migrationSocketDir?: string;
+}
+
+/** Runs the node agent until SIGTERM or SIGINT: checks its flags, then starts every part. */
+async function runHandler(opts: HandlerFlags, config: Config): Promise<void> {
+  checkListenerPorts(opts);
+  const { rest, healthTls, serverCerts } = await handlerTls(opts);
+  const migration = await migrationOptions(opts, {
+    config,
+    serverTls: () => rest?.tls ?? healthTls ?? serverCerts(),
+    caConfigMap: opts.clientCaFile ? undefined : opts.caConfigmap,
+  });
+  const podNetwork = await podlessNetwork(opts);
+  if (opts.podless) {
+    const { podlessSocketPathProblem } = await import("./mod/handler/mod.ts");
+    const problem = podlessSocketPathProblem(config);
+    if (problem) throw new UsageError("handler", problem);
+  }
+  await keepAliveOnUnhandledRejections();
+  const [{ Handler }, kube, { runStages }] = await Promise.all([
+    import("./mod/handler/mod.ts"),
+    import("./mod/kube/mod.ts"),
+    import("./mod/lifecycle/mod.ts"),
+  ]);
+  // One signal for everything the handler runs; SIGTERM and SIGINT abort it.
+  const stop = new AbortController();
+  Deno.addSignalListener("SIGTERM", () => stop.abort());
+  Deno.addSignalListener("SIGINT", () => stop.abort());
+  const client = await kubeClientWithRetry(config, stop.signal);
+  const globals = ["--log-level", config.logLevel, "--log-format", "json"];
+  // The KubeVirt CR: the cluster's configuration, followed live (mod/config/kubevirt.ts);
+  // /healthz reports the version in force.
+  // virt-handler's apiserver budget from the start, until the CR says otherwise.
+  if (!opts.podless) client.setRateLimit(KUBEVIRT_DEFAULTS.handlerRateLimit);
+  const kubevirtCr = new kube.KubevirtCrWatch(client, {
+    nodeName: config.nodeName,
+    podless: opts.podless,
+  });
+  const services = await handlerNodeServices(opts, config, client, kubevirtCr, globals);
+  const handler = await Handler.create(config, client, {
+    kubevirtCr,
+    // Host-model VMIs are synced again once the labeller has read the host's CPU.
+    hostCpu: services.labeller,
+    healthAddress: opts.healthAddress,
+    metricsAddress: opts.metricsAddress,
+    rest,
+    healthTls,
+    workers: opts.workers,
+    podsDir: opts.kubeletPodsDir,
+    imageDir: opts.imageDir,
+    hostDiskRoot: opts.hostDiskRoot,
+    podNetwork: opts.podless ? podNetwork : undefined,
+    migration,
+    hostCommand: opts.podless ? (o) => launcherHostInvocation(globals, o) : undefined,
+  });
+  // Unschedulable first, so no new VMI lands here while the handler drains.
+  await runStages([...services.stages, [handler], [kubevirtCr]], stop.signal);
+  Deno.exit(0);
+}
+
+/**
+ * Two listeners on one port cannot both bind (port 0 is any free one, never the same);
+ * --metrics-address may name --health-address itself, which is then one listener.
+ */
+function checkListenerPorts(opts: HandlerFlags): void {
+  const portOf = (address: string) => address.slice(address.lastIndexOf(":") + 1);
+  const listeners = [
+    ["--health-address", opts.healthAddress, portOf(opts.healthAddress)],
+    ...(opts.metricsAddress !== undefined && opts.metricsAddress !== opts.healthAddress
+      ? [["--metrics-address", opts.metricsAddress, portOf(opts.metricsAddress)]]
+      : []),
+    ...(opts.consoleServerPort !== undefined
+      ? [[
+        "--console-server-port",
+        String(opts.consoleServerPort),
+        String(opts.consoleServerPort),
+      ]]
+      : []),
+  ];
+  for (const [i, [flag, value, port]] of listeners.entries()) {
+    const clash = listeners.slice(i + 1).find((other) => port !== "0" && other[2] === port);
+    if (clash) {
+      throw new UsageError(
+        "handler",
+        `${flag} ${value} and ${clash[0]} ${clash[1]} need different ports`,
+      );
+    }
+  }
+}
+
+/**
+ * The handler's TLS: the REST API's listener (with --console-server-port), the health
+ * endpoints' (with --health-tls), and the server certificate both and migrations use.
+ */
+async function handlerTls(opts: HandlerFlags): Promise<{
+  rest?: { hostname: string; port: number; tls: TlsMaterial; caConfigMap?: string };
+  healthTls?: TlsMaterial;
+  serverCerts: () => Promise<TlsMaterial>;
+}> {
+  const serverCerts = async () => {
+    const { TlsMaterial } = await import("./mod/rest/mod.ts");
+    const tls = new TlsMaterial({
+      certFile: `${opts.serverCertDir}/tls.crt`,
+      keyFile: `${opts.serverCertDir}/tls.key`,
+      caFile: opts.clientCaFile,
+    });
+    try {
+      await tls.load();
+    } catch (error) {
+      throw new UsageError("handler", errorText(error));
+    }
+    return tls;
+  };
+  let rest: { hostname: string; port: number; tls: TlsMaterial; caConfigMap?: string } | undefined;
+  if (opts.consoleServerPort !== undefined) {
+    if (!/^[^/\s]+\/[^/\s]+$/.test(opts.caConfigmap)) {
+      throw new UsageError(
+        "handler",
+        `--ca-configmap ${opts.caConfigmap}: expected namespace/name`,
+      );
+    }
+    rest = {
+      hostname: opts.consoleServerAddress,
+      port: opts.consoleServerPort,
+      tls: await serverCerts(),
+      caConfigMap: opts.clientCaFile ? undefined : opts.caConfigmap,
+    };
+  }
+  const healthTls = opts.healthTls ? rest?.tls ?? await serverCerts() : undefined;
+  return { rest, healthTls, serverCerts };
+}
+
+/** Pod-less mode's pod network from its flags, checked (KubeVirt mode reads none of it). */
+async function podlessNetwork(opts: HandlerFlags) {
+  const podNetwork = {
+    bridge: opts.podNetworkBridge,
+    subnets: String(opts.podNetworkCidr).split(",").map((c: string) => c.trim()).filter(Boolean),
+    binDir: opts.cniBinDir,
+  };
+  const { checkPodlessNetwork } = await import("./mod/network/mod.ts");
+  const wrong = checkPodlessNetwork(podNetwork);
+  if (wrong) {
+    throw new UsageError(
+      "handler",
+      `invalid pod network (--pod-network-cidr, --pod-network-bridge): ${wrong}`,
+    );
+  }
+  return podNetwork;
+}
+
+/** The command line of the launcher host the pod-less handler starts. */
+function launcherHostInvocation(
+  globals: string[],
+  o: {
+    libvirtUri: string;
+    hostId: string;
+    dir: string;
+    imageDir: string;
+    notifySocket?: string;
+    hostDiskRoot?: string;
+    migrationSocketDir?: string;
+  },
+): ReturnType<typeof selfCommand> {
+  return selfCommand([
+    ...globals,
+    "--libvirt-uri",
+    o.libvirtUri,
+    "launcher-host",
+    "--host-id",
+    o.hostId,
+    "--dir",
+    o.dir,
+    "--image-dir",
+    o.imageDir,
+    ...(o.notifySocket ? ["--notify-socket", o.notifySocket] : []),
+    ...(o.hostDiskRoot ? ["--host-disk-root", o.hostDiskRoot] : []),
+    ...(o.migrationSocketDir ? ["--migration-socket-dir", o.migrationSocketDir] : []),
+  ]);
+}
+
+/**
+ * The node's services beside the handler (heartbeat, labeller, device plugins, host
+ * devices), and what of them follows the KubeVirt CR at once, as in virt-handler.
+ */
+async function handlerNodeServices(
+  opts: HandlerFlags,
+  config: Config,
+  client: KubeClient,
+  kubevirtCr: KubevirtCrWatch,
+  globals: string[],
+) {
+  const [node, kube] = await Promise.all([
+    import("./mod/node/mod.ts"),
+    import("./mod/kube/mod.ts"),
+  ]);
+  // Mediated devices follow the cluster's configuration and the node's labels, which each
+  // heartbeat brings back (KubeVirt mode: the plugins are the kubelet's).
+  let hostDevices: InstanceType<typeof node.HostDeviceConfiguration> | undefined;
+  const services = node.nodeServices(client, {
+    nodeName: config.nodeName,
+    libvirtUri: config.libvirtUri,
+    // libvirt's libraries and workers cost the handler ~30 MB RSS for as long as they
+    // are mapped; a child reads them (what KubeVirt's node-labeller script does).
+    // Under virt-operator, KubeVirt's init container has written them: no libvirt here.
+    readCapabilities: async (uri, gather) =>
+      await node.readCapabilityFiles(opts.nodeLabellerDir, gather) ??
+        node.readCapabilitiesInChild(
+          selfCommand([
+            ...globals,
+            "--libvirt-uri",
+            uri,
+            "labeller",
+            "--print-documents",
+            ...(gather.virttype ? ["--virttype", gather.virttype] : []),
+          ]),
+          gather,
+        ),
+    // Pod-less hosts have no kubelet to register with: no device plugins there.
+    devicePlugins: opts.podless
+      ? false
+      : { pluginDir: opts.devicePluginsDir, maxDevices: opts.maxDevices },
+    heartbeat: {
+      ...(opts.cpuManagerState ? { cpuManagerStatePaths: [opts.cpuManagerState] } : {}),
+      cpuManagerGate: () => featureGateEnabled(kubevirtCr.config(), "CPUManager"),
+      onNode: (n) => hostDevices?.nodeLabels(n.metadata?.labels ?? {}),
+    },
+    labeller: opts.nodeLabeller ? {} : false,
+    recorder: new kube.EventRecorder(client, {
+      host: config.nodeName,
+      component: "node-labeller",
+    }),
+  });
+  if (services.devicePlugins) {
+    hostDevices = new node.HostDeviceConfiguration(services.devicePlugins);
+  }
+  // What follows the cluster's configuration at once, as in virt-handler: the labeller's
+  // obsolete CPU models, the CPU manager labels (one beat now) and the log level.
+  let cpuManagerGate = false;
+  kubevirtCr.onChange(() => {
+    const cluster = kubevirtCr.config();
+    setLogLevel(
+      cluster.handlerLogVerbositySet
+        ? logLevelForVerbosity(cluster.handlerLogVerbosity)
+        : config.logLevel,
+    );
+    services.labeller?.setObsoleteModels(cluster.obsoleteCpuModels?.slice());
+    hostDevices?.configure({
+      permittedHostDevices: cluster.permittedHostDevices,
+      mediatedDevicesConfiguration: cluster.mediatedDevicesConfiguration,
+      mdevHandling: !featureGateEnabled(cluster, node.DISABLE_MDEV_CONFIGURATION_GATE),
+    });
+    // KubeVirt mode stands where virt-handler stands: its apiserver budget too. Pod-less
+    // mode also does virt-controller's writes, and is not limited.
+    if (!opts.podless) {
+      try {
+        client.setRateLimit(cluster.handlerRateLimit);
+      } catch (error) {
+        getLogger("handler").warn("Keeping the apiserver rate limit in force: {error}", {
+          error,
+        });
+      }
+    }
+    const gate = featureGateEnabled(cluster, "CPUManager");
+    if (gate !== cpuManagerGate) {
+      cpuManagerGate = gate;
+      services.heartbeat.beatNow();
+    }
+  });
+  return services;
 }
 
 /** Adds `virtnode heartbeat`: one beat by hand, or the node's heartbeat state. */
