@@ -98,6 +98,12 @@ export const CACHE_NOT_SYNCED_REQUEUE_MS = 200;
 export const OLDER_DOMAIN_REQUEUE_MS = 1_000;
 /** Concurrent syncs unless told (KubeVirt's handler threadiness). */
 export const DEFAULT_WORKERS = 8;
+/**
+ * How long the first syncs wait for the labeller's first read of the host's CPU model.
+ * virt-handler reads it before its VMI controller exists; the bound keeps VMs starting where
+ * the labeller cannot read it (no libvirt yet), their migration conditions then deferred.
+ */
+export const HOST_CPU_WAIT_MS = 30_000;
 
 /** Everything the controller works with; built by the handler. */
 export interface ControllerDeps {
@@ -134,6 +140,8 @@ export interface ControllerDeps {
    * it changes), those VMIs are synced again. No source: the node has no host model.
    */
   hostCpu?: HostCpuSource;
+  /** {@linkcode HOST_CPU_WAIT_MS} unless told (tests). */
+  hostCpuWaitMs?: number;
   /**
    * Whether another controller handles the key's VMI on this node (a migration's target
    * here: the VMI is another node's until the migration ends).
@@ -158,6 +166,26 @@ interface ShutdownState {
 
 function isPausedBy(domain: Domain | undefined, reason: StateChangeReason): boolean {
   return domain?.status.status === LifeCycle.Paused && domain.status.reason === reason;
+}
+
+/**
+ * Resolves once `source` knows the host's CPU model (at once without a source, or when it
+ * knows already), or after `ms` whatever it knows.
+ */
+function hostCpuKnown(source: HostCpuSource | undefined, ms: number): Promise<void> {
+  if (!source || source.hostCpuModel !== undefined) return Promise.resolve();
+  return new Promise((resolve) => {
+    let off = () => {};
+    const timer = setTimeout(() => done(), ms);
+    const done = () => {
+      clearTimeout(timer);
+      off();
+      resolve();
+    };
+    off = source.onHostCpuModel(() => {
+      if (source.hostCpuModel !== undefined) done();
+    });
+  });
 }
 
 /** The VirtualMachineController of KubeVirt's virt-handler. */
@@ -190,8 +218,14 @@ export class VmiController extends KeyedController {
       counts: syncs,
       // Before the informer has listed, a VMI missing from the cache would look deleted and
       // its running VM would be shut down; and, as virt-handler, no VMI is synced before the
-      // cluster's configuration is read.
-      ready: () => Promise.all([deps.informer.waitForSync(), deps.configReady?.()]),
+      // cluster's configuration and the host's CPU model are read (a host-model VMI's first
+      // Running status then already says whether it can migrate).
+      ready: () =>
+        Promise.all([
+          deps.informer.waitForSync(),
+          deps.configReady?.(),
+          hostCpuKnown(deps.hostCpu, deps.hostCpuWaitMs ?? HOST_CPU_WAIT_MS),
+        ]),
       onStarted: deps.onStarted,
     });
     this.syncs = syncs;

@@ -37,7 +37,11 @@ function vmi(phase: string): VirtualMachineInstance {
   } as VirtualMachineInstance;
 }
 
-function doubles(standsInForController = true, writes = false): Doubles {
+function doubles(
+  standsInForController = true,
+  writes = false,
+  more: Partial<ControllerDeps> = {},
+): Doubles {
   const calls: string[] = [];
   const statuses: Doubles["statuses"] = [];
   const cache = new Map<string, VirtualMachineInstance>();
@@ -78,7 +82,9 @@ function doubles(standsInForController = true, writes = false): Doubles {
     informer: {
       addHandlers: (h: Doubles["handlers"]) => Object.assign(handlers, h),
       hasSynced: () => true,
+      waitForSync: () => Promise.resolve(),
       get: (key: string) => cache.get(key),
+      list: () => [...cache.values()],
     },
     queue,
     expectations,
@@ -129,6 +135,7 @@ function doubles(standsInForController = true, writes = false): Doubles {
         return Promise.resolve();
       },
     },
+    ...more,
   } as unknown as ControllerDeps;
   return {
     controller: new VmiController(deps),
@@ -364,4 +371,47 @@ Deno.test("reconcile() fails a Scheduled VMI whose launcher pod ended before it 
     else assert.ok(!phases.includes("Failed"), "a pod still starting is waited for");
     s.queue.shutDown();
   }
+});
+
+Deno.test("run() starts syncing once the labeller has read the host CPU model, as virt-handler", async () => {
+  // virt-handler reads the host's CPU model before its VMI controller exists, so a host-model
+  // VMI's first Running status already says whether it can migrate.
+  let model: string | undefined;
+  const listeners = new Set<() => void>();
+  const hostCpu = {
+    get hostCpuModel() {
+      return model;
+    },
+    onHostCpuModel(listener: () => void) {
+      listeners.add(listener);
+      return () => listeners.delete(listener);
+    },
+  };
+  let started = 0;
+  const s = doubles(true, false, { hostCpu, onStarted: () => started++ });
+  const stop = new AbortController();
+  const running = s.controller.run(stop.signal);
+  await new Promise((r) => setTimeout(r, 50));
+  assert.equal(started, 0, "no worker before the host CPU model is known");
+  model = "EPYC";
+  for (const l of [...listeners]) l();
+  await new Promise((r) => setTimeout(r, 10));
+  assert.equal(started, 1, "the workers start once it is");
+  assert.equal(listeners.size, 1, "the wait's listener is taken off; the controller's stays");
+  stop.abort();
+  await running;
+
+  // A labeller that never reads it keeps no VM from starting: the wait is bounded.
+  let late = 0;
+  const never = doubles(true, false, {
+    hostCpu: { hostCpuModel: undefined, onHostCpuModel: () => () => {} },
+    hostCpuWaitMs: 30,
+    onStarted: () => late++,
+  });
+  const stop2 = new AbortController();
+  const running2 = never.controller.run(stop2.signal);
+  await new Promise((r) => setTimeout(r, 100));
+  assert.equal(late, 1);
+  stop2.abort();
+  await running2;
 });
