@@ -376,11 +376,11 @@ Deno.test("reconcile() fails a Scheduled VMI whose launcher pod ended before it 
 Deno.test("run() starts syncing once the labeller has read the host CPU model, as virt-handler", async () => {
   // virt-handler reads the host's CPU model before its VMI controller exists, so a host-model
   // VMI's first Running status already says whether it can migrate.
-  let model: string | undefined;
+  const read: { model?: string } = {};
   const listeners = new Set<() => void>();
   const hostCpu = {
     get hostCpuModel() {
-      return model;
+      return read.model;
     },
     onHostCpuModel(listener: () => void) {
       listeners.add(listener);
@@ -393,7 +393,7 @@ Deno.test("run() starts syncing once the labeller has read the host CPU model, a
   const running = s.controller.run(stop.signal);
   await new Promise((r) => setTimeout(r, 50));
   assert.equal(started, 0, "no worker before the host CPU model is known");
-  model = "EPYC";
+  read.model = "EPYC";
   for (const l of [...listeners]) l();
   await new Promise((r) => setTimeout(r, 10));
   assert.equal(started, 1, "the workers start once it is");
