@@ -129,6 +129,10 @@ type Step =
   | { kind: "phase"; phase: VmimPhase; event?: [string, string]; state?: Partial<MigrationState> }
   | { kind: "fail"; reason: string; failVmi?: boolean }
   | { kind: "wait"; ms: number; why: string }
+  /** Ask the source to abort (the VMIM is being deleted while the migration runs). */
+  | { kind: "requestAbort" }
+  /** Hand the VMI to the target: its migration state names this migration. */
+  | { kind: "handOff" }
   | { kind: "done" };
 
 /** Drives this node's VMIs' migrations; see the module doc. */
@@ -235,7 +239,10 @@ export class PodlessMigrations implements Runnable {
     return source === this.#o.nodeName;
   }
 
-  /** The next step, failures first (virt-controller's `updateStatus` order). */
+  /**
+   * The next step, failures first (virt-controller's `updateStatus` order). It only reads
+   * (the caches, the target node); `#act` writes.
+   */
   async #decide(
     vmim: VirtualMachineInstanceMigration,
     vmi: VirtualMachineInstance,
@@ -265,12 +272,7 @@ export class PodlessMigrations implements Runnable {
       };
     }
     if (vmim.metadata.deletionTimestamp && ours && !state?.abortRequested) {
-      if (phase === VmimPhases.Running) {
-        await this.#writeVmi(vmi, (v) => {
-          v.status!.migrationState!.abortRequested = true;
-        });
-        this.#record(vmim, "Normal", "MigrationAbortRequested", "Migration abort requested.");
-      }
+      if (phase === VmimPhases.Running) return { kind: "requestAbort" };
       return { kind: "wait", ms: WAIT_MS, why: "the abort is on its way to the source" };
     }
     switch (phase) {
@@ -339,8 +341,7 @@ export class PodlessMigrations implements Runnable {
       }
       case VmimPhases.Scheduled: {
         if (ours && state?.targetNode) return { kind: "phase", phase: VmimPhases.PreparingTarget };
-        await this.#handOff(vmim, vmi);
-        return { kind: "wait", ms: 0, why: "handed off; the VMI's write comes back" };
+        return { kind: "handOff" };
       }
       case VmimPhases.PreparingTarget: {
         if (state?.targetNodeAddress) return { kind: "phase", phase: VmimPhases.TargetReady };
@@ -388,6 +389,16 @@ export class PodlessMigrations implements Runnable {
       case "wait":
         log.debug("Migration waits: {why}", { key: vmiKey(vmim.metadata), why: step.why });
         return step.ms > 0 ? requeueAfter(step.ms, step.why) : DONE;
+      case "requestAbort":
+        await this.#writeVmi(vmi, (v) => {
+          v.status!.migrationState!.abortRequested = true;
+        });
+        this.#record(vmim, "Normal", "MigrationAbortRequested", "Migration abort requested.");
+        return requeueAfter(WAIT_MS, "the abort is on its way to the source");
+      case "handOff":
+        // The VMI's write comes back through its watch and wakes this migration.
+        await this.#handOff(vmim, vmi);
+        return DONE;
       case "phase":
         await this.#setPhase(vmim, step.phase, step.state);
         if (step.event) this.#record(vmim, "Normal", step.event[0], step.event[1]);
