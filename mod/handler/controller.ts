@@ -486,7 +486,13 @@ export class VmiController extends KeyedController {
     else log.info("Sync: {action}, {reason}", logged);
 
     if (decision.action === "schedule") {
-      await this.#schedule(vmi);
+      // Only a stand-in's sync decides so (virt-controller's scheduling step, this node's).
+      const standIn = this.#d.standIn!;
+      const now = kubeTime();
+      await this.#writeStatus(
+        vmi,
+        (s) => standIn.scheduledStatus({ ...vmi, status: s }, this.#d.nodeName, now),
+      );
       return DONE;
     }
     if (!decision.writesStatus) return DONE;
@@ -514,8 +520,7 @@ export class VmiController extends KeyedController {
         domain: domainSeen,
         launcher: cleanedUp ? "unresponsive" : launcher,
         nodeName: this.#d.nodeName,
-        standIn: this.#d.standIn &&
-          { hotplugClaims: this.#d.standIn.hotplugClaims(vmi.metadata.uid!) },
+        standIn: this.#d.standIn?.facts(uid),
         now: kubeTime(),
         syncError: syncError === undefined ? undefined : describe(syncError),
         podAddresses: await this.#d.networks.addresses(vmi),
@@ -646,22 +651,6 @@ export class VmiController extends KeyedController {
         phase,
       });
     }
-  }
-
-  /** virt-controller's scheduling step, for this node (pod-less mode). */
-  async #schedule(vmi: VirtualMachineInstance): Promise<void> {
-    const now = kubeTime();
-    await this.#writeStatus(vmi, (s) => {
-      if (s.phase && s.phase !== VmiPhase.Pending) return;
-      s.phase = VmiPhase.Scheduled;
-      s.nodeName = this.#d.nodeName;
-      // As virt-controller once the launcher is placed: migrations go through unix sockets.
-      s.migrationTransport = "Unix";
-      s.phaseTransitionTimestamps = [
-        ...(s.phaseTransitionTimestamps ?? []),
-        { phase: VmiPhase.Scheduled, phaseTransitionTimestamp: now },
-      ];
-    });
   }
 
   async #writeStatus(
@@ -816,9 +805,10 @@ export class VmiController extends KeyedController {
     }
     if (alive && !this.#synced.has(uid)) {
       // Adopted after a restart: the domain runs this spec already; do not disturb it
-      // (a tap a restart left in the host's namespace still joins the pod).
+      // (a tap a restart left in the host's namespace still joins the pod; a launcher
+      // pod's taps live in the pod, and its target has no host tap).
       this.#synced.set(uid, spec);
-      if (this.#d.standIn && podNetworkPlan(vmi).length > 0) {
+      if (podNetworkPlan(vmi).length > 0) {
         await this.#afterStart(vmi, await this.#d.provider.podNetwork(vmi));
       }
       if (!hotplugUnsettled(vmi)) return DONE;

@@ -16,7 +16,8 @@
  * @module
  */
 import type { VirtualMachineOptions } from "../proto/mod.ts";
-import type { ClaimInfo, VirtualMachineInstance } from "../api/mod.ts";
+import type { VirtualMachineInstance, VirtualMachineInstanceStatus } from "../api/mod.ts";
+import type { StandInFacts } from "./status.ts";
 import type { PodNetworkTarget } from "../network/mod.ts";
 import type { Runnable } from "../lifecycle/mod.ts";
 import type { GhostRecordStore } from "./ghost_records.ts";
@@ -169,8 +170,14 @@ export interface LauncherAccess {
  * fails a VMI its cleanup left without a launcher, and takes the finalizer off a final VMI.
  */
 export interface ControllerStandIn {
-  /** The claim info of the VMI's hotplugged volumes found on this host, by name. */
-  hotplugClaims(uid: string): ReadonlyMap<string, ClaimInfo>;
+  /** What virt-controller would know of the VMI, for its status. */
+  facts(uid: string): StandInFacts;
+  /** The status of a Pending VMI once virt-controller placed it on `node` at `now`. */
+  scheduledStatus(
+    vmi: VirtualMachineInstance,
+    node: string,
+    now: string,
+  ): VirtualMachineInstanceStatus;
 }
 
 /**

@@ -242,6 +242,8 @@ export interface VolumeStatusOptions {
 export interface StandInFacts {
   /** The claim info of the VMI's hotplugged volumes found on this host, by name. */
   hotplugClaims?: ReadonlyMap<string, ClaimInfo>;
+  /** The launcher's interface on the pod network, as virt-controller names it. */
+  podInterfaceName: string;
 }
 
 /**
@@ -536,7 +538,7 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
     const interfaces = interfacesFromDomain(domain, {
       podAddresses: input.podAddresses,
       previous: status.interfaces,
-      podInterfaceName: input.standIn ? "eth0" : undefined,
+      podInterfaceName: input.standIn?.podInterfaceName,
     });
     if (interfaces.length > 0) status.interfaces = interfaces;
     const volumes = volumeStatusFromDomain(vmi, domain, {

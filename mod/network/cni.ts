@@ -56,6 +56,8 @@ export class CniError extends Error {
 
 /** The CNI network name virtnode's pod-less pods are on. */
 export const PODLESS_NETWORK_NAME = "virtnode";
+/** The name of a pod-less VMI's interface on the pod network in its namespace. */
+export const POD_INTERFACE = "eth0";
 const CNI_VERSION = "1.0.0";
 const CNI_TIMEOUT_MS = 30_000;
 
@@ -130,7 +132,7 @@ export class PodlessNetworks {
         CNI_COMMAND: command,
         CNI_CONTAINERID: uid,
         CNI_NETNS: netns ?? "",
-        CNI_IFNAME: type === "loopback" ? "lo" : "eth0",
+        CNI_IFNAME: type === "loopback" ? "lo" : POD_INTERFACE,
         CNI_PATH: binDir,
         PATH: Deno.env.get("PATH") ?? "/usr/sbin:/usr/bin:/sbin:/bin",
       },

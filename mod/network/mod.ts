@@ -104,6 +104,7 @@ export {
 export {
   checkPodlessNetwork,
   CniError,
+  POD_INTERFACE,
   PODLESS_NETWORK_NAME,
   type PodlessNetworkConfig,
   PodlessNetworks,

@@ -6,7 +6,10 @@ import assert from "node:assert/strict";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
 import { LifeCycle, newDomain, StateChangeReason } from "../../mod/domain/mod.ts";
 import { type ControllerDeps, type GhostRecord, VmiController } from "../../mod/handler/testing.ts";
+import { podlessStandIn } from "../../mod/handler/podless/testing.ts";
 import { Expectations, WorkQueue } from "../../mod/kube/mod.ts";
+
+const STAND_IN = podlessStandIn(() => new Map());
 
 const UID = "0badf00d-0000-4000-8000-000000000001";
 const KEY = "default/vm1";
@@ -78,7 +81,7 @@ function doubles(
   const deps = {
     nodeName: "node1",
     provider,
-    standIn: standsInForController ? { hotplugClaims: () => new Map() } : undefined,
+    standIn: standsInForController ? STAND_IN : undefined,
     informer: {
       addHandlers: (h: Doubles["handlers"]) => Object.assign(handlers, h),
       hasSynced: () => true,

@@ -12,6 +12,9 @@ import {
   StateChangeReason,
 } from "../../mod/domain/mod.ts";
 import { decideSync, SyncAction, type SyncInput } from "../../mod/handler/testing.ts";
+import { podlessStandIn } from "../../mod/handler/podless/testing.ts";
+
+const STAND_IN = podlessStandIn(() => new Map());
 
 const UID = "c0ffee00-0000-4000-8000-000000000001";
 
@@ -56,13 +59,13 @@ const ROWS: Row[] = [
   // 1 and 2: before the VMI is scheduled.
   {
     name: "1: a Pending VMI is scheduled when the handler stands in for virt-controller",
-    input: { vmi: vmi(VmiPhase.Pending), standIn: { hotplugClaims: () => new Map() } },
+    input: { vmi: vmi(VmiPhase.Pending), standIn: STAND_IN },
     action: SyncAction.Schedule,
     writesStatus: false,
   },
   {
     name: "1: a VMI without a phase counts as Pending",
-    input: { vmi: vmi(""), standIn: { hotplugClaims: () => new Map() } },
+    input: { vmi: vmi(""), standIn: STAND_IN },
     action: SyncAction.Schedule,
     writesStatus: false,
   },
@@ -76,7 +79,7 @@ const ROWS: Row[] = [
     name: "2: a Pending VMI being deleted is not scheduled",
     input: {
       vmi: vmi(VmiPhase.Pending, { deleting: true }),
-      standIn: { hotplugClaims: () => new Map() },
+      standIn: STAND_IN,
     },
     action: SyncAction.None,
     writesStatus: false,

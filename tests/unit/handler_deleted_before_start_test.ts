@@ -14,7 +14,10 @@ import {
   LauncherCallError,
   VmiController,
 } from "../../mod/handler/testing.ts";
+import { podlessStandIn } from "../../mod/handler/podless/testing.ts";
 import { Expectations, WorkQueue } from "../../mod/kube/mod.ts";
+
+const STAND_IN = podlessStandIn(() => new Map());
 
 const UID = "0badf00d-0000-4000-8000-0000000000e6";
 const KEY = "default/vm1";
@@ -73,7 +76,7 @@ async function reconcileDeleted(
     nodeName: "node1",
     provider,
     // Pod-less mode: the handler plays virt-controller's part.
-    standIn: { hotplugClaims: () => new Map() },
+    standIn: STAND_IN,
     informer: {
       addHandlers: () => {},
       hasSynced: () => true,

@@ -55,7 +55,7 @@ function liveMigratable(v: VirtualMachineInstance, hostCpuModel: string | undefi
     domain,
     launcher: "responsive",
     nodeName: "node1",
-    standIn: {},
+    standIn: { podInterfaceName: "eth0" },
     now: "2026-11-29T10:00:00Z",
     migratable: { hostCpuModel },
   }).status;

@@ -66,7 +66,7 @@ Deno.test("scheduledStatus() carries what the handler's first sync computes, so 
     domain: undefined,
     launcher: "notReady",
     nodeName: "node-a",
-    standIn: {},
+    standIn: { podInterfaceName: "eth0" },
     now: "t2",
   });
   assert.deepEqual(first.status, s);

@@ -36,7 +36,7 @@ function input(status?: LifeCycle, reason?: StateChangeReason, more: Partial<Sta
       : undefined,
     launcher: "responsive" as const,
     nodeName: "node1",
-    standIn: {},
+    standIn: { podInterfaceName: "eth0" },
     now: T0,
     ...more,
   };
@@ -444,6 +444,7 @@ Deno.test("computeStatus() in pod-less mode writes a hotplugged claim's volumeSt
       hotplugMounted: new Set(found),
       standIn: {
         hotplugClaims: new Map(found.map((n) => [n, { claimName: "c", volumeMode: "Block" }])),
+        podInterfaceName: "eth0",
       },
     });
     i.domain!.spec.devices.disks = [

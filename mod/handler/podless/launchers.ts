@@ -37,10 +37,12 @@ import {
 } from "../../storage/mod.ts";
 import {
   hostTapName,
+  POD_INTERFACE,
   type PodlessNetworks,
   podNetworkPlan,
   type PodNetworkTarget,
 } from "../../network/mod.ts";
+import { scheduledStatus } from "./scheduler.ts";
 import type { GhostRecordStore } from "../ghost_records.ts";
 import {
   type ControllerStandIn,
@@ -106,6 +108,19 @@ export interface PodlessLaunchersOptions {
   migration?: { socketDir: string; libvirtSocket: string };
 }
 
+/**
+ * virt-controller's part as pod-less mode plays it; `claims` gives a VMI's hotplugged
+ * volumes' claim info found on this host.
+ */
+export function podlessStandIn(
+  claims: (uid: string) => ReadonlyMap<string, ClaimInfo>,
+): ControllerStandIn {
+  return {
+    facts: (uid) => ({ hotplugClaims: claims(uid), podInterfaceName: POD_INTERFACE }),
+    scheduledStatus,
+  };
+}
+
 /** The VMI's hotplugged claims, with the field each is named at. */
 function hotplugClaims(
   vmi: VirtualMachineInstance,
@@ -155,7 +170,7 @@ export class PodlessLaunchers implements LauncherProvider {
   readonly name = "podless";
   /** The handler schedules Pending VMIs and owns `Ready` here. */
   /** Pod-less mode plays virt-controller's part; see {@linkcode ControllerStandIn}. */
-  readonly standIn: ControllerStandIn = { hotplugClaims: (uid) => this.#hotplugClaims(uid) };
+  readonly standIn: ControllerStandIn = podlessStandIn((uid) => this.#hotplugClaims(uid));
   /** The host reports every launcher that ends, and is pinged itself. */
   readonly watchesLaunchers = true;
   /** See {@linkcode PODLESS_NOT_READY_REQUEUE_MS}. */

@@ -24,6 +24,7 @@ import {
 import { detailOf, Informer, isApiStatus, type KubeClient } from "../../kube/mod.ts";
 import type { Runnable } from "../../lifecycle/mod.ts";
 import { getLogger } from "../../log/mod.ts";
+import { POD_INTERFACE } from "../../network/mod.ts";
 import { computeStatus } from "../status.ts";
 
 const log = getLogger("scheduler");
@@ -68,7 +69,7 @@ export function scheduledStatus(
     domain: undefined,
     launcher: "notReady",
     nodeName: node,
-    standIn: {},
+    standIn: { podInterfaceName: POD_INTERFACE },
     now,
   }).status;
 }

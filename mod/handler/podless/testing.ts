@@ -6,4 +6,5 @@
  */
 export { type HostExit, LauncherHostClient } from "./host_client.ts";
 export { scheduledStatus, wantsNode } from "./scheduler.ts";
+export { podlessStandIn } from "./launchers.ts";
 export { findLauncherByUid, LauncherSpawner, type LauncherSpawnerOptions } from "./spawner.ts";
