@@ -805,11 +805,10 @@ export class VmiController extends KeyedController {
     }
     if (alive && !this.#synced.has(uid)) {
       // Adopted after a restart: the domain runs this spec already; do not disturb it
-      // (a tap a restart left in the host's namespace still joins the pod; a launcher
-      // pod's taps live in the pod, and its target has no host tap).
+      // (what its network set-up left undone on the node is finished).
       this.#synced.set(uid, spec);
       if (podNetworkPlan(vmi).length > 0) {
-        await this.#afterStart(vmi, await this.#d.provider.podNetwork(vmi));
+        await this.#afterStart(vmi, await this.#d.provider.adoptedPodNetwork(vmi));
       }
       if (!hotplugUnsettled(vmi)) return DONE;
       // A volume added or removed while no handler ran is not in the domain yet (or still

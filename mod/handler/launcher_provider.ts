@@ -121,6 +121,12 @@ export interface LauncherPodNetwork {
    */
   podNetwork(vmi: VirtualMachineInstance): Promise<PodNetworkTarget | undefined>;
   /**
+   * After a handler restart, the pod network of a VMI whose domain runs, where its set-up
+   * has a step left on the node (pod-less: a tap left in the host's namespace joins the
+   * pod); undefined where nothing is left (a launcher pod's taps are in the pod).
+   */
+  adoptedPodNetwork(vmi: VirtualMachineInstance): Promise<PodNetworkTarget | undefined>;
+  /**
    * Gives back what the VMI's pod network holds on the node once its domain is gone
    * (pod-less: the namespace, its address, unused taps); a pod's goes with the pod.
    */

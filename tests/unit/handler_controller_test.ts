@@ -71,6 +71,7 @@ function doubles(
     launcherRoot: () => Promise.resolve(undefined),
     unplug: () => Promise.resolve(),
     podNetwork: () => Promise.resolve(undefined),
+    adoptedPodNetwork: () => Promise.resolve(undefined),
     releasePodNetwork: () => {
       calls.push("provider.releasePodNetwork");
       return Promise.resolve();

@@ -511,6 +511,11 @@ export class PodlessLaunchers implements LauncherProvider {
     };
   }
 
+  /** The VMI's pod network, as {@linkcode PodlessLaunchers.podNetwork} gives it. */
+  adoptedPodNetwork(vmi: VirtualMachineInstance): Promise<PodNetworkTarget | undefined> {
+    return this.podNetwork(vmi);
+  }
+
   /** Removes the VM's pod namespace, gives its address back and deletes taps it never took. */
   async releasePodNetwork(vmi: VirtualMachineInstance): Promise<void> {
     const networks = this.#o.networks;

@@ -401,6 +401,11 @@ export class PodLaunchers implements LauncherProvider {
     };
   }
 
+  /** None: the launcher pod's taps are in the pod, and nothing of them is left outside. */
+  adoptedPodNetwork(): Promise<PodNetworkTarget | undefined> {
+    return Promise.resolve(undefined);
+  }
+
   /** Nothing: the pod's network namespace ends with the pod. */
   releasePodNetwork(): Promise<void> {
     return Promise.resolve();
