@@ -67,8 +67,8 @@ const specNames = (a: SpecResult[], b: SpecResult[]) =>
   [...new Set([...a, ...b].filter((r) => !r.setup).map((r) => r.name))].sort();
 const cell = (r: SpecResult | undefined) =>
   r ? `${r.status}${r.status === "passed" ? "" : r.reason ? `: ${esc(r.reason)}` : ""}` : "not run";
-const esc = (s: string) => s.replaceAll("|", "\\|").replaceAll("\n", " ").slice(0, 200);
-/** The spec's text without KubeVirt's bracketed tags, for the table. */
+const esc = (s: string) => s.replaceAll("\n", " ").slice(0, 200);
+/** The spec's text without KubeVirt's bracketed tags, for the list. */
 const short = (name: string) =>
   name.replace(/\[(rfe_id|crit|vendor|level|test_id|posneg|label|release-blocker)[^\]]*\]/g, "")
     .replace(/\s+/g, " ").trim();
@@ -82,22 +82,29 @@ const runLine = (run: Results & { commit: string }) => {
   }`;
 };
 
-/** The table's header and a row per spec, each handler's result beside the other's. */
-function table(a: SpecResult[], b: SpecResult[]): string[] {
-  const rows = [
-    "| Spec | virtnode | virt-handler | Why (where either fails) |",
-    "|---|---|---|---|",
-  ];
+/**
+ * A list item per spec: each handler's result beside the other's, and why where either fails
+ * (a list, not a table: the specs' names are long, and a list wraps at the docs' width).
+ */
+function specList(a: SpecResult[], b: SpecResult[]): string[] {
+  const items: string[] = [];
   for (const name of specNames(a, b)) {
     const x = a.find((r) => r.name === name);
     const y = b.find((r) => r.name === name);
     const why = x?.status === "failed" || y?.status === "failed" ? esc(reasons[name] ?? "") : "";
-    rows.push(`| ${esc(short(name))} | ${cell(x)} | ${cell(y)} | ${why} |`);
+    items.push(specItem(short(name), cell(x), cell(y), why)); // names whole, as they wrap
   }
-  return rows;
+  return items;
 }
 
-/** A handler's summary line, or that it has no run in this table. */
+/** One spec's list item. */
+function specItem(spec: string, virtnode: string, yardstick: string, why: string): string {
+  return `- ${spec}: **virtnode ${virtnode}; virt-handler ${yardstick}**${
+    why ? `. Why: ${why}` : ""
+  }`;
+}
+
+/** A handler's summary line, or that it has no run in this list. */
 const summaryOrNone = (handler: string, results: SpecResult[]) =>
   results.length > 0
     ? summaryLine(handler, results)
@@ -128,7 +135,7 @@ const lines = [
   "- " + summaryOrNone("virt-handler", yardstick),
   "",
   ...notes.flatMap((n) => [n, ""]),
-  ...table(virtnode, yardstick),
+  ...specList(virtnode, yardstick),
 ];
 const configured = [...new Set(runs.filter((r) => !r.labelFilter).map(configKey))]
   .filter((k) => k !== "{}");
@@ -139,15 +146,16 @@ for (const config of configured) {
   configuredResults.push(...a, ...b);
   lines.push(
     "",
-    `## The conformance specs with \`${config}\` in the KubeVirt CR's configuration`,
+    "## The conformance specs with a configuration of their own",
     "",
-    "The same specs, with this merged into `spec.configuration` for both handlers: what",
-    "KubeVirt's handler can run here when its default cannot be built (see the notes above).",
+    `The same specs, with \`${config}\` merged into the KubeVirt CR's \`spec.configuration\``,
+    "for both handlers: what KubeVirt's handler can run here when its default cannot be built",
+    "(see the notes above).",
     "",
     "- " + summaryOrNone("virtnode", a).replace(/ of \d+$/, ` of ${specNames(a, b).length}`),
     "- " + summaryOrNone("virt-handler", b).replace(/ of \d+$/, ` of ${specNames(a, b).length}`),
     "",
-    ...table(a, b),
+    ...specList(a, b),
   );
 }
 const extraVirtnode = latest("virtnode", true);
@@ -163,7 +171,7 @@ if (extraVirtnode.length + extraYardstick.length > 0) {
     "- " + summaryLine("virtnode", extraVirtnode).replace(/ of \d+$/, ""),
     "- " + summaryLine("virt-handler", extraYardstick).replace(/ of \d+$/, ""),
     "",
-    ...table(extraVirtnode, extraYardstick),
+    ...specList(extraVirtnode, extraYardstick),
   );
 }
 const setup = [
