@@ -1,12 +1,12 @@
 /**
- * The benchmark's report: the machine it ran on, and one table of rows
- * `metric | virtnode | floor (same run) | ratio | target | KubeVirt's own (same run)`,
+ * The benchmark's report: the machine it ran on, and one item per row (metric, virtnode's
+ * figure, the floor of the same run, the ratio, the target, KubeVirt's own of the same run),
  * as markdown and as JSON.
  *
  * @module
  */
 
-/** One row of the results table. */
+/** One row of the results. */
 export interface Row {
   /** Scenario number of the issue (1..7), for readers of the JSON. */
   scenario: number;
@@ -121,7 +121,30 @@ function kubevirtCell(row: Row): string {
   }`;
 }
 
-/** The results table and the environment as markdown. */
+/**
+ * One row as a list item: a list wraps at the docs' width where a table of six columns
+ * cannot.
+ */
+function rowItem(row: Row): string {
+  const parts = [`**${fmt(row.value, row.unit)}**`];
+  if (row.floor !== undefined) {
+    const r = ratio(row);
+    parts.push(
+      `floor ${fmt(row.floor, row.unit)}${row.floorNote ? ` (${row.floorNote})` : ""}${
+        r === undefined ? "" : `, ${r.toFixed(2)}×`
+      }`,
+    );
+  }
+  if (row.target) {
+    parts.push(`target ${row.target}${row.met === undefined ? "" : row.met ? " ✅" : " ❌"}`);
+  }
+  if (row.kubevirt !== undefined || row.publicFigure) {
+    parts.push(`KubeVirt's own ${kubevirtCell(row)}`);
+  }
+  return `- ${row.metric}: ${parts.join("; ")}`;
+}
+
+/** The results and the environment as markdown. */
 export function markdown(
   env: Environment,
   rows: Row[],
@@ -141,20 +164,11 @@ export function markdown(
     `- load average: ${env.loadAtStart} at start, ${env.loadAtEnd ?? "?"} at end`,
     `- options: ${extras.options}; run took ${extras.durationS.toFixed(0)} s`,
     "",
-    "| metric | virtnode | floor (same run) | ratio | target | KubeVirt's own (same run), virtnode ÷ KubeVirt |",
-    "|---|---|---|---|---|---|",
+    "Each row: virtnode's figure in bold; the floor measured in the same run, and virtnode ÷",
+    "floor; the target; KubeVirt's own figure in the same run, and virtnode ÷ KubeVirt.",
+    "",
   ];
-  for (const row of rows) {
-    const r = ratio(row);
-    const target = row.target
-      ? `${row.target}${row.met === undefined ? "" : row.met ? " ✅" : " ❌"}`
-      : "—";
-    lines.push(
-      `| ${row.metric} | ${fmt(row.value, row.unit)} | ${fmt(row.floor, row.unit)}${
-        row.floorNote ? ` (${row.floorNote})` : ""
-      } | ${r === undefined ? "—" : `${r.toFixed(2)}×`} | ${target} | ${kubevirtCell(row)} |`,
-    );
-  }
+  for (const row of rows) lines.push(rowItem(row));
   const notes = [
     ...rows.filter((r) => r.note).map((r) => `${r.metric}: ${r.note}`),
     ...extras.notes,
