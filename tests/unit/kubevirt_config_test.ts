@@ -202,7 +202,12 @@ Deno.test("the key table is the same in the module doc, KUBEVIRT_KEYS and docs/c
       l.slice(prefix.length).split("|").map((c) => c.trim().replaceAll("`", ""))
     );
   const inModule = rows(moduleDoc, " * ").map((c) => [c[1], c[4]]);
-  const inDocs = rows(operatorsDoc, "").map((c) => [c[1], c[4]]);
+  // The page lists each key as an item: "- `key` (default ...): what follows. Tests: U1, I1."
+  const items = operatorsDoc.replace(/\n {2}/g, " ").split("\n").filter((l) => l.startsWith("- `"));
+  const inDocs = items.map((l) => [
+    l.slice(3, l.indexOf("`", 3)),
+    l.slice(l.lastIndexOf(" Tests: ") + 8).replace(/\.$/, ""),
+  ]);
   const data = KUBEVIRT_KEYS.map((k) => [k.key, k.tests]);
   const norm = (r: string[][]) => r.map(([key, tests]) => `${key} ${tests}`);
   assert.deepEqual(norm(inModule), norm(data));
