@@ -16,8 +16,11 @@
  * @module
  */
 import type { VirtualMachineOptions } from "../proto/mod.ts";
-import type { VirtualMachineInstance, VirtualMachineInstanceStatus } from "../api/mod.ts";
-import type { StandInFacts } from "./status.ts";
+import type {
+  ClaimInfo,
+  VirtualMachineInstance,
+  VirtualMachineInstanceStatus,
+} from "../api/mod.ts";
 import type { PodNetworkTarget } from "../network/mod.ts";
 import type { Runnable } from "../lifecycle/mod.ts";
 import type { GhostRecordStore } from "./ghost_records.ts";
@@ -167,6 +170,14 @@ export interface LauncherAccess {
    * following a link on the way; throws a clear error when there is none.
    */
   openPrivateSocket(vmi: VirtualMachineInstance, name: string): Promise<BeneathSocket>;
+}
+
+/** What the handler knows in virt-controller's stead (pod-less mode). */
+export interface StandInFacts {
+  /** The claim info of the VMI's hotplugged volumes found on this host, by name. */
+  hotplugClaims?: ReadonlyMap<string, ClaimInfo>;
+  /** The launcher's interface on the pod network, as virt-controller names it. */
+  podInterfaceName: string;
 }
 
 /**

@@ -14,7 +14,6 @@ import {
   type MigratableContext,
 } from "./migratable.ts";
 import {
-  type ClaimInfo,
   ConditionReason,
   ConditionType,
   isFinalPhase,
@@ -39,6 +38,7 @@ import {
 import { isHotplugVolume } from "../storage/mod.ts";
 import type { PodAddresses } from "../network/mod.ts";
 import type { AgentSupport } from "./guest_agent_support.ts";
+import type { StandInFacts } from "./launcher_provider.ts";
 
 /** KubeVirt's reason on `Synchronized=False`. */
 export const SYNC_FAILED_REASON = "Synchronizing with the Domain failed.";
@@ -236,14 +236,6 @@ export interface VolumeStatusOptions {
   hotplugMounted?: ReadonlySet<string>;
   /** Where the handler stands in for virt-controller (pod-less mode): it owns the entries. */
   standIn?: StandInFacts;
-}
-
-/** What the handler knows in virt-controller's stead (pod-less mode). */
-export interface StandInFacts {
-  /** The claim info of the VMI's hotplugged volumes found on this host, by name. */
-  hotplugClaims?: ReadonlyMap<string, ClaimInfo>;
-  /** The launcher's interface on the pod network, as virt-controller names it. */
-  podInterfaceName: string;
 }
 
 /**
