@@ -769,15 +769,19 @@ function launcherCommand(program: Command): void {
     .action(async (args: string[], _opts, command: Command) => {
       const config = loadConfig(command, "virt-launcher");
       await keepAliveOnUnhandledRejections();
-      const { parseLauncherArgs, runLauncher, LauncherArgsError } = await import(
+      const { parseLauncherArgs, runLauncher, LauncherArgsError, LAUNCHER_USAGE } = await import(
         "./mod/launcher/mod.ts"
       );
+      if (args.includes("--help") || args.includes("-h")) {
+        console.log(LAUNCHER_USAGE);
+        Deno.exit(0);
+      }
       let options;
       try {
         options = parseLauncherArgs(args);
       } catch (error) {
         if (error instanceof LauncherArgsError) {
-          throw new UsageError("launcher", error.message);
+          throw new UsageError("launcher", `${error.message}\n${helpHint("launcher")}`);
         }
         throw error;
       }
@@ -844,13 +848,18 @@ function launcherHostCommand(program: Command): void {
     });
 }
 
+/** The line after a usage error: where the usage of `command` (or the program) is. */
+function helpHint(command?: string): string {
+  return `(run 'virtnode${command ? ` ${command}` : ""} --help' for usage)`;
+}
+
 function buildProgram(): Command {
   const program = new Command("virtnode")
     .description(
       "KubeVirt-compatible node agent: runs VirtualMachineInstances on this node through libvirt",
     )
     .version(VERSION, "-V, --version", "print virtnode's version")
-    .showHelpAfterError("(run 'virtnode --help' for usage)")
+    .showHelpAfterError(helpHint())
     .enablePositionalOptions()
     .exitOverride();
   for (const s of SETTINGS) {
@@ -866,6 +875,8 @@ function buildProgram(): Command {
   mountNamespaceChildCommand(program);
   launcherCommand(program);
   launcherHostCommand(program);
+  // A mistake in a subcommand's flags points at that subcommand's own usage.
+  for (const command of program.commands) command.showHelpAfterError(helpHint(command.name()));
   return program;
 }
 

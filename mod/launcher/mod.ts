@@ -14,6 +14,7 @@
 
 export {
   formatLauncherArgs,
+  LAUNCHER_USAGE,
   LauncherArgsError,
   type LauncherOptions,
   parseLauncherArgs,

@@ -69,6 +69,40 @@ Deno.test("each subcommand's usage error exits 2 with 'virtnode <command>: <what
   assert.match(launcher.stderr, /^virtnode launcher: .*--bogus/m);
 });
 
+Deno.test("every subcommand answers --help with its flags and exits 0", async () => {
+  const flags: Record<string, string> = {
+    version: "--help",
+    check: "--local",
+    handler: "--podless",
+    heartbeat: "--show",
+    labeller: "--apply",
+    launcher: "--socket-dir",
+    "launcher-host": "--host-id",
+  };
+  const listed = (await virtnode(["--help"])).stdout;
+  for (const [command, flag] of Object.entries(flags)) {
+    assert.ok(listed.includes(`  ${command}`), `virtnode --help does not list ${command}`);
+    for (const help of ["--help", "-h"]) {
+      const r = await virtnode([command, help]);
+      assert.equal(r.code, 0, `${command} ${help}: ${r.stderr}`);
+      assert.match(r.stdout, new RegExp(`^Usage: virtnode ${command} `, "m"));
+      assert.ok(r.stdout.includes(flag), `${command} ${help} lacks ${flag}:\n${r.stdout}`);
+    }
+  }
+});
+
+Deno.test("an unknown flag of any subcommand exits 2 naming the flag and that subcommand's usage", async () => {
+  for (const command of ["version", "check", "handler", "heartbeat", "labeller", "launcher"]) {
+    const r = await virtnode([command, "--bogus"]);
+    assert.equal(r.code, 2, `${command}: ${r.stderr}`);
+    assert.match(r.stderr, /'?--bogus'?/);
+    assert.ok(
+      r.stderr.includes(`(run 'virtnode ${command} --help' for usage)`),
+      `${command}: ${r.stderr}`,
+    );
+  }
+});
+
 Deno.test("a pod-less handler exits 2 naming --run-dir or --state-dir when its socket paths would not fit", async () => {
   // Unix socket paths are limited in length; a directory too long for the sockets
   // below it is refused at start, with the flag named and how much to shorten it.

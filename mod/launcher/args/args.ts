@@ -56,23 +56,41 @@ export class LauncherArgsError extends Error {
   }
 }
 
-const FLAGS = [
-  "--namespace",
-  "--name",
-  "--uid",
-  "--socket-dir",
-  "--libvirt-uri",
-  "--notify-socket",
-  "--grace-period",
-  "--run-dir",
-  "--disk-dir",
-  "--image-dir",
-  "--host-disk-root",
-  "--domain-type",
-  "--ovmf-dir",
-  "--migration-socket-dir",
+/** Each flag with its value's name and what it sets; the required ones first. */
+const FLAG_HELP = [
+  ["--namespace", "N", "the VMI's namespace (required)"],
+  ["--name", "V", "the VMI's name (required)"],
+  ["--uid", "U", "the VMI's UID (required)"],
+  ["--socket-dir", "D", "where launcher-init-sock and launcher-sock are made (required)"],
+  ["--libvirt-uri", "URI", "libvirt connection URI (qemu:///system)"],
+  ["--notify-socket", "P", "the handler's notify socket; without it no events are sent"],
+  [
+    "--grace-period",
+    "S",
+    `seconds a guest gets to shut down after SIGTERM (${DEFAULT_GRACE_PERIOD_SECONDS})`,
+  ],
+  ["--run-dir", "D", "the VMI's private run folder: console and VNC sockets"],
+  ["--disk-dir", "D", "writable per-VMI folder: overlays, empty disks, ISOs, NVRAM"],
+  ["--image-dir", "D", "folder of local containerDisk images"],
+  ["--host-disk-root", "D", "the only folder hostDisk paths may point into (none: refused)"],
+  ["--domain-type", "T", "kvm or qemu (from /dev/kvm when not given)"],
+  ["--ovmf-dir", "D", "folder of the OVMF firmware files"],
+  ["--migration-socket-dir", "D", "where the migration's sockets are (/var/run/kubevirt)"],
 ] as const;
-type Flag = typeof FLAGS[number];
+const FLAGS = FLAG_HELP.map(([flag]) => flag);
+type Flag = typeof FLAG_HELP[number][0];
+
+/** `virtnode launcher --help`: the flags {@linkcode parseLauncherArgs} takes. */
+export const LAUNCHER_USAGE: string = [
+  "Usage: virtnode launcher --namespace N --name V --uid U --socket-dir D [options]",
+  "",
+  "run one VMI's launcher (KubeVirt's virt-launcher role): its cmd server, its domain and",
+  "the events it sends the handler",
+  "",
+  "Options (--flag value or --flag=value):",
+  ...FLAG_HELP.map(([flag, value, help]) => `  ${`${flag} ${value}`.padEnd(28)}${help}`),
+  `  ${"-h, --help".padEnd(28)}this text`,
+].join("\n");
 
 const DNS_LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
 const DNS_SUBDOMAIN = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
@@ -98,7 +116,7 @@ export function parseLauncherArgs(args: readonly string[]): LauncherOptions {
     const arg = args[i];
     const eq = arg.indexOf("=");
     const flag = (eq > 0 ? arg.slice(0, eq) : arg) as Flag;
-    if (!FLAGS.includes(flag)) {
+    if (!(FLAGS as readonly string[]).includes(flag)) {
       throw new LauncherArgsError(flag, arg.startsWith("--") ? "unknown flag" : "unexpected value");
     }
     let value: string | undefined;

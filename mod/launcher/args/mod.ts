@@ -7,6 +7,7 @@
  */
 export {
   formatLauncherArgs,
+  LAUNCHER_USAGE,
   LauncherArgsError,
   type LauncherOptions,
   parseLauncherArgs,
