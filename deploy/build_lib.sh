@@ -10,6 +10,7 @@
 #   cache_enter <cache dir> <check>   # when <check> passes (now, or after waiting for
 #                                     # another build's lock): prints $out and exits;
 #                                     # otherwise returns holding the lock
+#   mirror=$(debian_mirror bookworm)  # the Debian archive this machine's apt uses
 
 build_started=${EPOCHREALTIME/./}
 
@@ -48,4 +49,63 @@ cache_enter() {
     echo "$out"
     exit 0
   fi
+}
+
+# Prints the Debian archive this machine's apt takes <suite> (default bookworm) from: the
+# URI of the first enabled `deb` entry for that suite in /etc/apt/sources.list,
+# sources.list.d/*.list (one-line) or sources.list.d/*.sources (deb822), so that a local
+# mirror or proxy serves every build too. VIRTNODE_DEBIAN_MIRROR overrides it;
+# VIRTNODE_APT_ROOT reads another root's files (tests). Fails naming the files read when
+# none has such an entry.
+debian_mirror() {
+  local suite=${1:-bookworm} root=${VIRTNODE_APT_ROOT:-} files=() f uri
+  if [[ -n ${VIRTNODE_DEBIAN_MIRROR:-} ]]; then
+    echo "$VIRTNODE_DEBIAN_MIRROR"
+    return 0
+  fi
+  for f in "$root/etc/apt/sources.list" "$root"/etc/apt/sources.list.d/*.list \
+    "$root"/etc/apt/sources.list.d/*.sources; do
+    [[ -f $f ]] && files+=("$f")
+  done
+  if [[ ${#files[@]} -gt 0 ]]; then
+    uri=$(awk -v suite="$suite" '
+      function has(list, word,   n, i, a) {
+        n = split(list, a, /[ \t]+/)
+        for (i = 1; i <= n; i++) if (a[i] == word) return 1
+        return 0
+      }
+      # A deb822 stanza ends at a blank line or with its file.
+      function stanza() {
+        if (uris != "" && has(types, "deb") && has(suites, suite) && enabled != "no") {
+          split(uris, u, /[ \t]+/); print u[1]; found = 1; exit
+        }
+        types = ""; uris = ""; suites = ""; enabled = ""
+      }
+      FNR == 1 { stanza() }
+      FILENAME ~ /\.sources$/ {
+        if ($0 ~ /^[ \t]*$/) { stanza(); next }
+        if ($0 ~ /^#/) next
+        key = tolower($1); sub(/:$/, "", key)
+        value = $0; sub(/^[^:]*:[ \t]*/, "", value)
+        if (key == "types") types = value
+        else if (key == "uris") uris = value
+        else if (key == "suites") suites = value
+        else if (key == "enabled") enabled = tolower(value)
+        next
+      }
+      $1 == "deb" {
+        line = $0; gsub(/\[[^]]*\]/, "", line)
+        n = split(line, f, /[ \t]+/)
+        if (n >= 3 && f[3] == suite) { print f[2]; found = 1; exit }
+      }
+      END { if (!found) stanza() }
+    ' "${files[@]}")
+  fi
+  if [[ -z ${uri:-} ]]; then
+    echo "Cannot find a Debian archive for $suite: no enabled 'deb' entry for it in" \
+      "${files[*]:-$root/etc/apt/sources.list or $root/etc/apt/sources.list.d/}" \
+      "(add one, or set VIRTNODE_DEBIAN_MIRROR)" >&2
+    return 1
+  fi
+  echo "${uri%/}"
 }

@@ -33,11 +33,13 @@ APT_PACKAGES=(
 # Debian 12's own Go is 1.19; backports has one that can fetch a newer toolchain.
 GO_BACKPORTS_PACKAGE=golang-1.23-go
 GO_BACKPORTS_BIN=/usr/lib/go-1.23/bin/go
-BACKPORTS_LINE="deb http://deb.debian.org/debian bookworm-backports main"
 BACKPORTS_FILE=/etc/apt/sources.list.d/virtnode-bookworm-backports.list
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
+# debian_mirror: the archive this machine's apt uses, for bookworm-backports.
+# shellcheck source=build_lib.sh
+source deploy/build_lib.sh
 step() { printf '\n==> %s\n' "$*"; }
 started=$(date +%s)
 apt_updated=false
@@ -112,6 +114,9 @@ for candidate in "${GO:-}" "$(command -v go || true)" /usr/local/go/bin/go "$GO_
   fi
 done
 if [[ -z $go_bin ]]; then
+  # From the machine's own Debian archive (a local mirror or proxy included).
+  mirror=$(debian_mirror bookworm)
+  BACKPORTS_LINE="deb $mirror bookworm-backports main"
   if ! grep -rqsF "$BACKPORTS_LINE" /etc/apt/sources.list /etc/apt/sources.list.d/; then
     echo "adding bookworm-backports: $BACKPORTS_FILE"
     echo "$BACKPORTS_LINE" >"$BACKPORTS_FILE"

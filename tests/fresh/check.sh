@@ -20,11 +20,15 @@
 set -euo pipefail
 
 SUITE=bookworm
-MIRROR=http://deb.debian.org/debian
 VARIANT=minbase
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
+# The archive this machine's apt uses (a local mirror or proxy included); the fresh root's
+# own sources.list names it too, and its setup.sh finds it there.
+# shellcheck source=../../deploy/build_lib.sh
+source "$repo/deploy/build_lib.sh"
+MIRROR=$(debian_mirror "$SUITE")
 cache=${VIRTNODE_CACHE:-$HOME/.cache/virtnode}
 fresh_cache=$cache/fresh
 

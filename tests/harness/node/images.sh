@@ -25,7 +25,8 @@ build_name=node/images.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../../deploy/build_lib.sh"
 
 SUITE=bookworm
-MIRROR=http://deb.debian.org/debian
+# The archive this machine's apt uses (a local mirror or proxy included).
+MIRROR=$(debian_mirror "$SUITE")
 image=${1:-}
 case $image in
   launcher)
