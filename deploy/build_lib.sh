@@ -11,6 +11,8 @@
 #                                     # another build's lock): prints $out and exits;
 #                                     # otherwise returns holding the lock
 #   mirror=$(debian_mirror bookworm)  # the Debian archive this machine's apt uses
+#   debian_root <staging> <apt cache> <suite> <mirror> <packages...>
+#                                     # a minimal Debian root in <staging>/root
 
 build_started=${EPOCHREALTIME/./}
 
@@ -108,4 +110,37 @@ debian_mirror() {
     return 1
   fi
   echo "${uri%/}"
+}
+
+# Builds a minimal Debian root (debootstrap's minbase) in <staging>/root and installs
+# <packages> into it from <mirror>, with no service started and apt's lists and caches left
+# out; <apt cache> keeps the downloaded packages for the next build. The logs stay in
+# <staging>; their last lines go to stderr when a step fails. Needs root.
+debian_root() {
+  local staging=$1 apt_cache=$2 suite=$3 mirror=$4
+  shift 4
+  local root=$staging/root
+  mkdir -p "$apt_cache"
+  log "debootstrap $suite (minbase) from $mirror"
+  debootstrap --variant=minbase --cache-dir="$apt_cache" "$suite" "$root" "$mirror" \
+    >"$staging/debootstrap.log" 2>&1 || {
+    tail -20 "$staging/debootstrap.log" >&2
+    return 1
+  }
+  printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
+  chmod 755 "$root/usr/sbin/policy-rc.d"
+  log "apt-get install $*"
+  # /proc for the packages' scripts, in a mount namespace that ends with the command.
+  unshare --mount --fork -- bash -c "
+    mount -t proc proc '$root/proc'
+    chroot '$root' apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive chroot '$root' apt-get install -y -qq \\
+      --no-install-recommends $*
+    chroot '$root' apt-get clean
+  " >"$staging/apt.log" 2>&1 || {
+    tail -20 "$staging/apt.log" >&2
+    return 1
+  }
+  rm -f "$root/usr/sbin/policy-rc.d"
+  rm -rf "$root/var/lib/apt/lists"/* "$root/var/cache/apt"/*.bin
 }

@@ -152,8 +152,8 @@ step "containerd 2 for the node test of KubeVirt's ImageVolume gate (tests/harne
 bash tests/harness/node/build_containerd.sh
 step "The test node's launcher image root: Debian 12, libvirt, QEMU, KubeVirt's virt-launcher (tests/harness/node/images.sh; cached)"
 bash tests/harness/node/images.sh launcher "$kubevirt_bin"
-step "The virtnode image's Debian layer: libvirt0 (tests/harness/node/images.sh; cached)"
-bash tests/harness/node/images.sh virtnode-base
+step "The virtnode image's Debian layer: libvirt0 (deploy/image/base.sh; cached)"
+bash deploy/image/base.sh
 
 step "The test guest: Debian's kernel and busybox with a DHCP client and an HTTP server (tests/harness/guest/build.sh; cached)"
 bash tests/harness/guest/build.sh

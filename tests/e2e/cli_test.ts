@@ -176,3 +176,34 @@ Deno.test("virtnode check passes against a real apiserver and libvirt, and fails
     await cluster.stop();
   }
 });
+
+Deno.test("deno task compile makes one file where it has denort, and says DENORT_BIN in one line where not", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "virtnode-compile-" });
+  try {
+    const output = `${dir}/virtnode`;
+    const r = await new Deno.Command(Deno.execPath(), {
+      args: ["run", "-A", new URL("../../deploy/compile.ts", import.meta.url).pathname, output],
+      stdin: "null",
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const stderr = new TextDecoder().decode(r.stderr).trim();
+    if (r.code === 0) {
+      // DENORT_BIN set, or a machine that downloads denort: the binary runs on its own.
+      const version = await new Deno.Command(output, {
+        args: ["version"],
+        stdout: "piped",
+        stderr: "piped",
+      }).output();
+      assert.equal(version.code, 0, new TextDecoder().decode(version.stderr));
+      assert.match(new TextDecoder().decode(version.stdout), /^virtnode \d+\.\d+\.\d+$/m);
+    } else {
+      assert.equal(Deno.env.get("DENORT_BIN"), undefined, stderr);
+      assert.equal(r.code, 1);
+      assert.equal(stderr.split("\n").length, 1, stderr);
+      assert.match(stderr, /^deno task compile: .*set DENORT_BIN to a denort of that version/);
+    }
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});

@@ -10,7 +10,7 @@ import { join } from "node:path";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
 import { GUEST_CPU_FEATURES } from "../harness/guest_cpu.ts";
 import { kvmUsable } from "../../mod/host/mod.ts";
-import { buildImageArchive } from "../harness/node/oci.ts";
+import { buildImageArchive } from "../../deploy/image/oci.ts";
 
 const BUILD = new URL("../harness/guest/build.sh", import.meta.url).pathname;
 

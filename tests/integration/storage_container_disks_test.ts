@@ -6,7 +6,7 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { buildImageArchive } from "../harness/node/oci.ts";
+import { buildImageArchive } from "../../deploy/image/oci.ts";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
 import { ContainerDiskError, ContainerDiskStore, imageFileName } from "../../mod/storage/mod.ts";
 

@@ -6,7 +6,7 @@
  * @module
  */
 import { join } from "node:path";
-import { buildImageArchive } from "../node/oci.ts";
+import { buildImageArchive } from "../../../deploy/image/oci.ts";
 
 const SCRIPT = new URL("./suite_images.sh", import.meta.url).pathname;
 

@@ -1,24 +1,18 @@
 #!/usr/bin/env bash
-# Builds the root filesystems of the test node's images from a minimal Debian 12
-# (debootstrap) and Debian's packages:
+# Builds the root filesystem of the test node's launcher image from a minimal Debian 12
+# (debootstrap; deploy/build_lib.sh's debian_root) and Debian's packages: KubeVirt's
+# launcher image, with libvirt's daemon and QEMU, KubeVirt's own virt-launcher,
+# virt-launcher-monitor and helpers (virt-tail, virt-probe, virt-freezer, container-disk,
+# node-labeller.sh) and the /etc files KubeVirt's image carries (deploy/kubevirt/build.sh)
+# where virt-controller's pods expect them. Debian 12 has no modular daemons:
+# /usr/sbin/virtqemud starts the monolithic libvirtd, which serves the same socket. (The
+# virtnode image's own Debian layer is deploy/image/base.sh's.)
 #
-#   launcher <kubevirt build dir>
-#       KubeVirt's launcher image: libvirt's daemon and QEMU, KubeVirt's own
-#       virt-launcher, virt-launcher-monitor and helpers (virt-tail, virt-probe,
-#       virt-freezer, container-disk, node-labeller.sh) and the /etc files KubeVirt's image
-#       carries (deploy/kubevirt/build.sh) where virt-controller's pods expect them.
-#       Debian 12 has no modular daemons: /usr/sbin/virtqemud starts the monolithic
-#       libvirtd, which serves the same socket.
-#   virtnode-base
-#       the lower layer of the virtnode image: what the handler loads through FFI
-#       (libvirt's client library) and the programs it runs; Deno and the source go in
-#       a layer above it (tests/harness/node/node.ts, virtnodeImage).
-#
-# Each root is cached by key (this script, the package list, the binaries) under
-# $VIRTNODE_CACHE/images/ (default ~/.cache/virtnode); prints its directory.
+# The root is cached by key (this script, the package list, the root builder, the
+# binaries) under $VIRTNODE_CACHE/images/ (default ~/.cache/virtnode); prints its
+# directory.
 #
 #   tests/harness/node/images.sh launcher <kubevirt build dir>
-#   tests/harness/node/images.sh virtnode-base
 set -euo pipefail
 build_name=node/images.sh
 # shellcheck source=../../../deploy/build_lib.sh
@@ -28,44 +22,27 @@ SUITE=bookworm
 # The archive this machine's apt uses (a local mirror or proxy included).
 MIRROR=$(debian_mirror "$SUITE")
 image=${1:-}
-case $image in
-  launcher)
-    [[ -n ${2:-} ]] || {
-      echo "usage: images.sh launcher <kubevirt build dir>" >&2
-      exit 2
-    }
-    kubevirt=$2
-    # KubeVirt's launcher image's /usr/bin (its node-labeller.sh comes with launcher-files).
-    launcher_bin=(virt-launcher virt-launcher-monitor virt-tail virt-probe virt-freezer
-      container-disk)
-    # nftables: KubeVirt's virt-handler image, built on this root, runs nft for masquerade.
-    # xorriso: the launcher writes a VMI's cloud-init disk with xorrisofs, as KubeVirt's
-    # image has it.
-    PACKAGES=(libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86
-      qemu-utils ovmf procps nftables xorriso)
-    inputs() {
-      sha256sum "${launcher_bin[@]/#/$kubevirt/}" "$kubevirt"/launcher-files/* | cut -d' ' -f1
-    }
-    ;;
-  virtnode-base)
-    # libvirt0: the FFI bindings and the node labeller's child; util-linux: nsenter
-    # and mount; procps: pgrep/kill for an operator's shell in the pod; iproute2 and
-    # nftables: the pod network bindings the handler builds in launcher pods.
-    PACKAGES=(libvirt0 util-linux procps iproute2 nftables)
-    inputs() { :; }
-    ;;
-  *)
-    echo "usage: images.sh launcher <kubevirt build dir> | images.sh virtnode-base" >&2
-    exit 2
-    ;;
-esac
+[[ $image == launcher && -n ${2:-} ]] || {
+  echo "usage: images.sh launcher <kubevirt build dir>" >&2
+  exit 2
+}
+kubevirt=$2
+# KubeVirt's launcher image's /usr/bin (its node-labeller.sh comes with launcher-files).
+launcher_bin=(virt-launcher virt-launcher-monitor virt-tail virt-probe virt-freezer
+  container-disk)
+# nftables: KubeVirt's virt-handler image, built on this root, runs nft for masquerade.
+# xorriso: the launcher writes a VMI's cloud-init disk with xorrisofs, as KubeVirt's
+# image has it.
+PACKAGES=(libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86
+  qemu-utils ovmf procps nftables xorriso)
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 key=$(
   {
     echo "$image $SUITE $MIRROR ${PACKAGES[*]}"
     cat "$here/images.sh"
-    inputs
+    declare -f debian_root
+    sha256sum "${launcher_bin[@]/#/$kubevirt/}" "$kubevirt"/launcher-files/* | cut -d' ' -f1
   } | sha256sum | cut -c1-16
 )
 cache_root=${VIRTNODE_CACHE:-$HOME/.cache/virtnode}/images
@@ -76,47 +53,8 @@ cache_enter "$cache_root" built
 rm -rf "$out"
 staging=$(mktemp -d "$cache_root/.build.XXXXXX")
 root=$staging/root
-cleanup() {
-  local status=$?
-  umount -R "$root/proc" 2>/dev/null || true
-  rm -rf "$staging"
-  exit $status
-}
-trap cleanup EXIT
-mkdir -p "$cache_root/apt-archives"
-log "debootstrap $SUITE (minbase)"
-debootstrap --variant=minbase --cache-dir="$cache_root/apt-archives" "$SUITE" "$root" "$MIRROR" \
-  >"$staging/debootstrap.log" 2>&1 || {
-  tail -20 "$staging/debootstrap.log" >&2
-  exit 1
-}
-# No service starts inside the image's build.
-printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
-chmod 755 "$root/usr/sbin/policy-rc.d"
-log "apt-get install ${PACKAGES[*]}"
-unshare --mount --fork -- bash -c "
-  mount -t proc proc '$root/proc'
-  chroot '$root' apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive chroot '$root' apt-get install -y -qq --no-install-recommends \
-    ${PACKAGES[*]}
-  chroot '$root' apt-get clean
-" >"$staging/apt.log" 2>&1 || {
-  tail -20 "$staging/apt.log" >&2
-  exit 1
-}
-rm -f "$root/usr/sbin/policy-rc.d"
-rm -rf "$root/var/lib/apt/lists"/* "$root/var/cache/apt"/*.bin
-finish() {
-  mv "$staging" "$out"
-  touch "$out/.done"
-  trap - EXIT
-  log "done: $out ($(du -sh "$out/root" | cut -f1))"
-  echo "$out"
-}
-if [[ $image == virtnode-base ]]; then
-  finish
-  exit 0
-fi
+trap 'rm -rf "$staging"' EXIT
+debian_root "$staging" "$cache_root/apt-archives" "$SUITE" "$MIRROR" "${PACKAGES[@]}"
 install -m 0755 "${launcher_bin[@]/#/$kubevirt/}" "$kubevirt/launcher-files/node-labeller.sh" \
   "$root/usr/bin/"
 # As KubeVirt's image: the monitor starts a non-root launcher with NET_BIND_SERVICE as an
@@ -155,4 +93,8 @@ mkdir -p "$root/var/log/libvirt"
 # /proc/<launcher pid>/root/var/run/...: an absolute link there resolves in the handler's own
 # root, not the launcher's ("Failed finding unix socket for serial console").
 ln -sfn ../run "$root/var/run"
-finish
+mv "$staging" "$out"
+touch "$out/.done"
+trap - EXIT
+log "done: $out ($(du -sh "$out/root" | cut -f1))"
+echo "$out"

@@ -12,7 +12,7 @@
  *
  * No registry is reachable here: the pods' sandbox image (`virtnode.local/pause:1`,
  * tests/harness/node/cmd/pause) and every other image are OCI archives built on this machine
- * (tests/harness/node/oci.ts) and imported with {@linkcode Node.importImage}.
+ * (deploy/image/oci.ts) and imported with {@linkcode Node.importImage}.
  *
  * Settings this machine needs, and why:
  * - `failCgroupV1: false`: the hierarchy is cgroup v1 (hybrid), which kubelet refuses
@@ -29,7 +29,8 @@
  */
 import { join } from "node:path";
 import { buildKubevirt, type Cluster } from "../../../deploy/cluster/cluster.ts";
-import { buildImageArchive } from "./oci.ts";
+import { buildImageArchive } from "../../../deploy/image/oci.ts";
+import { cachedImage, ContentHash } from "../../../deploy/image/image.ts";
 import {
   ClusterError,
   freePorts,
@@ -814,10 +815,6 @@ export async function launcherImage(): Promise<BuiltImage> {
 }
 
 const REPO_ROOT = new URL("../../../", import.meta.url).pathname;
-/** What the virtnode image carries of this checkout: the program and its lock. */
-const IMAGE_SOURCES = ["main.ts", "deno.json", "deno.lock", "mod", "ffi"];
-/** Where the image keeps the program, and Deno's cache (npm packages) beside it. */
-const IMAGE_APP_DIR = "/opt/virtnode";
 
 async function imagesScript(args: string[], what: string): Promise<string> {
   const out = await new Deno.Command("bash", {
@@ -830,132 +827,29 @@ async function imagesScript(args: string[], what: string): Promise<string> {
   return new TextDecoder().decode(out.stdout).trim().split("\n").at(-1)!;
 }
 
-async function sourceFiles(): Promise<string[]> {
-  const files: string[] = [];
-  const walk = async (rel: string) => {
-    const info = await Deno.lstat(join(REPO_ROOT, rel));
-    if (info.isFile) {
-      files.push(rel);
-    } else if (info.isDirectory) {
-      for await (const entry of Deno.readDir(join(REPO_ROOT, rel))) {
-        await walk(join(rel, entry.name));
-      }
-    }
-  };
-  for (const source of IMAGE_SOURCES) await walk(source);
-  return files.sort();
-}
-
 /**
- * The virtnode image, as the DaemonSet in `deploy/` runs it: `deno compile` cannot run
- * here (its runtime `denort` is downloaded from Deno's server, which is not reachable), so
- * the image carries what the compiled binary would: Deno, the program's source and its
- * npm packages (`deno install --frozen`, from `deno.lock`), with `/usr/local/bin/virtnode`
- * running `main.ts` as `deno task virtnode` does. Two layers: Debian's libraries below
- * (`images.sh virtnode-base`), Deno and the source above. Cached by the content of both.
+ * The virtnode image, as `deno task image` builds it (deploy/image/main.ts, run here as a
+ * user runs it; cached by content there): the DaemonSet's image, compiled where this
+ * machine has `DENORT_BIN`, from source otherwise.
  */
 export async function virtnodeImage(): Promise<BuiltImage> {
-  const base = await imagesScript(["virtnode-base"], "the virtnode image's base");
-  const deno = await Deno.realPath(Deno.execPath());
-  const hash = new ContentHash();
-  hash.add(`${base}\n${Deno.version.deno}\n${await Deno.readTextFile(IMAGES_SCRIPT)}\n`);
-  hash.add(await Deno.readTextFile(new URL(import.meta.url)));
-  for (const file of await sourceFiles()) {
-    hash.add(`${file}\n`);
-    hash.add(await Deno.readFile(join(REPO_ROOT, file)));
+  const out = join(
+    Deno.env.get("VIRTNODE_CACHE") ?? `${Deno.env.get("HOME")}/.cache/virtnode`,
+    "images",
+    "out",
+  );
+  const task = await new Deno.Command(Deno.execPath(), {
+    args: ["task", "--quiet", "image", "--out", out, "--json"],
+    cwd: REPO_ROOT,
+    stdin: "null",
+    stdout: "piped",
+    stderr: "inherit",
+  }).output();
+  if (!task.success) {
+    throw new Error(`Cannot build the virtnode image: deno task image exited ${task.code}`);
   }
-  const key = await hash.hex();
-  const name = `virtnode.local/virtnode:${key}`;
-  const archive = await cachedImage(join(base, ".."), "virtnode", key, async (staging) => {
-    const root = join(staging, "root");
-    const app = join(root, IMAGE_APP_DIR);
-    await Deno.mkdir(join(root, "usr/local/bin"), { recursive: true });
-    await Deno.copyFile(deno, join(root, "usr/local/bin/deno"));
-    await Deno.chmod(join(root, "usr/local/bin/deno"), 0o755);
-    for (const file of await sourceFiles()) {
-      await Deno.mkdir(join(app, file, ".."), { recursive: true });
-      await Deno.copyFile(join(REPO_ROOT, file), join(app, file));
-    }
-    // The packages land in the image's node_modules and Deno cache, as the program
-    // finds them at run time (its working directory and DENO_DIR).
-    await run(deno, [
-      "install",
-      "--frozen",
-      "--quiet",
-      "--entrypoint",
-      "main.ts",
-      "ffi/_libvirt_worker.ts",
-      "ffi/mntns_child.ts",
-    ], { cwd: app, env: { DENO_DIR: join(app, ".deno"), DENO_NO_UPDATE_CHECK: "1" } });
-    await Deno.writeTextFile(
-      join(root, "usr/local/bin/virtnode"),
-      `#!/bin/sh\n# virtnode from source: what \`deno task virtnode\` runs.\n` +
-        `exec /usr/local/bin/deno run -A --no-prompt --cached-only ` +
-        `--v8-flags=--lite-mode ${IMAGE_APP_DIR}/main.ts "$@"\n`,
-      { mode: 0o755 },
-    );
-    await Deno.chmod(join(root, "usr/local/bin/virtnode"), 0o755);
-    await buildImageArchive({
-      name,
-      root: [join(base, "root"), root],
-      entrypoint: ["/usr/local/bin/virtnode"],
-      workingDir: IMAGE_APP_DIR,
-      env: [
-        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        `DENO_DIR=${IMAGE_APP_DIR}/.deno`,
-        "DENO_NO_UPDATE_CHECK=1",
-      ],
-    }, join(staging, "image.tar"));
-  });
-  return { name, archive };
-}
-
-/**
- * `<cache>/<prefix>-<key>/image.tar`, built once: `build` writes `image.tar` into a staging
- * directory, which is then renamed into place. A failed build leaves nothing behind, unless
- * a concurrent builder's archive is there by then (which then wins).
- */
-async function cachedImage(
-  cache: string,
-  prefix: string,
-  key: string,
-  build: (staging: string) => Promise<void>,
-): Promise<string> {
-  const dir = join(cache, `${prefix}-${key}`);
-  const archive = join(dir, "image.tar");
-  const built = () => Deno.stat(archive).then(() => true, () => false);
-  if (await built()) return archive;
-  const staging = await Deno.makeTempDir({ dir: cache, prefix: `.${prefix}-` });
-  try {
-    await build(staging);
-    await Deno.rename(staging, dir);
-  } catch (error) {
-    // The build's own error is what matters here; a staging dir left behind is reported.
-    await removeIfPresent(staging, { recursive: true }).catch((error) =>
-      console.warn(`cannot remove ${staging}: ${error}`)
-    );
-    if (!await built()) throw error;
-  }
-  return archive;
-}
-
-/** SHA-256 over everything added, in order. */
-class ContentHash {
-  #parts: Uint8Array[] = [];
-  add(part: string | Uint8Array): void {
-    this.#parts.push(typeof part === "string" ? new TextEncoder().encode(part) : part);
-  }
-  async hex(): Promise<string> {
-    const total = this.#parts.reduce((n, p) => n + p.length, 0);
-    const all = new Uint8Array(total);
-    let offset = 0;
-    for (const p of this.#parts) {
-      all.set(p, offset);
-      offset += p.length;
-    }
-    const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", all));
-    return [...digest.slice(0, 8)].map((b) => b.toString(16).padStart(2, "0")).join("");
-  }
+  const built = JSON.parse(new TextDecoder().decode(task.stdout).trim().split("\n").at(-1)!);
+  return { name: built.name, archive: built.file };
 }
 
 /**

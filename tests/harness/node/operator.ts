@@ -15,8 +15,9 @@
  *
  * virtnode takes virt-handler's place as an operator-managed cluster allows it: the CR's
  * `spec.customizeComponents.patches` point the `virt-handler` DaemonSet's container at
- * virtnode's image, command and folders ({@linkcode handlerPatches}). Removing them gives the
- * node KubeVirt's own virt-handler back; the operator rolls the DaemonSet either way.
+ * virtnode's image, command and folders: deploy/kubevirt-cr-patch.yaml's own patch, the one
+ * an operator applies ({@linkcode handlerPatches}). Removing it gives the node KubeVirt's
+ * own virt-handler back; the operator rolls the DaemonSet either way.
  *
  * The test node's host folders that KubeVirt's DaemonSet would take from the host itself
  * (`/var/run/kubevirt-private`, `/var/run/kubevirt-libvirt-runtimes`,
@@ -29,13 +30,14 @@
  * @module
  */
 import { join } from "node:path";
+import { loadYaml } from "@kubernetes/client-node";
 import { kvmUsable } from "../../../mod/host/mod.ts";
 import { removeIfPresent } from "../../../mod/lifecycle/mod.ts";
 import { type Cluster, KUBEVIRT_NAMESPACE } from "../../../deploy/cluster/cluster.ts";
 import { buildKubevirt } from "../../../deploy/cluster/cluster.ts";
 import { kubectl } from "../../../deploy/cluster/cluster.ts";
 import { launcherImage, type Node, virtHandlerImage, virtnodeImage } from "./node.ts";
-import { buildImageArchive } from "./oci.ts";
+import { buildImageArchive } from "../../../deploy/image/oci.ts";
 
 const SUITE_BUILD = new URL("../kubevirt/build_suite.sh", import.meta.url).pathname;
 /** The registry and path of the images the operator's manifest names (build_suite.sh). */
@@ -167,18 +169,21 @@ interface ComponentPatch {
   patch: string;
 }
 
+/** virtnode's shipped patch of the CR: the one an operator applies (deploy/). */
+const CR_PATCH = new URL("../../../deploy/kubevirt-cr-patch.yaml", import.meta.url);
+
 /**
  * The CR's patches of the `virt-handler` DaemonSet on `node`: the host folders a test node
- * keeps below its own folder, and, for virtnode, the handler container's image, command
- * and the folder virtnode keeps besides KubeVirt's (deploy/daemonset.yaml's arguments). It
- * labels the node from what KubeVirt's node-labeller init container wrote, as virt-handler
- * does.
+ * keeps below its own folder, and, for virtnode, deploy/kubevirt-cr-patch.yaml's own patch
+ * (the handler container's image, command and arguments, and virtnode's folder), which
+ * the operator applies after the first. virtnode's image must be the one the shipped patch
+ * names: `imageName`'s, which `deno task image` builds.
  */
-export function handlerPatches(
+export async function handlerPatches(
   node: Node,
   handler: HandlerKind,
   virtnodeImageName: string,
-): ComponentPatch[] {
+): Promise<ComponentPatch[]> {
   const hostPath = (name: string, path: string) => ({
     name,
     hostPath: { path, type: "DirectoryOrCreate" },
@@ -192,34 +197,25 @@ export function handlerPatches(
     hostPath("libvirt-runtimes", join(node.dir, "kubevirt-libvirt-runtimes")),
     hostPath("node-labeller", join(node.dir, "kubevirt-node-labeller")),
   ];
-  const containers = [];
-  if (handler === "virtnode") {
-    volumes.push(hostPath("virtnode-state", "/var/lib/virtnode"));
-    containers.push({
-      name: "virt-handler",
-      image: virtnodeImageName,
-      imagePullPolicy: "IfNotPresent",
-      command: ["/usr/local/bin/virtnode"],
-      args: [
-        "--log-format=json",
-        "handler",
-        "--health-address=0.0.0.0:8443",
-        "--metrics-address=0.0.0.0:8443",
-        "--health-tls",
-        "--console-server-port=8186",
-        "--server-cert-dir=/etc/virt-handler/servercertificates",
-        `--ca-configmap=${KUBEVIRT_NAMESPACE}/kubevirt-ca`,
-        "--client-cert-dir=/etc/virt-handler/clientcertificates",
-      ],
-      volumeMounts: [{ name: "virtnode-state", mountPath: "/var/lib/virtnode" }],
-    });
-  }
-  return [{
+  const patches: ComponentPatch[] = [{
     resourceType: "DaemonSet",
     resourceName: "virt-handler",
     type: "strategic",
-    patch: JSON.stringify({ spec: { template: { spec: { volumes, containers } } } }),
+    patch: JSON.stringify({ spec: { template: { spec: { volumes } } } }),
   }];
+  if (handler === "virtnode") {
+    const shipped = (loadYaml(await Deno.readTextFile(CR_PATCH)) as {
+      spec: { customizeComponents: { patches: ComponentPatch[] } };
+    }).spec.customizeComponents.patches;
+    const image = JSON.parse(shipped[0].patch).spec.template.spec.containers[0].image;
+    if (image !== virtnodeImageName) {
+      throw new Error(
+        `deploy/kubevirt-cr-patch.yaml names the image ${image}, the node has ${virtnodeImageName}`,
+      );
+    }
+    patches.push(...shipped);
+  }
+  return patches;
 }
 
 /** KubeVirt installed by its operator on a test cluster. */
@@ -280,7 +276,7 @@ export async function installByOperator(
   const useEmulation = !kvmUsable();
   let current = handler;
   let merged = configuration;
-  const cr = (kind: HandlerKind, extra: Record<string, unknown>) => ({
+  const cr = async (kind: HandlerKind, extra: Record<string, unknown>) => ({
     apiVersion: "kubevirt.io/v1",
     kind: "KubeVirt",
     metadata: { name: "kubevirt", namespace: KUBEVIRT_NAMESPACE },
@@ -299,14 +295,14 @@ export async function installByOperator(
         ...(useEmulation ? { obsoleteCPUModels: {} } : {}),
         ...extra,
       },
-      customizeComponents: { patches: handlerPatches(node, kind, virtnode) },
+      customizeComponents: { patches: await handlerPatches(node, kind, virtnode) },
     },
   });
   const apply = async (kind: HandlerKind, extra: Record<string, unknown> = {}) => {
     await kubectl(
       kc,
       ["apply", "-f", "-"],
-      JSON.stringify(cr(kind, extra)),
+      JSON.stringify(await cr(kind, extra)),
     );
     if (useEmulation) {
       // An apply leaves out the empty map (the CR's way to say that no model is obsolete):

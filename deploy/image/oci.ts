@@ -1,15 +1,16 @@
 /**
- * OCI image archives from a directory on this machine: no registry is reachable here,
- * so the test node's images are built locally and imported into containerd
- * (`ctr images import`). One uncompressed layer per directory (packed by GNU tar with
- * sorted names, zero mtimes and root ownership, so the same files give the same digest),
- * an image config, a manifest and an OCI image layout (`oci-layout`, `index.json`,
- * `blobs/sha256/`) packed into one tar.
+ * OCI image archives from directories on this machine, without a registry or a container
+ * engine: `deno task image` (the virtnode image) and the test node's images, which are
+ * imported into containerd (`ctr images import`). One uncompressed layer per directory
+ * (packed by GNU tar with sorted names, zero mtimes and root ownership, so the same files
+ * give the same digest), an image config, a manifest and an OCI image layout (`oci-layout`,
+ * `index.json`, `blobs/sha256/`), with Docker's `manifest.json` beside it for `docker load`,
+ * packed into one tar.
  *
  * @module
  */
 import { join } from "node:path";
-import { removeIfPresent } from "../../../mod/lifecycle/mod.ts";
+import { removeIfPresent } from "../../mod/lifecycle/mod.ts";
 
 /** What goes into an image. */
 export interface ImageSpec {
@@ -28,6 +29,8 @@ export interface ImageSpec {
   workingDir?: string;
   /** The user the container runs as (numeric, so that `runAsNonRoot` can be checked). */
   user?: string;
+  /** The image config's labels. */
+  labels?: Record<string, string>;
 }
 
 async function run(cmd: string, args: string[]): Promise<void> {
@@ -90,6 +93,7 @@ export async function buildImageArchive(spec: ImageSpec, archive: string): Promi
         Env: spec.env ?? ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
         ...(spec.workingDir ? { WorkingDir: spec.workingDir } : {}),
         ...(spec.user ? { User: spec.user } : {}),
+        ...(spec.labels ? { Labels: spec.labels } : {}),
       },
       rootfs: { type: "layers", diff_ids: layers.map((l) => `sha256:${l.digest}`) },
     });
@@ -119,6 +123,16 @@ export async function buildImageArchive(spec: ImageSpec, archive: string): Promi
       }),
     );
     await Deno.writeTextFile(join(layout, "oci-layout"), '{"imageLayoutVersion":"1.0.0"}');
+    // Docker's own archive index, for a `docker load` that reads no OCI layout.
+    const blob = (digest: string) => `blobs/sha256/${digest.replace(/^sha256:/, "")}`;
+    await Deno.writeTextFile(
+      join(layout, "manifest.json"),
+      JSON.stringify([{
+        Config: blob(config.digest),
+        RepoTags: [spec.name],
+        Layers: layers.map((l) => blob(l.digest)),
+      }]),
+    );
     await run("tar", [
       "--create",
       "--file",
@@ -132,6 +146,7 @@ export async function buildImageArchive(spec: ImageSpec, archive: string): Promi
       "--numeric-owner",
       "oci-layout",
       "index.json",
+      "manifest.json",
       "blobs",
     ]);
     return manifest.digest;
