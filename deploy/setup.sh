@@ -1,30 +1,40 @@
 #!/usr/bin/env bash
-# Installs what virtnode and its tests need on a Debian 12 machine, then runs a
-# deno task. Idempotent: a second run finds everything in place and only prints
-# what it checked. A fresh Debian 12 needs nothing beforehand: Debian's packages,
-# npm (for Deno), a Go from bookworm-backports (which fetches the toolchain that
-# deploy/cluster/go.mod names from the Go module proxy) and a kubectl built from
-# the same k8s.io/kubernetes module as the test control plane.
+# Installs what virtnode needs on a Debian 12 machine, then runs a deno task. Idempotent:
+# a second run finds everything in place and only prints what it checked. A fresh Debian
+# 12 needs nothing beforehand: Debian's packages, npm (for Deno), a Go from
+# bookworm-backports (which fetches the toolchain that deploy/cluster/go.mod names from the
+# Go module proxy) and a kubectl built from the same k8s.io/kubernetes module as the
+# control plane.
 #
-#   bash deploy/setup.sh            # install only
-#   bash deploy/setup.sh start      # install, then run the agent in local mode
-#   bash deploy/setup.sh test       # install, then run the whole test suite
+#   bash deploy/setup.sh start      # what local mode runs, then local mode
+#   bash deploy/setup.sh test       # all of it (the tests' peers, node and guests too),
+#                                   # then the whole test suite
+#   bash deploy/setup.sh            # all of it, nothing run
+#
+# Each step prints a line when it starts, with its number, and one when it ends, with how
+# long it took and what is left.
 set -euo pipefail
 
 DENO_VERSION=2.9.3
-APT_PACKAGES=(
+# What local mode runs: libvirt and QEMU, the cloud-init disk's ISO tools, the pod-less pod
+# network (iproute2, nftables, the CNI plugins), and the preflight's tools.
+LOCAL_PACKAGES=(
   libvirt0 libvirt-clients libvirt-daemon libvirt-daemon-driver-qemu
-  qemu-system-x86 qemu-utils ovmf genisoimage xorriso iproute2 util-linux openssl python3 kmod systemd
-  libxml2-utils procps ca-certificates debootstrap
+  qemu-system-x86 qemu-utils ovmf genisoimage xorriso iproute2 util-linux openssl kmod systemd
+  procps ca-certificates nftables containernetworking-plugins
+)
+# What only the tests need besides.
+TEST_PACKAGES=(
+  python3 libxml2-utils debootstrap
   # KubeVirt's virt-launcher, built as a test peer, links libvirt with cgo.
   libvirt-dev pkgconf gcc libc6-dev
-  # The test node (tests/harness/node/node.ts): container runtime, pod network, kube-proxy's rules.
-  containerd runc containernetworking-plugins iptables
+  # The test node (tests/harness/node/node.ts): container runtime, kube-proxy's rules.
+  containerd runc iptables
   # The launcher image: setcap gives virt-launcher-monitor its file capability.
   libcap2-bin
-  # Pod networks: masquerade's rules; the test guest (Debian's kernel is fetched with
-  # apt-get download, never installed: tests/harness/guest/build.sh); a real DHCP client.
-  nftables busybox-static syslinux syslinux-common mtools isc-dhcp-client
+  # The test guest (Debian's kernel is fetched with apt-get download, never installed:
+  # tests/harness/guest/build.sh); a real DHCP client.
+  busybox-static syslinux syslinux-common mtools isc-dhcp-client
   # The conformance tier's cluster DNS (kube-system/kube-dns), which KubeVirt's suite needs.
   dnsmasq-base
   # The conformance tier records the commit its results came from.
@@ -40,8 +50,46 @@ cd "$root"
 # debian_mirror: the archive this machine's apt uses, for bookworm-backports.
 # shellcheck source=build_lib.sh
 source deploy/build_lib.sh
-step() { printf '\n==> %s\n' "$*"; }
-started=$(date +%s)
+case ${1:-} in
+  start) plan=local ;;
+  *) plan=all ;;
+esac
+# The steps of this run, in order: their names, for the "left" of each progress line.
+steps=("Debian packages" "npm" "Deno" "npm dependencies" "Go" "control plane and kubectl"
+  "KubeVirt's CRDs and admission")
+if [[ $plan == all ]]; then
+  steps+=("KubeVirt's programs as test peers" "virtctl" "promtool" "the test node's programs"
+    "containerd 2" "the launcher image" "the virtnode image's Debian layer" "the test guest")
+fi
+steps+=("kubectl on PATH")
+started=${EPOCHREALTIME/./}
+step_started=$started
+step_index=0
+seconds_since() {
+  local tenths=$(((${EPOCHREALTIME/./} - $1) / 100000))
+  printf '%d.%d' $((tenths / 10)) $((tenths % 10))
+}
+# The steps after the first $1, joined ("none" at the end).
+left_steps() {
+  local rest=("${steps[@]:$1}")
+  if [[ ${#rest[@]} -eq 0 ]]; then
+    echo none
+  else
+    local IFS=,
+    echo "${#rest[@]} (${rest[*]})" | sed 's/,/, /g'
+  fi
+}
+# Ends the step before (its time, what is left) and starts the next.
+step() {
+  if [[ $step_index -gt 0 ]]; then
+    local left=$((${#steps[@]} - step_index))
+    printf '    done in %s s (%s s so far); left: %s\n' "$(seconds_since "$step_started")" \
+      "$(seconds_since "$started")" "$(left_steps "$step_index")"
+  fi
+  step_started=${EPOCHREALTIME/./}
+  step_index=$((step_index + 1))
+  printf '\n==> [%d/%d] %s\n' "$step_index" "${#steps[@]}" "$*"
+}
 apt_updated=false
 
 apt_install() {
@@ -65,9 +113,11 @@ version_at_least() {
   [[ $(printf '%s\n%s\n' "$2" "$1" | sort -V | head -1) == "$2" ]]
 }
 
-step "Debian packages: ${APT_PACKAGES[*]}"
+packages=("${LOCAL_PACKAGES[@]}")
+[[ $plan == all ]] && packages+=("${TEST_PACKAGES[@]}")
+step "Debian packages ($plan): ${packages[*]}"
 missing=()
-for p in "${APT_PACKAGES[@]}"; do
+for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then
@@ -135,30 +185,33 @@ fi
 # build.sh (also run by the tests) finds the same Go; GO makes it explicit here.
 export GO=$go_bin GOTOOLCHAIN=auto
 
-step "Test control plane and kubectl (built from Go modules by deploy/cluster/build.sh; cached)"
+step "control plane and kubectl (built from Go modules by deploy/cluster/build.sh; cached)"
 cluster_bin=$(bash deploy/cluster/build.sh)
 echo "$cluster_bin"
+step "KubeVirt's CRDs and admission (built from kubevirt.io/kubevirt by deploy/kubevirt/build.sh; cached)"
+bash deploy/kubevirt/build.sh
 
-step "KubeVirt's CRDs, admission, handler-side clients and launcher (built from kubevirt.io/kubevirt by deploy/kubevirt/build.sh; cached)"
-kubevirt_bin=$(bash deploy/kubevirt/build.sh)
-echo "$kubevirt_bin"
-step "KubeVirt's virtctl, the node tier's client of virt-api (tests/harness/kubevirt/build_virtctl.sh; cached)"
-bash tests/harness/kubevirt/build_virtctl.sh
-step "promtool from Debian's prometheus package, which checks the handler's metrics (tests/harness/promtool.sh; cached)"
-bash tests/harness/promtool.sh
-step "The test node's kubelet, scheduler, controller manager and kube-proxy (tests/harness/node/build.sh; cached)"
-bash tests/harness/node/build.sh
-step "containerd 2 for the node test of KubeVirt's ImageVolume gate (tests/harness/node/build_containerd.sh; cached)"
-bash tests/harness/node/build_containerd.sh
-step "The test node's launcher image root: Debian 12, libvirt, QEMU, KubeVirt's virt-launcher (tests/harness/node/images.sh; cached)"
-bash tests/harness/node/images.sh launcher "$kubevirt_bin"
-step "The virtnode image's Debian layer: libvirt0 (deploy/image/base.sh; cached)"
-bash deploy/image/base.sh
+if [[ $plan == all ]]; then
+  step "KubeVirt's programs as test peers: launcher, handler, control plane, clients (tests/harness/kubevirt/build_peers.sh; cached)"
+  kubevirt_bin=$(bash tests/harness/kubevirt/build_peers.sh)
+  echo "$kubevirt_bin"
+  step "virtctl, the node tier's client of virt-api (tests/harness/kubevirt/build_virtctl.sh; cached)"
+  bash tests/harness/kubevirt/build_virtctl.sh
+  step "promtool from Debian's prometheus package, which checks the handler's metrics (tests/harness/promtool.sh; cached)"
+  bash tests/harness/promtool.sh
+  step "the test node's programs: kubelet, scheduler, controller manager, kube-proxy (tests/harness/node/build.sh; cached)"
+  bash tests/harness/node/build.sh
+  step "containerd 2 for the node test of KubeVirt's ImageVolume gate (tests/harness/node/build_containerd.sh; cached)"
+  bash tests/harness/node/build_containerd.sh
+  step "the launcher image's root: Debian 12, libvirt, QEMU, KubeVirt's virt-launcher (tests/harness/node/images.sh; cached)"
+  bash tests/harness/node/images.sh launcher "$kubevirt_bin"
+  step "the virtnode image's Debian layer: libvirt0 (deploy/image/base.sh; cached)"
+  bash deploy/image/base.sh
+  step "the test guest: Debian's kernel and busybox with a DHCP client and an HTTP server (tests/harness/guest/build.sh; cached)"
+  bash tests/harness/guest/build.sh
+fi
 
-step "The test guest: Debian's kernel and busybox with a DHCP client and an HTTP server (tests/harness/guest/build.sh; cached)"
-bash tests/harness/guest/build.sh
-
-step "kubectl"
+step "kubectl on PATH"
 # A link we made earlier points into the cache; a kubectl of the machine's own is kept.
 link=/usr/local/bin/kubectl
 if [[ -L $link && $(readlink "$link") == */cluster/*/kubectl ]] && [[ $(readlink "$link") != "$cluster_bin/kubectl" ]]; then
@@ -172,12 +225,13 @@ else
 fi
 kubectl version --client | sed -n 1p
 
+printf '    done in %s s\n' "$(seconds_since "$step_started")"
 echo
-echo "setup done in $(($(date +%s) - started)) s"
+echo "setup ($plan) done in $(seconds_since "$started") s"
 
 if [ $# -gt 0 ]; then
   task=$1
   shift
-  step "deno task $task $*"
+  printf '\n==> deno task %s\n' "$task $*"
   exec deno task "$task" "$@"
 fi

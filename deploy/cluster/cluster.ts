@@ -207,11 +207,11 @@ export async function kubectl(kubeconfig: string, args: string[], input?: string
 
 /**
  * Runs `deploy/kubevirt/build.sh` (a no-op when its cache holds the result) and returns
- * its directory: KubeVirt's CRDs under `crds/`, its examples under `examples/`, and the
- * programs built from KubeVirt's packages (`kubevirt-admission`, `cmdclient-check`).
+ * its directory: KubeVirt's CRDs under `crds/`, its examples under `examples/`, and
+ * virt-api's webhooks built from KubeVirt's packages (`kubevirt-admission`).
  */
 export async function buildKubevirt(): Promise<string> {
-  return await runBuildScript(KUBEVIRT_BUILD_SCRIPT, "KubeVirt's test peers");
+  return await runBuildScript(KUBEVIRT_BUILD_SCRIPT, "KubeVirt's CRDs and admission");
 }
 
 /** Runs build.sh (a no-op when its cache holds the binaries) and returns the binary directory. */

@@ -1,23 +1,15 @@
 #!/usr/bin/env bash
-# Builds KubeVirt's own programs used as test peers from the Go module proxy
-# (kubevirt.io/kubevirt, see go.mod) into a cache outside git, writes KubeVirt's
-# CRDs there as its generator makes them, and prints the directory (the only
-# line on stdout). The directory holds:
+# Builds what local mode and the test control plane take from KubeVirt v1.7.0, from the Go
+# module proxy (kubevirt.io/kubevirt, see go.mod), into a cache outside git, and prints the
+# directory (the only line on stdout). The directory holds:
 #
 #   kubevirt-crds        KubeVirt's CRD generator, run once into crds/
 #   crds/*.json          every CRD KubeVirt installs
 #   kubevirt-admission   virt-api's VMI and migration webhooks (KubeVirt's packages)
-#   cmdclient-check      KubeVirt's handler-side cmd client and notify server
-#   virt-launcher        KubeVirt's launcher (cgo against libvirt-dev's libvirt)
-#   virt-launcher-monitor  the launcher pod's entry point, which runs virt-launcher
-#   virt-tail, virt-probe, virt-freezer, container-disk
-#                        the rest of KubeVirt's launcher image's /usr/bin
-#   virt-api, virt-controller   KubeVirt's control plane, as its images run them
-#   virt-handler, virt-chroot   KubeVirt's own node agent (the yardstick virtnode replaces)
 #   examples/            the examples/ folder of KubeVirt's module, as published
-#   launcher-files/      what KubeVirt's launcher image adds to /etc: qemu.conf and
-#                        virtqemud.conf (/etc/libvirt), the qemu hook, nsswitch.conf,
-#                        and node-labeller.sh (its /usr/bin)
+#
+# KubeVirt's own programs the tests run beside virtnode (its launcher, handler, control
+# plane, clients) are built by tests/harness/kubevirt/build_peers.sh from the same module.
 #
 #   deploy/kubevirt/build.sh
 #
@@ -33,21 +25,13 @@ cd "$here"
 
 find_go
 
-
-programs=(kubevirt-crds kubevirt-admission cmdclient-check kubevirt-install)
-# KubeVirt's own commands, built from its module as they are (the go.mod tool block):
-# its control plane (pure Go) and its node programs (cgo: the launcher links libvirt).
-control_programs=(virt-api virt-controller)
-# What KubeVirt's launcher image carries beside the launcher (pure Go; container-disk is C).
-launcher_helpers=(virt-tail virt-probe virt-freezer)
-launcher_programs=(virt-launcher virt-launcher-monitor virt-handler virt-chroot)
+programs=(kubevirt-crds kubevirt-admission)
 go_version=$("$GO" env GOVERSION)
-# The launcher links libvirt: the headers it was built against belong in the key.
-libvirt_version=$(pkg-config --modversion libvirt 2>/dev/null || echo none)
 key=$(
   {
-    echo "$go_version $("$GO" env GOOS GOARCH) ${programs[*]} ${control_programs[*]} ${launcher_helpers[*]} ${launcher_programs[*]} container-disk libvirt $libvirt_version"
-    cat build.sh go.mod go.sum cmd/*/main.go
+    echo "$go_version $("$GO" env GOOS GOARCH) ${programs[*]}"
+    cat build.sh go.mod go.sum
+    for program in "${programs[@]}"; do cat "cmd/$program/main.go"; done
   } | sha256sum | cut -c1-16
 )
 cache_root=${VIRTNODE_CACHE:-$HOME/.cache/virtnode}/kubevirt
@@ -55,12 +39,10 @@ out=$cache_root/$key
 
 built() {
   local program
-  for program in "${programs[@]}" "${control_programs[@]}" "${launcher_helpers[@]}" \
-    "${launcher_programs[@]}" container-disk; do
+  for program in "${programs[@]}"; do
     [[ -x $out/$program ]] || return 1
   done
-  [[ -s $out/crds/virtualmachineinstances.kubevirt.io.json && -d $out/examples ]] &&
-    [[ -s $out/launcher-files/qemu.conf ]]
+  [[ -s $out/crds/virtualmachineinstances.kubevirt.io.json && -d $out/examples ]]
 }
 
 cache_enter "$cache_root" built
@@ -73,30 +55,11 @@ for program in "${programs[@]}"; do
   log "go build $program"
   "$GO" build -trimpath -ldflags "-s -w" -o "$staging_dir/$program" "./cmd/$program"
 done
-for program in "${control_programs[@]}" "${launcher_helpers[@]}"; do
-  log "go build kubevirt.io/kubevirt/cmd/$program"
-  "$GO" build -trimpath -ldflags "-s -w" -o "$staging_dir/$program" "kubevirt.io/kubevirt/cmd/$program"
-done
-if [[ $libvirt_version == none ]]; then
-  log "virt-launcher needs libvirt's headers (apt-get install libvirt-dev pkgconf)"
-  exit 1
-fi
-for program in "${launcher_programs[@]}"; do
-  log "go build kubevirt.io/kubevirt/cmd/$program (cgo, libvirt $libvirt_version)"
-  CGO_ENABLED=1 "$GO" build -trimpath -ldflags "-s -w" -o "$staging_dir/$program" \
-    "kubevirt.io/kubevirt/cmd/$program"
-done
 module_dir=$("$GO" list -m -f '{{.Dir}}' kubevirt.io/kubevirt)
-log "cc container-disk (static, as KubeVirt's image has it)"
-gcc -static -O2 -o "$staging_dir/container-disk" "$module_dir/cmd/container-disk-v2alpha/main.c"
 log "generating KubeVirt's CRDs"
 "$staging_dir/kubevirt-crds" "$staging_dir/crds"
 cp -r "$module_dir/examples" "$staging_dir/examples"
 chmod -R u+w "$staging_dir/examples"
-mkdir "$staging_dir/launcher-files"
-cp "$module_dir"/cmd/virt-launcher/{qemu.conf,virtqemud.conf,nsswitch.conf,qemu} \
-  "$module_dir"/cmd/virt-launcher/node-labeller/node-labeller.sh "$staging_dir/launcher-files/"
-chmod -R u+w "$staging_dir/launcher-files"
 rm -rf "$out"
 mv "$staging_dir" "$out"
 chmod 755 "$out"

@@ -18,13 +18,9 @@
  *
  * @module
  */
+import { buildKubevirtPeers } from "../harness/kubevirt/peers.ts";
 import { join } from "node:path";
-import {
-  buildKubevirt,
-  type Cluster,
-  kubectl,
-  startCluster,
-} from "../../deploy/cluster/cluster.ts";
+import { type Cluster, kubectl, startCluster } from "../../deploy/cluster/cluster.ts";
 import {
   launcherImage,
   type Node,
@@ -496,7 +492,7 @@ export async function sideBySide(o: SideBySideOptions): Promise<SideBySide> {
     throw new Error(`The node's labellers read the host's qemu:///system; libvirtd gave ${uri}`);
   }
   o.log("building (or finding cached) KubeVirt's programs and the three images");
-  const kubevirtDir = await buildKubevirt();
+  const kubevirtDir = await buildKubevirtPeers();
   const launcher = await launcherImage();
   const agents: AgentFigures[] = [];
   for (const agent of ["virt-handler", "virtnode"] as const) {

@@ -30,7 +30,9 @@ check "deno --version" deno --version
 check "deploy/cluster/build.sh (cached)" \
   bash -c 'env -u GO bash deploy/cluster/build.sh 2>/dev/null | tail -1 | xargs -I{} ls {}/etcd {}/kube-apiserver {}/kubectl'
 check "deploy/kubevirt/build.sh (cached)" \
-  bash -c 'env -u GO bash deploy/kubevirt/build.sh 2>/dev/null | tail -1 | xargs -I{} ls {}/kubevirt-admission {}/virt-launcher {}/virt-launcher-monitor {}/crds/virtualmachineinstances.kubevirt.io.json'
+  bash -c 'env -u GO bash deploy/kubevirt/build.sh 2>/dev/null | tail -1 | xargs -I{} ls {}/kubevirt-admission {}/crds/virtualmachineinstances.kubevirt.io.json'
+check "tests/harness/kubevirt/build_peers.sh (cached)" \
+  bash -c 'env -u GO bash tests/harness/kubevirt/build_peers.sh 2>/dev/null | tail -1 | xargs -I{} ls {}/virt-launcher {}/virt-launcher-monitor {}/virt-handler {}/crds/virtualmachineinstances.kubevirt.io.json'
 check "deno check main.ts" deno check main.ts
 
 if [[ $failed -gt 0 ]]; then

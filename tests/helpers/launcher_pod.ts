@@ -26,8 +26,8 @@
  *
  * @module
  */
+import { buildKubevirtPeers } from "../harness/kubevirt/peers.ts";
 import { join } from "node:path";
-import { buildKubevirt } from "../../deploy/cluster/cluster.ts";
 
 /** The emptyDir volumes of a launcher pod and where the launcher sees them. */
 export const POD_VOLUMES: Record<string, string> = {
@@ -154,7 +154,7 @@ function childrenOf(pid: number): number[] {
 
 /** Starts KubeVirt's virt-launcher for `vmi` as a launcher pod; resolves once it runs. */
 export async function startLauncherPod(options: LauncherPodOptions): Promise<LauncherPod> {
-  const kubevirt = await buildKubevirt();
+  const kubevirt = await buildKubevirtPeers();
   const uid = crypto.randomUUID();
   const dir = join(options.podsDir, uid);
   const volumes = join(dir, "volumes", "kubernetes.io~empty-dir");

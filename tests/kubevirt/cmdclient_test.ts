@@ -7,9 +7,10 @@
  * and receives the launcher's events in KubeVirt's notify server. The VMI is what
  * KubeVirt's admission stores (virt-api's defaults: hot-plug limits, machine type).
  */
+import { buildKubevirtPeers } from "../harness/kubevirt/peers.ts";
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { buildKubevirt, startCluster } from "../../deploy/cluster/cluster.ts";
+import { startCluster } from "../../deploy/cluster/cluster.ts";
 import { admit } from "../helpers/admission.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
 import { GUEST_CPU_FEATURES } from "../harness/guest_cpu.ts";
@@ -48,7 +49,7 @@ async function admittedVmi(name: string): Promise<Record<string, unknown>> {
 }
 
 Deno.test("KubeVirt's cmd client and notify server drive virtnode's launcher through a QEMU guest's life", async () => {
-  const kubevirtDir = await buildKubevirt();
+  const kubevirtDir = await buildKubevirtPeers();
   const uri = await ensureLibvirtd();
   const name = `kvcc-${crypto.randomUUID().slice(0, 8)}`;
   const vmi = await admittedVmi(name);

@@ -7,9 +7,9 @@
  * planted in the container's root, the launcher's root or the pod's directory never make it
  * mount or write outside them.
  */
+import { buildKubevirtPeers } from "../harness/kubevirt/peers.ts";
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { buildKubevirt } from "../../deploy/cluster/cluster.ts";
 import { writeFileBeneath } from "../../ffi/mod.ts";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
 import { ContainerDiskMounts } from "../../mod/handler/testing.ts";
@@ -81,7 +81,7 @@ async function world(
     async () => {},
   fn: (w: World) => Promise<void>,
 ) {
-  const kubevirt = await buildKubevirt();
+  const kubevirt = await buildKubevirtPeers();
   const dir = await Deno.makeTempDir({ prefix: "virtnode-cdmount-" });
   const podDir = join(dir, "pods", crypto.randomUUID());
   const containerRoot = join(dir, "container");

@@ -9,10 +9,11 @@
  * its pod (tap0, the pod's MAC and MTU), so what is judged is the conversion.
  */
 // deno-lint-ignore-file no-explicit-any
+import { buildKubevirtPeers } from "../harness/kubevirt/peers.ts";
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { loadAll } from "js-yaml";
-import { buildKubevirt, startCluster } from "../../deploy/cluster/cluster.ts";
+import { startCluster } from "../../deploy/cluster/cluster.ts";
 import { admit } from "../helpers/admission.ts";
 import { NetworkSpecError, podNetworkPlan, type PreparedInterface } from "../../mod/network/mod.ts";
 import {
@@ -90,7 +91,7 @@ function containerDiskImages(vmi: Record<string, unknown>): string[] {
 
 Deno.test("KubeVirt's examples through the converter: converted N of M, every refusal names its field", async () => {
   // Each example is first defaulted by KubeVirt's admission, as the cluster would store it.
-  const kubevirtDir = await buildKubevirt();
+  const kubevirtDir = await buildKubevirtPeers();
   const cluster = await startCluster({ admission: true });
   const work = await Deno.realPath(await Deno.makeTempDir({ prefix: "virtnode-corpus-" }));
   try {

@@ -8,9 +8,9 @@
  * cgroup use it, undoes both when the volume leaves the spec, and follows no link planted in
  * the claim out of the pod's root.
  */
+import { buildKubevirtPeers } from "../harness/kubevirt/peers.ts";
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { buildKubevirt } from "../../deploy/cluster/cluster.ts";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
 import { HotplugMounts } from "../../mod/handler/testing.ts";
 import { waitFor } from "../helpers/handler_process.ts";
@@ -92,7 +92,7 @@ Deno.test("hotplug (KubeVirt mode): claims are bound into the launcher's namespa
   // A filesystem claim's disk.img comes from the attachment pod; a
   // block claim's device node is made in that namespace and let into
   // the launcher's cgroup. Both go when the volumes leave the spec.
-  const kubevirt = await buildKubevirt();
+  const kubevirt = await buildKubevirtPeers();
   const dir = await Deno.makeTempDir({ prefix: "virtnode-hotplug-" });
   const podsDir = join(dir, "pods");
   const podUid = crypto.randomUUID();
@@ -195,7 +195,7 @@ Deno.test("hotplug (KubeVirt mode): claims are bound into the launcher's namespa
 
 Deno.test("hotplug (KubeVirt mode): a disk.img linked out of the claim resolves inside the pod's root", async () => {
   // The link is followed within the attachment pod's root, never to the node's own file.
-  const kubevirt = await buildKubevirt();
+  const kubevirt = await buildKubevirtPeers();
   const dir = await Deno.makeTempDir({ prefix: "virtnode-hotplug-" });
   const podsDir = join(dir, "pods");
   const podUid = crypto.randomUUID();

@@ -8,10 +8,10 @@
  * another namespace's folder fails the sync naming the field, and the guest keeps running
  * untouched.
  */
+import { buildKubevirtPeers } from "../harness/kubevirt/peers.ts";
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import {
-  buildKubevirt,
   CONTROLLER_SERVICE_ACCOUNT,
   KUBEVIRT_NAMESPACE,
   serviceAccountKubeconfig,
@@ -122,7 +122,7 @@ Deno.test("pod-less hotplug via virt-api: claims under the host disk root attach
   // A filesystem claim and a block claim are attached to the running domain and detached on
   // removal. A claim outside the root, or pinned to another node, fails the sync naming its field.
   const uri = await ensureLibvirtd();
-  const kubevirtDir = await buildKubevirt();
+  const kubevirtDir = await buildKubevirtPeers();
   const cluster = await startCluster({ podNetwork: true });
   const cleanups: (() => Promise<unknown>)[] = [() => cluster.stop()];
   let logFile: string | undefined;

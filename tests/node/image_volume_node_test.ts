@@ -10,9 +10,10 @@
  * image as a volume), with KubeVirt's own virt-api, virt-controller and launcher image, and
  * virtnode's DaemonSet as shipped.
  */
+import { buildKubevirtPeers } from "../harness/kubevirt/peers.ts";
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { buildKubevirt, kubectl, startCluster } from "../../deploy/cluster/cluster.ts";
+import { kubectl, startCluster } from "../../deploy/cluster/cluster.ts";
 import { launcherImage, startNode, virtnodeImage } from "../harness/node/node.ts";
 import { startKubevirt } from "../harness/node/kubevirt.ts";
 import {
@@ -53,7 +54,7 @@ Deno.test("node: ImageVolume turned on in the CR while virtnode runs: the guest 
     await node.importImage(await testGuestOciArchive());
     step("node Ready on containerd 2, images imported");
     kubevirt = await startKubevirt(cluster, {
-      kubevirtDir: await buildKubevirt(),
+      kubevirtDir: await buildKubevirtPeers(),
       launcherImage: launcher.name,
     });
     await kubectl(kc, ["apply", "-f", join(REPO, "deploy/rbac.yaml")]);

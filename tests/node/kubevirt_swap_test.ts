@@ -17,9 +17,10 @@
  * temporary directory) and the handler's state and run directories (likewise, so the
  * test leaves nothing on the host).
  */
+import { buildKubevirtPeers } from "../harness/kubevirt/peers.ts";
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { buildKubevirt, kubectl, startCluster } from "../../deploy/cluster/cluster.ts";
+import { kubectl, startCluster } from "../../deploy/cluster/cluster.ts";
 import { buildVirtctl } from "../harness/kubevirt/virtctl.ts";
 import { launcherImage, startNode, virtHandlerImage, virtnodeImage } from "../harness/node/node.ts";
 import { startKubevirt } from "../harness/node/kubevirt.ts";
@@ -96,7 +97,7 @@ async function journey(handler: Handler): Promise<void> {
     await node.importImage(launcher.archive);
     await node.importImage(handlerImage.archive);
     j.step("node Ready, images imported");
-    const kubevirtDir = await buildKubevirt();
+    const kubevirtDir = await buildKubevirtPeers();
     kubevirt = await startKubevirt(cluster, { kubevirtDir, launcherImage: launcher.name });
     j.step("virt-api and virt-controller up");
     const first = await installHandler(j, kubevirtDir, handlerImage.name, launcher.name);

@@ -9,9 +9,10 @@
  * through their mutual-TLS proxy between the two handler pods, and hand the VMI over. The
  * test guest keeps its boot and answers HTTP on its new pod IP.
  */
+import { buildKubevirtPeers } from "../harness/kubevirt/peers.ts";
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { buildKubevirt, kubectl, startCluster } from "../../deploy/cluster/cluster.ts";
+import { kubectl, startCluster } from "../../deploy/cluster/cluster.ts";
 import { launcherImage, type Node, startNode, virtnodeImage } from "../harness/node/node.ts";
 import { startKubevirt } from "../harness/node/kubevirt.ts";
 import { cpuModelFor, offered, userVmi, virtnodeDaemonSet } from "../harness/node/daemonsets.ts";
@@ -54,7 +55,7 @@ Deno.test("node: KubeVirt's virt-controller migrates a running guest between two
     }
     step("two nodes Ready, images imported into both");
     kubevirt = await startKubevirt(cluster, {
-      kubevirtDir: await buildKubevirt(),
+      kubevirtDir: await buildKubevirtPeers(),
       launcherImage: launcher.name,
     });
     await kubectl(kc, ["apply", "-f", join(REPO, "deploy/rbac.yaml")]);

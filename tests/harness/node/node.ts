@@ -27,8 +27,9 @@
  *
  * @module
  */
+import { buildKubevirtPeers } from "../kubevirt/peers.ts";
 import { join } from "node:path";
-import { buildKubevirt, type Cluster } from "../../../deploy/cluster/cluster.ts";
+import type { Cluster } from "../../../deploy/cluster/cluster.ts";
 import { buildImageArchive } from "../../../deploy/image/oci.ts";
 import { cachedImage, ContentHash } from "../../../deploy/image/image.ts";
 import {
@@ -796,7 +797,7 @@ export interface BuiltImage {
  * the archive packed from it).
  */
 export async function launcherImage(): Promise<BuiltImage> {
-  const dir = await imagesScript(["launcher", await buildKubevirt()], "the launcher image");
+  const dir = await imagesScript(["launcher", await buildKubevirtPeers()], "the launcher image");
   const key = dir.slice(dir.lastIndexOf("-") + 1);
   const name = `virtnode.local/virt-launcher:${key}`;
   const archive = join(dir, "image.tar");
@@ -859,7 +860,7 @@ export async function virtnodeImage(): Promise<BuiltImage> {
  * a layer above it. The yardstick virtnode is measured against.
  */
 export async function virtHandlerImage(): Promise<BuiltImage> {
-  const kubevirt = await buildKubevirt();
+  const kubevirt = await buildKubevirtPeers();
   const launcherRoot = await imagesScript(["launcher", kubevirt], "the launcher image");
   const hash = new ContentHash();
   hash.add(`${launcherRoot}\n${await Deno.readTextFile(new URL(import.meta.url))}`);

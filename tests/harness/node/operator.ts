@@ -29,12 +29,12 @@
  *
  * @module
  */
+import { buildKubevirtPeers } from "../kubevirt/peers.ts";
 import { join } from "node:path";
 import { loadYaml } from "@kubernetes/client-node";
 import { kvmUsable } from "../../../mod/host/mod.ts";
 import { removeIfPresent } from "../../../mod/lifecycle/mod.ts";
 import { type Cluster, KUBEVIRT_NAMESPACE } from "../../../deploy/cluster/cluster.ts";
-import { buildKubevirt } from "../../../deploy/cluster/cluster.ts";
 import { kubectl } from "../../../deploy/cluster/cluster.ts";
 import { launcherImage, type Node, virtHandlerImage, virtnodeImage } from "./node.ts";
 import { buildImageArchive } from "../../../deploy/image/oci.ts";
@@ -144,7 +144,7 @@ async function programImage(
  * returns.
  */
 export async function importKubevirtImages(node: Node, suiteDir: string): Promise<string> {
-  const kubevirtDir = await buildKubevirt();
+  const kubevirtDir = await buildKubevirtPeers();
   const cache = join(suiteDir, "..", "images");
   await node.importImage(
     await programImage(cache, "virt-operator", [join(suiteDir, "virt-operator")]),
