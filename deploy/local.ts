@@ -30,6 +30,7 @@ import { V8_FLAGS } from "../mod/config/mod.ts";
 import { domainNameOf } from "../mod/domain/mod.ts";
 import { type GhostRecord, GhostRecordStore } from "../mod/handler/mod.ts";
 import { hostLinkExists, hostTapName } from "../mod/network/mod.ts";
+import { type ClusterEvent, lastActionLine, shownName, vmiRows } from "./local_screen.ts";
 import { parseXml, path } from "../mod/xml/mod.ts";
 import { type Connection, MNT_DETACH, openLibvirt, umount2 } from "../ffi/mod.ts";
 import {
@@ -380,32 +381,19 @@ function remember(seen: Map<string, RunVmi>, vmis: VirtualMachineInstance[]): vo
   }
 }
 
-/** A VMI as the table and the messages name it: with its namespace unless "default". */
-function shownName(vmi: { metadata: { namespace?: string; name: string } }): string {
-  const { namespace, name } = vmi.metadata;
-  return namespace && namespace !== "default" ? `${namespace}/${name}` : name;
-}
-
 /**
- * One screen of the VMIs' phases and the node's labels. While no ready handler runs after
- * one died, a line says so and every phase is marked stale: nobody keeps them current.
+ * One screen of the VMIs, the node's labels and what the handler did last. While no ready
+ * handler runs after one died, a line says so and every phase is marked stale: nobody
+ * keeps them current.
  */
 async function statusTable(client: KubeClient, health: HandlerHealth): Promise<{
   table: string;
+  /** The table without its ages: what changed since the last one shown, in a log. */
+  changes: string;
   vmis: VirtualMachineInstance[];
 }> {
   const list = await client.request<{ items: VirtualMachineInstance[] }>("GET", ALL_VMIS);
-  const stale = health.downSince !== undefined;
-  const rows = list.items.map((v) => {
-    const ready = v.status?.conditions?.find((c) => c.type === "Ready");
-    const sync = v.status?.conditions?.find((c) => c.type === "Synchronized");
-    const phase = (v.status?.phase ?? "Pending") + (stale ? " (stale)" : "");
-    return `${shownName(v).padEnd(16)} ${phase.padEnd(16)} ` +
-      `${(v.status?.nodeName ?? "").padEnd(20)} ready=${ready?.status ?? "-"}` +
-      (v.status?.interfaces?.[0]?.ipAddress ? `  ip=${v.status.interfaces[0].ipAddress}` : "") +
-      (sync?.status === "False" ? `  sync error: ${sync.message}` : "");
-  });
-  rows.unshift(`${"NAME".padEnd(16)} ${"PHASE".padEnd(16)} ${"NODE".padEnd(20)} READY`);
+  const rows = vmiRows(list.items, health.downSince !== undefined);
   if (health.downSince) {
     rows.unshift(
       `handler down since ${clock(health.downSince)} (${health.reason}), ` +
@@ -423,7 +411,12 @@ async function statusTable(client: KubeClient, health: HandlerHealth): Promise<{
     `node ${nodeName}: kubevirt.io/schedulable=${labels["kubevirt.io/schedulable"] ?? "-"}, ` +
       `${cpuLabels} labels from libvirt's capabilities`,
   );
-  return { table: rows.join("\n"), vmis: list.items };
+  const events = await client.request<{ items: ClusterEvent[] }>("GET", "/api/v1/events");
+  rows.push(lastActionLine(events.items));
+  const table = rows.join("\n");
+  // Ages as the table shows them ("42s", "7m", "3h", "2d"; "5 s ago" on the last line).
+  const changes = table.replace(/\b\d+[smhd]\b/g, "").replace(/, \d+[smhd] ago/, "");
+  return { table, changes, vmis: list.items };
 }
 
 /**
@@ -451,9 +444,10 @@ async function watch(
       return 1;
     }
     try {
-      const { table, vmis } = await statusTable(client, o.handler.health);
+      const { table, changes, vmis } = await statusTable(client, o.handler.health);
       remember(o.seen, vmis);
-      if (table !== last) {
+      // A terminal's screen is redrawn as the ages grow; a log gets a table per change.
+      if ((isTerminal ? table : changes) !== last) {
         if (isTerminal) {
           console.log(
             "\x1b[2J\x1b[H" + `virtnode local mode — node ${nodeName}, ` +
@@ -461,7 +455,7 @@ async function watch(
           );
         }
         console.log(table + "\n");
-        last = table;
+        last = isTerminal ? table : changes;
       }
       if (
         untilRunning && vmis.length === o.expected &&

@@ -26,6 +26,8 @@ LOCAL_PACKAGES=(
 # What only the tests need besides.
 TEST_PACKAGES=(
   python3 libxml2-utils debootstrap
+  # The local mode test types into and reads a real terminal.
+  tmux
   # KubeVirt's virt-launcher, built as a test peer, links libvirt with cgo.
   libvirt-dev pkgconf gcc libc6-dev
   # The test node (tests/harness/node/node.ts): container runtime, kube-proxy's rules.

@@ -100,7 +100,7 @@ Deno.test("local mode restarts a killed handler, shows phases stale meanwhile, a
       from,
     });
     for (const name of EXAMPLES) {
-      await waitForOutput(run, new RegExp(`^${name} +Running \\(stale\\) +${node}`, "m"), {
+      await waitForOutput(run, new RegExp(`^${name} +Running \\(stale\\) +\\S+ +${node}`, "m"), {
         what: `${name}'s phase was not marked stale while the handler was down`,
         timeoutMs: 30_000,
         from: down.index,
@@ -118,7 +118,7 @@ Deno.test("local mode restarts a killed handler, shows phases stale meanwhile, a
       from,
     });
     for (const name of EXAMPLES) {
-      await waitForOutput(run, new RegExp(`^${name} +Running +${node}`, "m"), {
+      await waitForOutput(run, new RegExp(`^${name} +Running +\\S+ +${node}`, "m"), {
         what: `${name} was not shown Running (live) once the handler was ready again`,
         timeoutMs: 30_000,
         from: ready.index,

@@ -5,20 +5,21 @@
 import assert from "node:assert/strict";
 import { QEMU_CONF, QEMU_CONF_LINES } from "../../deploy/libvirtd.ts";
 import {
+  type AnyLocalModeRun,
   EXAMPLE_DOMAINS,
   EXAMPLES,
   leftovers,
-  type LocalModeRun,
   NOTHING_LEFT,
   pinnedNetns,
   removeRun,
   runPaths,
   startLocalMode,
+  startLocalModeInTmux,
   waitForExamples,
 } from "../helpers/local_mode.ts";
 
 /** Checks that the run left nothing on the host. */
-async function assertNothingLeft(run: LocalModeRun, netnsBefore: string[]): Promise<void> {
+async function assertNothingLeft(run: AnyLocalModeRun, netnsBefore: string[]): Promise<void> {
   const { dirs } = runPaths(run);
   assert.deepEqual(
     await leftovers(run, { domains: EXAMPLE_DOMAINS, dirs, netnsBefore }),
@@ -44,7 +45,7 @@ Deno.test("local mode (deno task start) brings every example VMI to Running unde
     }
     assert.match(text, /every example VMI is Running/);
     // vmi-cirros has a NIC on the pod network: its pod IP from the handler's default range.
-    assert.match(text, /vmi-cirros +Running .*ip=10\.245\./);
+    assert.match(text, /vmi-cirros +Running +10\.245\./);
     assert.match(
       text,
       /kubevirt\.io\/schedulable=true, [1-9]\d* labels from libvirt's capabilities/,
@@ -59,26 +60,39 @@ Deno.test("local mode (deno task start) brings every example VMI to Running unde
   }
 });
 
-Deno.test("local mode: Ctrl-C deletes the VMIs, leaves no domain and restores qemu.conf", async () => {
+Deno.test("local mode in a terminal: the screen shows the VMIs, Ctrl-C cleans everything up", async () => {
   // The VMIs are deleted through the control plane while it still runs.
   const original = await Deno.readTextFile(QEMU_CONF);
   // As on a host that never ran virtnode: qemu.conf without virtnode's lines.
   const pristine = original.replace(QEMU_CONF_LINES, "");
   await Deno.writeTextFile(QEMU_CONF, pristine);
-  // Its own session, so that SIGINT to its process group is what a terminal's Ctrl-C does
-  // to `deno task start` and everything it started in the foreground.
+  // A real terminal (tmux's): the screen is read as a user sees it, and Ctrl-C is typed.
   const netnsBefore = await pinnedNetns();
-  const run = startLocalMode();
+  const run = await startLocalModeInTmux();
   try {
     await waitForExamples(run, 180_000);
+    let screen = "";
+    const deadline = Date.now() + 30_000;
+    const shows = (s: string) =>
+      /^NAME +PHASE +IP +NODE +AGE +READY$/m.test(s) &&
+      EXAMPLES.every((name) =>
+        new RegExp(`^${name} +Running +\\S+ +\\S+ +\\d+[smh] +`, "m").test(s)
+      ) &&
+      /^vmi-cirros +Running +10\.245\.\d+\.\d+ /m.test(s) &&
+      /^handler, \d+[smhd] ago: \w+: /m.test(s);
+    while (!shows(screen = await run.screen()) && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 500));
+    }
+    assert.ok(shows(screen), `the screen:\n${screen}`);
+    assert.match(screen, /^virtnode local mode — node \S+/m);
+    assert.match(screen, /Ctrl-C stops everything/);
     assert.match(run.output(), /added virtnode's lines to qemu\.conf/);
-    Deno.kill(-run.child.pid, "SIGINT");
-    const status = await run.child.status;
-    await run.drained;
+    await run.keys("C-c");
+    const status = await run.exited(180_000);
     const text = run.output();
-    assert.equal(status.code, 0, text);
+    assert.equal(status, 0, text);
     const afterCtrlC = text.slice(text.indexOf("Ctrl-C: stopping"));
-    assert.ok(afterCtrlC.length > 0, text);
+    assert.ok(text.includes("Ctrl-C: stopping"), text);
     assert.match(afterCtrlC, /deleting every VMI/);
     assert.doesNotMatch(afterCtrlC, /refused/i, "the control plane outlived the deletion");
     assert.match(text, /handler exited with code 0/);

@@ -16,14 +16,20 @@ export const EXAMPLES = ["vmi-cirros", "vmi-efi", "vmi-minimal"];
 /** Their domains' names. */
 export const EXAMPLE_DOMAINS: string[] = EXAMPLES.map((n) => `default_${n}`);
 
-/** One run of local mode. */
-export interface LocalModeRun {
-  /** `deno task start`, in its own session: its PID is its process group's. */
-  child: Deno.ChildProcess;
+/** What every run of local mode gives a test. */
+export interface AnyLocalModeRun {
   /** The value of the test runner's marker variable that every process of the run carries. */
   marker: string;
   /** Everything it printed so far (stdout and stderr). */
   output(): string;
+  /** Ends it, whatever state it is in (SIGKILL), and waits for that. */
+  end(): Promise<void>;
+}
+
+/** One run of local mode with its output piped. */
+export interface LocalModeRun extends AnyLocalModeRun {
+  /** `deno task start`, in its own session: its PID is its process group's. */
+  child: Deno.ChildProcess;
   /** Resolves once both of its output streams have ended. */
   drained: Promise<unknown>;
 }
@@ -45,7 +51,111 @@ export function startLocalMode(args: string[] = []): LocalModeRun {
     for await (const chunk of stream) text += decoder.decode(chunk, { stream: true });
   };
   const drained = Promise.all([pump(child.stdout), pump(child.stderr)]);
-  return { child, marker, output: () => text, drained };
+  const end = async () => {
+    try {
+      Deno.kill(-child.pid, "SIGKILL");
+    } catch { /* ended */ }
+    await child.status;
+    await drained;
+  };
+  return { child, marker, output: () => text, drained, end };
+}
+
+/** One run of local mode in a terminal of tmux's. */
+export interface TmuxLocalModeRun extends AnyLocalModeRun {
+  /** What the terminal shows now. */
+  screen(): Promise<string>;
+  /** Types `keys` into the terminal, as tmux's send-keys names them (`C-c`). */
+  keys(...keys: string[]): Promise<void>;
+  /** Resolves with `deno task start`'s exit status once it has ended. */
+  exited(timeoutMs: number): Promise<number>;
+}
+
+/** A terminal's colour or cursor sequence (CSI). */
+const TERMINAL_SEQUENCE = new RegExp(String.raw`\x1b\[[0-9;?]*[A-Za-z]`, "g");
+
+async function tmux(args: string[]): Promise<string> {
+  const out = await new Deno.Command("tmux", {
+    args,
+    stdin: "null",
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  if (!out.success) {
+    throw new Error(`tmux ${args.join(" ")}: ${new TextDecoder().decode(out.stderr).trim()}`);
+  }
+  return new TextDecoder().decode(out.stdout);
+}
+
+/**
+ * Starts `deno task start` in a terminal of its own: a detached tmux session of 120 by 40
+ * on a server of its own (its socket in a temporary folder), the pane kept after the
+ * program ends so that its last screen and exit status can be read. Everything the
+ * terminal shows also goes to a log, which {@linkcode AnyLocalModeRun.output} reads.
+ */
+export async function startLocalModeInTmux(): Promise<TmuxLocalModeRun> {
+  const marker = `local-mode-${crypto.randomUUID()}`;
+  const dir = await Deno.makeTempDir({ prefix: "virtnode-tmux-" });
+  const socket = `${dir}/tmux.sock`;
+  const log = `${dir}/pane.log`;
+  const session = "local";
+  const t = (...args: string[]) => tmux(["-S", socket, ...args]);
+  await t(
+    "new-session",
+    "-d",
+    "-s",
+    session,
+    "-x",
+    "120",
+    "-y",
+    "40",
+    "-c",
+    root,
+    "-e",
+    `${RUN_MARKER_VAR}=${marker}`,
+    "-e",
+    "TERM=xterm-256color",
+    `${Deno.execPath()} task start`,
+  );
+  await t("set-option", "-t", session, "remain-on-exit", "on");
+  await t("pipe-pane", "-t", session, `cat >> '${log}'`);
+  const decoder = new TextDecoder();
+  const output = () => {
+    try {
+      // The terminal's own bytes: colour and cursor sequences out, for matching.
+      return decoder.decode(Deno.readFileSync(log)).replace(TERMINAL_SEQUENCE, "");
+    } catch {
+      return "";
+    }
+  };
+  const paneState = async () => {
+    const [dead, status] =
+      (await t("display-message", "-p", "-t", session, "#{pane_dead} #{pane_dead_status}")).trim()
+        .split(" ");
+    return { dead: dead === "1", status: Number(status) };
+  };
+  return {
+    marker,
+    output,
+    screen: () => t("capture-pane", "-p", "-t", session),
+    keys: async (...keys) => void await t("send-keys", "-t", session, ...keys),
+    async exited(timeoutMs) {
+      const deadline = Date.now() + timeoutMs;
+      for (;;) {
+        const state = await paneState();
+        if (state.dead) return state.status;
+        if (Date.now() > deadline) {
+          throw new Error(`local mode did not end within ${timeoutMs / 1000} s:\n${output()}`);
+        }
+        await new Promise((r) => setTimeout(r, 500));
+      }
+    },
+    async end() {
+      await t("kill-server").catch(() => {}); // the server went with its last session
+      await sweepMarkedProcesses(marker);
+      await Deno.remove(dir, { recursive: true });
+    },
+  };
 }
 
 /**
@@ -53,7 +163,7 @@ export function startLocalMode(args: string[] = []): LocalModeRun {
  * output when it does not within `timeoutMs`, naming `what` did not happen.
  */
 export async function waitForOutput(
-  run: LocalModeRun,
+  run: AnyLocalModeRun,
   pattern: RegExp,
   o: { what: string; timeoutMs: number; from?: number },
 ): Promise<RegExpExecArray> {
@@ -74,7 +184,7 @@ export async function waitForOutput(
 }
 
 /** Waits until every example VMI is shown Running; returns local mode's node name. */
-export async function waitForExamples(run: LocalModeRun, timeoutMs = 300_000): Promise<string> {
+export async function waitForExamples(run: AnyLocalModeRun, timeoutMs = 300_000): Promise<string> {
   const [, node] = await waitForOutput(run, /\[local\] node name: (\S+)/, {
     what: "local mode did not name its node",
     timeoutMs: 60_000,
@@ -89,7 +199,7 @@ export async function waitForExamples(run: LocalModeRun, timeoutMs = 300_000): P
 }
 
 /** The kubeconfig of the run's control plane and the folder local mode made, from its output. */
-export function runPaths(run: LocalModeRun): { kubeconfig: string; dirs: string[] } {
+export function runPaths(run: AnyLocalModeRun): { kubeconfig: string; dirs: string[] } {
   const text = run.output();
   const kubeconfig = /\[local\] kubeconfig: (\S+)/.exec(text)?.[1];
   const localDir = /its log: (\S+)\/handler\.log/.exec(text)?.[1];
@@ -214,7 +324,7 @@ function mountsBelow(dirs: string[]): string[] {
  * not in `netnsBefore`, mounts below and existence of `dirs`, and marked processes.
  */
 export async function leftovers(
-  run: LocalModeRun,
+  run: AnyLocalModeRun,
   o: { domains: string[]; dirs: string[]; netnsBefore: string[] },
 ): Promise<Leftovers> {
   const domains = (await domainNames()).filter((d) => o.domains.includes(d));
@@ -250,12 +360,8 @@ export const NOTHING_LEFT: Leftovers = {
  * domains named `domains`, and the run's folders with the mounts below them, so that a
  * failed run neither outlives its test nor breaks the next one.
  */
-export async function removeRun(run: LocalModeRun, domains: string[]): Promise<void> {
-  try {
-    Deno.kill(-run.child.pid, "SIGKILL");
-  } catch { /* ended */ }
-  await run.child.status;
-  await run.drained;
+export async function removeRun(run: AnyLocalModeRun, domains: string[]): Promise<void> {
+  await run.end();
   await sweepMarkedProcesses(run.marker);
   const present = await domainNames();
   for (const domain of domains.filter((d) => present.includes(d))) {
