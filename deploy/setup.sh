@@ -10,6 +10,7 @@
 #   bash deploy/setup.sh test       # all of it (the tests' peers, node and guests too),
 #                                   # then the whole test suite
 #   bash deploy/setup.sh            # all of it, nothing run
+#   bash deploy/setup.sh local      # what local mode runs, nothing run
 #
 # Each step prints a line when it starts, with its number, and one when it ends, with how
 # long it took and what is left.
@@ -53,7 +54,7 @@ cd "$root"
 # shellcheck source=build_lib.sh
 source deploy/build_lib.sh
 case ${1:-} in
-  start) plan=local ;;
+  start | local) plan=local ;;
   *) plan=all ;;
 esac
 # The steps of this run, in order: their names, for the "left" of each progress line.
@@ -231,7 +232,7 @@ printf '    done in %s s\n' "$(seconds_since "$step_started")"
 echo
 echo "setup ($plan) done in $(seconds_since "$started") s"
 
-if [ $# -gt 0 ]; then
+if [[ $# -gt 0 && $1 != local ]]; then
   task=$1
   shift
   printf '\n==> deno task %s\n' "$task $*"

@@ -6,6 +6,12 @@
 #
 #   bash tests/fresh/check.sh
 #
+# Two settings measure a new user's first run instead (timings at the end):
+#   VIRTNODE_FRESH_PLAN=local   `setup.sh local` (what `setup.sh start` installs) and the
+#                               checks of what local mode calls, instead of all of it
+#   VIRTNODE_FRESH_COLD=1       none of the host's caches: every download and build
+#                               from nothing, as on a new machine
+#
 # - The debootstrapped root is cached by key under $VIRTNODE_CACHE/fresh/ (default
 #   ~/.cache/virtnode) and stays pristine: each run works on an overlay of it.
 # - The checkout is the working tree without what git ignores (node_modules,
@@ -21,6 +27,14 @@ set -euo pipefail
 
 SUITE=bookworm
 VARIANT=minbase
+PLAN=${VIRTNODE_FRESH_PLAN:-all}
+[[ $PLAN == all || $PLAN == local ]] || {
+  echo "fresh check: VIRTNODE_FRESH_PLAN must be all or local, not \"$PLAN\"" >&2
+  exit 2
+}
+COLD=${VIRTNODE_FRESH_COLD:-}
+setup_args=""
+[[ $PLAN == local ]] && setup_args=local
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -142,15 +156,19 @@ bind_cache() {
 go_env() {
   if command -v go >/dev/null; then go env "$1"; else echo "$2"; fi
 }
-bind_cache "$(go_env GOMODCACHE "$HOME/go/pkg/mod")" /root/go/pkg/mod
-bind_cache "$(go_env GOCACHE "$HOME/.cache/go-build")" /root/.cache/go-build
-bind_cache "$cache" /root/.cache/virtnode
-bind_cache "$HOME/.npm" /root/.npm
-bind_cache "${DENO_DIR:-$HOME/.cache/deno}" /root/.cache/deno
-# The host's own /var/cache/apt/archives may be emptied after every install
-# (Docker-style images do that), so the check keeps an archive cache of its own.
-bind_cache "$fresh_cache/apt-archives" /var/cache/apt/archives
-bind_cache "$fresh_cache/apt-lists" /var/lib/apt/lists
+if [[ -n $COLD ]]; then
+  log "cold: none of the host's caches (Go, builds, npm, Deno, apt)"
+else
+  bind_cache "$(go_env GOMODCACHE "$HOME/go/pkg/mod")" /root/go/pkg/mod
+  bind_cache "$(go_env GOCACHE "$HOME/.cache/go-build")" /root/.cache/go-build
+  bind_cache "$cache" /root/.cache/virtnode
+  bind_cache "$HOME/.npm" /root/.npm
+  bind_cache "${DENO_DIR:-$HOME/.cache/deno}" /root/.cache/deno
+  # The host's own /var/cache/apt/archives may be emptied after every install
+  # (Docker-style images do that), so the check keeps an archive cache of its own.
+  bind_cache "$fresh_cache/apt-archives" /var/cache/apt/archives
+  bind_cache "$fresh_cache/apt-lists" /var/lib/apt/lists
+fi
 
 mkdir -p "$merged/root/virtnode"
 if git -C "$repo" rev-parse --git-dir >/dev/null 2>&1; then
@@ -180,12 +198,12 @@ in_root_shown() {
   wait $!
 }
 
-log "in the root: bash deploy/setup.sh"
-in_root_shown "bash deploy/setup.sh" || fail "deploy/setup.sh failed in a fresh root"
-phase_done "deploy/setup.sh in the fresh root"
+log "in the root: bash deploy/setup.sh $setup_args"
+in_root_shown "bash deploy/setup.sh $setup_args" || fail "deploy/setup.sh failed in a fresh root"
+phase_done "deploy/setup.sh $setup_args in the fresh root (plan $PLAN${COLD:+, cold})"
 
-log "in the root: bash deploy/setup.sh again (must install nothing)"
-in_root "bash deploy/setup.sh" >"$run_dir/second.log" 2>&1 &
+log "in the root: bash deploy/setup.sh $setup_args again (must install nothing)"
+in_root "bash deploy/setup.sh $setup_args" >"$run_dir/second.log" 2>&1 &
 wait $! || {
   sed 's/^/  | /' "$run_dir/second.log"
   fail "the second deploy/setup.sh failed"
@@ -206,6 +224,6 @@ unlisted=$(
     done
 )
 [[ -z $unlisted ]] || fail "programs called by the code but missing from tests/fresh/programs.txt: $unlisted"
-in_root_shown "bash tests/fresh/_inside.sh" ||
+in_root_shown "VIRTNODE_FRESH_PLAN=$PLAN bash tests/fresh/_inside.sh" ||
   fail "the fresh root lacks what the tests call (see above)"
 phase_done "checks in the root (programs, deno check main.ts)"
