@@ -43,7 +43,10 @@ if (import.meta.main) {
     stderr: denort ? "inherit" : "piped",
   }).output();
   if (!out.success) {
-    if (!denort) {
+    const said = new TextDecoder().decode(out.stderr);
+    if (!denort && !said.includes("denort")) {
+      console.error(said.trim()); // not the runtime's download: deno's own words
+    } else if (!denort) {
       console.error(
         `deno task compile: deno compile needs Deno's runtime denort ${Deno.version.deno}, ` +
           "which it could not download here: set DENORT_BIN to a denort of that version " +
