@@ -147,6 +147,11 @@ else
   echo "$(command -v deno): $(deno --version | head -1)"
 fi
 
+# Deno trusts only its own copy of Mozilla's roots unless told: behind a proxy that signs
+# TLS with a CA of its own (installed in the system's store), it cannot fetch npm packages.
+# The system's store too, for this and for the deno task this script runs.
+export DENO_TLS_CA_STORE=${DENO_TLS_CA_STORE:-mozilla,system}
+
 step "npm dependencies (deno.lock)"
 deno install --frozen --quiet
 echo "ok"
