@@ -10,6 +10,8 @@
 #   cache_enter <cache dir> <check>   # when <check> passes (now, or after waiting for
 #                                     # another build's lock): prints $out and exits;
 #                                     # otherwise returns holding the lock
+#   cache_stage <cache dir>           # $staging: a fresh folder there, gone on exit
+#   cache_done [detail]               # $staging becomes $out; prints it
 #   mirror=$(debian_mirror bookworm)  # the Debian archive this machine's apt uses
 #   debian_root <staging> <apt cache> <suite> <mirror> <packages...>
 #                                     # a minimal Debian root in <staging>/root
@@ -51,6 +53,24 @@ cache_enter() {
     echo "$out"
     exit 0
   fi
+}
+
+# Makes $staging, a fresh folder in <cache dir> that the build writes into and that is
+# removed when the script exits before cache_done.
+cache_stage() {
+  staging=$(mktemp -d "$1/.build.XXXXXX")
+  trap 'rm -rf "$staging"' EXIT
+}
+
+# Puts the finished $staging in place as $out (replacing what a failed build left), logs it
+# with [detail] and prints it, the script's one line on stdout.
+cache_done() {
+  rm -rf "$out"
+  mv "$staging" "$out"
+  chmod 755 "$out"
+  trap - EXIT
+  log "done: $out${1:+ ($1)}"
+  echo "$out"
 }
 
 # Prints the Debian archive this machine's apt takes <suite> (default bookworm) from: the

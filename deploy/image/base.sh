@@ -33,12 +33,7 @@ out=$cache_root/virtnode-base-$key
 built() { [[ -f $out/.done ]]; }
 cache_enter "$cache_root" built
 
-staging=$(mktemp -d "$cache_root/.build.XXXXXX")
-trap 'rm -rf "$staging"' EXIT
+cache_stage "$cache_root"
 debian_root "$staging" "$cache_root/apt-archives" "$SUITE" "$MIRROR" "${PACKAGES[@]}"
-rm -rf "$out"
-mv "$staging" "$out"
-touch "$out/.done"
-trap - EXIT
-log "done: $out ($(du -sh "$out/root" | cut -f1))"
-echo "$out"
+touch "$staging/.done"
+cache_done "$(du -sh "$staging/root" | cut -f1)"

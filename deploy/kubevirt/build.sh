@@ -48,20 +48,15 @@ built() {
 cache_enter "$cache_root" built
 
 log "building with $go_version (key $key) into $out"
-staging_dir=$(mktemp -d "$cache_root/.build.XXXXXX")
-trap 'rm -rf "$staging_dir"' EXIT
+cache_stage "$cache_root"
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
 for program in "${programs[@]}"; do
   log "go build $program"
-  "$GO" build -trimpath -ldflags "-s -w" -o "$staging_dir/$program" "./cmd/$program"
+  "$GO" build -trimpath -ldflags "-s -w" -o "$staging/$program" "./cmd/$program"
 done
 module_dir=$("$GO" list -m -f '{{.Dir}}' kubevirt.io/kubevirt)
 log "generating KubeVirt's CRDs"
-"$staging_dir/kubevirt-crds" "$staging_dir/crds"
-cp -r "$module_dir/examples" "$staging_dir/examples"
-chmod -R u+w "$staging_dir/examples"
-rm -rf "$out"
-mv "$staging_dir" "$out"
-chmod 755 "$out"
-log "done: $out ($(ls "$out/crds" | wc -l) CRDs)"
-echo "$out"
+"$staging/kubevirt-crds" "$staging/crds"
+cp -r "$module_dir/examples" "$staging/examples"
+chmod -R u+w "$staging/examples"
+cache_done "$(ls "$staging/crds" | wc -l) CRDs"

@@ -65,16 +65,15 @@ built() {
 cache_enter "$cache_root" built
 
 log "building with $go_version (key $key) into $out"
-staging_dir=$(mktemp -d "$cache_root/.build.XXXXXX")
-trap 'rm -rf "$staging_dir"' EXIT
+cache_stage "$cache_root"
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
 for program in "${programs[@]}"; do
   log "go build $program"
-  "$GO" build -trimpath -ldflags "-s -w" -o "$staging_dir/$program" "./cmd/$program"
+  "$GO" build -trimpath -ldflags "-s -w" -o "$staging/$program" "./cmd/$program"
 done
 for program in "${control_programs[@]}" "${launcher_helpers[@]}"; do
   log "go build kubevirt.io/kubevirt/cmd/$program"
-  "$GO" build -trimpath -ldflags "-s -w" -o "$staging_dir/$program" "kubevirt.io/kubevirt/cmd/$program"
+  "$GO" build -trimpath -ldflags "-s -w" -o "$staging/$program" "kubevirt.io/kubevirt/cmd/$program"
 done
 if [[ $libvirt_version == none ]]; then
   log "virt-launcher needs libvirt's headers (apt-get install libvirt-dev pkgconf)"
@@ -82,21 +81,17 @@ if [[ $libvirt_version == none ]]; then
 fi
 for program in "${launcher_programs[@]}"; do
   log "go build kubevirt.io/kubevirt/cmd/$program (cgo, libvirt $libvirt_version)"
-  CGO_ENABLED=1 "$GO" build -trimpath -ldflags "-s -w" -o "$staging_dir/$program" \
+  CGO_ENABLED=1 "$GO" build -trimpath -ldflags "-s -w" -o "$staging/$program" \
     "kubevirt.io/kubevirt/cmd/$program"
 done
 module_dir=$("$GO" list -m -f '{{.Dir}}' kubevirt.io/kubevirt)
 log "cc container-disk (static, as KubeVirt's image has it)"
-gcc -static -O2 -o "$staging_dir/container-disk" "$module_dir/cmd/container-disk-v2alpha/main.c"
-mkdir "$staging_dir/launcher-files"
+gcc -static -O2 -o "$staging/container-disk" "$module_dir/cmd/container-disk-v2alpha/main.c"
+mkdir "$staging/launcher-files"
 cp "$module_dir"/cmd/virt-launcher/{qemu.conf,virtqemud.conf,nsswitch.conf,qemu} \
-  "$module_dir"/cmd/virt-launcher/node-labeller/node-labeller.sh "$staging_dir/launcher-files/"
-chmod -R u+w "$staging_dir/launcher-files"
+  "$module_dir"/cmd/virt-launcher/node-labeller/node-labeller.sh "$staging/launcher-files/"
+chmod -R u+w "$staging/launcher-files"
 for part in crds examples kubevirt-crds kubevirt-admission; do
-  ln -s "$local_dir/$part" "$staging_dir/$part"
+  ln -s "$local_dir/$part" "$staging/$part"
 done
-rm -rf "$out"
-mv "$staging_dir" "$out"
-chmod 755 "$out"
-log "done: $out"
-echo "$out"
+cache_done

@@ -50,10 +50,8 @@ out=$cache_root/$image-$key
 built() { [[ -f $out/.done ]]; }
 cache_enter "$cache_root" built
 
-rm -rf "$out"
-staging=$(mktemp -d "$cache_root/.build.XXXXXX")
+cache_stage "$cache_root"
 root=$staging/root
-trap 'rm -rf "$staging"' EXIT
 debian_root "$staging" "$cache_root/apt-archives" "$SUITE" "$MIRROR" "${PACKAGES[@]}"
 install -m 0755 "${launcher_bin[@]/#/$kubevirt/}" "$kubevirt/launcher-files/node-labeller.sh" \
   "$root/usr/bin/"
@@ -93,8 +91,5 @@ mkdir -p "$root/var/log/libvirt"
 # /proc/<launcher pid>/root/var/run/...: an absolute link there resolves in the handler's own
 # root, not the launcher's ("Failed finding unix socket for serial console").
 ln -sfn ../run "$root/var/run"
-mv "$staging" "$out"
-touch "$out/.done"
-trap - EXIT
-log "done: $out ($(du -sh "$out/root" | cut -f1))"
-echo "$out"
+touch "$staging/.done"
+cache_done "$(du -sh "$root" | cut -f1)"
