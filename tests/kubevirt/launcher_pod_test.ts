@@ -1,5 +1,5 @@
 /**
- * KubeVirt's own virt-launcher (v1.7.0, built by deploy/kubevirt/build.sh) run as a
+ * KubeVirt's own virt-launcher (v1.7.0, built by tests/harness/kubevirt/build_peers.sh) as a
  * launcher pod (tests/helpers/launcher_pod.ts), driven by virtnode's handler in KubeVirt
  * mode against KubeVirt's CRDs and admission. The test plays virt-controller: it places
  * the VMI, starts its pod and writes `Scheduled` with the pod in `activePods`.

@@ -3,7 +3,7 @@
 # (debootstrap; deploy/build_lib.sh's debian_root) and Debian's packages: KubeVirt's
 # launcher image, with libvirt's daemon and QEMU, KubeVirt's own virt-launcher,
 # virt-launcher-monitor and helpers (virt-tail, virt-probe, virt-freezer, container-disk,
-# node-labeller.sh) and the /etc files KubeVirt's image carries (deploy/kubevirt/build.sh)
+# node-labeller.sh) and the /etc files KubeVirt's image carries (build_peers.sh's)
 # where virt-controller's pods expect them. Debian 12 has no modular daemons:
 # /usr/sbin/virtqemud starts the monolithic libvirtd, which serves the same socket. (The
 # virtnode image's own Debian layer is deploy/image/base.sh's.)

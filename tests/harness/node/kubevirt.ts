@@ -1,7 +1,7 @@
 /**
  * KubeVirt's control plane on a test cluster, as virt-operator would install it, run as
  * processes of this host: KubeVirt's own `virt-api` and `virt-controller` built from
- * `kubevirt.io/kubevirt` (deploy/kubevirt/build.sh), with what the operator makes for
+ * `kubevirt.io/kubevirt` (tests/harness/kubevirt/build_peers.sh), with what the operator makes for
  * them (`kubevirt-install`, which calls the operator's generators): ServiceAccounts and
  * RBAC, the CA and certificate Secrets, the `kubevirt-ca` ConfigMap, and virt-api's
  * webhook configurations. Each program runs with its own ServiceAccount's token and its
@@ -51,7 +51,7 @@ export interface KubevirtControlPlane {
 
 /** Options of {@linkcode startKubevirt}. */
 export interface StartKubevirtOptions {
-  /** The directory of deploy/kubevirt/build.sh's output. */
+  /** The directory of tests/harness/kubevirt/build_peers.sh's output. */
   kubevirtDir: string;
   /** The launcher image (a name containerd knows on the node). */
   launcherImage: string;
