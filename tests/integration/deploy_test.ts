@@ -16,6 +16,8 @@ const DEPLOY = join(REPO_ROOT, "deploy");
 const UNIT = join(DEPLOY, "virtnode.service");
 /** `systemd-analyze security` of the unit (0 safest, 10 unsafe; 9.6 without hardening). */
 const UNIT_EXPOSURE = 4.1;
+/** The merge patches for an operator's KubeVirt CR (docs/operating.md), not objects. */
+const CR_PATCH = /kubevirt-cr-(un)?patch\.yaml$/;
 
 async function run(
   cmd: string,
@@ -42,8 +44,11 @@ Deno.test("every manifest in deploy/ passes a server-side dry run", async () => 
   const kubectl = (...args: string[]) =>
     run("kubectl", ["--kubeconfig", cluster.kubeconfigPath, ...args]);
   try {
-    const files = yamlFiles(DEPLOY);
+    const all = yamlFiles(DEPLOY);
+    const patches = all.filter((f) => CR_PATCH.test(f));
+    const files = all.filter((f) => !CR_PATCH.test(f));
     assert.ok(files.some((f) => f.endsWith("daemonset.yaml")), "the DaemonSet is there");
+    assert.equal(patches.length, 2, "the KubeVirt CR's patch and its reverse are there");
     // Namespaced objects are dry-run in their namespace, KubeVirt's, which the cluster's
     // KubeVirt admission created; the examples' kinds are known from KubeVirt's CRDs.
     for (const file of files) {
@@ -55,7 +60,33 @@ Deno.test("every manifest in deploy/ passes a server-side dry run", async () => 
       );
       assert.match(result.stdout, /\(server dry run\)/, relative(REPO_ROOT, file));
     }
-    console.log(`  ${files.length} manifests accepted`);
+    // The CR patches are not objects: they go to the cluster's KubeVirt CR with the command
+    // docs/operating.md gives, and the CR that would result is read back.
+    for (const file of patches) {
+      const result = await kubectl(
+        "patch",
+        "kubevirt",
+        "kubevirt",
+        "-n",
+        "kubevirt",
+        "--type",
+        "merge",
+        "--patch-file",
+        file,
+        "--dry-run=server",
+        "-o",
+        "json",
+      );
+      const name = relative(REPO_ROOT, file);
+      assert.equal(result.code, 0, `${name}: ${result.stderr.trim() || result.stdout.trim()}`);
+      const cr = JSON.parse(result.stdout) as {
+        spec: { customizeComponents?: { patches?: { resourceName: string }[] } };
+      };
+      const names = (cr.spec.customizeComponents?.patches ?? []).map((p) => p.resourceName);
+      if (file.endsWith("-unpatch.yaml")) assert.deepEqual(names, [], name);
+      else assert.deepEqual(names, ["virt-handler"], name);
+    }
+    console.log(`  ${files.length} manifests and ${patches.length} KubeVirt CR patches accepted`);
   } finally {
     await cluster.stop();
   }
