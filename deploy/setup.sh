@@ -61,7 +61,7 @@ esac
 steps=("Debian packages" "npm" "Deno" "npm dependencies" "Go" "control plane and kubectl"
   "KubeVirt's CRDs and admission")
 if [[ $plan == all ]]; then
-  steps+=("KubeVirt's programs as test peers" "virtctl" "promtool" "the test node's programs"
+  steps+=("virtctl" "KubeVirt's programs as test peers" "promtool" "the test node's programs"
     "containerd 2" "the launcher image" "the virtnode image's Debian layer" "the test guest")
 fi
 steps+=("kubectl on PATH")
@@ -200,11 +200,11 @@ step "KubeVirt's CRDs and admission (built from kubevirt.io/kubevirt by deploy/k
 bash deploy/kubevirt/build.sh
 
 if [[ $plan == all ]]; then
-  step "KubeVirt's programs as test peers: launcher, handler, control plane, clients (tests/harness/kubevirt/build_peers.sh; cached)"
+  step "virtctl and KubeVirt's virt-api, which local mode's --virtctl runs too (deploy/kubevirt/build_virtctl.sh; cached)"
+  bash deploy/kubevirt/build_virtctl.sh
+  step "KubeVirt's programs as test peers: launcher, handler, controller, clients (tests/harness/kubevirt/build_peers.sh; cached)"
   kubevirt_bin=$(bash tests/harness/kubevirt/build_peers.sh)
   echo "$kubevirt_bin"
-  step "virtctl, the node tier's client of virt-api (tests/harness/kubevirt/build_virtctl.sh; cached)"
-  bash tests/harness/kubevirt/build_virtctl.sh
   step "promtool from Debian's prometheus package, which checks the handler's metrics (tests/harness/promtool.sh; cached)"
   bash tests/harness/promtool.sh
   step "the test node's programs: kubelet, scheduler, controller manager, kube-proxy (tests/harness/node/build.sh; cached)"

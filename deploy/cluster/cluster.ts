@@ -755,7 +755,7 @@ export async function createKubevirtCr(
 }
 
 /** This host's address on the interface of its default route (else its first global one). */
-async function hostAddress(): Promise<string> {
+export async function hostAddress(): Promise<string> {
   const ip = async (args: string[]) => {
     const out = await new Deno.Command("ip", { args, stdout: "piped", stderr: "null" }).output();
     return new TextDecoder().decode(out.stdout);

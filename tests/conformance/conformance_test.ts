@@ -21,7 +21,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { startCluster } from "../../deploy/cluster/cluster.ts";
-import { buildVirtctl } from "../harness/kubevirt/virtctl.ts";
+import { buildVirtctl } from "../../deploy/kubevirt/virtctl.ts";
 import { startNode } from "../harness/node/node.ts";
 import { type ClusterDns, startClusterDns } from "../harness/node/cluster_dns.ts";
 import { type HandlerKind, installByOperator } from "../harness/node/operator.ts";

@@ -35,7 +35,7 @@ export interface RunSuiteOptions {
   /** The directory of build_suite.sh's output. */
   suiteDir: string;
   kubeconfig: string;
-  /** KubeVirt's virtctl (tests/harness/kubevirt/build_virtctl.sh). */
+  /** KubeVirt's virtctl (deploy/kubevirt/build_virtctl.sh). */
   virtctl: string;
   /** Where the report and the suite's artifacts go. */
   artifacts: string;

@@ -21,7 +21,8 @@ import { buildKubevirtPeers } from "../harness/kubevirt/peers.ts";
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { kubectl, startCluster } from "../../deploy/cluster/cluster.ts";
-import { buildVirtctl } from "../harness/kubevirt/virtctl.ts";
+import { buildVirtctl } from "../../deploy/kubevirt/virtctl.ts";
+import { consoleAnswers, vncGreets } from "../helpers/virtctl.ts";
 import { launcherImage, startNode, virtHandlerImage, virtnodeImage } from "../harness/node/node.ts";
 import { startKubevirt } from "../harness/node/kubevirt.ts";
 import {
@@ -425,13 +426,6 @@ Deno.test(
   () => journey("virt-handler"),
 );
 
-/** Ends a child that may have ended already. */
-function killQuietly(child: Deno.ChildProcess): void {
-  try {
-    child.kill("SIGKILL");
-  } catch { /* it ended already */ }
-}
-
 /**
  * KubeVirt's virtctl against a running guest, through KubeVirt's virt-api and the node's
  * handler (its REST API on the handler pod's IP, mutual TLS with virt-api's certificate):
@@ -455,92 +449,13 @@ async function virtctlJourney(o: {
   await waitFor(`${o.name} no longer Paused`, async () => !(await paused()), 60_000);
   o.step(`${o.name}: virtctl pause and unpause through virt-api`);
 
-  const consoleStarted = performance.now();
-  const console_ = new Deno.Command(virtctl, {
-    args: ["--kubeconfig", o.kc, "console", o.name],
-    stdin: "piped",
-    stdout: "piped",
-    stderr: "piped",
-  }).spawn();
-  let seen = "";
-  const reading = (async () => {
-    for await (const chunk of console_.stdout) seen += new TextDecoder().decode(chunk);
-  })();
-  const stderr = new Response(console_.stderr).text();
-  const writer = console_.stdin.getWriter();
-  try {
-    await waitFor(
-      `${o.name}'s shell answering on virtctl console`,
-      async () => {
-        await writer.write(new TextEncoder().encode("echo virtnode-answer-$((6 * 7))\n"));
-        await new Promise((r) => setTimeout(r, 1_000));
-        return seen.includes("virtnode-answer-42");
-      },
-      60_000,
-      0,
-    );
-  } catch (error) {
-    killQuietly(console_);
-    await console_.status;
-    throw new Error(`virtctl console: ${await stderr}; output ${JSON.stringify(seen)}`, {
-      cause: error,
-    });
-  }
-  const consoleMs = performance.now() - consoleStarted;
-  killQuietly(console_);
-  await console_.status;
-  await reading.catch(() => {});
-  await writer.close().catch(() => {});
+  const target = { virtctl, kubeconfig: o.kc, name: o.name };
+  const consoleMs = await consoleAnswers(target, {
+    line: "echo virtnode-answer-$((6 * 7))",
+    answer: /virtnode-answer-42/,
+  });
   o.step(`${o.name}: virtctl console answered in ${(consoleMs / 1000).toFixed(2)} s`);
-
-  const vnc = new Deno.Command(virtctl, {
-    args: ["--kubeconfig", o.kc, "vnc", "--proxy-only", "--port", "0", o.name],
-    stdin: "null",
-    stdout: "piped",
-    stderr: "piped",
-  }).spawn();
-  const vncErr = new Response(vnc.stderr).text();
-  try {
-    // virtctl prints {"port": N} once it listens.
-    let printed = "";
-    const reader = vnc.stdout.getReader();
-    const port = await waitFor(
-      "virtctl vnc to print its port",
-      async () => {
-        const { value } = await reader.read();
-        printed += new TextDecoder().decode(value ?? new Uint8Array());
-        return Number(/"port":\s*(\d+)/.exec(printed)?.[1]) || undefined;
-      },
-      30_000,
-      0,
-    );
-    reader.releaseLock();
-    const conn = await Deno.connect({ hostname: "127.0.0.1", port });
-    try {
-      const greeting = new Uint8Array(12);
-      let got = 0;
-      await waitFor(
-        "QEMU's RFB greeting through virtctl vnc",
-        async () => {
-          const n = await conn.read(greeting.subarray(got));
-          got += n ?? 0;
-          return got === 12;
-        },
-        30_000,
-        0,
-      );
-      assert.equal(new TextDecoder().decode(greeting), "RFB 003.008\n");
-    } finally {
-      conn.close();
-    }
-  } catch (error) {
-    killQuietly(vnc);
-    await vnc.status;
-    throw new Error(`virtctl vnc: ${await vncErr}`, { cause: error });
-  }
-  killQuietly(vnc);
-  await vnc.status;
-  await vnc.stdout.cancel().catch(() => {});
+  await vncGreets(target);
   o.step(`${o.name}: virtctl vnc --proxy-only greeted with RFB 003.008`);
 }
 

@@ -5,13 +5,16 @@
 #
 #   crds/, examples/, kubevirt-crds, kubevirt-admission
 #                        links to deploy/kubevirt/build.sh's output (local mode's part)
+#   virt-api, kubevirt-install, virtctl
+#                        links to deploy/kubevirt/build_virtctl.sh's output (local mode's
+#                        --virtctl): KubeVirt's API server; what virt-operator installs
+#                        beside the CRDs, from its generators; KubeVirt's client
 #   cmdclient-check      KubeVirt's handler-side cmd client and notify server
-#   kubevirt-install     what virt-operator installs beside the CRDs, from its generators
 #   virt-launcher        KubeVirt's launcher (cgo against libvirt-dev's libvirt)
 #   virt-launcher-monitor  the launcher pod's entry point, which runs virt-launcher
 #   virt-tail, virt-probe, virt-freezer, container-disk
 #                        the rest of KubeVirt's launcher image's /usr/bin
-#   virt-api, virt-controller   KubeVirt's control plane, as its images run them
+#   virt-controller      KubeVirt's controller, as its image runs it
 #   virt-handler, virt-chroot   KubeVirt's own node agent (the yardstick virtnode replaces)
 #   launcher-files/      what KubeVirt's launcher image adds to /etc: qemu.conf and
 #                        virtqemud.conf (/etc/libvirt), the qemu hook, nsswitch.conf,
@@ -29,14 +32,15 @@ repo=$(cd "$here/../../.." && pwd)
 source "$repo/deploy/build_lib.sh"
 
 local_dir=$(bash "$repo/deploy/kubevirt/build.sh")
+kit_dir=$(bash "$repo/deploy/kubevirt/build_virtctl.sh")
 cd "$repo/deploy/kubevirt"
 find_go
 
 # The module's own test commands (cmd/), KubeVirt's commands as they are (the go.mod tool
 # block): its control plane (pure Go), what its launcher image carries beside the launcher
 # (pure Go; container-disk is C), and its node programs (cgo: the launcher links libvirt).
-programs=(cmdclient-check kubevirt-install)
-control_programs=(virt-api virt-controller)
+programs=(cmdclient-check)
+control_programs=(virt-controller)
 launcher_helpers=(virt-tail virt-probe virt-freezer)
 launcher_programs=(virt-launcher virt-launcher-monitor virt-handler virt-chroot)
 go_version=$("$GO" env GOVERSION)
@@ -44,7 +48,7 @@ go_version=$("$GO" env GOVERSION)
 libvirt_version=$(pkg-config --modversion libvirt 2>/dev/null || echo none)
 key=$(
   {
-    echo "$local_dir $go_version $("$GO" env GOOS GOARCH) ${programs[*]} ${control_programs[*]}"
+    echo "$local_dir $kit_dir $go_version $("$GO" env GOOS GOARCH) ${programs[*]} ${control_programs[*]}"
     echo "${launcher_helpers[*]} ${launcher_programs[*]} container-disk libvirt $libvirt_version"
     cat "$here/build_peers.sh" go.mod go.sum
     for program in "${programs[@]}"; do cat "cmd/$program/main.go"; done
@@ -59,6 +63,7 @@ built() {
     "${launcher_programs[@]}" container-disk; do
     [[ -x $out/$program ]] || return 1
   done
+  [[ -x $out/virt-api && -x $out/kubevirt-install && -x $out/virtctl ]] || return 1
   [[ -s $out/launcher-files/qemu.conf && -s $out/crds/virtualmachineinstances.kubevirt.io.json ]]
 }
 
@@ -93,5 +98,8 @@ cp "$module_dir"/cmd/virt-launcher/{qemu.conf,virtqemud.conf,nsswitch.conf,qemu}
 chmod -R u+w "$staging/launcher-files"
 for part in crds examples kubevirt-crds kubevirt-admission; do
   ln -s "$local_dir/$part" "$staging/$part"
+done
+for part in virt-api kubevirt-install virtctl; do
+  ln -s "$kit_dir/$part" "$staging/$part"
 done
 cache_done
