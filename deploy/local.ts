@@ -16,11 +16,17 @@
  * leaves the host's libvirt as it found it (qemu.conf, and whether libvirtd runs).
  *
  * Flags: `--until-running` exits (cleanly) once every example VMI is Running, for
- * tests; `--test-driver` uses libvirt's test driver even where QEMU could run.
+ * tests; `--test-driver` uses libvirt's test driver even where QEMU could run;
+ * `--virtctl` runs KubeVirt's own virt-api in place of the admission alone and the
+ * handler's REST API beside it, so that KubeVirt's `virtctl console` and `vnc` reach the
+ * VMIs (virt-api and virtctl are built on first use, deploy/kubevirt/build_virtctl.sh).
  *
  * @module
  */
 import { kubectl, startCluster } from "./cluster/cluster.ts";
+import { freePorts } from "./cluster/processes.ts";
+import { buildVirtctlKit } from "./kubevirt/virtctl.ts";
+import { registerPodlessHandler, startVirtApi, type VirtApi } from "./kubevirt/virt_api.ts";
 import { type PreparedLibvirtd, prepareLibvirtd } from "./libvirtd.ts";
 import { podlessNodeKubeconfig } from "./podless_node.ts";
 import { KubeApiError, type KubeClient, loadKubeClient } from "../mod/kube/mod.ts";
@@ -41,8 +47,32 @@ import {
 } from "../mod/preflight/mod.ts";
 
 const root = new URL("..", import.meta.url).pathname;
+/** Local mode's flags and what each does, as `--help` lists them. */
+const FLAGS: Record<string, string> = {
+  "--virtctl": "also run KubeVirt's virt-api and the handler's REST API (virtctl console, vnc)",
+  "--until-running": "exit once every example VMI is Running, cleaning up as Ctrl-C does",
+  "--test-driver": "use libvirt's test driver (no guests run) even where QEMU could",
+  "--help": "show this help",
+};
+if (Deno.args.includes("--help") || Deno.args.includes("-h")) {
+  console.log(
+    "Usage: deno task start [flags]\n\n" +
+      "Runs virtnode's local mode: a control plane with KubeVirt's CRDs and admission, " +
+      "libvirtd,\nthe pod-less handler for this host and the example VMIs, live. Flags:\n" +
+      Object.entries(FLAGS).map(([flag, what]) => `  ${flag.padEnd(16)} ${what}`).join("\n"),
+  );
+  Deno.exit(0);
+}
+const unknown = Deno.args.find((arg) => !(arg in FLAGS));
+if (unknown !== undefined) {
+  console.error(
+    `deno task start: unknown flag '${unknown}' (run 'deno task start --help' for usage)`,
+  );
+  Deno.exit(2);
+}
 const args = new Set(Deno.args);
 const untilRunning = args.has("--until-running");
+const withVirtctl = args.has("--virtctl");
 const isTerminal = Deno.stdout.isTerminal();
 /** `--until-running` gives up after this long. */
 const UNTIL_RUNNING_TIMEOUT_MS = 5 * 60_000;
@@ -173,6 +203,8 @@ class HandlerSupervisor {
   readonly #dir: string;
   readonly #kubeconfig: string;
   readonly #uri: string;
+  /** The handler subcommand's flags beyond local mode's own. */
+  readonly #args: string[];
   readonly #logPath: string;
   readonly #logFile: Deno.FsFile;
   #child?: Deno.ChildProcess;
@@ -191,8 +223,9 @@ class HandlerSupervisor {
    * A supervisor of the handler for the local node with `kubeconfig` and libvirt at
    * `uri`, its state, run directory and log below `dir`; nothing runs before `start()`.
    */
-  constructor(o: { dir: string; kubeconfig: string; uri: string }) {
+  constructor(o: { dir: string; kubeconfig: string; uri: string; args?: string[] }) {
     this.#dir = o.dir;
+    this.#args = o.args ?? [];
     this.#kubeconfig = o.kubeconfig;
     this.#uri = o.uri;
     this.#logPath = `${o.dir}/handler.log`;
@@ -342,6 +375,7 @@ class HandlerSupervisor {
         "--podless",
         "--health-address",
         `127.0.0.1:${port}`,
+        ...this.#args,
       ],
       stdin: "null",
       stdout: "piped",
@@ -431,6 +465,8 @@ async function watch(
     expected: number;
     handler: HandlerSupervisor;
     seen: Map<string, RunVmi>;
+    /** How to reach the VMIs with virtctl, when local mode runs virt-api. */
+    virtctlHint?: string;
   },
   stopped: Promise<void>,
 ): Promise<number> {
@@ -451,7 +487,8 @@ async function watch(
         if (isTerminal) {
           console.log(
             "\x1b[2J\x1b[H" + `virtnode local mode — node ${nodeName}, ` +
-              `libvirt ${o.uri}  (Ctrl-C stops everything)\nkubeconfig: ${o.kubeconfig}\n`,
+              `libvirt ${o.uri}  (Ctrl-C stops everything)\nkubeconfig: ${o.kubeconfig}\n` +
+              (o.virtctlHint ? `${o.virtctlHint}\n` : ""),
           );
         }
         console.log(table + "\n");
@@ -732,8 +769,37 @@ async function main(): Promise<number> {
   // With KubeVirt's CRDs and admission: the examples go through virt-api's webhooks, and
   // the handler, which places them as virt-controller would, holds one of KubeVirt's
   // service accounts (its handler's, bound to this node).
-  const cluster = await startCluster({ stopOnSignals: false, admission: true });
+  // With --virtctl, KubeVirt's own virt-api is the admission (its webhooks) and serves the
+  // subresources virtctl calls; built before the cluster starts, which waits for nothing.
+  let kit: string | undefined;
+  if (withVirtctl) {
+    say("building KubeVirt's virt-api and virtctl (first use only; cached)");
+    kit = await buildVirtctlKit();
+  }
+  const cluster = await startCluster({ stopOnSignals: false, admission: !kit });
   const kubeconfig = cluster.kubeconfigPath;
+  let virtApi: VirtApi | undefined;
+  const handlerArgs: string[] = [];
+  if (kit) {
+    const [consolePort] = freePorts(1);
+    virtApi = await startVirtApi(cluster, { kubevirtDir: kit, consoleServerPort: consolePort })
+      .catch(async (error) => {
+        await cluster.stop();
+        throw error;
+      });
+    // virt-api calls the handler's REST API at its Pod's IP with mutual TLS: the handler
+    // serves virt-api's port at this host's address with the certificate the operator
+    // made for handlers, and trusts the clients kubevirt/kubevirt-ca's CA signed.
+    handlerArgs.push(
+      "--console-server-port",
+      String(consolePort),
+      "--console-server-address",
+      virtApi.address,
+      "--server-cert-dir",
+      virtApi.secretDir("kubevirt-virt-handler-server-certs"),
+    );
+    say(`virt-api: KubeVirt's own, at ${virtApi.address} (its log: ${virtApi.dir}/virt-api.log)`);
+  }
   say(`kubeconfig: ${kubeconfig}`);
   say(`  try: KUBECONFIG=${kubeconfig} kubectl get vmi -w`);
   // No kubelet runs here: register the Node as one would, for the heartbeat and labels.
@@ -755,7 +821,13 @@ async function main(): Promise<number> {
   say(`handler identity: kubevirt/kubevirt-handler bound to Node ${nodeName}`);
   // The handler's pod network's node bridge (its default); one this run made goes at exit.
   const bridgeWasThere = hostLinkExists(POD_BRIDGE);
-  const handler = new HandlerSupervisor({ dir, kubeconfig: handlerKubeconfig, uri });
+  if (virtApi) await registerPodlessHandler(cluster, nodeName, virtApi.address);
+  const handler = new HandlerSupervisor({
+    dir,
+    kubeconfig: handlerKubeconfig,
+    uri,
+    args: handlerArgs,
+  });
   handler.start();
   const stopped = stopRequested();
 
@@ -765,6 +837,12 @@ async function main(): Promise<number> {
     await Deno.writeTextFile(tmp, m.yaml);
     say((await kubectl(kubeconfig, ["apply", "-f", tmp])).trim());
   }
+  // The console and VNC of a VMI, through virt-api and the handler (vnc: a VNC viewer on
+  // PATH, or --proxy-only for a port to point one at).
+  const virtctlHint = kit
+    ? `virtctl: ${kit}/virtctl --kubeconfig ${kubeconfig} console|vnc <vmi>`
+    : undefined;
+  if (virtctlHint) say(virtctlHint);
   const client = await loadKubeClient({ kubeconfigPath: kubeconfig });
   // Every VMI local mode saw: a domain of one of them is this run's.
   const seen = new Map<string, RunVmi>();
@@ -774,6 +852,7 @@ async function main(): Promise<number> {
     expected: manifests.length,
     handler,
     seen,
+    virtctlHint,
   }, stopped);
 
   handler.stopping();
@@ -805,6 +884,10 @@ async function main(): Promise<number> {
     await new Deno.Command("ip", { args: ["link", "delete", POD_BRIDGE] }).output();
     if (hostLinkExists(POD_BRIDGE)) left.push(`bridge ${POD_BRIDGE}`);
     else say(`removed the pod network's bridge ${POD_BRIDGE}`);
+  }
+  if (virtApi) {
+    say("stopping virt-api");
+    await virtApi.stop();
   }
   say("stopping the control plane");
   await cluster.stop().catch((error) => left.push(`the control plane: ${error.message}`));

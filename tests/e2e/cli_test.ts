@@ -103,6 +103,30 @@ Deno.test("an unknown flag of any subcommand exits 2 naming the flag and that su
   }
 });
 
+Deno.test("local mode (deno task start) answers --help with its flags and refuses an unknown one with exit 2", async () => {
+  const local = (flag: string) =>
+    new Deno.Command(Deno.execPath(), {
+      args: ["task", "start", flag],
+      cwd: new URL("../../", import.meta.url).pathname,
+      env: { NO_COLOR: "1" },
+      stdin: "null",
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+  const dec = new TextDecoder();
+  const help = await local("--help");
+  assert.equal(help.code, 0, dec.decode(help.stderr));
+  for (const flag of ["--virtctl", "--until-running", "--test-driver"]) {
+    assert.ok(dec.decode(help.stdout).includes(`  ${flag} `), `--help lacks ${flag}`);
+  }
+  const bogus = await local("--bogus");
+  assert.equal(bogus.code, 2, dec.decode(bogus.stderr));
+  assert.match(
+    dec.decode(bogus.stderr),
+    /unknown flag '--bogus' \(run 'deno task start --help' for usage\)/,
+  );
+});
+
 Deno.test("a pod-less handler exits 2 naming --run-dir or --state-dir when its socket paths would not fit", async () => {
   // Unix socket paths are limited in length; a directory too long for the sockets
   // below it is refused at start, with the flag named and how much to shorten it.

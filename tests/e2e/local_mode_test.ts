@@ -1,6 +1,8 @@
 /**
  * Local mode as a user runs it: `deno task start` until every example VMI runs, and
- * Ctrl-C from a terminal (SIGINT to the whole foreground process group).
+ * Ctrl-C from a terminal (SIGINT to the whole foreground process group); with
+ * `--virtctl`, KubeVirt's virtctl reaches the VMIs' console and VNC through KubeVirt's
+ * own virt-api and the handler.
  */
 import assert from "node:assert/strict";
 import { QEMU_CONF, QEMU_CONF_LINES } from "../../deploy/libvirtd.ts";
@@ -17,6 +19,7 @@ import {
   startLocalModeInTmux,
   waitForExamples,
 } from "../helpers/local_mode.ts";
+import { consoleAnswers, vncGreets } from "../helpers/virtctl.ts";
 
 /** Checks that the run left nothing on the host. */
 async function assertNothingLeft(run: AnyLocalModeRun, netnsBefore: string[]): Promise<void> {
@@ -60,7 +63,7 @@ Deno.test("local mode (deno task start) brings every example VMI to Running unde
   }
 });
 
-Deno.test("local mode in a terminal: the screen shows the VMIs, Ctrl-C cleans everything up", async () => {
+Deno.test("local mode --virtctl in a terminal: the screen shows the VMIs, virtctl console and vnc reach them, Ctrl-C cleans everything up", async () => {
   // The VMIs are deleted through the control plane while it still runs.
   const original = await Deno.readTextFile(QEMU_CONF);
   // As on a host that never ran virtnode: qemu.conf without virtnode's lines.
@@ -68,7 +71,7 @@ Deno.test("local mode in a terminal: the screen shows the VMIs, Ctrl-C cleans ev
   await Deno.writeTextFile(QEMU_CONF, pristine);
   // A real terminal (tmux's): the screen is read as a user sees it, and Ctrl-C is typed.
   const netnsBefore = await pinnedNetns();
-  const run = await startLocalModeInTmux();
+  const run = await startLocalModeInTmux(["--virtctl"]);
   try {
     await waitForExamples(run, 180_000);
     let screen = "";
@@ -87,6 +90,22 @@ Deno.test("local mode in a terminal: the screen shows the VMIs, Ctrl-C cleans ev
     assert.match(screen, /^virtnode local mode — node \S+/m);
     assert.match(screen, /Ctrl-C stops everything/);
     assert.match(run.output(), /added virtnode's lines to qemu\.conf/);
+    assert.match(run.output(), /virt-api: KubeVirt's own, at /);
+    // The screen says how to reach the VMIs with virtctl (a line wider than the terminal:
+    // read whole from what local mode printed); so does the test.
+    assert.match(screen, /^virtctl: \//m);
+    const [, virtctl, kubeconfig] = /^virtctl: (\S+) --kubeconfig (\S+) console\|vnc <vmi>$/m
+      .exec(run.output()) ?? [];
+    assert.ok(virtctl && kubeconfig, `local mode names virtctl:\n${run.output()}`);
+    // vmi-efi has no disk to boot: OVMF gives up and opens its shell on the serial console.
+    // Typed characters come back one by one between cursor moves; the answer is one run.
+    await consoleAnswers({ virtctl, kubeconfig, name: "vmi-efi" }, {
+      line: "echo virtnode-answer",
+      enter: "\r",
+      answer: /\r\nvirtnode-answer\r\n/,
+      timeoutMs: 120_000,
+    });
+    await vncGreets({ virtctl, kubeconfig, name: "vmi-cirros" });
     await run.keys("C-c");
     const status = await run.exited(180_000);
     const text = run.output();
@@ -94,6 +113,7 @@ Deno.test("local mode in a terminal: the screen shows the VMIs, Ctrl-C cleans ev
     const afterCtrlC = text.slice(text.indexOf("Ctrl-C: stopping"));
     assert.ok(text.includes("Ctrl-C: stopping"), text);
     assert.match(afterCtrlC, /deleting every VMI/);
+    assert.match(afterCtrlC, /stopping virt-api/);
     assert.doesNotMatch(afterCtrlC, /refused/i, "the control plane outlived the deletion");
     assert.match(text, /handler exited with code 0/);
     assert.match(text, /\[local\] nothing left behind/);

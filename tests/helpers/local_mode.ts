@@ -88,12 +88,13 @@ async function tmux(args: string[]): Promise<string> {
 }
 
 /**
- * Starts `deno task start` in a terminal of its own: a detached tmux session of 120 by 40
+ * Starts `deno task start` with `args` (local mode's flags, plain words) in a terminal of
+ * its own: a detached tmux session of 120 by 40
  * on a server of its own (its socket in a temporary folder), the pane kept after the
  * program ends so that its last screen and exit status can be read. Everything the
  * terminal shows also goes to a log, which {@linkcode AnyLocalModeRun.output} reads.
  */
-export async function startLocalModeInTmux(): Promise<TmuxLocalModeRun> {
+export async function startLocalModeInTmux(args: string[] = []): Promise<TmuxLocalModeRun> {
   const marker = `local-mode-${crypto.randomUUID()}`;
   const dir = await Deno.makeTempDir({ prefix: "virtnode-tmux-" });
   const socket = `${dir}/tmux.sock`;
@@ -115,7 +116,7 @@ export async function startLocalModeInTmux(): Promise<TmuxLocalModeRun> {
     `${RUN_MARKER_VAR}=${marker}`,
     "-e",
     "TERM=xterm-256color",
-    `${Deno.execPath()} task start`,
+    [Deno.execPath(), "task", "start", ...args].join(" "),
   );
   await t("set-option", "-t", session, "remain-on-exit", "on");
   await t("pipe-pane", "-t", session, `cat >> '${log}'`);
