@@ -74,6 +74,12 @@ export class LauncherCallError extends Error {
  */
 const CHANNEL_IDLE_TIMEOUT_MS = 2 ** 31 - 1;
 
+/**
+ * What a probe rpc's call waits beyond the probe's own timeout (KubeVirt's cmd client: its
+ * short timeout, 5 s): the launcher, not the call, decides that the guest took too long.
+ */
+const PROBE_CALL_GRACE_MS = 5_000;
+
 /** Timeouts of launcher calls, in ms. */
 export const LAUNCHER_TIMEOUTS = {
   short: 10_000,
@@ -395,6 +401,39 @@ export class LauncherClient {
       throw new LauncherCallError("GetScreenshot", res.response?.message || "no message");
     }
     return { mime: res.mime ?? "", data: res.data ?? new Uint8Array() };
+  }
+  /**
+   * Pings the guest agent of `domainName` (`<namespace>_<name>`) as KubeVirt's virt-probe
+   * does for a `guestAgentPing` probe: resolves when it answered within `timeoutSeconds`,
+   * throws {@linkcode LauncherCallError} with the launcher's reason otherwise.
+   */
+  async guestPing(domainName: string, timeoutSeconds: number): Promise<void> {
+    await this.#call<{ domainName: string; timeoutSeconds: number }, unknown>(
+      "GuestPing",
+      { domainName, timeoutSeconds },
+      timeoutSeconds * 1000 + PROBE_CALL_GRACE_MS,
+    );
+  }
+  /**
+   * Runs `command` with `args` in the guest of `domainName` through its agent, as KubeVirt's
+   * virt-probe does for an `exec` probe: its exit code and standard output, or
+   * {@linkcode LauncherCallError} when it could not run or did not end in `timeoutSeconds`.
+   */
+  async exec(
+    domainName: string,
+    command: string,
+    args: readonly string[],
+    timeoutSeconds: number,
+  ): Promise<{ exitCode: number; stdOut: string }> {
+    const res = await this.#call<
+      { domainName: string; Command: string; Args: string[]; timeoutSeconds: number },
+      { exitCode?: number; stdOut?: string }
+    >(
+      "Exec",
+      { domainName, Command: command, Args: [...args], timeoutSeconds },
+      timeoutSeconds * 1000 + PROBE_CALL_GRACE_MS,
+    );
+    return { exitCode: res.exitCode ?? 0, stdOut: res.stdOut ?? "" };
   }
   /**
    * What the guest agent reports (`GetGuestInfo`, `GetUsers`, `GetFilesystems`): the JSON

@@ -6,8 +6,9 @@
  * KubeVirt pod the socket dir is `/var/run/kubevirt/sockets`).
  *
  * Every RPC answers; none throws. Failures are `Response{success: false, message}` with
- * a message naming the VMI and the problem; RPCs virtnode does not implement answer gRPC
- * status UNIMPLEMENTED naming the RPC. GetGuestInfo, GetUsers and GetFilesystems succeed
+ * a message naming the VMI and the problem, except the probes' GuestPing and Exec, which
+ * fail with gRPC status UNKNOWN as KubeVirt's launcher's do (its clients read nothing
+ * else); RPCs virtnode does not implement answer gRPC status UNIMPLEMENTED naming the RPC. GetGuestInfo, GetUsers and GetFilesystems succeed
  * without a guest agent too, with an empty object or list, as KubeVirt's launcher does.
  *
  * @module
@@ -66,6 +67,8 @@ export type CmdBackend = Pick<
   | "guestInfo"
   | "guestUsers"
   | "guestFilesystems"
+  | "guestPing"
+  | "guestExec"
   | "freeze"
   | "unfreeze"
   | "screenshot"
@@ -99,6 +102,20 @@ interface ScreenshotResponse {
 interface GuestUserListResponse {
   response: Response;
   guestUserListResponse: string;
+}
+
+/** `kubevirt.cmd.v1.ExecRequest`: a probe's command to run in the guest. */
+interface ExecRequest {
+  domainName?: string;
+  Command?: string;
+  Args?: string[];
+  timeoutSeconds?: number;
+}
+
+/** `kubevirt.cmd.v1.GuestPingRequest`. */
+interface GuestPingRequest {
+  domainName?: string;
+  timeoutSeconds?: number;
 }
 
 /** `kubevirt.cmd.v1.GuestFilesystemsResponse`: `guestFilesystemsResponse` is a JSON array. */
@@ -157,6 +174,23 @@ function safe<Req, Res>(
       (error) => {
         log.warn("Command failed", { rpc: name, error: errorText(error) });
         callback(null, onError(error));
+      },
+    );
+  };
+}
+
+/**
+ * Wraps a probe rpc, whose failure KubeVirt's clients (virt-probe, the handler's cmd
+ * client) read from the gRPC status alone, as KubeVirt's launcher fails it: status UNKNOWN
+ * with the message, and no answer.
+ */
+function probe<Req, Res>(name: string, fn: (request: Req) => Promise<Res>): Handler {
+  return (call, callback) => {
+    fn((call.request ?? {}) as Req).then(
+      (value) => callback(null, value),
+      (error) => {
+        log.info("Probe failed", { rpc: name, error: errorText(error) });
+        callback({ code: grpc.status.UNKNOWN, details: errorText(error) });
       },
     );
   };
@@ -245,6 +279,23 @@ function buildHandlers(backend: CmdBackend): Record<string, Handler> {
       return { response: ok(), mime: shot.mime, data: shot.data };
     }, (error) => ({ response: failed(error), mime: "", data: new Uint8Array() })),
     Ping: safe("Ping", () => Promise.resolve(ok()), failed),
+    GuestPing: probe<GuestPingRequest, { response: Response }>("GuestPing", async (request) => {
+      await backend.guestPing(request.domainName ?? "", request.timeoutSeconds ?? 0);
+      return { response: ok() };
+    }),
+    // A command that ran and exited with a code other than 0 is an answer, not a failure.
+    Exec: probe<ExecRequest, { response: Response; exitCode: number; stdOut: string }>(
+      "Exec",
+      async (request) => {
+        const { exitCode, stdOut } = await backend.guestExec(
+          request.domainName ?? "",
+          request.Command ?? "",
+          request.Args ?? [],
+          request.timeoutSeconds ?? 0,
+        );
+        return { response: ok(), exitCode, stdOut };
+      },
+    ),
     GetDomain: safe<unknown, DomainResponse>("GetDomain", async () => {
       const domain = await backend.getDomain();
       return { response: ok(), domain: domain ? encodeDomainJson(domain) : "" };

@@ -59,6 +59,8 @@ import {
   emptyGuestAgentInfo,
   fsFreezeStatusFromAgent,
   guestAgentInfoFromAgent,
+  guestExecPid,
+  guestExecStatus,
   guestFilesystemsFromAgent,
   guestOsInfoFromAgent,
   guestUsersFromAgent,
@@ -178,6 +180,9 @@ export const RECONNECT_WAIT_MS = 8_000;
  * libvirt call worker (the launcher has one) that GetDomain and the event forwarder share.
  */
 export const GUEST_AGENT_TIMEOUT_SECONDS = 2;
+
+/** The most of a guest command's standard output an Exec answer carries, in bytes. */
+export const GUEST_EXEC_OUTPUT_LIMIT = 64 * 1024;
 
 function detail(error: unknown): string {
   if (error instanceof ConversionError) {
@@ -1209,6 +1214,104 @@ export class DomainManager {
       users: await this.#askAgent(domain, "guest-get-users"),
       filesystems: await this.#askAgent(domain, "guest-get-fsinfo"),
     });
+  }
+
+  /**
+   * The domain the probe rpcs name (`domainName`, `<namespace>_<name>`; empty means this
+   * launcher's), when it is this launcher's and libvirt has it; throws
+   * {@linkcode LauncherCommandError} naming `action` otherwise.
+   */
+  async #probedDomain(action: string, domainName: string): Promise<LibvirtDomain> {
+    if (domainName !== "" && domainName !== this.domainName) {
+      throw new LauncherCommandError(
+        action,
+        this.vmiKey,
+        `this launcher serves domain "${this.domainName}", not "${domainName}"`,
+      );
+    }
+    const domain = await this.lookup().catch((error) => {
+      throw new LauncherCommandError(action, this.vmiKey, detail(error), { cause: error });
+    });
+    if (!domain) {
+      throw new LauncherCommandError(action, this.vmiKey, `domain "${this.domainName}" not found`);
+    }
+    return domain;
+  }
+
+  /**
+   * Pings the guest agent (`guest-ping`), as KubeVirt's launcher answers GuestPing for a
+   * probe of the `guestAgentPing` kind: resolves when the agent answered within
+   * `timeoutSeconds` (at least 1), throws {@linkcode LauncherCommandError} otherwise.
+   */
+  async guestPing(domainName: string, timeoutSeconds: number): Promise<void> {
+    const action = "ping the guest agent of";
+    const domain = await this.#probedDomain(action, domainName);
+    try {
+      await domain.agentPing(Math.max(1, timeoutSeconds));
+    } catch (error) {
+      throw new LauncherCommandError(action, this.vmiKey, detail(error), { cause: error });
+    }
+  }
+
+  /**
+   * Runs `command` with `args` in the guest through the agent (`guest-exec`, output
+   * captured) and polls `guest-exec-status` every tenth of `timeoutSeconds` until it exits,
+   * as KubeVirt's launcher answers Exec for a probe of the `exec` kind. Resolves with its
+   * exit code and standard output (the first {@linkcode GUEST_EXEC_OUTPUT_LIMIT} bytes:
+   * the guest writes it); throws {@linkcode LauncherCommandError} when the agent cannot
+   * start it or it has not exited after `timeoutSeconds` (at least 1).
+   */
+  async guestExec(
+    domainName: string,
+    command: string,
+    args: readonly string[],
+    timeoutSeconds: number,
+  ): Promise<{ exitCode: number; stdOut: string }> {
+    const action = `run "${command}" in the guest of`;
+    const domain = await this.#probedDomain(action, domainName);
+    const seconds = Math.max(1, timeoutSeconds);
+    const ask = async (request: object): Promise<string> => {
+      try {
+        return await domain.agentCommand(JSON.stringify(request), seconds);
+      } catch (error) {
+        throw new LauncherCommandError(action, this.vmiKey, detail(error), { cause: error });
+      }
+    };
+    const started = await ask({
+      execute: "guest-exec",
+      arguments: { path: command, arg: [...args], "capture-output": true },
+    });
+    const pid = guestExecPid(started);
+    if (pid === undefined) {
+      throw new LauncherCommandError(
+        action,
+        this.vmiKey,
+        `the guest agent answered guest-exec without a process id`,
+      );
+    }
+    const deadline = Date.now() + seconds * 1000;
+    for (;;) {
+      const status = guestExecStatus(
+        await ask({ execute: "guest-exec-status", arguments: { pid } }),
+        GUEST_EXEC_OUTPUT_LIMIT,
+      );
+      if (!status) {
+        throw new LauncherCommandError(
+          action,
+          this.vmiKey,
+          `the guest agent's answer to guest-exec-status is not one`,
+        );
+      }
+      if (status.exited) return { exitCode: status.exitCode, stdOut: status.stdOut };
+      if (Date.now() >= deadline) {
+        throw new LauncherCommandError(
+          action,
+          this.vmiKey,
+          `guest process ${pid} has not exited after ${seconds} s`,
+        );
+      }
+      await new Promise((resolve) => setTimeout(resolve, seconds * 100));
+    }
   }
 
   /**

@@ -223,3 +223,51 @@ export function guestAgentInfoFromAgent(replies: GuestAgentReplies): GuestAgentI
     },
   });
 }
+
+/** The process id in the agent's answer to `guest-exec`, or `undefined` without a valid one. */
+export function guestExecPid(reply: string | undefined): number | undefined {
+  const pid = objectReturn(reply).pid;
+  return typeof pid === "number" && Number.isSafeInteger(pid) && pid > 0 ? pid : undefined;
+}
+
+/** A guest process as the agent's `guest-exec-status` answers it. */
+export interface GuestExecStatus {
+  /** Whether it has ended; the rest means something only then. */
+  exited: boolean;
+  /** Its exit code; a process a signal ended reads as 128 plus the signal, as a shell has it. */
+  exitCode: number;
+  /** Its standard output (`out-data`, base64), at most `outputLimit` bytes, as UTF-8. */
+  stdOut: string;
+}
+
+/**
+ * The agent's answer to `guest-exec-status`, or `undefined` when it is not one. Output
+ * past `outputLimit` bytes is dropped (the guest writes it), as is output that is not
+ * base64.
+ */
+export function guestExecStatus(
+  reply: string | undefined,
+  outputLimit: number,
+): GuestExecStatus | undefined {
+  const value = agentReturn(reply);
+  if (!isObject(value) || typeof value.exited !== "boolean") return undefined;
+  let stdOut = "";
+  const data = value["out-data"];
+  if (typeof data === "string") {
+    try {
+      // Four base64 characters carry three bytes: decode no more than the limit needs.
+      const head = data.slice(0, Math.ceil(outputLimit / 3) * 4);
+      const bytes = Uint8Array.from(atob(head), (c) => c.charCodeAt(0)).subarray(0, outputLimit);
+      stdOut = new TextDecoder().decode(bytes);
+    } catch {
+      stdOut = "";
+    }
+  }
+  const signal = count(value.signal);
+  const exitCode = typeof value.exitcode === "number"
+    ? count(value.exitcode)
+    : signal > 0
+    ? 128 + signal
+    : 0;
+  return { exited: value.exited, exitCode, stdOut };
+}

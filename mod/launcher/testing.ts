@@ -27,6 +27,8 @@ export {
   fsFreezeStatusFromAgent,
   GUEST_INFO_LIST_LIMIT,
   guestAgentInfoFromAgent,
+  guestExecPid,
+  guestExecStatus,
   guestFilesystemsFromAgent,
   guestOsInfoFromAgent,
   guestUsersFromAgent,

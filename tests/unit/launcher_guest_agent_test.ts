@@ -5,6 +5,8 @@ import {
   fsFreezeStatusFromAgent,
   GUEST_INFO_LIST_LIMIT,
   guestAgentInfoFromAgent,
+  guestExecPid,
+  guestExecStatus,
   guestFilesystemsFromAgent,
   guestOsInfoFromAgent,
   guestUsersFromAgent,
@@ -176,4 +178,39 @@ Deno.test("guestOsInfoFromAgent() maps guest-get-osinfo; fsFreezeStatusFromAgent
   assert.equal(fsFreezeStatusFromAgent('{"return":"melting"}'), undefined);
   assert.equal(fsFreezeStatusFromAgent('{"error":{"class":"GenericError"}}'), undefined);
   assert.equal(fsFreezeStatusFromAgent(undefined), undefined);
+});
+
+Deno.test("guest-exec's answer gives its process id only when it is a positive integer", () => {
+  assert.equal(guestExecPid('{"return":{"pid":4711}}'), 4711);
+  for (const reply of ['{"return":{"pid":0}}', '{"return":{"pid":"7"}}', '{"return":{}}', "x"]) {
+    assert.equal(guestExecPid(reply), undefined, reply);
+  }
+  assert.equal(guestExecPid(undefined), undefined);
+});
+
+Deno.test("guest-exec-status: running, exited with its code and output, or ended by a signal", () => {
+  assert.deepEqual(guestExecStatus('{"return":{"exited":false}}', 64), {
+    exited: false,
+    exitCode: 0,
+    stdOut: "",
+  });
+  // As qemu-ga 7.2 answers `cat /etc/hostname` (out-data is base64).
+  const done = JSON.stringify({
+    return: { exited: true, exitcode: 3, "out-data": btoa("guest-1\n") },
+  });
+  assert.deepEqual(guestExecStatus(done, 64), { exited: true, exitCode: 3, stdOut: "guest-1\n" });
+  // A signal leaves exitcode out: a shell's 128 + signal, never a success.
+  assert.equal(guestExecStatus('{"return":{"exited":true,"signal":9}}', 64)?.exitCode, 137);
+});
+
+Deno.test("guest-exec-status: output past the limit and answers that are not one are dropped", () => {
+  const long = JSON.stringify({
+    return: { exited: true, exitcode: 0, "out-data": btoa("a".repeat(1000)) },
+  });
+  assert.equal(guestExecStatus(long, 10)?.stdOut, "a".repeat(10));
+  const garbled = '{"return":{"exited":true,"exitcode":0,"out-data":"%%%"}}';
+  assert.equal(guestExecStatus(garbled, 10)?.stdOut, "");
+  for (const reply of ['{"return":{}}', '{"error":{"class":"GenericError"}}', "[]", undefined]) {
+    assert.equal(guestExecStatus(reply, 10), undefined, String(reply));
+  }
 });
