@@ -77,6 +77,8 @@ export const ConditionReason = {
   PodNotExists: "PodNotExists",
   PodConditionMissing: "PodConditionMissing",
   GuestNotRunning: "GuestNotRunning",
+  // the kubelet's pod Ready reason when a container (a probe) is not ready
+  ContainersNotReady: "ContainersNotReady",
   // LiveMigratable condition
   DisksNotMigratable: "DisksNotLiveMigratable",
   InterfaceNotMigratable: "InterfaceNotLiveMigratable",

@@ -487,8 +487,40 @@ export interface VirtualMachineInstanceSpec {
   affinity?: unknown;
   /** Node taints the VMI's pod tolerates. */
   tolerations?: unknown[];
+  /** When the VMI is ready for traffic (its `Ready` condition waits for it). */
+  readinessProbe?: Probe;
+  /** When the VMI is alive: failing it fails the VMI. */
+  livenessProbe?: Probe;
   /** Fields virtnode does not read, kept as received. */
   [extra: string]: unknown;
+}
+
+/** A VMI's readiness or liveness probe (KubeVirt's `v1.Probe`): one handler and its timing. */
+export interface Probe {
+  /** A command run in the guest through its agent; exit code 0 passes. */
+  exec?: { command?: string[] };
+  /** An HTTP GET of the VMI's address; a status from 200 to 399 passes. */
+  httpGet?: {
+    path?: string;
+    port: number | string;
+    host?: string;
+    scheme?: string;
+    httpHeaders?: { name: string; value: string }[];
+  };
+  /** A TCP connection to the VMI's address. */
+  tcpSocket?: { port: number | string; host?: string };
+  /** The guest agent answers `guest-ping`. */
+  guestAgentPing?: Record<string, never>;
+  /** Seconds after the guest starts before the first probe (0). */
+  initialDelaySeconds?: number;
+  /** Seconds a probe may take (1). */
+  timeoutSeconds?: number;
+  /** Seconds between probes (10). */
+  periodSeconds?: number;
+  /** Passes in a row after a failure that count as passing (1). */
+  successThreshold?: number;
+  /** Failures in a row that count as failing (3). */
+  failureThreshold?: number;
 }
 
 /** `status.conditions[]`. */

@@ -516,14 +516,18 @@ export class VmiController extends KeyedController {
       // virt-controller fails a Scheduled VMI whose pod went without an Event; the
       // handler's "crashed" is for a guest that ran.
       const neverRan = (vmi.status?.phase ?? VmiPhase.Unset) === VmiPhase.Scheduled;
+      const podAddresses = await this.#d.networks.addresses(vmi);
       const { requeue, phase } = await this.#updateStatus(vmi, {
         domain: domainSeen,
         launcher: cleanedUp ? "unresponsive" : launcher,
         nodeName: this.#d.nodeName,
-        standIn: this.#d.standIn?.facts(uid),
+        standIn: this.#d.standIn?.facts(vmi, {
+          running: guestRuns(domainSeen),
+          address: [...podAddresses.values()][0]?.podIP,
+        }),
         now: kubeTime(),
         syncError: syncError === undefined ? undefined : describe(syncError),
-        podAddresses: await this.#d.networks.addresses(vmi),
+        podAddresses,
         selinuxContext: domainSeen ? await this.#selinuxContext(vmi) : undefined,
         hotplugMounted: hasHotplugVolumes(vmi)
           ? await this.#d.provider.hotplugMounted(vmi.metadata.uid!)
@@ -944,4 +948,13 @@ function hotplugPhases(vmi: VirtualMachineInstance): string {
   const phases = (vmi.status?.volumeStatus ?? []).filter((s) => s.hotplugVolume)
     .map((s) => `${s.name}=${s.phase ?? ""}`);
   return phases.length > 0 ? `\n${phases.join(",")}` : "";
+}
+
+/**
+ * Whether the guest runs, as probes need it: its domain is running (or blocked, or
+ * suspended to RAM), not paused, shut off or gone.
+ */
+function guestRuns(domain: Domain | undefined): boolean {
+  const st = domain?.status.status;
+  return st === LifeCycle.Running || st === LifeCycle.Blocked || st === LifeCycle.PMSuspended;
 }

@@ -361,6 +361,20 @@ export class Handler implements Runnable {
         },
         wake: (key) => this.#controller.wake(key),
         exited: (uid, why) => void this.#launchers.markUnresponsive(uid, why),
+        // The kubelet's part: the VMIs' probes. A liveness probe that fails ends the VMI as
+        // the kubelet ends its launcher pod: the launcher counts as gone, so the VMI fails
+        // (not Succeeded, as a guest killed by hand would), and the guest is killed.
+        probes: {
+          launcher: (uid) => this.#launchers.get(uid),
+          unhealthy: (vmi, message) => {
+            this.#recorder.record(vmi, "Warning", "Unhealthy", message)
+              .catch((error) => log.warn("Cannot record an Event: {error}", { error }));
+            const client = this.#launchers.get(vmi.metadata.uid!);
+            void this.#launchers.markUnresponsive(vmi.metadata.uid!, message).then(() =>
+              client?.killVirtualMachine(vmi)
+            ).catch((error) => log.warn("Cannot kill an unhealthy guest: {error}", { error }));
+          },
+        },
         networks: options.podNetwork
           ? new PodlessNetworks({
             ...options.podNetwork,

@@ -178,6 +178,11 @@ export interface StandInFacts {
   hotplugClaims?: ReadonlyMap<string, ClaimInfo>;
   /** The launcher's interface on the pod network, as virt-controller names it. */
   podInterfaceName: string;
+  /**
+   * What the VMI's readiness probe says, as the kubelet would put it in the launcher pod's
+   * `Ready` condition; absent when it has none.
+   */
+  readiness?: { ready: boolean; message: string };
 }
 
 /**
@@ -187,8 +192,11 @@ export interface StandInFacts {
  * fails a VMI its cleanup left without a launcher, and takes the finalizer off a final VMI.
  */
 export interface ControllerStandIn {
-  /** What virt-controller would know of the VMI, for its status. */
-  facts(uid: string): StandInFacts;
+  /**
+   * What virt-controller (and the kubelet, through the launcher pod) would know of the VMI,
+   * for its status, given whether its guest runs and its pod address; asked at each sync.
+   */
+  facts(vmi: VirtualMachineInstance, guest: { running: boolean; address?: string }): StandInFacts;
   /** The status of a Pending VMI once virt-controller placed it on `node` at `now`. */
   scheduledStatus(
     vmi: VirtualMachineInstance,

@@ -514,14 +514,23 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
     const st = domain?.status.status;
     const running = status.phase === VmiPhase.Running &&
       (st === LifeCycle.Running || st === LifeCycle.Blocked || st === LifeCycle.PMSuspended);
-    conditions = running
-      ? setCondition(conditions, { type: ConditionType.Ready, status: "True" }, input.now)
-      : setCondition(conditions, {
+    const readiness = input.standIn.readiness;
+    conditions = !running
+      ? setCondition(conditions, {
         type: ConditionType.Ready,
         status: "False",
         reason: ConditionReason.GuestNotRunning,
         message: "Guest VM is not reported as running",
-      }, input.now);
+      }, input.now)
+      // A readiness probe that has not passed: as the kubelet's pod Ready condition says it.
+      : readiness && !readiness.ready
+      ? setCondition(conditions, {
+        type: ConditionType.Ready,
+        status: "False",
+        reason: ConditionReason.ContainersNotReady,
+        message: readiness.message,
+      }, input.now)
+      : setCondition(conditions, { type: ConditionType.Ready, status: "True" }, input.now);
   }
   if (conditions.length > 0 || status.conditions) status.conditions = conditions;
 

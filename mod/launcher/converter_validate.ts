@@ -97,6 +97,28 @@ const cloudInit = obj({
   },
 });
 
+/**
+ * A readiness or liveness probe: the kubelet runs it (pod-less, the handler's prober), so
+ * it shapes no domain; its shape is checked all the same.
+ */
+const PROBE_RULE: Rule = obj({
+  exec: obj({ command: arr(str()) }),
+  httpGet: obj({
+    path: str(),
+    port: any,
+    host: str(),
+    scheme: str(["HTTP", "HTTPS"]),
+    httpHeaders: arr(obj({ name: str(), value: str() }, { required: ["name", "value"] })),
+  }, { required: ["port"] }),
+  tcpSocket: obj({ port: any, host: str() }, { required: ["port"] }),
+  guestAgentPing: obj({}),
+  initialDelaySeconds: int(0),
+  timeoutSeconds: int(0),
+  periodSeconds: int(0),
+  successThreshold: int(0),
+  failureThreshold: int(0),
+});
+
 /** The allow-list: every VMI field the converter turns into domain XML (or uses). */
 const VMI_RULE: Rule = obj({
   apiVersion: str([KUBEVIRT_API_VERSION]),
@@ -263,6 +285,8 @@ const VMI_RULE: Rule = obj({
     evictionStrategy: str(["None", "LiveMigrate", "LiveMigrateIfPossible", "External"]),
     hostname: { kind: "string", pattern: DNS_LABEL },
     architecture: str(["amd64"]),
+    readinessProbe: PROBE_RULE,
+    livenessProbe: PROBE_RULE,
   }, { required: ["domain"] }),
 }, { required: ["metadata", "spec"] });
 

@@ -150,6 +150,33 @@ Deno.test("computeStatus() requeues a Scheduled VMI whose launcher is not ready 
   assert.equal(r.requeue, true);
 });
 
+Deno.test("computeStatus() keeps a pod-less VMI not Ready while its readiness probe has not passed, in the kubelet's words", () => {
+  const probing = input(LifeCycle.Running, undefined, {
+    standIn: {
+      podInterfaceName: "eth0",
+      readiness: {
+        ready: false,
+        message: 'Readiness probe failed: command "cat" exited with code 1',
+      },
+    },
+  });
+  const ready = computeStatus(vmi("Running"), probing).status.conditions!
+    .find((c) => c.type === "Ready")!;
+  assert.deepEqual([ready.status, ready.reason, ready.message], [
+    "False",
+    "ContainersNotReady",
+    'Readiness probe failed: command "cat" exited with code 1',
+  ]);
+  const passed = input(LifeCycle.Running, undefined, {
+    standIn: { podInterfaceName: "eth0", readiness: { ready: true, message: "" } },
+  });
+  assert.equal(
+    computeStatus(vmi("Running"), passed).status.conditions!.find((c) => c.type === "Ready")!
+      .status,
+    "True",
+  );
+});
+
 Deno.test("computeStatus() leaves Ready alone outside pod-less mode (virt-controller owns it)", () => {
   const r = computeStatus(
     vmi("Scheduled"),

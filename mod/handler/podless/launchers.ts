@@ -15,6 +15,7 @@
  *
  * @module
  */
+import { PodlessProber, type ProberOptions } from "./prober.ts";
 import type { VirtualMachineOptions } from "../../proto/mod.ts";
 import { join } from "node:path";
 import {
@@ -92,6 +93,11 @@ export interface PodlessLaunchersOptions {
   wake(key: string): void;
   /** Tells that a VMI's launcher ended (its domain died). */
   exited(uid: string, why: string): void;
+  /**
+   * Runs the VMIs' readiness and liveness probes, the kubelet's part (prober.ts); none: the
+   * probes are not run and a VMI is ready once its guest runs.
+   */
+  probes?: Omit<ProberOptions, "wake">;
   /** First wait before restarting a host that exited, ms (1 s; doubles to 30 s). */
   restartBackoffMs?: number;
   /** The VMs' pod networks (namespaces from the CNI plugins); none: no pod network on this host. */
@@ -114,9 +120,14 @@ export interface PodlessLaunchersOptions {
  */
 export function podlessStandIn(
   claims: (uid: string) => ReadonlyMap<string, ClaimInfo>,
+  prober?: PodlessProber,
 ): ControllerStandIn {
   return {
-    facts: (uid) => ({ hotplugClaims: claims(uid), podInterfaceName: POD_INTERFACE }),
+    facts: (vmi, guest) => ({
+      hotplugClaims: claims(vmi.metadata.uid!),
+      podInterfaceName: POD_INTERFACE,
+      readiness: prober?.observe(vmi, guest),
+    }),
     scheduledStatus,
   };
 }
@@ -170,7 +181,9 @@ export class PodlessLaunchers implements LauncherProvider {
   readonly name = "podless";
   /** The handler schedules Pending VMIs and owns `Ready` here. */
   /** Pod-less mode plays virt-controller's part; see {@linkcode ControllerStandIn}. */
-  readonly standIn: ControllerStandIn = podlessStandIn((uid) => this.#hotplugClaims(uid));
+  readonly standIn: ControllerStandIn;
+  /** Runs the VMIs' probes, when asked to. */
+  readonly #prober?: PodlessProber;
   /** The host reports every launcher that ends, and is pinged itself. */
   readonly watchesLaunchers = true;
   /** See {@linkcode PODLESS_NOT_READY_REQUEUE_MS}. */
@@ -200,6 +213,10 @@ export class PodlessLaunchers implements LauncherProvider {
   /** Creates the provider; the host starts when {@linkcode run} does. */
   constructor(options: PodlessLaunchersOptions) {
     this.#o = options;
+    this.#prober = options.probes
+      ? new PodlessProber({ ...options.probes, wake: (key) => options.wake(key) })
+      : undefined;
+    this.standIn = podlessStandIn((uid) => this.#hotplugClaims(uid), this.#prober);
     this.hostId = launcherHostId(options.stateDir);
     this.hostDir = join(options.stateDir, "launcher-host");
     this.#connected = new Promise((resolve) => this.#setConnected = resolve);
@@ -553,6 +570,7 @@ export class PodlessLaunchers implements LauncherProvider {
       await sleep(backoff, signal);
       backoff = Math.min(backoff * 2, 30_000);
     }
+    this.#prober?.stop();
     await this.#client?.close();
     this.#spawner.release();
   }
