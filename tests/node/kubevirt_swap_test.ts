@@ -290,11 +290,16 @@ async function networkGuests(j: Journey, cpuModel: string): Promise<void> {
   }
   const bindings = ["masquerade", "bridge"] as const;
   for (const binding of bindings) {
-    await kubectl(
-      kc,
-      ["apply", "-f", "-"],
-      JSON.stringify(networkVmi(`vm-${binding}`, cpuModel, binding, hostDisk)),
-    );
+    const vmi = networkVmi(`vm-${binding}`, cpuModel, binding, hostDisk);
+    // A readiness probe through the guest agent: virt-controller renders it on the launcher
+    // pod as KubeVirt's virt-probe, which asks the launcher's GuestPing.
+    const spec = binding === "masquerade"
+      ? {
+        ...vmi.spec,
+        readinessProbe: { guestAgentPing: {}, periodSeconds: 2, failureThreshold: 2 },
+      }
+      : vmi.spec;
+    await kubectl(kc, ["apply", "-f", "-"], JSON.stringify({ ...vmi, spec }));
   }
   for (const binding of bindings) {
     const name = `vm-${binding}`;
@@ -339,6 +344,7 @@ async function networkGuests(j: Journey, cpuModel: string): Promise<void> {
     if (binding === "masquerade") {
       await virtctlJourney({ kc, name, getVmi, step });
       assert.ok(await httpGet(`http://${ip}/dhcp`), `${name} answers HTTP after virtctl`);
+      await probeJourney({ kc, name, getVmi, step });
     }
   }
   for (const binding of bindings) {
@@ -425,6 +431,45 @@ Deno.test(
   "node: the same journey with KubeVirt's own virt-handler DaemonSet, the yardstick",
   () => journey("virt-handler"),
 );
+
+/**
+ * A guestAgentPing readiness probe as virt-controller renders it (KubeVirt's virt-probe in
+ * the launcher pod, run by the kubelet): the VMI is Ready while the guest's agent answers,
+ * and not Ready once the agent is stopped (typed into the guest's console through virtctl).
+ */
+async function probeJourney(o: {
+  kc: string;
+  name: string;
+  getVmi: (name: string) => Promise<Vmi | undefined>;
+  step: (what: string) => void;
+}): Promise<void> {
+  const ready = async () =>
+    (await o.getVmi(o.name))?.status?.conditions?.find((c) => c.type === "Ready")?.status;
+  await waitFor(
+    `${o.name} Ready through its readiness probe`,
+    async () => await ready() === "True",
+    120_000,
+  );
+  const probe = await kubectl(o.kc, [
+    "get",
+    "pods",
+    "-l",
+    `kubevirt.io/created-by=${(await o.getVmi(o.name))?.metadata.uid}`,
+    "-o",
+    `jsonpath={.items[0].spec.containers[?(@.name=="compute")].readinessProbe.exec.command}`,
+  ]);
+  assert.match(probe, /"virt-probe".*"--guestAgentPing"/, probe);
+  await consoleAnswers({ virtctl: await buildVirtctl(), kubeconfig: o.kc, name: o.name }, {
+    line: "kill $(cat /run/qemu-ga.pid); echo agent-$((6 * 7))",
+    answer: /agent-42/,
+  });
+  await waitFor(
+    `${o.name} not Ready once its agent stopped`,
+    async () => await ready() === "False",
+    60_000,
+  );
+  o.step(`${o.name}: Ready by virt-probe's GuestPing, not Ready once the agent stopped`);
+}
 
 /**
  * KubeVirt's virtctl against a running guest, through KubeVirt's virt-api and the node's
