@@ -425,6 +425,10 @@ async function runHandler(opts: HandlerFlags, config: Config): Promise<void> {
     kubevirtCr,
     // Host-model VMIs are synced again once the labeller has read the host's CPU.
     hostCpu: services.labeller,
+    deprecatedMachineTypes: services.labeller
+      ? () => services.labeller!.deprecatedMachineTypes
+      : undefined,
+    version: VERSION,
     healthAddress: opts.healthAddress,
     metricsAddress: opts.metricsAddress,
     rest,

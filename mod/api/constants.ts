@@ -10,6 +10,8 @@
 export const KUBEVIRT_GROUP = "kubevirt.io";
 /** API version of KubeVirt's core objects. */
 export const KUBEVIRT_VERSION = "v1";
+/** The KubeVirt release whose components virtnode speaks with and whose behaviour it follows. */
+export const KUBEVIRT_RELEASE = "v1.7.0";
 /** `apiVersion` of a VirtualMachineInstance. */
 export const KUBEVIRT_API_VERSION = `${KUBEVIRT_GROUP}/${KUBEVIRT_VERSION}`;
 /** `kind` of a VirtualMachineInstance. */

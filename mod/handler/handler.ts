@@ -14,6 +14,7 @@
  */
 import { join } from "node:path";
 import {
+  KUBEVIRT_RELEASE,
   Labels,
   MAX_SOCKET_PATH,
   SocketNames,
@@ -129,6 +130,10 @@ export interface HandlerOptions {
    * none: the node has no host model.
    */
   hostCpu?: HostCpuSource;
+  /** The machine types this node's QEMU calls deprecated (the labeller's capabilities). */
+  deprecatedMachineTypes?: () => readonly string[];
+  /** virtnode's version, for `kubevirt_info`. */
+  version?: string;
   /** The KubeVirt CR's watch (run by the caller): `/healthz` reports its version. */
   kubevirtCr?: KubevirtCrWatch;
   /** The kubelet's pods directory (KubeVirt mode). */
@@ -675,6 +680,14 @@ export class Handler implements Runnable {
   async metrics(budgetMs = METRICS_BUDGET_MS): Promise<string> {
     const exp = new Exposition();
     addHandlerSamples(exp, {
+      info: {
+        goversion: `deno${Deno.version.deno}`,
+        kubeversion: `${KUBEVIRT_RELEASE}+virtnode.${this.#options.version ?? "unknown"}`,
+      },
+      machineTypes: {
+        node: this.#config.nodeName,
+        deprecated: this.#options.deprecatedMachineTypes?.() ?? [],
+      },
       ready: this.#ready,
       syncs: this.#controller.syncs,
       refused: {

@@ -57,6 +57,12 @@ export const HANDLER_FAMILIES = {
     "kubevirt_rest_client_request_latency_seconds",
     "Latency of requests to the apiserver, seconds, by verb and URL template.",
   ),
+  info: gauge("kubevirt_info", "Version information."),
+  deprecatedMachineTypes: gauge(
+    "kubevirt_node_deprecated_machine_types",
+    "List of deprecated machine types based on the capabilities of individual nodes, as " +
+      "detected by virt-handler.",
+  ),
   refused: counter(
     "virtnode_notify_refused_total",
     "Launcher messages refused: a domain or Event about another VMI than the sender's, " +
@@ -66,6 +72,13 @@ export const HANDLER_FAMILIES = {
 
 /** What {@linkcode addHandlerSamples} writes. */
 export interface HandlerSnapshot {
+  /**
+   * `kubevirt_info`'s labels: the runtime's version where virt-handler gives Go's, and the
+   * release where it gives KubeVirt's.
+   */
+  info?: { goversion: string; kubeversion: string };
+  /** The node, and the machine types its QEMU calls deprecated. */
+  machineTypes?: { node: string; deprecated: readonly string[] };
   /** Whether the handler is ready. */
   ready: boolean;
   /** Syncs by outcome. */
@@ -83,6 +96,10 @@ export interface HandlerSnapshot {
 /** Adds the handler's own samples. */
 export function addHandlerSamples(exp: Exposition, s: HandlerSnapshot): void {
   const f = HANDLER_FAMILIES;
+  if (s.info) exp.sample(f.info, s.info, 1);
+  for (const machine of s.machineTypes?.deprecated ?? []) {
+    exp.sample(f.deprecatedMachineTypes, { machine_type: machine, node: s.machineTypes!.node }, 1);
+  }
   exp.sample(f.ready, {}, s.ready ? 1 : 0);
   exp.sample(f.syncs, { result: "success" }, s.syncs.success);
   exp.sample(f.syncs, { result: "error" }, s.syncs.error);

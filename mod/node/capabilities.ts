@@ -76,6 +76,8 @@ export interface HostCapabilitiesInfo {
   tsc?: TscCounter;
   /** Machine type names of every guest architecture, without duplicates. */
   machines: string[];
+  /** Those of {@linkcode HostCapabilitiesInfo.machines} QEMU calls deprecated (`deprecated='yes'`). */
+  deprecatedMachines: string[];
 }
 
 /** A capability document could not be read. */
@@ -176,10 +178,13 @@ export function parseHostCapabilities(xml: string): HostCapabilitiesInfo {
     }
   }
   const machines = new Set<string>();
+  const deprecatedMachines = new Set<string>();
   for (const guest of children(root, "guest")) {
     for (const machine of children(child(guest, "arch"), "machine")) {
       const name = machine.text.trim();
-      if (name !== "") machines.add(name);
+      if (name === "") continue;
+      machines.add(name);
+      if (machine.attrs.deprecated === "yes") deprecatedMachines.add(name);
     }
   }
   const vendor = child(cpu, "vendor")?.text.trim();
@@ -188,6 +193,7 @@ export function parseHostCapabilities(xml: string): HostCapabilitiesInfo {
     ...(vendor ? { vendor } : {}),
     ...(tsc ? { tsc } : {}),
     machines: [...machines],
+    deprecatedMachines: [...deprecatedMachines],
   };
 }
 

@@ -426,6 +426,14 @@ export class NodeLabeller {
   }
 
   /**
+   * The machine types QEMU on this node calls deprecated, from the host capabilities;
+   * empty before the first read.
+   */
+  get deprecatedMachineTypes(): readonly string[] {
+    return this.#info?.host.deprecatedMachines ?? [];
+  }
+
+  /**
    * Calls `listener` whenever {@linkcode NodeLabeller.hostCpuModel} changes, the first read
    * included (the handler then syncs the VMIs whose migratability hangs on it); returns what
    * takes the listener off.

@@ -70,6 +70,9 @@ const PER_VMI_FAMILIES = [
 
 /** The handler's own families. */
 const HANDLER_FAMILIES = [
+  "kubevirt_info",
+  // Debian 12's QEMU 7.2 calls its oldest machine types deprecated (libvirt's capabilities).
+  "kubevirt_node_deprecated_machine_types",
   "kubevirt_virt_handler_ready_status",
   "kubevirt_virt_handler_vmi_syncs_total",
   "kubevirt_workqueue_depth",
@@ -227,6 +230,15 @@ Deno.test("metrics+QEMU (pod-less): a TLS scrape with ten guests passes promtool
     assert.match(
       samples.get("kubevirt_virt_handler_ready_status")![0],
       /^kubevirt_virt_handler_ready_status 1$/,
+    );
+    assert.match(
+      samples.get("kubevirt_info")![0],
+      /^kubevirt_info\{goversion="deno[\d.]+",kubeversion="v1\.7\.0\+virtnode\.[^"]+"\} 1$/,
+    );
+    const deprecated = samples.get("kubevirt_node_deprecated_machine_types")!;
+    assert.ok(
+      deprecated.every((l) => l.includes(`node="${node}"`) && /machine_type="pc-/.test(l)),
+      deprecated.join("\n"),
     );
     console.log(
       `scrape of ${COUNT} VMIs: ${text.split("\n").length} lines, ${samples.size} families`,

@@ -192,6 +192,8 @@ Deno.test("WorkQueue.stats() counts adds and retries and times waiting and work"
   assert.equal(s.unfinishedWorkSeconds, 0);
   const exp = new Exposition();
   addHandlerSamples(exp, {
+    info: { goversion: "deno2.9.3", kubeversion: "v1.7.0+virtnode.0.1.0" },
+    machineTypes: { node: "node1", deprecated: ["pc-i440fx-1.4", "pc-i440fx-1.5"] },
     ready: true,
     syncs: { success: 3, error: 1 },
     queue: s,
@@ -201,6 +203,15 @@ Deno.test("WorkQueue.stats() counts adds and retries and times waiting and work"
   });
   const text = exp.toString();
   assert.match(text, /^kubevirt_virt_handler_ready_status 1$/m);
+  assert.match(text, /^# TYPE kubevirt_info gauge$/m);
+  assert.match(
+    text,
+    /^kubevirt_info\{goversion="deno2\.9\.3",kubeversion="v1\.7\.0\+virtnode\.0\.1\.0"\} 1$/m,
+  );
+  assert.match(
+    text,
+    /^kubevirt_node_deprecated_machine_types\{machine_type="pc-i440fx-1\.5",node="node1"\} 1$/m,
+  );
   assert.match(text, /^virtnode_notify_refused_total\{kind="domain"\} 2$/m);
   assert.match(text, /^kubevirt_workqueue_adds_total\{name="virt-handler-vm"\} 2$/m);
   assert.match(text, /^kubevirt_virt_handler_vmi_syncs_total\{result="error"\} 1$/m);

@@ -152,6 +152,16 @@ Deno.test("parseHostCapabilities() reads the TSC counter, vendor and machine typ
     "pc-i440fx-rhel7.6.0",
     "pc",
   ]);
+  assert.deepEqual(caps.deprecatedMachines, [], "the fixture's QEMU deprecates none");
+  // As QEMU 7.2 marks its old machine types (Debian 12's libvirt reports 8 such).
+  const older = parseHostCapabilities(
+    fixture("amd-epyc-rome.capabilities.xml").replace(
+      "<machine maxCpus='240'>pc-i440fx-rhel7.6.0</machine>",
+      "<machine maxCpus='240' deprecated='yes'>pc-i440fx-rhel7.6.0</machine>",
+    ),
+  );
+  assert.deepEqual(older.deprecatedMachines, ["pc-i440fx-rhel7.6.0"]);
+  assert.ok(older.machines.includes("pc-i440fx-rhel7.6.0"), "still a machine type");
   const noTsc = parseHostCapabilities(
     fixture("amd-epyc-rome.capabilities.xml").replace(/<counter[^>]*>/, ""),
   );
