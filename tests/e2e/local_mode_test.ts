@@ -63,7 +63,7 @@ Deno.test("local mode (deno task start) brings every example VMI to Running unde
   }
 });
 
-Deno.test("local mode --virtctl in a terminal: the screen shows the VMIs, virtctl console and vnc reach them, Ctrl-C cleans everything up", async () => {
+Deno.test("local mode --virtctl in a terminal: the screen, virtctl console and vnc, Ctrl-C cleans up", async () => {
   // The VMIs are deleted through the control plane while it still runs.
   const original = await Deno.readTextFile(QEMU_CONF);
   // As on a host that never ran virtnode: qemu.conf without virtnode's lines.

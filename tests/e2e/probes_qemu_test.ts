@@ -68,7 +68,7 @@ async function virtProbe(binary: string, args: string[]): Promise<{ code: number
   return { code: out.code, out: dec.decode(out.stdout) + dec.decode(out.stderr) };
 }
 
-Deno.test("probes (pod-less): exec readiness moves Ready both ways, virt-probe gets virtnode's launcher's answers, a failed guestAgentPing liveness fails the VMI", async () => {
+Deno.test("probes (pod-less): exec readiness moves Ready, virt-probe's calls, a failed liveness fails the VMI", async () => {
   const uri = await ensureLibvirtd();
   const cluster = await useCluster();
   const client = await kubeClient(cluster.kubeconfigPath);

@@ -6,8 +6,9 @@
  * interface options of any shape, and whole protobuf messages mutated as bytes.
  *
  * Every call is answered: a `Response` whose failure names the problem (never a runtime
- * error's text), UNIMPLEMENTED naming an RPC virtnode does not serve, or for protobuf
- * grpc-js cannot decode INTERNAL; the launcher stays up and its memory bounded.
+ * error's text), for the probes' Exec and GuestPing UNKNOWN naming it, UNIMPLEMENTED naming
+ * an RPC virtnode does not serve, or for protobuf grpc-js cannot decode INTERNAL; the
+ * launcher stays up and its memory bounded.
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
@@ -39,8 +40,6 @@ const grpcTest = { sanitizeOps: false, sanitizeResources: false };
 /** The RPCs virtnode's launcher does not serve: they answer UNIMPLEMENTED. */
 const UNIMPLEMENTED: readonly CmdMethod[] = [
   "HotplugHostDevices",
-  "Exec",
-  "GuestPing",
   "VirtualMachineMemoryDump",
   "SyncVirtualMachineCPUs",
   "SyncVirtualMachineMemory",
@@ -52,6 +51,12 @@ const UNIMPLEMENTED: readonly CmdMethod[] = [
   "RedefineCheckpoint",
   "GetVMStats",
 ];
+
+/**
+ * The probes' RPCs, which fail as KubeVirt's launcher fails them: gRPC status UNKNOWN with
+ * the problem as details (KubeVirt's virt-probe reads nothing else).
+ */
+const PROBES: readonly CmdMethod[] = ["Exec", "GuestPing"];
 
 /** Texts of JavaScript's own errors: a handler that answers with one let a bug through. */
 const RUNTIME_ERROR =
@@ -226,6 +231,11 @@ Deno.test(
             // Protobuf grpc-js cannot decode: INTERNAL, and the connection holds.
             assert.match(outcome.error.details, /deserializ/i);
             count("grpc error");
+          } else if (PROBES.includes(method)) {
+            assert.equal(outcome.error.code, 2, outcome.error.message);
+            assert.ok(outcome.error.details.length > 0, "a probe's failure without a reason");
+            assert.doesNotMatch(outcome.error.details, RUNTIME_ERROR, "a runtime error's text");
+            count("probe failed");
           } else {
             assert.ok(UNIMPLEMENTED.includes(method), `${method} failed: ${outcome.error.message}`);
             assert.equal(outcome.error.code, 12, outcome.error.message);

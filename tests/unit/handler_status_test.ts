@@ -150,7 +150,7 @@ Deno.test("computeStatus() requeues a Scheduled VMI whose launcher is not ready 
   assert.equal(r.requeue, true);
 });
 
-Deno.test("computeStatus() keeps a pod-less VMI not Ready while its readiness probe has not passed, in the kubelet's words", () => {
+Deno.test("computeStatus(): pod-less, not Ready until the readiness probe passes, in the kubelet's words", () => {
   const probing = input(LifeCycle.Running, undefined, {
     standIn: {
       podInterfaceName: "eth0",
