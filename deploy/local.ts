@@ -63,7 +63,7 @@ if (Deno.args.includes("--help") || Deno.args.includes("-h")) {
   );
   Deno.exit(0);
 }
-const unknown = Deno.args.find((arg) => !(arg in FLAGS));
+const unknown = Deno.args.find((arg) => !Object.hasOwn(FLAGS, arg));
 if (unknown !== undefined) {
   console.error(
     `deno task start: unknown flag '${unknown}' (run 'deno task start --help' for usage)`,

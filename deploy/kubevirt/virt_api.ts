@@ -244,7 +244,8 @@ export async function registerPodlessHandler(
   node: string,
   address: string,
 ): Promise<void> {
-  const name = `virt-handler-${node}`.slice(0, 63).replace(/[^a-z0-9-]+/g, "-");
+  const name = `virt-handler-${node}`.toLowerCase().replace(/[^a-z0-9.-]+/g, "-").slice(0, 63)
+    .replace(/[-.]+$/, "");
   await kubectl(
     cluster.kubeconfigPath,
     ["apply", "-f", "-"],

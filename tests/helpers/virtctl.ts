@@ -56,7 +56,7 @@ export async function consoleAnswers(
         return o.answer.test(seen);
       },
       o.timeoutMs ?? 60_000,
-      0,
+      200,
     );
   } catch (error) {
     killQuietly(child);
@@ -92,12 +92,13 @@ export async function vncGreets(t: VirtctlTarget): Promise<void> {
     const port = await waitFor(
       "virtctl vnc to print its port",
       async () => {
-        const { value } = await reader.read();
-        printed += new TextDecoder().decode(value ?? new Uint8Array());
+        const { value, done } = await reader.read();
+        if (done) throw new Error(`virtctl vnc ended before it listened: ${printed}`);
+        printed += new TextDecoder().decode(value);
         return Number(/"port":\s*(\d+)/.exec(printed)?.[1]) || undefined;
       },
       30_000,
-      0,
+      100,
     );
     reader.releaseLock();
     const conn = await Deno.connect({ hostname: "127.0.0.1", port });
@@ -108,11 +109,12 @@ export async function vncGreets(t: VirtctlTarget): Promise<void> {
         "QEMU's RFB greeting through virtctl vnc",
         async () => {
           const n = await conn.read(greeting.subarray(got));
-          got += n ?? 0;
+          if (n === null) throw new Error(`the VNC proxy closed after ${got} bytes`);
+          got += n;
           return got === 12;
         },
         30_000,
-        0,
+        100,
       );
       assert.equal(new TextDecoder().decode(greeting), "RFB 003.008\n");
     } finally {

@@ -327,6 +327,8 @@ export class PodlessLaunchers implements LauncherProvider {
   /** The host stops the guest (ACPI, then destroy after the grace period) and forgets it. */
   async stop(vmi: VirtualMachineInstance): Promise<void> {
     const uid = vmi.metadata.uid!;
+    // Its probes end with it, also when the VMI itself is already gone.
+    this.#prober?.forget(uid);
     const client = await this.#whenConnected(10_000);
     if (!client) throw new Error("the launcher host is not running; cannot stop the VMI's guest");
     // The host also removes the domain a launcher that ended left for inspection.

@@ -215,21 +215,26 @@ export async function runProbe(
   const headers: Record<string, string> = { "User-Agent": "kube-probe/virtnode" };
   for (const h of http.httpHeaders ?? []) headers[h.name] = h.value;
   const status = await new Promise<number>((resolve, reject) => {
-    // As the kubelet's: a probed server's certificate is not checked, redirects not followed.
+    // As the kubelet's: a probed server's certificate is not checked, redirects not followed,
+    // and the whole request has the probe's time (a server that trickles bytes does not
+    // hold it open); once the status line is in, the connection goes (the body is unread).
     const request = (secure ? https : nodeHttp).request(url, {
       method: "GET",
       headers,
-      timeout: timeoutMs,
       ...(secure ? { rejectUnauthorized: false } : {}),
     }, (response) => {
-      response.resume();
+      clearTimeout(deadline);
       resolve(response.statusCode ?? 0);
+      request.destroy();
     });
-    request.once("timeout", () => {
+    const deadline = setTimeout(() => {
       request.destroy();
       reject(new Error(`Get "${url}": context deadline exceeded`));
+    }, timeoutMs);
+    request.once("error", (error) => {
+      clearTimeout(deadline);
+      reject(new Error(`Get "${url}": ${errorText(error)}`));
     });
-    request.once("error", (error) => reject(new Error(`Get "${url}": ${errorText(error)}`)));
     request.end();
   });
   if (status < 200 || status >= 400) {
