@@ -50,6 +50,8 @@ export interface TierResult {
   seconds: number;
   /** Why each failed test failed (its assertion and stack, shortened), by test name. */
   reasons?: Record<string, string>;
+  /** Where and why each failed test failed, in one line (see {@linkcode failureGist}). */
+  gists?: Record<string, string>;
 }
 
 const root = new URL("..", import.meta.url).pathname;
@@ -81,11 +83,18 @@ export const REASON_LINES = 40;
  */
 export function parseJunit(
   xml: string,
-): { passed: number; failed: string[]; skipped: string[]; reasons: Record<string, string> } {
+): {
+  passed: number;
+  failed: string[];
+  skipped: string[];
+  reasons: Record<string, string>;
+  gists: Record<string, string>;
+} {
   let passed = 0;
   const failed: string[] = [];
   const skipped: string[] = [];
   const reasons: Record<string, string> = {};
+  const gists: Record<string, string> = {};
   const cases = xml.matchAll(
     /<testcase name="([^"]*)" classname="([^"]*)"[^>]*?(\/>|>([\s\S]*?)<\/testcase>)/g,
   );
@@ -99,10 +108,11 @@ export function parseJunit(
       const plain = unescapeXml(text).replace(/\x1b\[[0-9;]*m/g, "").trim().split("\n");
       reasons[name] = plain.slice(0, REASON_LINES).join("\n") +
         (plain.length > REASON_LINES ? `\n... (${plain.length - REASON_LINES} more lines)` : "");
+      gists[name] = failureGist(plain.join("\n"));
     } else if (/<skipped/.test(body)) skipped.push(name);
     else passed++;
   }
-  return { passed, failed, skipped, reasons };
+  return { passed, failed, skipped, reasons, gists };
 }
 
 /** The environment variable that marks every process one tier run starts. */
@@ -404,7 +414,20 @@ export async function runTier(
     skipped: parsed.skipped,
     seconds,
     reasons: parsed.reasons,
+    gists: parsed.gists,
   };
+}
+
+/**
+ * One line that says where and why a test failed, from its failure text: the text's first
+ * line (cut at 160 characters) and the first place in a test file its stack names. The
+ * run's last line lists it beside the test's name, for a CI log that keeps only its tail.
+ */
+export function failureGist(reason: string): string {
+  const first = reason.split("\n").find((l) => l.trim() !== "")?.trim() ?? "";
+  const short = first.length > 160 ? `${first.slice(0, 160)}…` : first;
+  const at = /\bat (?:.*\()?file:\/\/\S*?\/(tests\/[^\s():]+:\d+:\d+)/.exec(reason)?.[1];
+  return at ? `${short} (${at})` : short;
 }
 
 /**
@@ -513,7 +536,8 @@ async function main(): Promise<number> {
   }
   if (failed.length > 0) {
     console.log(`\nFAILED:`);
-    for (const f of failed) console.log(`  ${f}`);
+    const gists = Object.assign({}, ...results.map((r) => r.gists ?? {}));
+    for (const f of failed) console.log(gists[f] ? `  ${f}\n      ${gists[f]}` : `  ${f}`);
   }
   console.log(`\ntests: ${passed} passed, ${failed.length} failed, ${skipped.length} skipped`);
   if (interrupt.signal.aborted) return interrupt.signal.reason === "SIGTERM" ? 143 : 130;

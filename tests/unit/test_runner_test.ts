@@ -5,6 +5,7 @@
  */
 import assert from "node:assert/strict";
 import {
+  failureGist,
   findMarkedProcesses,
   judgeTier,
   leftDomains,
@@ -81,6 +82,10 @@ Deno.test("runTier() carries why a test failed, for the summary to repeat", asyn
   const why = result.reasons?.[name] ?? "";
   assert.match(why, /first line "quoted"\nsecond line/);
   assert.match(why, /Caused by: Error: the cause/);
+  assert.match(
+    result.gists?.[name] ?? "",
+    /^Error: first line "quoted" \(tests\/unit\/_runner_fixtures\/fails\.ts:8:9\)$/,
+  );
   // deno-lint-ignore no-control-regex
   assert.doesNotMatch(why, /\x1b|&quot;|&lt;/, "no colour codes or XML escapes");
 });
@@ -223,4 +228,19 @@ Deno.test("runFailures() fails a run in which no tier ran a test, and an interru
   assert.deepEqual(runFailures([]), ["no tier ran any test"]);
   assert.deepEqual(runFailures([{ ...empty, passed: 1 }]), []);
   assert.deepEqual(runFailures([{ ...empty, passed: 1 }], "SIGINT"), ["interrupted by SIGINT"]);
+});
+
+Deno.test("failureGist() gives a failure's first line and the test file's line its stack names", () => {
+  const long = "x".repeat(300);
+  const reason = [
+    "",
+    `AssertionError: ${long}`,
+    ...Array.from({ length: 80 }, (_, i) => `output line ${i}`),
+    "    at assertOk (ext:deno_node/assert.ts:10:3)",
+    "    at file:///work/main/tests/e2e/local_mode_test.ts:112:12",
+    "    at eventLoopTick (ext:core/01_core.js:179:7)",
+  ].join("\n");
+  const gist = failureGist(reason);
+  assert.match(gist, /^AssertionError: x{144}… \(tests\/e2e\/local_mode_test\.ts:112:12\)$/);
+  assert.equal(failureGist("Error: plain"), "Error: plain");
 });
