@@ -79,7 +79,8 @@ export const REASON_LINES = 40;
 
 /**
  * Reads passed, failed and skipped test names out of Deno's JUnit XML, and the text of
- * each failure (its first {@linkcode REASON_LINES} lines, colour codes removed).
+ * each failure (its first {@linkcode REASON_LINES} lines, colour codes removed), and the
+ * seconds each file's tests took.
  */
 export function parseJunit(
   xml: string,
@@ -89,18 +90,23 @@ export function parseJunit(
   skipped: string[];
   reasons: Record<string, string>;
   gists: Record<string, string>;
+  fileSeconds: Record<string, number>;
 } {
   let passed = 0;
   const failed: string[] = [];
   const skipped: string[] = [];
   const reasons: Record<string, string> = {};
   const gists: Record<string, string> = {};
+  const fileSeconds: Record<string, number> = {};
   const cases = xml.matchAll(
-    /<testcase name="([^"]*)" classname="([^"]*)"[^>]*?(\/>|>([\s\S]*?)<\/testcase>)/g,
+    /<testcase name="([^"]*)" classname="([^"]*)"([^>]*?)(\/>|>([\s\S]*?)<\/testcase>)/g,
   );
   for (const m of cases) {
-    const name = `${unescapeXml(m[2])}: ${unescapeXml(m[1])}`;
-    const body = m[4] ?? "";
+    const file = unescapeXml(m[2]);
+    const name = `${file}: ${unescapeXml(m[1])}`;
+    const time = Number(/\btime="([\d.]+)"/.exec(m[3])?.[1] ?? 0);
+    fileSeconds[file] = (fileSeconds[file] ?? 0) + time;
+    const body = m[5] ?? "";
     if (/<failure|<error/.test(body)) {
       failed.push(name);
       const text = body.match(/<(failure|error)\b[^>]*>([\s\S]*?)<\/\1>/)?.[2] ?? "";
@@ -112,7 +118,7 @@ export function parseJunit(
     } else if (/<skipped/.test(body)) skipped.push(name);
     else passed++;
   }
-  return { passed, failed, skipped, reasons, gists };
+  return { passed, failed, skipped, reasons, gists, fileSeconds };
 }
 
 /** The environment variable that marks every process one tier run starts. */
@@ -397,6 +403,13 @@ export async function runTier(
   // A killed tier's deno test is not among the processes it left.
   const left = leftProcesses.filter((p) => p.pid !== child.pid);
   const domains = checkDomains ? leftDomains(domainsBefore, await listDomains()) : [];
+  const slowest = Object.entries(parsed.fileSeconds).sort((a, b) => b[1] - a[1]).slice(0, 8);
+  if (slowest.length > 0) {
+    console.log(
+      `\n=== ${tier} took ${seconds.toFixed(0)} s; its slowest files: ` +
+        slowest.map(([f, t]) => `${f.replace(/^.*\//, "")} ${t.toFixed(0)} s`).join(", "),
+    );
+  }
   for (const p of left) console.log(`!!! ${tier} left process ${p.pid}: ${p.command}`);
   for (const d of domains) console.log(`!!! ${tier} left libvirt domain "${d}"`);
   const failed = judgeTier(tier, {

@@ -9,6 +9,7 @@ import {
   findMarkedProcesses,
   judgeTier,
   leftDomains,
+  parseJunit,
   RUN_MARKER_VAR,
   runFailures,
   runTier,
@@ -243,4 +244,18 @@ Deno.test("failureGist() gives a failure's first line and the test file's line i
   const gist = failureGist(reason);
   assert.match(gist, /^AssertionError: x{144}… \(tests\/e2e\/local_mode_test\.ts:112:12\)$/);
   assert.equal(failureGist("Error: plain"), "Error: plain");
+});
+
+Deno.test("parseJunit() adds up the seconds of each file's tests", () => {
+  const xml = `<testsuites><testsuite name="a_test.ts">
+    <testcase name="one" classname="tests/e2e/a_test.ts" time="1.500" line="1" col="1">
+    </testcase>
+    <testcase name="two" classname="tests/e2e/a_test.ts" time="2.250" line="9" col="1"/>
+    <testcase name="three" classname="tests/e2e/b_test.ts" time="4.000" line="1" col="1">
+      <failure message="x">Error: x</failure>
+    </testcase></testsuite></testsuites>`;
+  const parsed = parseJunit(xml);
+  assert.deepEqual(parsed.fileSeconds, { "tests/e2e/a_test.ts": 3.75, "tests/e2e/b_test.ts": 4 });
+  assert.equal(parsed.passed, 2);
+  assert.deepEqual(parsed.failed, ["tests/e2e/b_test.ts: three"]);
 });
