@@ -230,6 +230,14 @@ export const SocketNames = {
   Vnc: "virt-vnc",
 } as const;
 
+/** How many USB devices a client may redirect into one VMI at a time (KubeVirt's number). */
+export const USB_CLIENT_PASSTHROUGH_SLOTS = 4;
+
+/** The socket of redirected USB port `slot` (0 to 3), in the VMI's private dir. */
+export function usbRedirSocket(slot: number): `virt-usbredir-${number}` {
+  return `virt-usbredir-${slot}`;
+}
+
 /** The longest path a unix socket address holds, in bytes (`sun_path`, less its NUL). */
 export const MAX_SOCKET_PATH = 107;
 

@@ -303,6 +303,11 @@ export interface Devices {
   hostDevices?: unknown[];
   /** Filesystems to share with the guest (virtiofs). */
   filesystems?: unknown[];
+  /**
+   * USB redirection from a client (`virtctl usbredir`): present, the guest gets four
+   * redirected USB ports, each a socket in the VMI's private directory.
+   */
+  clientPassthrough?: Record<string, never>;
   /** Input devices, e.g. a tablet. */
   inputs?: unknown[];
   /** A virtual TPM. */

@@ -18,6 +18,8 @@ import {
   Labels,
   MAX_SOCKET_PATH,
   SocketNames,
+  USB_CLIENT_PASSTHROUGH_SLOTS,
+  usbRedirSocket,
   type VirtualMachineInstance,
   type VirtualMachineInstanceStatus,
   VMI_RESOURCE,
@@ -261,7 +263,8 @@ export function podlessSocketPathProblem(config: Config): string | undefined {
   const paths = handlerPaths(config);
   const longest: [string, string][] = [
     ["--run-dir", join(paths.socketRoot, uid, SocketNames.LauncherInit)],
-    ["--run-dir", join(paths.privateRoot, uid, SocketNames.Serial0)],
+    // The longest name in a VMI's private folder: the last redirected USB port's.
+    ["--run-dir", join(paths.privateRoot, uid, usbRedirSocket(USB_CLIENT_PASSTHROUGH_SLOTS - 1))],
     ["--state-dir", join(config.stateDir, "launcher-host", "control.sock")],
   ];
   for (const [flag, path] of longest) {

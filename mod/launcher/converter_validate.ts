@@ -227,6 +227,7 @@ const VMI_RULE: Rule = obj({
         autoattachMemBalloon: bool,
         autoattachPodInterface: bool,
         disableHotplug: bool,
+        clientPassthrough: empty,
         rng: empty,
         watchdog: obj({
           name: name,

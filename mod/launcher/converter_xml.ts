@@ -14,6 +14,8 @@ import {
   quantityToInteger,
   SocketNames,
   type Timer,
+  USB_CLIENT_PASSTHROUGH_SLOTS,
+  usbRedirSocket,
   type VirtualMachineInstance,
   vmiKey as keyOf,
 } from "../api/mod.ts";
@@ -749,6 +751,27 @@ function buildConsoleAndGraphics(
   return result;
 }
 
+/**
+ * `clientPassthrough`: a USB 3 controller and KubeVirt's four redirected USB ports, each
+ * a socket QEMU listens on in the VMI's run directory, which the handler's `usbredir`
+ * route bridges a client to.
+ */
+function buildUsbRedirection(
+  vmi: VirtualMachineInstance,
+  options: DomainXmlOptions,
+): XmlElement[] {
+  if (vmi.spec.domain.devices.clientPassthrough === undefined) return [];
+  return [
+    el("controller", { type: "usb", index: 0, model: "qemu-xhci" }),
+    ...Array.from({ length: USB_CLIENT_PASSTHROUGH_SLOTS }, (_, slot) =>
+      el(
+        "redirdev",
+        { type: "unix", bus: "usb" },
+        el("source", { mode: "bind", path: `${options.runDir}/${usbRedirSocket(slot)}` }),
+      )),
+  ];
+}
+
 function buildMetadata(vmi: VirtualMachineInstance): XmlElement {
   const grace = vmi.spec.terminationGracePeriodSeconds ?? DEFAULT_GRACE_PERIOD_SECONDS;
   return el(
@@ -871,6 +894,7 @@ export function generateDomainXml(vmi: VirtualMachineInstance, options: DomainXm
       // No source: libvirt picks the socket path, as with KubeVirt's launcher.
       el("channel", { type: "unix" }, el("target", { type: "virtio", name: GUEST_AGENT_CHANNEL })),
       buildConsoleAndGraphics(vmi, options),
+      buildUsbRedirection(vmi, options),
       buildMemBalloon(vmi, options.cluster),
       devices.rng !== undefined &&
         el("rng", { model: "virtio" }, el("backend", { model: "random" }, "/dev/urandom")),

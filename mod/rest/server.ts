@@ -4,6 +4,7 @@
  * | route (`/v1/namespaces/{namespace}/virtualmachineinstances/{name}/...`) | what |
  * |---|---|
  * | GET `console`, GET `vnc` (`?preserveSession=true`) | WebSocket (`plain.kubevirt.io`) bridged to the launcher's `virt-serial0` / `virt-vnc` |
+ * | GET `usbredir` | WebSocket bridged to the VMI's first free `virt-usbredir-<0..3>` (`clientPassthrough`) |
  * | GET `vnc/screenshot` | the guest's screen, in the launcher's image type |
  * | PUT `pause`, `unpause`, `softreboot`, `reset`, `freeze` (`{"unfreezeTimeout": "5m"}`), `unfreeze` | 202 |
  * | GET `guestosinfo`, `userlist`, `filesystemlist` | the guest agent's answer, JSON (the lists as KubeVirt's `{"metadata":{},"items":[...]}`) |
@@ -13,7 +14,8 @@
  * (400 for freeze and unfreeze, with a `FreezeError` Event for a failed freeze); a console
  * whose socket cannot be found is 400. One serial and one VNC session per VMI: a new one
  * ends the old one, unless a VNC client asks to `preserveSession`, which is then refused
- * with 503. Beyond KubeVirt's handler: a guest query of a VMI whose agent is not connected
+ * with 503. A VMI redirects up to four USB devices at a time, each session on a port of its
+ * own; a fifth is refused with 503. Beyond KubeVirt's handler: a guest query of a VMI whose agent is not connected
  * is 409 (virt-api answers so before it calls the handler), and a WebSocket without the
  * subprotocol is 400.
  *
@@ -34,6 +36,7 @@ import { type Bridge, bridge } from "./bridge.ts";
 import { refuseClient, type TlsMaterial } from "./tls.ts";
 import { refusalResponse, UpgradeRefused, upgradeResponse } from "./websocket.ts";
 import { errorText } from "../../ffi/mod.ts";
+import { USB_CLIENT_PASSTHROUGH_SLOTS, usbRedirSocket } from "../api/mod.ts";
 
 const log = getLogger("rest");
 
@@ -73,14 +76,20 @@ export interface OpenedSocket {
   release(): void;
 }
 
+/** The sockets of a VMI's private directory the REST server bridges clients to. */
+export type PrivateSocketName = "virt-serial0" | "virt-vnc" | `virt-usbredir-${number}`;
+
 /** The handler's side of the REST server. */
 export interface RestBackend {
   /** This node's VMI by namespace and name, or undefined. */
   vmi(namespace: string, name: string): VirtualMachineInstance | undefined;
   /** The VMI's launcher; throws a clear error when it has none. */
   launcher(vmi: VirtualMachineInstance): Promise<RestLauncher>;
-  /** Opens the VMI's `virt-serial0` or `virt-vnc`; throws a clear error when it cannot. */
-  openSocket(vmi: VirtualMachineInstance, name: "virt-serial0" | "virt-vnc"): Promise<OpenedSocket>;
+  /**
+   * Opens the VMI's `virt-serial0`, `virt-vnc` or `virt-usbredir-<slot>`; throws a clear
+   * error when it cannot.
+   */
+  openSocket(vmi: VirtualMachineInstance, name: PrivateSocketName): Promise<OpenedSocket>;
   /** Records an Event about the VMI. */
   record(
     vmi: VirtualMachineInstance,
@@ -122,7 +131,11 @@ const GUEST_ROUTES = {
   userlist: "GetUsers",
   filesystemlist: "GetFilesystems",
 } as const;
-const SOCKET_ROUTES = { console: "virt-serial0", vnc: "virt-vnc" } as const;
+const SOCKET_ROUTES = {
+  console: "virt-serial0",
+  vnc: "virt-vnc",
+  usbredir: "virt-usbredir",
+} as const;
 
 /**
  * A Go duration (`1h30m`, `300s`, `1.5m`) in seconds, as KubeVirt's `metav1.Duration`
@@ -162,6 +175,10 @@ export class RestServer implements Runnable {
   readonly name = "rest";
   readonly #o: RestServerOptions;
   readonly #sessions = { console: new Map<string, Bridge>(), vnc: new Map<string, Bridge>() };
+  /** The redirected USB ports in use, by VMI UID: their slots' sessions. */
+  readonly #usbSessions = new Map<string, Map<number, Bridge>>();
+  /** `<uid>/<slot>` of the ports whose sockets are being opened for a new session. */
+  readonly #usbClaimed = new Set<string>();
   readonly #sockets = new Set<Socket>();
   #port = 0;
   #listening: Promise<void>;
@@ -183,9 +200,11 @@ export class RestServer implements Runnable {
     return this.#listening;
   }
 
-  /** Open WebSocket sessions (console and VNC). */
+  /** Open WebSocket sessions (console, VNC and USB redirection). */
   sessions(): number {
-    return this.#sessions.console.size + this.#sessions.vnc.size;
+    let usb = 0;
+    for (const slots of this.#usbSessions.values()) usb += slots.size;
+    return this.#sessions.console.size + this.#sessions.vnc.size + usb;
   }
 
   /** Waits for a CA bundle, serves until `signal` aborts, then ends every session. */
@@ -255,7 +274,11 @@ export class RestServer implements Runnable {
     });
     const closed = new Promise<void>((resolve) => server.close(() => resolve()));
     const ending: Promise<string>[] = [];
-    for (const sessions of Object.values(this.#sessions)) {
+    const all = [
+      ...Object.values(this.#sessions),
+      ...this.#usbSessions.values(),
+    ];
+    for (const sessions of all) {
       for (const b of sessions.values()) {
         b.stop("the handler is stopping");
         ending.push(b.done);
@@ -449,15 +472,39 @@ export class RestServer implements Runnable {
       throw error;
     }
     const uid = vmi.metadata.uid ?? `${namespace}/${name}`;
+    if (kind === "usbredir") return await this.#usbRedirect(socket, head, vmi, uid, answer);
     const sessions = this.#sessions[kind];
     if (kind === "vnc" && url.searchParams.get("preserveSession") === "true" && sessions.has(uid)) {
       return refuse(503, "Active VNC connection. Request denied.");
     }
+    const target = await this.#connect(socket, vmi, SOCKET_ROUTES[kind]);
+    if (!target) return;
+    sessions.get(uid)?.stop("a newer session took over");
+    socket.write(answer);
+    const session = bridge(socket, head, target);
+    sessions.set(uid, session);
+    log.info("WebSocket session opened", { namespace, name, uid, kind });
+    const reason = await session.done;
+    if (sessions.get(uid) === session) sessions.delete(uid);
+    log.info("WebSocket session ended: {reason}", { namespace, name, uid, kind, reason });
+  }
+
+  /**
+   * Connects to one of the VMI's private sockets, or answers the client why not (400 when
+   * there is no such socket, 500 when it does not answer) and gives undefined; undefined
+   * also when the client went away meanwhile.
+   */
+  async #connect(
+    socket: TLSSocket,
+    vmi: VirtualMachineInstance,
+    name: PrivateSocketName,
+  ): Promise<Socket | undefined> {
     let opened: OpenedSocket;
     try {
-      opened = await this.#o.backend.openSocket(vmi, SOCKET_ROUTES[kind]);
+      opened = await this.#o.backend.openSocket(vmi, name);
     } catch (error) {
-      return refuse(400, errorText(error));
+      socket.end(refusalResponse(400, errorText(error)));
+      return undefined;
     }
     let target: Socket;
     try {
@@ -467,25 +514,56 @@ export class RestServer implements Runnable {
         s.once("error", reject);
       });
     } catch (error) {
-      return refuse(
-        500,
-        `Cannot connect to the VMI's ${SOCKET_ROUTES[kind]}: ${errorText(error)}`,
-      );
+      socket.end(refusalResponse(500, `Cannot connect to the VMI's ${name}: ${errorText(error)}`));
+      return undefined;
     } finally {
       opened.release();
     }
     if (socket.destroyed) {
       target.destroy();
+      return undefined;
+    }
+    return target;
+  }
+
+  /**
+   * A USB redirection session: the VMI's first free port of four, kept until the session
+   * ends (KubeVirt's slots); 503 when all four are in use.
+   */
+  async #usbRedirect(
+    socket: TLSSocket,
+    head: Uint8Array,
+    vmi: VirtualMachineInstance,
+    uid: string,
+    answer: string,
+  ): Promise<void> {
+    const slots = this.#usbSessions.get(uid) ?? new Map<number, Bridge>();
+    const slot = Array.from({ length: USB_CLIENT_PASSTHROUGH_SLOTS }, (_, i) => i)
+      .find((i) => !slots.has(i) && !this.#usbClaimed.has(`${uid}/${i}`));
+    if (slot === undefined) {
+      socket.end(refusalResponse(503, "All USB devices are in use."));
       return;
     }
-    sessions.get(uid)?.stop("a newer session took over");
+    // Claimed while the socket is opened, so that a second session never takes the slot.
+    const claim = `${uid}/${slot}`;
+    this.#usbClaimed.add(claim);
+    let target: Socket | undefined;
+    try {
+      target = await this.#connect(socket, vmi, usbRedirSocket(slot));
+    } finally {
+      this.#usbClaimed.delete(claim);
+    }
+    if (!target) return;
     socket.write(answer);
     const session = bridge(socket, head, target);
-    sessions.set(uid, session);
-    log.info("WebSocket session opened", { namespace, name, uid, kind });
+    slots.set(slot, session);
+    this.#usbSessions.set(uid, slots);
+    const { namespace, name } = vmi.metadata;
+    log.info("USB redirection session opened", { namespace, name, uid, slot });
     const reason = await session.done;
-    if (sessions.get(uid) === session) sessions.delete(uid);
-    log.info("WebSocket session ended: {reason}", { namespace, name, uid, kind, reason });
+    slots.delete(slot);
+    if (slots.size === 0 && this.#usbSessions.get(uid) === slots) this.#usbSessions.delete(uid);
+    log.info("USB redirection session ended: {reason}", { namespace, name, uid, slot, reason });
   }
 }
 

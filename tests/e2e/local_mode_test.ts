@@ -19,7 +19,7 @@ import {
   startLocalModeInTmux,
   waitForExamples,
 } from "../helpers/local_mode.ts";
-import { consoleAnswers, vncGreets } from "../helpers/virtctl.ts";
+import { consoleAnswers, usbredirGreets, vncGreets } from "../helpers/virtctl.ts";
 
 /** Checks that the run left nothing on the host. */
 async function assertNothingLeft(run: AnyLocalModeRun, netnsBefore: string[]): Promise<void> {
@@ -63,7 +63,7 @@ Deno.test("local mode (deno task start) brings every example VMI to Running unde
   }
 });
 
-Deno.test("local mode --virtctl in a terminal: the screen, virtctl console and vnc, Ctrl-C cleans up", async () => {
+Deno.test("local mode --virtctl in a terminal: the screen, virtctl console, vnc and usbredir, Ctrl-C cleans up", async () => {
   // The VMIs are deleted through the control plane while it still runs.
   const original = await Deno.readTextFile(QEMU_CONF);
   // As on a host that never ran virtnode: qemu.conf without virtnode's lines.
@@ -106,6 +106,8 @@ Deno.test("local mode --virtctl in a terminal: the screen, virtctl console and v
       timeoutMs: 120_000,
     });
     await vncGreets({ virtctl, kubeconfig, name: "vmi-cirros" });
+    // vmi-efi has four redirected USB ports: QEMU's greets a client through virtctl.
+    await usbredirGreets({ virtctl, kubeconfig, name: "vmi-efi" });
     await run.keys("C-c");
     const status = await run.exited(180_000);
     const text = run.output();

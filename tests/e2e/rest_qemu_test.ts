@@ -3,7 +3,8 @@
  * client certificate, types into the test guest's serial console through the console
  * WebSocket and reads the shell's answer; the VNC WebSocket gets QEMU's RFB greeting, a
  * second VNC client takes over unless the first one's session is to be preserved (then
- * 503); a screenshot comes back as QEMU's PNG (PPM where QEMU is older); pause and unpause move the VMI's Paused
+ * 503); the usbredir WebSocket gets the hello of QEMU's redirected USB port; a screenshot
+ * comes back as QEMU's PNG (PPM where QEMU is older); pause and unpause move the VMI's Paused
  * condition. The test guest's agent (QEMU's qemu-ga) connects: the VMI shows AgentConnected
  * and the guest's OS, the guest info, user and filesystem routes answer with what the guest
  * has, and a freeze and an unfreeze show in `status.fsFreezeStatus`. With the agent stopped
@@ -97,6 +98,8 @@ Deno.test("REST+QEMU (pod-less): console, VNC, screenshots, pause and guest agen
     const devices = vmi.spec.domain.devices as Record<string, unknown>;
     delete devices.interfaces;
     devices.autoattachPodInterface = false;
+    // Four redirected USB ports, for the usbredir route.
+    devices.clientPassthrough = {};
     delete (vmi.spec as Record<string, unknown>).networks;
     await createVmi(client, vmi);
     await waitForPhase(client, ns, "vm1", "Running", BOOT_MS);
@@ -133,6 +136,15 @@ Deno.test("REST+QEMU (pod-less): console, VNC, screenshots, pause and guest agen
     // passes on to its client as an EOF (KubeVirt's console spec 1591 waits for one).
     assert.equal(vnc.gotCloseFrame(), false, "the replaced session got a close frame");
     await second.close();
+
+    // USB redirection: QEMU's redirected port greets the client with usbredir's hello
+    // (packet type 0, QEMU's version string) through the usbredir route.
+    const usb = await openWebSocket(good, `${base}/usbredir`);
+    sessions.push(usb);
+    assert.equal(usb.status, 101, usb.refusal);
+    await usb.waitFor((t) => t.includes("qemu usb-redir guest"));
+    assert.equal(new DataView(usb.received().buffer).getUint32(0, true), 0, "a hello packet");
+    await usb.close();
 
     const shot = await restRequest(good, "GET", `${base}/vnc/screenshot`);
     assert.equal(shot.status, 200, new TextDecoder().decode(shot.body));

@@ -129,3 +129,110 @@ export async function vncGreets(t: VirtctlTarget): Promise<void> {
   await vnc.status;
   await vnc.stdout.cancel().catch(() => {});
 }
+
+/**
+ * Runs `virtctl usbredir --no-launch` (a user's own usbredir client connects to the
+ * address it prints) and connects to that address as such a client; asserts that the
+ * hello of QEMU's redirected USB port (usbredir's packet type 0, with QEMU's version
+ * string) comes through virt-api and the handler.
+ */
+export async function usbredirGreets(t: VirtctlTarget): Promise<void> {
+  const child = new Deno.Command(t.virtctl, {
+    args: ["--kubeconfig", t.kubeconfig, "usbredir", "--no-launch", t.name],
+    stdin: "null",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  let printed = "";
+  const reading = Promise.all([child.stdout, child.stderr].map(async (stream) => {
+    for await (const chunk of stream) printed += new TextDecoder().decode(chunk);
+  }));
+  try {
+    const [, host, port] = await waitFor(
+      "virtctl usbredir to print its address",
+      () => /connect usbredir client at: (\S+):(\d+)/.exec(printed),
+      30_000,
+    );
+    const conn = await Deno.connect({
+      hostname: host === "localhost" ? "127.0.0.1" : host,
+      port: Number(port),
+    });
+    try {
+      let got = new Uint8Array(0);
+      const buffer = new Uint8Array(4096);
+      const deadline = Date.now() + 30_000;
+      while (!new TextDecoder().decode(got).includes("qemu usb-redir guest")) {
+        if (Date.now() > deadline) throw new Error(`no usbredir hello: ${got.length} bytes`);
+        const n = await conn.read(buffer);
+        if (n === null) throw new Error(`the usbredir proxy closed after ${got.length} bytes`);
+        got = new Uint8Array([...got, ...buffer.subarray(0, n)]);
+      }
+      assert.equal(new DataView(got.buffer).getUint32(0, true), 0, "a hello packet first");
+    } finally {
+      conn.close();
+    }
+  } catch (error) {
+    killQuietly(child);
+    await child.status;
+    await reading.catch(() => {});
+    throw new Error(`virtctl usbredir: ${printed}`, { cause: error });
+  }
+  killQuietly(child);
+  await child.status;
+  await reading.catch(() => {});
+}
+
+/**
+ * Runs `virtctl port-forward vmi/<name> <local>:<port>` (virt-api dials the VMI's first
+ * interface itself) and fetches `path` over HTTP through the forwarded port; returns the
+ * first line of the guest's answer. Throws with what virtctl printed when none comes.
+ */
+export async function portForwardAnswers(
+  t: VirtctlTarget,
+  port: number,
+  path: string,
+): Promise<string> {
+  const local = await new Promise<number>((resolve) => {
+    const l = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+    resolve((l.addr as Deno.NetAddr).port);
+    l.close();
+  });
+  const child = new Deno.Command(t.virtctl, {
+    args: [
+      "--kubeconfig",
+      t.kubeconfig,
+      "port-forward",
+      "--address",
+      "127.0.0.1",
+      `vmi/${t.name}`,
+      `${local}:${port}`,
+    ],
+    stdin: "null",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  let printed = "";
+  const reading = Promise.all([child.stdout, child.stderr].map(async (stream) => {
+    for await (const chunk of stream) printed += new TextDecoder().decode(chunk);
+  }));
+  try {
+    return await waitFor(
+      `the guest's port ${port} through virtctl port-forward`,
+      async () => {
+        const res = await fetch(`http://127.0.0.1:${local}${path}`, {
+          signal: AbortSignal.timeout(10_000),
+        });
+        const text = await res.text();
+        return res.ok ? text.split("\n")[0] || "(empty)" : undefined;
+      },
+      60_000,
+      1_000,
+    );
+  } catch (error) {
+    throw new Error(`virtctl port-forward: ${printed}`, { cause: error });
+  } finally {
+    killQuietly(child);
+    await child.status;
+    await reading.catch(() => {});
+  }
+}

@@ -137,6 +137,52 @@ Deno.test("REST server (pod-less, test driver): mutual TLS, KubeVirt's errors, p
     assert.match(planted.refusal, /virt-serial0/);
     assert.equal(outsideConnections, 0, "the handler connected through the symlink");
 
+    // USB redirection: four ports, as QEMU listens on them for clientPassthrough; each
+    // session takes the first free one and keeps it; a fifth is refused; a freed port is
+    // taken again. A link in a port's place is not followed either.
+    await Deno.symlink(outside, join(privateDir, "virt-usbredir-0"));
+    const linkedPort = await openWebSocket(good, `${base}/vm1/usbredir`);
+    assert.equal(linkedPort.status, 400);
+    assert.match(linkedPort.refusal, /virt-usbredir-0/);
+    assert.equal(outsideConnections, 0, "the handler connected through the symlink");
+    await Deno.remove(join(privateDir, "virt-usbredir-0"));
+    const accepted = [0, 0, 0, 0];
+    const ports = accepted.map((_, slot) => {
+      const port = Deno.listen({
+        transport: "unix",
+        path: join(privateDir, `virt-usbredir-${slot}`),
+      });
+      (async () => {
+        for await (const conn of port) {
+          accepted[slot]++;
+          await conn.write(new TextEncoder().encode(`port ${slot}`));
+        }
+      })().catch(() => {});
+      return port;
+    });
+    try {
+      const usb = [];
+      for (let slot = 0; slot < 4; slot++) {
+        const s = await openWebSocket(good, `${base}/vm1/usbredir`);
+        assert.equal(s.status, 101, s.refusal);
+        await s.waitFor((t) => t === `port ${slot}`);
+        usb.push(s);
+      }
+      const fifth = await openWebSocket(good, `${base}/vm1/usbredir`);
+      assert.equal(fifth.status, 503);
+      assert.match(fifth.refusal, /All USB devices are in use/);
+      await usb[2].close();
+      const again = await waitFor("port 2 free again", async () => {
+        const s = await openWebSocket(good, `${base}/vm1/usbredir`);
+        return s.status === 101 ? s : undefined;
+      });
+      await again.waitFor((t) => t === "port 2");
+      assert.deepEqual(accepted, [1, 1, 2, 1]);
+      for (const s of [...usb, again]) await s.close();
+    } finally {
+      for (const port of ports) port.close();
+    }
+
     // Pause and unpause reach the domain; the VMI's condition follows.
     const pause = await restRequest(good, "PUT", `${base}/vm1/pause`);
     assert.equal(pause.status, 202, text(pause.body));

@@ -22,7 +22,12 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { kubectl, startCluster } from "../../deploy/cluster/cluster.ts";
 import { buildVirtctl } from "../../deploy/kubevirt/virtctl.ts";
-import { consoleAnswers, vncGreets } from "../helpers/virtctl.ts";
+import {
+  consoleAnswers,
+  portForwardAnswers,
+  usbredirGreets,
+  vncGreets,
+} from "../helpers/virtctl.ts";
 import { launcherImage, startNode, virtHandlerImage, virtnodeImage } from "../harness/node/node.ts";
 import { startKubevirt } from "../harness/node/kubevirt.ts";
 import {
@@ -292,10 +297,15 @@ async function networkGuests(j: Journey, cpuModel: string): Promise<void> {
   for (const binding of bindings) {
     const vmi = networkVmi(`vm-${binding}`, cpuModel, binding, hostDisk);
     // A readiness probe through the guest agent: virt-controller renders it on the launcher
-    // pod as KubeVirt's virt-probe, which asks the launcher's GuestPing.
+    // pod as KubeVirt's virt-probe, which asks the launcher's GuestPing. Four redirected USB
+    // ports (clientPassthrough), which KubeVirt's launcher makes, for virtctl usbredir.
     const spec = binding === "masquerade"
       ? {
         ...vmi.spec,
+        domain: {
+          ...vmi.spec.domain,
+          devices: { ...vmi.spec.domain.devices, clientPassthrough: {} },
+        },
         readinessProbe: { guestAgentPing: {}, periodSeconds: 2, failureThreshold: 2 },
       }
       : vmi.spec;
@@ -502,6 +512,11 @@ async function virtctlJourney(o: {
   o.step(`${o.name}: virtctl console answered in ${(consoleMs / 1000).toFixed(2)} s`);
   await vncGreets(target);
   o.step(`${o.name}: virtctl vnc --proxy-only greeted with RFB 003.008`);
+  await usbredirGreets(target);
+  o.step(`${o.name}: virtctl usbredir --no-launch greeted with QEMU's usbredir hello`);
+  // virt-api dials the VMI's first interface itself: the guest's HTTP port, forwarded.
+  const forwarded = await portForwardAnswers(target, 80, "/dhcp");
+  o.step(`${o.name}: virtctl port-forward reached the guest's HTTP port: ${forwarded}`);
 }
 
 /**
