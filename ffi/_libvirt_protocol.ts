@@ -108,6 +108,8 @@ export interface WorkerOps {
     flags: number,
   ): { type: number; params: Record<string, TypedParamValue> };
   domainAbortJob(uuid: string): void;
+  domainVcpuPinInfo(uuid: string): boolean[][];
+  domainStartDirtyRateCalc(uuid: string, seconds: number, flags: number): void;
   domainMigrateSetMaxDowntime(uuid: string, milliseconds: number): void;
   domainMigrateStartPostCopy(uuid: string): void;
 }

@@ -50,6 +50,7 @@ export const LIBVIRT_SYMBOLS = {
   virConnectGetAllDomainStats: { parameters: [P, U, B, U], result: I },
   virDomainStatsRecordListFree: { parameters: [P], result: "void" },
   virDomainListGetStats: { parameters: [B, U, B, U], result: I },
+  virNodeGetCPUMap: { parameters: [P, P, P, U], result: I },
 
   // Domains.
   virDomainDefineXML: { parameters: [P, B], result: P },
@@ -57,6 +58,9 @@ export const LIBVIRT_SYMBOLS = {
   virDomainLookupByName: { parameters: [P, B], result: P },
   virDomainLookupByUUIDString: { parameters: [P, B], result: P },
   virDomainFree: { parameters: [P], result: I },
+  virDomainGetVcpusFlags: { parameters: [P, U], result: I },
+  virDomainGetVcpuPinInfo: { parameters: [P, I, B, I, U], result: I },
+  virDomainStartDirtyRateCalc: { parameters: [P, I, U], result: I },
   virDomainGetName: { parameters: [P], result: P },
   virDomainGetUUIDString: { parameters: [P, B], result: I },
   virDomainGetID: { parameters: [P], result: U },

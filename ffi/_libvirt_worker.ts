@@ -465,6 +465,28 @@ const ops: WorkerOps = {
       if (pointer !== null) s.virTypedParamsFree(pointer, count[0]);
     }
   },
+  domainVcpuPinInfo(uuid) {
+    const s = vir();
+    // NULL map and online count: the number of the host's CPUs alone.
+    const cpus = checkInt(s.virNodeGetCPUMap(connection(), null, null, 0));
+    return withDomain(uuid, (d) => {
+      const vcpus = checkInt(s.virDomainGetVcpusFlags(d, 0));
+      const maplen = Math.ceil(cpus / 8);
+      const maps = new Uint8Array(Math.max(1, vcpus * maplen));
+      checkInt(s.virDomainGetVcpuPinInfo(d, vcpus, maps, maplen, 0));
+      return Array.from(
+        { length: vcpus },
+        (_, v) =>
+          Array.from(
+            { length: cpus },
+            (_, c) => (maps[v * maplen + (c >> 3)] & (1 << (c & 7))) !== 0,
+          ),
+      );
+    });
+  },
+  domainStartDirtyRateCalc(uuid, seconds, flags) {
+    withDomain(uuid, (d) => checkInt(vir().virDomainStartDirtyRateCalc(d, seconds, flags)));
+  },
   domainJobStats(uuid, flags) {
     const s = vir();
     const type = new Int32Array(1);

@@ -471,6 +471,31 @@ export class Domain {
     return await this.#call("domainJobStats", [this.uuid, flags], this.#action("get the job of"));
   }
 
+  /**
+   * Which host CPUs each of the domain's vCPUs may run on now (`virDomainGetVcpuPinInfo`):
+   * one row per vCPU, one flag per host CPU.
+   */
+  async vcpuPinInfo(): Promise<boolean[][]> {
+    return await this.#call(
+      "domainVcpuPinInfo",
+      [this.uuid],
+      this.#action("get the vCPU pinning of"),
+    );
+  }
+
+  /**
+   * Starts measuring how fast the guest dirties its memory, over `seconds`
+   * (`virDomainStartDirtyRateCalc`); the `dirtyrate.*` statistics
+   * (`VIR_DOMAIN_STATS_DIRTYRATE`) give the result once it is measured.
+   */
+  async startDirtyRateCalc(seconds: number, flags = 0): Promise<void> {
+    await this.#call(
+      "domainStartDirtyRateCalc",
+      [this.uuid, seconds, flags],
+      this.#action("measure the dirty rate of"),
+    );
+  }
+
   /** Aborts the domain's job, such as a migration (`virDomainAbortJob`). */
   async abortJob(): Promise<void> {
     await this.#call("domainAbortJob", [this.uuid], this.#action("abort the job of"));

@@ -108,6 +108,10 @@ export const VIR_DOMAIN_STATS_VCPU = 1 << 3;
 export const VIR_DOMAIN_STATS_INTERFACE = 1 << 4;
 /** `virDomainStatsTypes`: block devices. */
 export const VIR_DOMAIN_STATS_BLOCK = 1 << 5;
+/** `virDomainStatsTypes`: the memory dirty rate last measured (`dirtyrate.*`). */
+export const VIR_DOMAIN_STATS_DIRTYRATE = 1 << 9;
+/** `virDomainDirtyRateStatus` (`dirtyrate.calc_status`): measured, the rate is in. */
+export const VIR_DOMAIN_DIRTYRATE_MEASURED = 2;
 
 /** `virConnectBaselineCPUFlags`: list all features. */
 export const VIR_CONNECT_BASELINE_CPU_EXPAND_FEATURES = 1 << 0;

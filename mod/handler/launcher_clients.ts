@@ -484,6 +484,20 @@ export class LauncherClient {
       );
     }
   }
+  /**
+   * The guest's memory dirty rate in MB/s, which the launcher measures over a second
+   * (`GetDomainDirtyRateStats`).
+   */
+  async getDomainDirtyRateStats(timeoutMs = LAUNCHER_TIMEOUTS.short): Promise<number> {
+    const res = await this.#call<
+      Record<string, never>,
+      { response?: Response; dirtyRateMbs?: string }
+    >("GetDomainDirtyRateStats", {}, timeoutMs);
+    if (res.response && !res.response.success) {
+      throw new LauncherCallError("GetDomainDirtyRateStats", res.response.message);
+    }
+    return Number(res.dirtyRateMbs ?? 0);
+  }
   /** The domain the launcher has, or undefined when it has none. */
   async getDomain(): Promise<Domain | undefined> {
     const res = await this.#call<Record<string, never>, DomainResponse>(

@@ -63,6 +63,7 @@ export type CmdBackend = Pick<
   | "reset"
   | "getDomain"
   | "getDomainStats"
+  | "getDomainDirtyRateStats"
   | "qemuVersion"
   | "guestInfo"
   | "guestUsers"
@@ -89,6 +90,12 @@ interface MigrationRequest {
 interface FreezeRequest {
   vmi?: { vmiJson?: Uint8Array };
   unfreezeTimeoutSeconds?: number;
+}
+
+/** `kubevirt.cmd.v1.DirtyRateStatsResponse` (an int64, as a decimal string). */
+interface DirtyRateStatsResponse {
+  response: Response;
+  dirtyRateMbs: string;
 }
 
 /** `kubevirt.cmd.v1.ScreenshotResponse`. */
@@ -304,6 +311,14 @@ function buildHandlers(backend: CmdBackend): Record<string, Handler> {
       const stats = await backend.getDomainStats();
       return { response: ok(), domainStats: stats ? JSON.stringify(stats) : "" };
     }, (error) => ({ response: failed(error), domainStats: "" })),
+    GetDomainDirtyRateStats: safe<unknown, DirtyRateStatsResponse>(
+      "GetDomainDirtyRateStats",
+      async () => {
+        const mbs = await backend.getDomainDirtyRateStats();
+        return { response: ok(), dirtyRateMbs: String(Math.round(mbs)) };
+      },
+      (error) => ({ response: failed(error), dirtyRateMbs: "0" }),
+    ),
     GetQemuVersion: safe<unknown, QemuVersionResponse>("GetQemuVersion", async () => {
       return { response: ok(), version: await backend.qemuVersion() };
     }, (error) => ({ response: failed(error), version: "" })),

@@ -15,6 +15,8 @@ import {
   errorText,
   LIBVIRT_ERROR_CODES,
   LibvirtError,
+  VIR_DOMAIN_DIRTYRATE_MEASURED,
+  VIR_DOMAIN_STATS_DIRTYRATE,
 } from "../../ffi/mod.ts";
 import {
   type GuestOsInfo,
@@ -86,6 +88,8 @@ export type { VmiRef };
 export { domainFromXml, DomainXmlReadError, parseXml } from "./_domain_reader.ts";
 
 const log = getLogger("launcher", "domain-manager");
+/** How long a dirty-rate measurement serves (KubeVirt's launcher caches it as long). */
+const DIRTY_RATE_CACHE_MS = 3_000;
 
 /** What `#find` says of a domain that is this VMI's. */
 const OURS = Symbol("this VMI's domain");
@@ -236,6 +240,8 @@ export class DomainManager {
   #onChange: () => void = () => {};
   /** The live migration from here, once one was asked for. */
   #migration: SourceMigration | undefined;
+  /** The last dirty-rate measurement (MB/s), while it is fresh. */
+  #dirtyRate: { at: number; value: Promise<number> } | undefined;
   /** The live migration to here, once this launcher was readied as its target. */
   #incoming: IncomingMigration | undefined;
   /** The guest's clock was set after a migration (or is being set): once per launcher. */
@@ -1081,11 +1087,57 @@ export class DomainManager {
       // A migration from here: its progress, as the monitor last saw it.
       const job = this.#migration?.jobInfo;
       if (job) stats.MigrateDomainJobInfo = job;
+      // Which host CPUs each vCPU may run on, as KubeVirt's launcher adds it.
+      const cpuMap = await domain.vcpuPinInfo().catch(() => undefined);
+      if (cpuMap) Object.assign(stats, { CPUMapSet: true, CPUMap: cpuMap });
       await this.#podNetStats(stats);
       return stats;
     } catch (error) {
       if (error instanceof LauncherCommandError) throw error;
       throw new LauncherCommandError("get statistics of", this.vmiKey, detail(error), {
+        cause: error,
+      });
+    }
+  }
+
+  /**
+   * The guest's memory dirty rate in MB/s, measured over a second as KubeVirt's launcher
+   * measures it (libvirt's page sampling) and kept for 3 seconds, so that scrapes close
+   * together measure once. Throws when it cannot be measured (no domain, a migration in
+   * progress, a measurement that did not finish).
+   */
+  getDomainDirtyRateStats(): Promise<number> {
+    const now = performance.now();
+    const cached = this.#dirtyRate;
+    if (cached && now - cached.at < DIRTY_RATE_CACHE_MS) return cached.value;
+    const value = this.#measureDirtyRate();
+    this.#dirtyRate = { at: now, value };
+    value.catch(() => {
+      if (this.#dirtyRate?.value === value) this.#dirtyRate = undefined;
+    });
+    return value;
+  }
+
+  async #measureDirtyRate(): Promise<number> {
+    const domain = await this.lookup();
+    if (!domain) {
+      throw new LauncherCommandError("measure the dirty rate of", this.vmiKey, "no domain");
+    }
+    try {
+      await domain.startDirtyRateCalc(1);
+      await new Promise((r) => setTimeout(r, 1_000));
+      // The measurement ends shortly after its second: asked every 200 ms for a second more.
+      for (let tries = 0;; tries++) {
+        const stats = await domain.getStats(VIR_DOMAIN_STATS_DIRTYRATE);
+        const status = Number(stats?.params["dirtyrate.calc_status"]);
+        const rate = stats?.params["dirtyrate.megabytes_per_second"];
+        if (status === VIR_DOMAIN_DIRTYRATE_MEASURED && rate !== undefined) return Number(rate);
+        if (tries >= 5) throw new Error(`the measurement did not finish (status ${status})`);
+        await new Promise((r) => setTimeout(r, 200));
+      }
+    } catch (error) {
+      if (error instanceof LauncherCommandError) throw error;
+      throw new LauncherCommandError("measure the dirty rate of", this.vmiKey, detail(error), {
         cause: error,
       });
     }

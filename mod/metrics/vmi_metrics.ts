@@ -34,6 +34,10 @@ export const VMI_FAMILIES = {
     load1m: gauge("kubevirt_vmi_guest_load_1m", "The guest's load average over one minute."),
     load5m: gauge("kubevirt_vmi_guest_load_5m", "The guest's load average over five minutes."),
     load15m: gauge("kubevirt_vmi_guest_load_15m", "The guest's load average over fifteen minutes."),
+    nodeAffinity: gauge(
+      "kubevirt_vmi_node_cpu_affinity",
+      "How many of the node's CPUs the VM's vCPUs may run on, summed over its vCPUs.",
+    ),
   },
   vcpu: {
     seconds: counter(
@@ -50,6 +54,10 @@ export const VMI_FAMILIES = {
     ),
   },
   memory: {
+    dirtyRate: gauge(
+      "kubevirt_vmi_dirty_rate_bytes_per_second",
+      "How fast the guest writes to its memory, bytes per second, measured over a second.",
+    ),
     resident: gauge(
       "kubevirt_vmi_memory_resident_bytes",
       "Memory of the VM's process resident in host memory, bytes.",
@@ -250,6 +258,7 @@ export function addVmiSamples(
   vmi: VirtualMachineInstance,
   stats: Record<string, unknown>,
   filesystems: GuestFilesystemStat[] = [],
+  dirtyRateMbs?: number,
 ): void {
   const base = vmiLabels(vmi);
   const put = (spec: FamilySpec, o: Json | undefined, field: string, scale = 1, extra?: Labels) => {
@@ -267,6 +276,14 @@ export function addVmiSamples(
   put(f.cpu.load1m, load, "Load1m");
   put(f.cpu.load5m, load, "Load5m");
   put(f.cpu.load15m, load, "Load15m");
+
+  // Every (vCPU, host CPU) pair the vCPU may run on, as KubeVirt counts them.
+  if (stats.CPUMapSet === true && Array.isArray(stats.CPUMap)) {
+    const pairs = (stats.CPUMap as unknown[]).flatMap((row) => Array.isArray(row) ? row : [])
+      .filter((allowed) => allowed === true).length;
+    exp.sample(f.cpu.nodeAffinity, base, pairs);
+  }
+  if (dirtyRateMbs !== undefined) exp.sample(f.memory.dirtyRate, base, dirtyRateMbs * 1024 * 1024);
 
   asArray(stats.Vcpu).forEach((vcpu, i) => {
     const id = String(i);

@@ -66,6 +66,9 @@ const PER_VMI_FAMILIES = [
   "kubevirt_vmi_filesystem_capacity_bytes",
   "kubevirt_vmi_filesystem_used_bytes",
   "kubevirt_vmi_network_traffic_bytes_total",
+  // libvirt's vCPU pinning, and the dirty rate the launcher measures over a second.
+  "kubevirt_vmi_node_cpu_affinity",
+  "kubevirt_vmi_dirty_rate_bytes_per_second",
 ];
 
 /** The handler's own families. */
@@ -227,6 +230,16 @@ Deno.test("metrics+QEMU (pod-less): a TLS scrape with ten guests passes promtool
     assert.match(bootFs, /file_system_type="vfat"/);
     assert.ok(Number(bootFs.split(" ").at(-1)) > 1_000_000, bootFs);
     assert.ok(Number(drive.split(" ").at(-1)) > 0, `the guest read its boot disk: ${drive}`);
+    // One vCPU, pinned nowhere: it may run on each of the host's CPUs.
+    const affinity = samples.get("kubevirt_vmi_node_cpu_affinity")!.find((l) =>
+      l.includes('name="vm3"')
+    )!;
+    assert.equal(Number(affinity.split(" ").at(-1)), navigator.hardwareConcurrency, affinity);
+    const dirty = samples.get("kubevirt_vmi_dirty_rate_bytes_per_second")!.find((l) =>
+      l.includes('name="vm3"')
+    )!;
+    assert.ok(Number(dirty.split(" ").at(-1)) >= 0, dirty);
+    assert.equal(Number(dirty.split(" ").at(-1)) % (1024 * 1024), 0, `whole MB/s: ${dirty}`);
     assert.match(
       samples.get("kubevirt_virt_handler_ready_status")![0],
       /^kubevirt_virt_handler_ready_status 1$/,

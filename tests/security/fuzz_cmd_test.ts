@@ -46,7 +46,6 @@ const UNIMPLEMENTED: readonly CmdMethod[] = [
   "GetSEVInfo",
   "GetLaunchMeasurement",
   "InjectLaunchSecret",
-  "GetDomainDirtyRateStats",
   "BackupVirtualMachine",
   "RedefineCheckpoint",
   "GetVMStats",

@@ -142,6 +142,35 @@ Deno.test("addVmiSamples() converts KiB and ns to bytes and seconds, names by al
   ]);
 });
 
+Deno.test("addVmiSamples() counts the vCPUs' allowed host CPUs and gives the dirty rate in bytes", () => {
+  const exp = new Exposition();
+  // Two vCPUs on a 4-CPU host: the first pinned to CPU 2, the second free on all four.
+  addVmiSamples(
+    exp,
+    vmi,
+    {
+      CPUMapSet: true,
+      CPUMap: [[false, false, true, false], [true, true, true, true]],
+    },
+    [],
+    3,
+  );
+  const base =
+    'node="node1",namespace="ns1",name="vm1",kubernetes_vmi_label_app_kubernetes_io_name="web",kubernetes_vmi_label_kubevirt_io_size="small"';
+  const text = exp.toString();
+  assert.match(text, /# TYPE kubevirt_vmi_node_cpu_affinity gauge/);
+  assert.match(text, /# TYPE kubevirt_vmi_dirty_rate_bytes_per_second gauge/);
+  const lines = text.split("\n").filter((l) => l && !l.startsWith("#"));
+  assert.deepEqual(lines, [
+    `kubevirt_vmi_node_cpu_affinity{${base}} 5`,
+    `kubevirt_vmi_dirty_rate_bytes_per_second{${base}} 3145728`,
+  ]);
+  // No map from the launcher, no measurement: no samples, never a 0.
+  const none = new Exposition();
+  addVmiSamples(none, vmi, { CPUMapSet: false, CPUMap: null });
+  assert.equal(none.toString().split("\n").filter((l) => l && !l.startsWith("#")).length, 0);
+});
+
 Deno.test("describeRequest() gives KubeVirt's resource and verb and a URL template without names", () => {
   assert.deepEqual(
     describeRequest(
