@@ -1,6 +1,6 @@
 /**
- * Runs the test tiers (unit, security, integration, kubevirt, e2e, node, fresh, and beside
- * them soak and conformance) with `deno test` and prints one
+ * Runs the test tiers (unit, security, integration, kubevirt, e2e, node, and beside them
+ * soak, conformance and fresh) with `deno test` and prints one
  * plain summary line, `tests: N passed, N failed, N skipped`, that CI reads.
  * Skipped tests are listed loudly: a skip is never a pass. A tier fails when it ran no
  * test, ran past its timeout, or left a process or a test guest behind: every process a
@@ -8,8 +8,9 @@
  * still carries it when the tier ends (also on Ctrl-C, SIGTERM or a timeout) is listed,
  * SIGKILLed and counted as a failure.
  *
- * The soak tier (10-minute observations that mostly wait) starts first and runs beside
- * the others with a control plane of its own; its output is shown when it ends.
+ * The soak tier (10-minute observations that mostly wait), the conformance tier and the
+ * fresh tier (a Debian root in a chroot, which shares nothing with the others) start first
+ * and run beside the others; their output is shown when they end.
  *
  * Usage: `deno run -A tests/run.ts [unit|security|integration|kubevirt|e2e|node|fresh|soak ...]`
  *
@@ -32,10 +33,12 @@ const TIERS = [
   "soak",
 ] as const;
 /**
- * Tiers that mostly wait (long observations): they run beside the others, from the start,
- * with a control plane of their own, and their output is shown when they end.
+ * Tiers that run beside the others, from the start, with a control plane of their own where
+ * they need one, and whose output is shown when they end: those that mostly wait (long
+ * observations) and the fresh tier, which works in a chroot of its own (2 minutes off the
+ * fresh-machine run's path).
  */
-const BESIDE: readonly Tier[] = ["soak", "conformance"];
+const BESIDE: readonly Tier[] = ["soak", "conformance", "fresh"];
 /** A tier beside the others that must have ended before the tier named here starts. */
 const BESIDE_ENDS_BEFORE: Partial<Record<Tier, Tier>> = { conformance: "node" };
 /** A test tier: a folder of `*_test.ts` files below `tests/`. */
