@@ -61,8 +61,9 @@ esac
 steps=("Debian packages" "npm" "Deno" "npm dependencies" "Go" "control plane and kubectl"
   "KubeVirt's CRDs and admission")
 if [[ $plan == all ]]; then
-  steps+=("virtctl" "KubeVirt's programs as test peers" "promtool" "the test node's programs"
-    "containerd 2" "the launcher image" "the virtnode image's Debian layer" "the test guest")
+  steps+=("virtctl" "KubeVirt's programs as test peers" "promtool" "KubeVirt's monitoring rules"
+    "the test node's programs" "containerd 2" "the launcher image" "the virtnode image's Debian layer"
+    "the test guest")
 fi
 steps+=("kubectl on PATH")
 started=${EPOCHREALTIME/./}
@@ -207,6 +208,8 @@ if [[ $plan == all ]]; then
   echo "$kubevirt_bin"
   step "promtool from Debian's prometheus package, which checks the handler's metrics (tests/harness/promtool.sh; cached)"
   bash tests/harness/promtool.sh
+  step "KubeVirt's alerts, recording rules and virt-handler's metric families (tests/harness/kubevirt/build_monitoring.sh; cached)"
+  bash tests/harness/kubevirt/build_monitoring.sh
   step "the test node's programs: kubelet, scheduler, controller manager, kube-proxy (tests/harness/node/build.sh; cached)"
   bash tests/harness/node/build.sh
   step "containerd 2 for the node test of KubeVirt's ImageVolume gate (tests/harness/node/build_containerd.sh; cached)"

@@ -3,12 +3,20 @@
  * scrape over TLS as Prometheus makes it of virt-handler's port, checked by promtool (from
  * Debian's prometheus package), and every family a guest without a migration can have
  * present with a sample for each VMI, with KubeVirt's labels (the filesystem families from
- * the test guest's agent).
+ * the test guest's agent). KubeVirt v1.7.0's own alerts and recording rules (from its
+ * monitoring packages) find every handler family they name in the scrape, and
+ * `promtool test rules` evaluates them over it.
  */
 import assert from "node:assert/strict";
 import https from "node:https";
 import { useCluster } from "../../deploy/cluster/cluster.ts";
-import { promtoolCheck } from "../helpers/promtool.ts";
+import { promtoolCheck, promtoolTestRules } from "../helpers/promtool.ts";
+import {
+  familiesNamedByRules,
+  kubevirtMonitoring,
+  writeRulesTest,
+} from "../helpers/kubevirt_rules.ts";
+import { runText } from "../helpers/command.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
 import { guestVmi, installTestGuest } from "../helpers/guest.ts";
 import {
@@ -255,6 +263,28 @@ Deno.test("metrics+QEMU (pod-less): a TLS scrape with ten guests passes promtool
     );
     console.log(
       `scrape of ${COUNT} VMIs: ${text.split("\n").length} lines, ${samples.size} families`,
+    );
+
+    // KubeVirt v1.7.0's own alerts and recording rules: every handler family they name is
+    // in the scrape, but the guest load, which libvirt gives from version 11.1 on (this
+    // host's has no `virsh guestinfo --load`; virt-handler has none to report here either).
+    const monitoring = await kubevirtMonitoring();
+    const { named, missing } = familiesNamedByRules(monitoring, text);
+    const loadUnsupported = !(await runText("virsh", "guestinfo", "--help")).includes("--load");
+    const expectedMissing = loadUnsupported ? ["kubevirt_vmi_guest_load_1m"] : [];
+    assert.deepEqual(
+      missing,
+      expectedMissing,
+      `families KubeVirt's rules name, by rule: ${JSON.stringify(Object.fromEntries(named))}`,
+    );
+    // ... and they evaluate over the scrape with promtool as Prometheus would.
+    const rulesTest = await writeRulesTest(monitoring, text, dir);
+    const rules = await promtoolTestRules(rulesTest);
+    assert.ok(rules.ok, `promtool test rules:\n${rules.output}`);
+    console.log(
+      `KubeVirt's ${
+        monitoring.ruleGroups.flatMap((g) => g.rules).length
+      } rules name ${named.size} handler families; promtool test rules passed`,
     );
   } catch (error) {
     console.error((await Deno.readTextFile(h.logFile).catch(() => "")).slice(-20_000));
