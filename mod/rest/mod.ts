@@ -1,6 +1,6 @@
 /**
- * The handler's REST server (console, VNC, lifecycle and guest queries over mutual TLS, as
- * virt-api reaches virt-handler) and the pieces it is made of.
+ * The handler's REST server (console, VNC, USB redirection, lifecycle and guest queries over
+ * mutual TLS, as virt-api reaches virt-handler) and the pieces it is made of.
  *
  * @module
  */
@@ -8,6 +8,7 @@ export {
   CONSOLE_SERVER_PORT,
   type OpenedSocket,
   parseGoDuration,
+  type PrivateSocketName,
   type RestBackend,
   type RestLauncher,
   RestServer,
