@@ -271,17 +271,20 @@ export class DomainManager {
   }
 
   /**
-   * Asks the guest agent for the guest OS and the filesystems' freeze state, on the agent
-   * connecting or a launcher taking a running domain back; returns whether either changed.
-   * No agent, or one that does not answer, changes nothing.
+   * Asks the guest agent for the guest OS and the filesystems' freeze state (`all`: on the
+   * agent connecting or a launcher taking a running domain back), or one of them (the
+   * poller's rounds); returns whether what it knew changed. No agent, or one that does not
+   * answer, changes nothing.
    */
-  async refreshAgentInfo(): Promise<boolean> {
+  async refreshAgentInfo(which: "all" | "os" | "freeze" = "all"): Promise<boolean> {
     const domain = await this.#agentDomain();
     if (!domain) return false;
-    const osInfo = guestOsInfoFromAgent(await this.#askAgent(domain, "guest-get-osinfo"));
-    const freeze = fsFreezeStatusFromAgent(
-      await this.#askAgent(domain, "guest-fsfreeze-status"),
-    );
+    const osInfo = which === "freeze"
+      ? {}
+      : guestOsInfoFromAgent(await this.#askAgent(domain, "guest-get-osinfo"));
+    const freeze = which === "os"
+      ? undefined
+      : fsFreezeStatusFromAgent(await this.#askAgent(domain, "guest-fsfreeze-status"));
     const next = {
       osInfo: osInfo.name ? osInfo : this.#agentInfo.osInfo,
       fsFreezeStatus: freeze ?? this.#agentInfo.fsFreezeStatus,

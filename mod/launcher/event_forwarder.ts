@@ -117,6 +117,15 @@ const AGENT_CONNECTED = 1;
  */
 export const AGENT_RETRY_MS: readonly number[] = [1_000, 2_000, 4_000, 8_000, 16_000, 30_000];
 
+/**
+ * How often an agent that answered is asked again while it stays connected and the guest
+ * runs, as KubeVirt's launcher polls it (its `--qemu-fsfreeze-status-interval` and
+ * `--qemu-agent-sys-interval`): the freeze state every 5 s; the guest OS first after
+ * `initialMs`, then twice as long each time up to `sysMs`. Users and filesystems are asked
+ * when the handler asks for them, not polled.
+ */
+export const AGENT_POLL = { freezeMs: 5_000, initialMs: 10_000, sysMs: 120_000 } as const;
+
 function agentChannelConnected(domain: Domain): boolean {
   return domain.spec.devices.channels.some((channel) =>
     channel.target?.name === GUEST_AGENT_CHANNEL && channel.target.state === "connected"
@@ -134,16 +143,31 @@ export class EventForwarder {
   #agentRetry: ReturnType<typeof setTimeout> | undefined;
   #agentAttempt = 0;
   #agentRetryStopped = false;
+  /** The poller's timers while it runs, and the guest OS's next interval. */
+  #poll:
+    | {
+      freeze: ReturnType<typeof setInterval>;
+      os: ReturnType<typeof setTimeout> | undefined;
+      osEveryMs: number;
+    }
+    | undefined;
 
-  /** Forwards `manager`'s events to `sink`; `onDown` hears of a domain that went down. */
+  readonly #pollTimes: { freezeMs: number; initialMs: number; sysMs: number };
+
+  /**
+   * Forwards `manager`'s events to `sink`; `onDown` hears of a domain that went down.
+   * `pollTimes`: the agent poller's times, {@linkcode AGENT_POLL} unless told (tests).
+   */
   constructor(
     manager: ForwardedDomain,
     sink: EventSink,
     onDown: (state: DomainState) => void,
+    pollTimes: { freezeMs: number; initialMs: number; sysMs: number } = AGENT_POLL,
   ) {
     this.#manager = manager;
     this.#sink = sink;
     this.#onDown = onDown;
+    this.#pollTimes = pollTimes;
   }
 
   /** The last event forwarded. */
@@ -197,11 +221,61 @@ export class EventForwarder {
     return this.#agentRetry !== undefined;
   }
 
-  /** Asks a silent guest agent no more (the instance ended). */
+  /** Asks a silent guest agent no more, and stops polling one (the instance ended). */
   stopAgentRetry(): void {
     this.#agentRetryStopped = true;
     clearTimeout(this.#agentRetry);
     this.#agentRetry = undefined;
+    this.#stopPolling();
+  }
+
+  /** Whether the agent poller runs (an answering agent, connected, of a running guest). */
+  get agentPolling(): boolean {
+    return this.#poll !== undefined;
+  }
+
+  /**
+   * Runs the agent poller ({@linkcode AGENT_POLL}) while `domain` runs with its agent
+   * connected and answering, and stops it otherwise: a paused guest's agent cannot answer,
+   * as KubeVirt's launcher stops its poller on a suspend.
+   */
+  #followPolling(domain: Domain | undefined): void {
+    const poll = domain !== undefined && !this.#agentRetryStopped &&
+      domain.status.status === LifeCycle.Running && agentChannelConnected(domain) &&
+      this.#manager.agentAnswered;
+    if (!poll) return this.#stopPolling();
+    if (this.#poll) return;
+    const round = (which: "os" | "freeze") => {
+      this.#chain = this.#chain.then(async () => {
+        if (!this.#poll) return;
+        if (await this.#manager.refreshAgentInfo(which)) await this.#forward(undefined);
+      }).catch((error) => {
+        log.warn("Cannot poll the guest agent: {error}", { ...this.#manager.vmi, error });
+      });
+    };
+    const freeze = setInterval(() => round("freeze"), this.#pollTimes.freezeMs);
+    Deno.unrefTimer(freeze);
+    this.#poll = { freeze, os: undefined, osEveryMs: this.#pollTimes.initialMs };
+    const nextOs = () => {
+      if (!this.#poll) return;
+      const wait = this.#poll.osEveryMs;
+      this.#poll.osEveryMs = Math.min(wait * 2, this.#pollTimes.sysMs);
+      this.#poll.os = setTimeout(() => {
+        round("os");
+        nextOs();
+      }, wait);
+      Deno.unrefTimer(this.#poll.os);
+    };
+    nextOs();
+    log.debug("Polling the guest agent", { ...this.#manager.vmi });
+  }
+
+  #stopPolling(): void {
+    if (!this.#poll) return;
+    clearInterval(this.#poll.freeze);
+    clearTimeout(this.#poll.os);
+    this.#poll = undefined;
+    log.debug("Stopped polling the guest agent", { ...this.#manager.vmi });
   }
 
   /**
@@ -209,6 +283,7 @@ export class EventForwarder {
    * {@linkcode AGENT_RETRY_MS}); stops once it answered, disconnected or the domain went.
    */
   #followAgent(domain: Domain | undefined): void {
+    this.#followPolling(domain);
     const waiting = domain !== undefined && agentChannelConnected(domain) &&
       !this.#manager.agentAnswered;
     if (!waiting || this.#agentRetryStopped) {

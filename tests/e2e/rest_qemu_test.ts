@@ -7,7 +7,8 @@
  * comes back as QEMU's PNG (PPM where QEMU is older); pause and unpause move the VMI's Paused
  * condition. The test guest's agent (QEMU's qemu-ga) connects: the VMI shows AgentConnected
  * and the guest's OS, the guest info, user and filesystem routes answer with what the guest
- * has, and a freeze and an unfreeze show in `status.fsFreezeStatus`. With the agent stopped
+ * has, and a freeze and an unfreeze show in `status.fsFreezeStatus`, also when made with
+ * virsh past the launcher (its agent poller sees them). With the agent stopped
  * inside the guest, guest queries and a freeze fail clearly. After
  * 100 console sessions, and clients that vanish without a close, the handler holds as
  * many descriptors as before.
@@ -15,7 +16,7 @@
 import assert from "node:assert/strict";
 import { useCluster } from "../../deploy/cluster/cluster.ts";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
-import { ensureLibvirtd } from "../helpers/libvirtd.ts";
+import { ensureLibvirtd, virsh } from "../helpers/libvirtd.ts";
 import { guestVmi, installTestGuest } from "../helpers/guest.ts";
 import {
   createVmi,
@@ -229,6 +230,22 @@ Deno.test("REST+QEMU (pod-less): console, VNC, screenshots, pause and guest agen
     await waitFor(
       "status.fsFreezeStatus to clear",
       async () => (await getVmi(client, ns, "vm1"))?.status?.fsFreezeStatus === undefined,
+    );
+    // A freeze made past the launcher (virsh, on the node) shows too: the launcher polls
+    // the agent's freeze state every 5 s, as KubeVirt's does.
+    await virsh("domfsfreeze", `${ns}_vm1`);
+    await waitFor(
+      "status.fsFreezeStatus frozen after virsh domfsfreeze",
+      async () => (await getVmi(client, ns, "vm1"))?.status?.fsFreezeStatus === "frozen",
+      30_000,
+      500,
+    );
+    await virsh("domfsthaw", `${ns}_vm1`);
+    await waitFor(
+      "status.fsFreezeStatus to clear after virsh domfsthaw",
+      async () => (await getVmi(client, ns, "vm1"))?.status?.fsFreezeStatus === undefined,
+      30_000,
+      500,
     );
 
     // The agent stopped inside the guest: AgentConnected goes, and clear errors.

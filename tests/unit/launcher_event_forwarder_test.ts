@@ -54,7 +54,14 @@ function recordingSink(): EventSink & { sent: { type: DomainEventType; domain: D
 
 /** A manager whose domain's agent channel is whatever `current.agentState` says now. */
 function fakeManager(
-  current: { agentState: string; osName?: string; agentAsked?: number; silentAsks?: number },
+  current: {
+    agentState: string;
+    osName?: string;
+    agentAsked?: number;
+    silentAsks?: number;
+    paused?: boolean;
+    asked?: string[];
+  },
 ): ForwardedDomain {
   let known: string | undefined;
   return {
@@ -65,13 +72,17 @@ function fakeManager(
     domainName: DOMAIN_REF.name,
     getDomain: () => {
       const domain = runningDomain(current.agentState);
+      if (current.paused) {
+        domain.status = { status: LifeCycle.Paused, reason: StateChangeReason.User };
+      }
       if (known) domain.status.osInfo = { name: known };
       return Promise.resolve(domain);
     },
     nonExistentDomain: () =>
       newDomain(VMI, { status: LifeCycle.NoState, reason: StateChangeReason.NonExistent }),
     isForeignDomain: () => false,
-    refreshAgentInfo: () => {
+    refreshAgentInfo: (which = "all") => {
+      current.asked?.push(which);
       current.agentAsked = (current.agentAsked ?? 0) + 1;
       if ((current.silentAsks ?? 0) > 0) {
         current.silentAsks!--;
@@ -109,6 +120,7 @@ Deno.test("EventForwarder sends the domain again when the guest agent connects a
     `${DomainEventType.Modified}:disconnected`,
   ]);
   assert.equal(sink.sent[0].domain.status.status, LifeCycle.Running);
+  forwarder.stopAgentRetry();
 });
 
 Deno.test("EventForwarder asks a guest agent that connects what it knows, before sending the domain", async () => {
@@ -125,6 +137,7 @@ Deno.test("EventForwarder asks a guest agent that connects what it knows, before
   await forwarder.idle();
   assert.equal(current.agentAsked, 1, "a disconnect asks no agent");
   assert.equal(sink.sent.length, 2);
+  forwarder.stopAgentRetry();
 });
 
 Deno.test("EventForwarder asks a silent connected guest agent again until it answers or disconnects", async () => {
@@ -151,6 +164,7 @@ Deno.test("EventForwarder asks a silent connected guest agent again until it ans
   assert.equal(current.agentAsked, 3);
   assert.equal(sink.sent[1].domain.status.osInfo?.name, "virtnode test guest");
   assert.ok(!forwarder.agentRetryPending, "an agent that answered is not asked again");
+  forwarder.stopAgentRetry();
 
   // A silent agent that disconnects is not asked again either.
   const other = { agentState: "connected", osName: "x", agentAsked: 0, silentAsks: 100 };
@@ -188,6 +202,77 @@ Deno.test("EventForwarder.refresh() resends the domain; refreshAgent() only if t
   current.osName = "two";
   await forwarder.refreshAgent();
   assert.equal(sink.sent[2].domain.status.osInfo?.name, "two");
+  forwarder.stopAgentRetry();
+});
+
+Deno.test("EventForwarder polls an answering agent as KubeVirt's launcher does, not while paused", async () => {
+  // Scaled times: the freeze state every 40 ms, the OS after 60 ms, then 120, then 200 (its
+  // longest), then every 200.
+  const times = { freezeMs: 40, initialMs: 60, sysMs: 200 };
+  const current = {
+    agentState: "connected",
+    osName: "guest",
+    asked: [] as string[],
+    paused: false,
+  };
+  const sink = recordingSink();
+  const forwarder = new EventForwarder(fakeManager(current), sink, () => {}, times);
+  try {
+    const started = performance.now();
+    forwarder.handle(agentEvent(1));
+    await forwarder.idle();
+    assert.ok(forwarder.agentPolling, "an agent that answered is polled");
+    // Four OS rounds: timers never fire early, so each gap is at least its interval.
+    const osTimes: number[] = [];
+    const freezeTimes: number[] = [];
+    const seen = () => current.asked.length;
+    let read = seen();
+    const deadline = performance.now() + 10_000;
+    while (osTimes.length < 4 && performance.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 5));
+      for (; read < seen(); read++) {
+        (current.asked[read] === "os" ? osTimes : freezeTimes).push(performance.now() - started);
+      }
+    }
+    assert.equal(osTimes.length, 4, `rounds: ${current.asked.join(",")}`);
+    const gaps = osTimes.map((t, i) => t - (osTimes[i - 1] ?? 0));
+    for (const [i, least] of [60, 120, 200, 200].entries()) {
+      assert.ok(gaps[i] >= least - 5, `OS round ${i + 1} came ${gaps[i]} ms after the last`);
+    }
+    assert.ok(freezeTimes.length >= 3, `freeze rounds: ${freezeTimes.length}`);
+    const freezeGaps = freezeTimes.slice(1).map((t, i) => t - freezeTimes[i]);
+    assert.ok(freezeGaps.every((g) => g >= 30), `freeze gaps: ${freezeGaps.join(",")}`);
+    assert.ok(freezeTimes.length > osTimes.length, "the freeze state is asked more often");
+    assert.equal(sink.sent.length, 1, "unchanged answers send nothing");
+    // A change the agent tells is sent.
+    current.osName = "guest 2";
+    const until = performance.now() + 10_000;
+    while (sink.sent.length < 2 && performance.now() < until) {
+      await new Promise((r) => setTimeout(r, 10));
+      await forwarder.idle();
+    }
+    assert.equal(sink.sent.at(-1)?.domain.status.osInfo?.name, "guest 2");
+
+    // Paused: no polling; resumed: polling again.
+    current.paused = true;
+    forwarder.refresh();
+    await forwarder.idle();
+    assert.ok(!forwarder.agentPolling, "a paused guest's agent is not polled");
+    const before = current.asked.length;
+    await new Promise((r) => setTimeout(r, 150));
+    assert.equal(current.asked.length, before);
+    current.paused = false;
+    forwarder.refresh();
+    await forwarder.idle();
+    assert.ok(forwarder.agentPolling);
+    // A disconnected agent is not polled.
+    current.agentState = "disconnected";
+    forwarder.handle(agentEvent(2));
+    await forwarder.idle();
+    assert.ok(!forwarder.agentPolling);
+  } finally {
+    forwarder.stopAgentRetry();
+  }
 });
 
 Deno.test("EventForwarder leaves out another domain's agent events", async () => {
