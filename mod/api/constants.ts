@@ -230,6 +230,13 @@ export const SocketNames = {
   Vnc: "virt-vnc",
 } as const;
 
+/** The downward metrics channel's folder inside a KubeVirt launcher. */
+export const DOWNWARD_METRICS_CHANNEL_DIR = "/var/run/kubevirt-private/downwardmetrics-channel";
+/** The virtio-serial port a guest reads its downward metrics from (vhostmd's name). */
+export const DOWNWARD_METRICS_PORT = "org.github.vhostmd.1";
+/** The downward metrics channel's socket (in that folder; in pod-less mode, the VMI's). */
+export const DOWNWARD_METRICS_SOCKET = "downwardmetrics.sock";
+
 /** How many USB devices a client may redirect into one VMI at a time (KubeVirt's number). */
 export const USB_CLIENT_PASSTHROUGH_SLOTS = 4;
 

@@ -308,6 +308,11 @@ export interface Devices {
    * redirected USB ports, each a socket in the VMI's private directory.
    */
   clientPassthrough?: Record<string, never>;
+  /**
+   * Downward metrics over virtio-serial: present, the guest reads the node's and the VM's
+   * metrics (vhostmd's XML) from its `org.github.vhostmd.1` port.
+   */
+  downwardMetrics?: Record<string, never>;
   /** Input devices, e.g. a tablet. */
   inputs?: unknown[];
   /** A virtual TPM. */

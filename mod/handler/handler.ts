@@ -14,6 +14,7 @@
  */
 import { join } from "node:path";
 import {
+  DOWNWARD_METRICS_SOCKET,
   KUBEVIRT_RELEASE,
   Labels,
   MAX_SOCKET_PATH,
@@ -26,6 +27,7 @@ import {
   vmiKey,
 } from "../api/mod.ts";
 import { type Config, featureGateEnabled } from "../config/mod.ts";
+import { DownwardMetricsChannels } from "./downward_metrics.ts";
 import {
   EventRecorder,
   EventSpamFilter,
@@ -263,8 +265,12 @@ export function podlessSocketPathProblem(config: Config): string | undefined {
   const paths = handlerPaths(config);
   const longest: [string, string][] = [
     ["--run-dir", join(paths.socketRoot, uid, SocketNames.LauncherInit)],
-    // The longest name in a VMI's private folder: the last redirected USB port's.
-    ["--run-dir", join(paths.privateRoot, uid, usbRedirSocket(USB_CLIENT_PASSTHROUGH_SLOTS - 1))],
+    // The longest name in a VMI's private folder.
+    ...[
+      SocketNames.Serial0,
+      usbRedirSocket(USB_CLIENT_PASSTHROUGH_SLOTS - 1),
+      DOWNWARD_METRICS_SOCKET,
+    ].map((name): [string, string] => ["--run-dir", join(paths.privateRoot, uid, name)]),
     ["--state-dir", join(config.stateDir, "launcher-host", "control.sock")],
   ];
   for (const [flag, path] of longest) {
@@ -625,7 +631,19 @@ export class Handler implements Runnable {
     );
     const parts: Runnable[] = [this.#informer, notify, this.#launchers, this.#provider];
     if (this.#scheduler) parts.push(this.#scheduler);
-    const workers: Runnable[] = [controller, resync];
+    const provider = this.#provider;
+    const launchers = this.#launchers;
+    const downward = new DownwardMetricsChannels({
+      nodeName: this.#config.nodeName,
+      vmis: () => this.#informer.list().filter((v) => v.status?.nodeName === this.#config.nodeName),
+      open: (vmi) => provider.openDownwardMetricsChannel(vmi),
+      launcher: async (vmi) => {
+        const socket = await provider.socketOf(vmi);
+        if (!socket) throw new Error(`VMI ${vmiKey(vmi.metadata)} has no launcher on this node`);
+        return launchers.getOrCreate(vmi.metadata.uid!, socket);
+      },
+    });
+    const workers: Runnable[] = [controller, resync, downward];
     if (migration) {
       workers.push(migration.source, migration.target);
       if (migration.podless) workers.push(migration.podless);

@@ -402,6 +402,17 @@ export class LauncherClient {
     }
     return { mime: res.mime ?? "", data: res.data ?? new Uint8Array() };
   }
+  /** The launcher's QEMU version (`GetQemuVersion`). */
+  async getQemuVersion(): Promise<string> {
+    const res = await this.#call<
+      Record<string, never>,
+      { response?: Response; version?: string }
+    >("GetQemuVersion", {}, LAUNCHER_TIMEOUTS.short);
+    if (res.response && !res.response.success) {
+      throw new LauncherCallError("GetQemuVersion", res.response.message);
+    }
+    return res.version ?? "";
+  }
   /**
    * Pings the guest agent of `domainName` (`<namespace>_<name>`) as KubeVirt's virt-probe
    * does for a `guestAgentPing` probe: resolves when it answered within `timeoutSeconds`,

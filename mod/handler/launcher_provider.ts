@@ -170,6 +170,11 @@ export interface LauncherAccess {
    * following a link on the way; throws a clear error when there is none.
    */
   openPrivateSocket(vmi: VirtualMachineInstance, name: string): Promise<BeneathSocket>;
+  /**
+   * Opens the socket QEMU listens on for the VMI's downward metrics channel (the
+   * `downwardMetrics` device), the same way; throws a clear error when there is none.
+   */
+  openDownwardMetricsChannel(vmi: VirtualMachineInstance): Promise<BeneathSocket>;
 }
 
 /** What the handler knows in virt-controller's stead (pod-less mode). */

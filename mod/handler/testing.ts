@@ -15,6 +15,7 @@ export { cleanUrlPath } from "./handler.ts";
 export { type ControllerDeps, hotplugUnsettled, VmiController } from "./controller.ts";
 export { decideSync, SyncAction, type SyncInput } from "./decide.ts";
 export { GhostRecordError } from "./ghost_records.ts";
+export { DownwardMetricsChannels, hasDownwardMetricsDevice } from "./downward_metrics.ts";
 export { guestAgentSupport } from "./guest_agent_support.ts";
 export {
   dialDirectly,

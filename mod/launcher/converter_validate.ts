@@ -228,6 +228,7 @@ const VMI_RULE: Rule = obj({
         autoattachPodInterface: bool,
         disableHotplug: bool,
         clientPassthrough: empty,
+        downwardMetrics: empty,
         rng: empty,
         watchdog: obj({
           name: name,

@@ -9,6 +9,8 @@ import {
   DEFAULT_GRACE_PERIOD_SECONDS,
   type Disk,
   type DiskBus,
+  DOWNWARD_METRICS_PORT,
+  DOWNWARD_METRICS_SOCKET,
   type FeatureState,
   type Interface,
   quantityToInteger,
@@ -893,6 +895,15 @@ export function generateDomainXml(vmi: VirtualMachineInstance, options: DomainXm
       buildInterfaces(vmi, options.interfaces ?? {}),
       // No source: libvirt picks the socket path, as with KubeVirt's launcher.
       el("channel", { type: "unix" }, el("target", { type: "virtio", name: GUEST_AGENT_CHANNEL })),
+      // The downward metrics port: QEMU listens in the VMI's run directory, the handler
+      // connects and answers the guest's requests.
+      devices.downwardMetrics !== undefined &&
+        el(
+          "channel",
+          { type: "unix" },
+          el("source", { mode: "bind", path: `${options.runDir}/${DOWNWARD_METRICS_SOCKET}` }),
+          el("target", { type: "virtio", name: DOWNWARD_METRICS_PORT }),
+        ),
       buildConsoleAndGraphics(vmi, options),
       buildUsbRedirection(vmi, options),
       buildMemBalloon(vmi, options.cluster),

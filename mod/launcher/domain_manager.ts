@@ -1201,14 +1201,15 @@ export class DomainManager {
     stats.Net = [...known, ...added];
   }
 
-  /** The hypervisor (QEMU) version, `major.minor.release`. */
+  /** The hypervisor (QEMU) version, `QEMU major.minor.release`. */
   async qemuVersion(): Promise<string> {
     try {
       const v = await this.#reconnecting(
         "get QEMU version for",
         () => this.#conn.getHypervisorVersion(),
       );
-      return `${v.major}.${v.minor}.${v.release}`;
+      // As KubeVirt's launcher words it (downward metrics' VirtProductInfo shows it).
+      return `QEMU ${v.major}.${v.minor}.${v.release}`;
     } catch (error) {
       if (error instanceof LauncherCommandError) throw error;
       throw new LauncherCommandError("get QEMU version for", this.vmiKey, detail(error), {

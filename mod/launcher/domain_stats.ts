@@ -124,6 +124,7 @@ export function domainStatsToKubevirt(
     Cpu: cpu,
     Memory: memory,
     MigrateDomainJobInfo: null,
+    NrVirtCpu: count(p, "vcpu.current"),
     Vcpu: vcpus,
     Net: nets,
     Block: blocks,

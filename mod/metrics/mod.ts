@@ -14,6 +14,17 @@ export {
 } from "./exposition.ts";
 export { addVmiSamples, type GuestFilesystemStat, VMI_FAMILIES, vmiLabels } from "./vmi_metrics.ts";
 export {
+  type DownwardMetric,
+  downwardMetrics,
+  downwardMetricsXml,
+  EMPTY_DOWNWARD_METRICS,
+  hostDownwardMetrics,
+  type HostFacts,
+  INVALID_DOWNWARD_REQUEST,
+  isDownwardMetricsRequest,
+  readHostFacts,
+} from "./downward.ts";
+export {
   addHandlerSamples,
   HANDLER_FAMILIES,
   type HandlerSnapshot,

@@ -91,6 +91,25 @@ Deno.test("REST+QEMU (pod-less): console, VNC, screenshots, pause and guest agen
     extraArgs: restServerArgs(certs, port),
   });
   const sessions: WsSession[] = [];
+  // KubeVirt's admission takes the downwardMetrics device only with its feature gate on.
+  const crPath = "/apis/kubevirt.io/v1/namespaces/kubevirt/kubevirts/kubevirt";
+  const cr = await client.request<{ spec: { configuration?: Record<string, unknown> } }>(
+    "GET",
+    crPath,
+  );
+  const configuration = cr.spec.configuration ?? {};
+  const developer = (configuration.developerConfiguration ?? {}) as Record<string, unknown>;
+  const setConfiguration = (value: Record<string, unknown>) =>
+    client.request("PATCH", crPath, [{ op: "add", path: "/spec/configuration", value }], {
+      contentType: "application/json-patch+json",
+    });
+  await setConfiguration({
+    ...configuration,
+    developerConfiguration: {
+      ...developer,
+      featureGates: [...((developer.featureGates ?? []) as string[]), "DownwardMetrics"],
+    },
+  });
   try {
     const good: RestTarget = { port, ca: certs.ca, client: certs.client };
     const base = `/v1/namespaces/${ns}/virtualmachineinstances/vm1`;
@@ -99,8 +118,9 @@ Deno.test("REST+QEMU (pod-less): console, VNC, screenshots, pause and guest agen
     const devices = vmi.spec.domain.devices as Record<string, unknown>;
     delete devices.interfaces;
     devices.autoattachPodInterface = false;
-    // Four redirected USB ports, for the usbredir route.
+    // Four redirected USB ports, for the usbredir route; the downward metrics port.
     devices.clientPassthrough = {};
+    devices.downwardMetrics = {};
     delete (vmi.spec as Record<string, unknown>).networks;
     await createVmi(client, vmi);
     await waitForPhase(client, ns, "vm1", "Running", BOOT_MS);
@@ -118,6 +138,28 @@ Deno.test("REST+QEMU (pod-less): console, VNC, screenshots, pause and guest agen
       BOOT_MS,
       0,
     );
+
+    // Downward metrics: the guest asks on its vhostmd port and reads the node's and the
+    // VM's metrics, which the handler answers through the channel; a bad request is told so.
+    const port0 = "for p in /sys/class/virtio-ports/*; do " +
+      '[ "$(cat $p/name)" = org.github.vhostmd.1 ] && d=/dev/${p##*/}; done; exec 3<>$d';
+    const before = new TextDecoder().decode(consoleWs.received()).length;
+    consoleWs.send(
+      `${port0}; printf 'GET /metrics/XML\\n\\n' >&3; ` +
+        `while read -r l <&3; do echo "dm: $l"; [ "$l" = '</metrics>' ] && break; done; ` +
+        `printf 'PUT /metrics/XML\\n\\n' >&3; read -r l <&3; echo "bad: $l"; ` +
+        `exec 3<&-; echo dm-$((6 * 7))\n`,
+    );
+    const metrics = (await consoleWs.waitFor(
+      (t) => t.slice(before).includes("dm-42"),
+      60_000,
+    )).slice(before);
+    assert.match(metrics, new RegExp(`dm: <value>${node}</value>`), metrics);
+    assert.match(metrics, /dm: <metric type="real64" context="vm" unit="s">/);
+    assert.match(metrics, /dm: <name>PhysicalMemoryAllocatedToVirtualSystem<\/name>/);
+    assert.match(metrics, /dm: <name>FreePhysicalMemory<\/name>/);
+    assert.match(metrics, /dm: <value>QEMU [\d.]+/, "VirtProductInfo: the launcher's QEMU");
+    assert.match(metrics, /bad: INVALID REQUEST/);
     await consoleWs.close();
 
     // VNC: QEMU's RFB greeting; a second client takes over, unless asked to preserve.
@@ -297,6 +339,7 @@ Deno.test("REST+QEMU (pod-less): console, VNC, screenshots, pause and guest agen
     }
     throw error;
   } finally {
+    await setConfiguration(configuration).catch(() => {});
     for (const s of sessions) s.destroy();
     await deleteVmi(client, ns, "vm1");
     await waitFor("vm1 to go", async () => !(await getVmi(client, ns, "vm1")), 60_000).catch(

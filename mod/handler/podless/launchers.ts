@@ -20,6 +20,7 @@ import type { VirtualMachineOptions } from "../../proto/mod.ts";
 import { join } from "node:path";
 import {
   type ClaimInfo,
+  DOWNWARD_METRICS_SOCKET,
   SocketNames,
   type VirtualMachineInstance,
   vmiKey,
@@ -429,6 +430,11 @@ export class PodlessLaunchers implements LauncherProvider {
   /** Opens `name` in the VMI's run directory, never through a link. */
   openPrivateSocket(vmi: VirtualMachineInstance, name: string): Promise<BeneathSocket> {
     return Promise.resolve(openSocketBeneath(this.#o.runRoot, `${vmi.metadata.uid}/${name}`));
+  }
+
+  /** The downward metrics channel, which virtnode's launcher puts in the VMI's run directory. */
+  openDownwardMetricsChannel(vmi: VirtualMachineInstance): Promise<BeneathSocket> {
+    return this.openPrivateSocket(vmi, DOWNWARD_METRICS_SOCKET);
   }
 
   /** None: virtnode's launcher host runs in the node's root. */

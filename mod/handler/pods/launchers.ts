@@ -16,6 +16,8 @@
  */
 import { join } from "node:path";
 import {
+  DOWNWARD_METRICS_CHANNEL_DIR,
+  DOWNWARD_METRICS_SOCKET,
   launcherSocketDirOnHost,
   Paths,
   SocketNames,
@@ -380,6 +382,22 @@ export class PodLaunchers implements LauncherProvider {
     const dir = openDirectoryInRoot(`/proc/${pid}/root`, vmiPrivateDir(vmi.metadata.uid!));
     try {
       return openSocketBeneath(dir.path, name);
+    } finally {
+      dir.release();
+    }
+  }
+
+  /**
+   * Opens the downward metrics channel KubeVirt's launcher gives QEMU, in the launcher's
+   * `/var/run/kubevirt-private/downwardmetrics-channel`, never through a link out of it.
+   */
+  async openDownwardMetricsChannel(vmi: VirtualMachineInstance): Promise<BeneathSocket> {
+    const socket = await this.socketOf(vmi);
+    if (!socket) throw new Error("the VMI has no launcher on this node yet");
+    const pid = await this.#pipes.launcherPid(socket);
+    const dir = openDirectoryInRoot(`/proc/${pid}/root`, DOWNWARD_METRICS_CHANNEL_DIR);
+    try {
+      return openSocketBeneath(dir.path, DOWNWARD_METRICS_SOCKET);
     } finally {
       dir.release();
     }
