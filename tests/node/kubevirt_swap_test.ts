@@ -298,13 +298,14 @@ async function networkGuests(j: Journey, cpuModel: string): Promise<void> {
     const vmi = networkVmi(`vm-${binding}`, cpuModel, binding, hostDisk);
     // A readiness probe through the guest agent: virt-controller renders it on the launcher
     // pod as KubeVirt's virt-probe, which asks the launcher's GuestPing. Four redirected USB
-    // ports (clientPassthrough), which KubeVirt's launcher makes, for virtctl usbredir.
+    // ports (clientPassthrough), which KubeVirt's launcher makes, for virtctl usbredir, and
+    // the downward metrics port, which the node's handler answers.
     const spec = binding === "masquerade"
       ? {
         ...vmi.spec,
         domain: {
           ...vmi.spec.domain,
-          devices: { ...vmi.spec.domain.devices, clientPassthrough: {} },
+          devices: { ...vmi.spec.domain.devices, clientPassthrough: {}, downwardMetrics: {} },
         },
         readinessProbe: { guestAgentPing: {}, periodSeconds: 2, failureThreshold: 2 },
       }
@@ -514,6 +515,17 @@ async function virtctlJourney(o: {
   o.step(`${o.name}: virtctl vnc --proxy-only greeted with RFB 003.008`);
   await usbredirGreets(target);
   o.step(`${o.name}: virtctl usbredir --no-launch greeted with QEMU's usbredir hello`);
+  // The guest reads its downward metrics from its vhostmd port: the handler answers them.
+  await consoleAnswers(target, {
+    line: "for p in /sys/class/virtio-ports/*; do " +
+      '[ "$(cat $p/name)" = org.github.vhostmd.1 ] && d=/dev/${p##*/}; done; exec 3<>$d; ' +
+      "printf 'GET /metrics/XML\\n\\n' >&3; while read -r l <&3; do " +
+      'case $l in *HostName*) read -r v <&3; echo "dm-host $v";; esac; ' +
+      "[ \"$l\" = '</metrics>' ] && break; done; exec 3<&-",
+    answer: /dm-host <value>[^<]+<\/value>/,
+    timeoutMs: 60_000,
+  });
+  o.step(`${o.name}: the guest read its downward metrics from the node's handler`);
   // virt-api dials the VMI's first interface itself: the guest's HTTP port, forwarded.
   const forwarded = await portForwardAnswers(target, 80, "/dhcp");
   o.step(`${o.name}: virtctl port-forward reached the guest's HTTP port: ${forwarded}`);

@@ -77,9 +77,10 @@ export async function startKubevirt(
     kubevirtDir,
     // HostDisk: the yardstick's network guests boot from a disk image on the node.
     // HotplugVolumes: virt-api's addvolume and removevolume on a running VMI.
+    // DownwardMetrics: the downwardMetrics device of the network guests.
     developerConfiguration: {
       ...(useEmulation ? { useEmulation: true } : {}),
-      featureGates: ["HostDisk", "HotplugVolumes"],
+      featureGates: ["HostDisk", "HotplugVolumes", "DownwardMetrics"],
     },
     // No CPU model is obsolete: where KVM is only kvm-pvm, KubeVirt's labeller reads the
     // KVM capabilities, which offer no named model and a host model (kvm64) on the
