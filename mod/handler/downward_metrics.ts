@@ -27,6 +27,8 @@ const log = getLogger("handler", "downward-metrics");
 export const DOWNWARD_METRICS_REFRESH_MS = 5_000;
 /** At most one request a second per channel, as KubeVirt's server limits them. */
 const MIN_REQUEST_GAP_MS = 1_000;
+/** gRPC's status code UNIMPLEMENTED. */
+const GRPC_UNIMPLEMENTED = 12;
 /** The longest request line read; a guest writing more is answered INVALID REQUEST. */
 const MAX_LINE = 1024;
 
@@ -154,7 +156,14 @@ export class DownwardMetricsChannels implements Runnable {
       const launcher = await this.#o.launcher(vmi);
       const stats = await launcher.getDomainStats();
       if (!stats) throw new Error("the launcher has no domain");
-      const qemuVersion = await launcher.getQemuVersion().catch(() => "qemu-unknown");
+      // A launcher without the call is "qemu-unknown", as KubeVirt's; any other failure
+      // gives the guest the empty report.
+      const qemuVersion = await launcher.getQemuVersion().catch((error) => {
+        if ((error as { cause?: { code?: number } })?.cause?.code === GRPC_UNIMPLEMENTED) {
+          return "qemu-unknown";
+        }
+        throw error;
+      });
       const host = hostDownwardMetrics(await readHostFacts());
       return downwardMetricsXml(
         downwardMetrics({ nodeName: this.#o.nodeName, qemuVersion, stats, host }),

@@ -1115,7 +1115,10 @@ export class DomainManager {
     if (cached && now - cached.at < DIRTY_RATE_CACHE_MS) return cached.value;
     const value = this.#measureDirtyRate();
     this.#dirtyRate = { at: now, value };
-    value.catch(() => {
+    // Fresh for 3 s from when the measurement came in; a failed one is not kept.
+    value.then(() => {
+      if (this.#dirtyRate?.value === value) this.#dirtyRate.at = performance.now();
+    }, () => {
       if (this.#dirtyRate?.value === value) this.#dirtyRate = undefined;
     });
     return value;

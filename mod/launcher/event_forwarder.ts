@@ -149,8 +149,12 @@ export class EventForwarder {
       freeze: ReturnType<typeof setInterval>;
       os: ReturnType<typeof setTimeout> | undefined;
       osEveryMs: number;
+      /** A round is asking the agent: the next one is skipped. */
+      busy: boolean;
     }
     | undefined;
+  /** The poller ran before (a pause stopped it): a restart asks at once, as KubeVirt's. */
+  #polledBefore = false;
 
   readonly #pollTimes: { freezeMs: number; initialMs: number; sysMs: number };
 
@@ -245,17 +249,23 @@ export class EventForwarder {
       this.#manager.agentAnswered;
     if (!poll) return this.#stopPolling();
     if (this.#poll) return;
-    const round = (which: "os" | "freeze") => {
-      this.#chain = this.#chain.then(async () => {
-        if (!this.#poll) return;
-        if (await this.#manager.refreshAgentInfo(which)) await this.#forward(undefined);
+    // The agent is asked outside the event chain (a hung agent holds no lifecycle event
+    // back); only a change it told is sent, in order with the events.
+    const round = (which: "all" | "os" | "freeze") => {
+      const poll = this.#poll;
+      if (!poll || poll.busy) return;
+      poll.busy = true;
+      this.#manager.refreshAgentInfo(which).then((changed) => {
+        if (changed && this.#poll === poll) this.refresh();
       }).catch((error) => {
         log.warn("Cannot poll the guest agent: {error}", { ...this.#manager.vmi, error });
-      });
+      }).finally(() => poll.busy = false);
     };
     const freeze = setInterval(() => round("freeze"), this.#pollTimes.freezeMs);
     Deno.unrefTimer(freeze);
-    this.#poll = { freeze, os: undefined, osEveryMs: this.#pollTimes.initialMs };
+    this.#poll = { freeze, os: undefined, osEveryMs: this.#pollTimes.initialMs, busy: false };
+    if (this.#polledBefore) round("all");
+    this.#polledBefore = true;
     const nextOs = () => {
       if (!this.#poll) return;
       const wait = this.#poll.osEveryMs;

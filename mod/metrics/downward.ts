@@ -63,12 +63,18 @@ export async function readHostFacts(root = ""): Promise<HostFacts> {
   const packageIds = (await Promise.all(
     cpus.map((cpu) => read(`/sys/devices/system/cpu/${cpu}/topology/physical_package_id`)),
   )).map((id) => id.trim()).filter((id) => id !== "");
+  // The kernel's page size (Deno has no getpagesize), from this process's first mapping.
+  const smaps = await Deno.readTextFile("/proc/self/smaps_rollup").catch(() => "");
+  const pageKiB = Number(
+    /^KernelPageSize:\s+(\d+) kB/m.exec(smaps)?.[1] ??
+      /^KernelPageSize:\s+(\d+) kB/m.exec(await read("/proc/self/smaps"))?.[1] ?? 4,
+  );
   return {
     stat: await read("/proc/stat"),
     meminfo: await read("/proc/meminfo"),
     vmstat: await read("/proc/vmstat"),
     packageIds,
-    pageSize: 4096,
+    pageSize: pageKiB * 1024,
     now: Math.floor(Date.now() / 1000),
   };
 }

@@ -175,10 +175,11 @@ export class RestServer implements Runnable {
   readonly name = "rest";
   readonly #o: RestServerOptions;
   readonly #sessions = { console: new Map<string, Bridge>(), vnc: new Map<string, Bridge>() };
-  /** The redirected USB ports in use, by VMI UID: their slots' sessions. */
-  readonly #usbSessions = new Map<string, Map<number, Bridge>>();
-  /** `<uid>/<slot>` of the ports whose sockets are being opened for a new session. */
-  readonly #usbClaimed = new Set<string>();
+  /**
+   * The redirected USB ports in use, by VMI UID: each slot's session, or null while its
+   * socket is being opened for a new one (so that no other session takes it meanwhile).
+   */
+  readonly #usbSessions = new Map<string, Map<number, Bridge | null>>();
   readonly #sockets = new Set<Socket>();
   #port = 0;
   #listening: Promise<void>;
@@ -203,7 +204,9 @@ export class RestServer implements Runnable {
   /** Open WebSocket sessions (console, VNC and USB redirection). */
   sessions(): number {
     let usb = 0;
-    for (const slots of this.#usbSessions.values()) usb += slots.size;
+    for (const slots of this.#usbSessions.values()) {
+      usb += [...slots.values()].filter((b) => b !== null).length;
+    }
     return this.#sessions.console.size + this.#sessions.vnc.size + usb;
   }
 
@@ -280,6 +283,7 @@ export class RestServer implements Runnable {
     ];
     for (const sessions of all) {
       for (const b of sessions.values()) {
+        if (b === null) continue;
         b.stop("the handler is stopping");
         ending.push(b.done);
       }
@@ -537,32 +541,38 @@ export class RestServer implements Runnable {
     uid: string,
     answer: string,
   ): Promise<void> {
-    const slots = this.#usbSessions.get(uid) ?? new Map<number, Bridge>();
+    let slots = this.#usbSessions.get(uid);
+    if (!slots) {
+      slots = new Map();
+      this.#usbSessions.set(uid, slots);
+    }
+    const taken = slots;
     const slot = Array.from({ length: USB_CLIENT_PASSTHROUGH_SLOTS }, (_, i) => i)
-      .find((i) => !slots.has(i) && !this.#usbClaimed.has(`${uid}/${i}`));
+      .find((i) => !taken.has(i));
     if (slot === undefined) {
       socket.end(refusalResponse(503, "All USB devices are in use."));
       return;
     }
-    // Claimed while the socket is opened, so that a second session never takes the slot.
-    const claim = `${uid}/${slot}`;
-    this.#usbClaimed.add(claim);
+    // Held (before any await) while the socket is opened: no other session takes the slot.
+    slots.set(slot, null);
+    const free = () => {
+      slots.delete(slot);
+      if (slots.size === 0 && this.#usbSessions.get(uid) === slots) this.#usbSessions.delete(uid);
+    };
     let target: Socket | undefined;
     try {
       target = await this.#connect(socket, vmi, usbRedirSocket(slot));
     } finally {
-      this.#usbClaimed.delete(claim);
+      if (!target) free();
     }
     if (!target) return;
     socket.write(answer);
     const session = bridge(socket, head, target);
     slots.set(slot, session);
-    this.#usbSessions.set(uid, slots);
     const { namespace, name } = vmi.metadata;
     log.info("USB redirection session opened", { namespace, name, uid, slot });
     const reason = await session.done;
-    slots.delete(slot);
-    if (slots.size === 0 && this.#usbSessions.get(uid) === slots) this.#usbSessions.delete(uid);
+    free();
     log.info("USB redirection session ended: {reason}", { namespace, name, uid, slot, reason });
   }
 }

@@ -161,17 +161,19 @@ Deno.test("REST server (pod-less, test driver): mutual TLS, KubeVirt's errors, p
       return port;
     });
     try {
-      const usb = [];
-      for (let slot = 0; slot < 4; slot++) {
-        const s = await openWebSocket(good, `${base}/vm1/usbredir`);
+      // Four at once: each gets a port of its own.
+      const usb = await Promise.all(
+        [0, 1, 2, 3].map(() => openWebSocket(good, `${base}/vm1/usbredir`)),
+      );
+      const got = await Promise.all(usb.map((s) => {
         assert.equal(s.status, 101, s.refusal);
-        await s.waitFor((t) => t === `port ${slot}`);
-        usb.push(s);
-      }
+        return s.waitFor((t) => /^port \d$/.test(t));
+      }));
+      assert.deepEqual([...got].sort(), ["port 0", "port 1", "port 2", "port 3"]);
       const fifth = await openWebSocket(good, `${base}/vm1/usbredir`);
       assert.equal(fifth.status, 503);
       assert.match(fifth.refusal, /All USB devices are in use/);
-      await usb[2].close();
+      await usb[got.indexOf("port 2")].close();
       const again = await waitFor("port 2 free again", async () => {
         const s = await openWebSocket(good, `${base}/vm1/usbredir`);
         return s.status === 101 ? s : undefined;

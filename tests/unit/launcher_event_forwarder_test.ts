@@ -61,6 +61,7 @@ function fakeManager(
     silentAsks?: number;
     paused?: boolean;
     asked?: string[];
+    askedAt?: number[];
   },
 ): ForwardedDomain {
   let known: string | undefined;
@@ -83,6 +84,7 @@ function fakeManager(
     isForeignDomain: () => false,
     refreshAgentInfo: (which = "all") => {
       current.asked?.push(which);
+      current.askedAt?.push(performance.now());
       current.agentAsked = (current.agentAsked ?? 0) + 1;
       if ((current.silentAsks ?? 0) > 0) {
         current.silentAsks!--;
@@ -213,6 +215,7 @@ Deno.test("EventForwarder polls an answering agent as KubeVirt's launcher does, 
     agentState: "connected",
     osName: "guest",
     asked: [] as string[],
+    askedAt: [] as number[],
     paused: false,
   };
   const sink = recordingSink();
@@ -222,18 +225,16 @@ Deno.test("EventForwarder polls an answering agent as KubeVirt's launcher does, 
     forwarder.handle(agentEvent(1));
     await forwarder.idle();
     assert.ok(forwarder.agentPolling, "an agent that answered is polled");
-    // Four OS rounds: timers never fire early, so each gap is at least its interval.
-    const osTimes: number[] = [];
-    const freezeTimes: number[] = [];
-    const seen = () => current.asked.length;
-    let read = seen();
+    // Four OS rounds: timers never fire early, so each gap is at least its interval (the
+    // times taken when the agent is asked).
+    const rounds = (which: string) =>
+      current.asked.flatMap((w, i) => w === which ? [current.askedAt[i] - started] : []);
     const deadline = performance.now() + 10_000;
-    while (osTimes.length < 4 && performance.now() < deadline) {
+    while (rounds("os").length < 4 && performance.now() < deadline) {
       await new Promise((r) => setTimeout(r, 5));
-      for (; read < seen(); read++) {
-        (current.asked[read] === "os" ? osTimes : freezeTimes).push(performance.now() - started);
-      }
     }
+    const osTimes = rounds("os").slice(0, 4);
+    const freezeTimes = rounds("freeze");
     assert.equal(osTimes.length, 4, `rounds: ${current.asked.join(",")}`);
     const gaps = osTimes.map((t, i) => t - (osTimes[i - 1] ?? 0));
     for (const [i, least] of [60, 120, 200, 200].entries()) {
