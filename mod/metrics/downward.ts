@@ -63,11 +63,9 @@ export async function readHostFacts(root = ""): Promise<HostFacts> {
   const packageIds = (await Promise.all(
     cpus.map((cpu) => read(`/sys/devices/system/cpu/${cpu}/topology/physical_package_id`)),
   )).map((id) => id.trim()).filter((id) => id !== "");
-  // The kernel's page size (Deno has no getpagesize), from this process's first mapping.
-  const smaps = await Deno.readTextFile("/proc/self/smaps_rollup").catch(() => "");
-  const pageKiB = Number(
-    /^KernelPageSize:\s+(\d+) kB/m.exec(smaps)?.[1] ??
-      /^KernelPageSize:\s+(\d+) kB/m.exec(await read("/proc/self/smaps"))?.[1] ?? 4,
+  // The kernel's page size (Deno has no getpagesize), from this process's mappings, once.
+  pageKiB ??= Number(
+    /^KernelPageSize:\s+(\d+) kB/m.exec(await read("/proc/self/smaps"))?.[1] ?? 4,
   );
   return {
     stat: await read("/proc/stat"),
@@ -78,6 +76,9 @@ export async function readHostFacts(root = ""): Promise<HostFacts> {
     now: Math.floor(Date.now() / 1000),
   };
 }
+
+/** The kernel's page size, KiB, once read. */
+let pageKiB: number | undefined;
 
 /** `/proc/stat`'s clock ticks per second (USER_HZ on Linux). */
 const USER_HZ = 100;
