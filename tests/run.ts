@@ -12,7 +12,10 @@
  * fresh tier (a Debian root in a chroot, which shares nothing with the others) start first
  * and run beside the others; their output is shown when they end.
  *
- * Usage: `deno run -A tests/run.ts [unit|security|integration|kubevirt|e2e|node|fresh|soak ...]`
+ * The conformance tier runs only when asked (`--conformance`, `--all`, or named): it does not
+ * fit the test command's fresh-machine budget, and its latest results are committed.
+ *
+ * Usage: `deno run -A tests/run.ts [--conformance] [--all] [unit|security|...|conformance ...]`
  *
  * @module
  */
@@ -457,16 +460,48 @@ export function runFailures(results: TierResult[], interruptedBy?: string): stri
   return failed;
 }
 
+/**
+ * Tiers a run without named tiers leaves out unless `--conformance` (or `--all`) asks for
+ * them: they do not fit the fresh-machine budget of the test command (CI's 90 minutes,
+ * setup's cold builds included). Their latest results are committed with their date and
+ * commit (see {@linkcode NOT_RUN_NOTE}).
+ */
+export const ON_REQUEST: readonly Tier[] = ["conformance"];
+
+/** What a run that left the on-request tiers out says about them. */
+export const NOT_RUN_NOTE =
+  "conformance: not run (25 minutes of a node with virt-operator, twice, beside the rest: over " +
+  "the test command's budget); run it with `deno task test:conformance` or `deno task test " +
+  "--conformance`; its latest results, with their dates and commits: docs/conformance.md";
+
+/** The tiers a run's arguments ask for, in order; throws naming an unknown one. */
+export function askedTiers(args: readonly string[]): Tier[] {
+  const flags = new Set(args.filter((a) => a.startsWith("--")));
+  const named = args.filter((a) => !a.startsWith("--"));
+  for (const t of named) {
+    if (!(TIERS as readonly string[]).includes(t)) {
+      throw new Error(`Unknown test tier ${JSON.stringify(t)}: allowed: ${TIERS.join(", ")}`);
+    }
+  }
+  for (const f of flags) {
+    if (f !== "--all" && f !== "--conformance") {
+      throw new Error(`Unknown flag ${f}: allowed: --conformance, --all`);
+    }
+  }
+  if (named.length > 0) return named as Tier[];
+  const withOnRequest = flags.has("--conformance") || flags.has("--all");
+  return TIERS.filter((t) => withOnRequest || !ON_REQUEST.includes(t));
+}
+
 async function main(): Promise<number> {
   // `--all`: the conformance tier runs every spec that fits one node, not CI's subset.
-  const args = Deno.args.filter((a) => a !== "--all");
-  if (args.length < Deno.args.length) Deno.env.set("VIRTNODE_CONFORMANCE", "all");
-  const asked = args.length > 0 ? args : [...TIERS];
-  for (const t of asked) {
-    if (!(TIERS as readonly string[]).includes(t)) {
-      console.error(`Unknown test tier ${JSON.stringify(t)}: allowed: ${TIERS.join(", ")}`);
-      return 2;
-    }
+  if (Deno.args.includes("--all")) Deno.env.set("VIRTNODE_CONFORMANCE", "all");
+  let asked: Tier[];
+  try {
+    asked = askedTiers(Deno.args);
+  } catch (error) {
+    console.error((error as Error).message);
+    return 2;
   }
   const results: TierResult[] = [];
   // Ctrl-C or SIGTERM ends the running tier and sweeps what it started before the shared
@@ -540,6 +575,7 @@ async function main(): Promise<number> {
         `in ${r.seconds.toFixed(1)} s`,
     );
   }
+  if (ON_REQUEST.some((t) => !asked.includes(t))) console.log(`\n${NOT_RUN_NOTE}`);
   if (skipped.length > 0) {
     console.log(`\n!!! ${skipped.length} TESTS WERE SKIPPED (not counted as passing):`);
     for (const s of skipped) console.log(`!!!   ${s}`);

@@ -5,6 +5,7 @@
  */
 import assert from "node:assert/strict";
 import {
+  askedTiers,
   failureGist,
   findMarkedProcesses,
   judgeTier,
@@ -258,4 +259,16 @@ Deno.test("parseJunit() adds up the seconds of each file's tests", () => {
   assert.deepEqual(parsed.fileSeconds, { "tests/e2e/a_test.ts": 3.75, "tests/e2e/b_test.ts": 4 });
   assert.equal(parsed.passed, 2);
   assert.deepEqual(parsed.failed, ["tests/e2e/b_test.ts: three"]);
+});
+
+Deno.test("askedTiers() leaves the conformance tier out unless asked, and refuses unknown names", () => {
+  const all = askedTiers([]);
+  assert.ok(!all.includes("conformance"), all.join(","));
+  assert.ok(all.includes("unit") && all.includes("node") && all.includes("fresh"));
+  assert.ok(askedTiers(["--conformance"]).includes("conformance"));
+  assert.ok(askedTiers(["--all"]).includes("conformance"));
+  assert.deepEqual(askedTiers(["conformance"]), ["conformance"]);
+  assert.deepEqual(askedTiers(["unit", "e2e"]), ["unit", "e2e"]);
+  assert.throws(() => askedTiers(["nope"]), /Unknown test tier "nope"/);
+  assert.throws(() => askedTiers(["--fast"]), /Unknown flag --fast/);
 });
