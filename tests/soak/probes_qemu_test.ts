@@ -6,6 +6,9 @@
  * gets the same answers from virtnode's launcher (GuestPing, Exec and its exit code); a
  * `guestAgentPing` liveness probe fails once the agent stops, and the VMI fails with an
  * `Unhealthy` Event, as a launcher pod whose liveness probe failed ends.
+ *
+ * In the soak tier, beside the others: it mostly waits (the liveness probe's initial delay
+ * outlasts the guest's boot under software emulation).
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
