@@ -129,11 +129,20 @@ export async function startLocalModeInTmux(args: string[] = []): Promise<TmuxLoc
       return "";
     }
   };
+  // tmux marks a pane dead when its terminal closes and learns the exit status when it
+  // reaps the process, a moment later: a pane counts as ended once it has both (a program
+  // ended by a signal, as a shell gives it: 128 + the signal).
   const paneState = async () => {
-    const [dead, status] =
-      (await t("display-message", "-p", "-t", session, "#{pane_dead} #{pane_dead_status}")).trim()
-        .split(" ");
-    return { dead: dead === "1", status: Number(status) };
+    const [dead, status, signal] = (await t(
+      "display-message",
+      "-p",
+      "-t",
+      session,
+      "#{pane_dead}:#{pane_dead_status}:#{pane_dead_signal}",
+    ))
+      .trim().split(":");
+    const code = status ? Number(status) : signal ? 128 + Number(signal) : undefined;
+    return { dead: dead === "1" && code !== undefined, status: code ?? -1 };
   };
   return {
     marker,
