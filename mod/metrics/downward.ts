@@ -137,7 +137,12 @@ export function hostDownwardMetrics(facts: HostFacts): DownwardMetric[] {
  * the node's metrics.
  */
 export function downwardMetrics(
-  o: { nodeName: string; qemuVersion: string; stats: Json; host: DownwardMetric[] },
+  o: {
+    nodeName: string;
+    qemuVersion: string;
+    stats: Record<string, unknown>;
+    host: DownwardMetric[];
+  },
 ): DownwardMetric[] {
   const vcpus = Array.isArray(o.stats.Vcpu) ? o.stats.Vcpu as Json[] : [];
   const cpuNs = vcpus.reduce((sum, v) => sum + (typeof v.Time === "number" ? v.Time : 0), 0);

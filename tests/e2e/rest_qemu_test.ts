@@ -143,7 +143,7 @@ Deno.test("REST+QEMU (pod-less): console, VNC, screenshots, pause and guest agen
     // VM's metrics, which the handler answers through the channel; a bad request is told so.
     const port0 = "for p in /sys/class/virtio-ports/*; do " +
       '[ "$(cat $p/name)" = org.github.vhostmd.1 ] && d=/dev/${p##*/}; done; exec 3<>$d';
-    const before = new TextDecoder().decode(consoleWs.received()).length;
+    const dmFrom = new TextDecoder().decode(consoleWs.received()).length;
     consoleWs.send(
       `${port0}; printf 'GET /metrics/XML\\n\\n' >&3; ` +
         `while read -r l <&3; do echo "dm: $l"; [ "$l" = '</metrics>' ] && break; done; ` +
@@ -151,9 +151,9 @@ Deno.test("REST+QEMU (pod-less): console, VNC, screenshots, pause and guest agen
         `exec 3<&-; echo dm-$((6 * 7))\n`,
     );
     const metrics = (await consoleWs.waitFor(
-      (t) => t.slice(before).includes("dm-42"),
+      (t) => t.slice(dmFrom).includes("dm-42"),
       60_000,
-    )).slice(before);
+    )).slice(dmFrom);
     assert.match(metrics, new RegExp(`dm: <value>${node}</value>`), metrics);
     assert.match(metrics, /dm: <metric type="real64" context="vm" unit="s">/);
     assert.match(metrics, /dm: <name>PhysicalMemoryAllocatedToVirtualSystem<\/name>/);
