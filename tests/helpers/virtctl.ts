@@ -6,7 +6,7 @@
  * @module
  */
 import assert from "node:assert/strict";
-import { waitFor } from "./handler_process.ts";
+import { freePort, waitFor } from "./handler_process.ts";
 
 /** Where virtctl is and which cluster and VMI it is pointed at. */
 export interface VirtctlTarget {
@@ -23,6 +23,36 @@ function killQuietly(child: Deno.ChildProcess): void {
   try {
     child.kill("SIGKILL");
   } catch { /* it ended already */ }
+}
+
+/** A virtctl run whose output (stdout and stderr) is read as it comes. */
+interface PrintingRun {
+  /** What it printed so far. */
+  printed(): string;
+  /** Ends it, and the reading of its output. */
+  stop(): Promise<void>;
+}
+
+/** Runs virtctl with `args` against the target's cluster, its output read as it comes. */
+function runVirtctl(t: VirtctlTarget, args: string[]): PrintingRun {
+  const child = new Deno.Command(t.virtctl, {
+    args: ["--kubeconfig", t.kubeconfig, ...args],
+    stdin: "null",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  let printed = "";
+  const reading = Promise.all([child.stdout, child.stderr].map(async (stream) => {
+    for await (const chunk of stream) printed += new TextDecoder().decode(chunk);
+  }));
+  return {
+    printed: () => printed,
+    stop: async () => {
+      killQuietly(child);
+      await child.status;
+      await reading.catch(() => {});
+    },
+  };
 }
 
 /**
@@ -137,20 +167,11 @@ export async function vncGreets(t: VirtctlTarget): Promise<void> {
  * string) comes through virt-api and the handler.
  */
 export async function usbredirGreets(t: VirtctlTarget): Promise<void> {
-  const child = new Deno.Command(t.virtctl, {
-    args: ["--kubeconfig", t.kubeconfig, "usbredir", "--no-launch", t.name],
-    stdin: "null",
-    stdout: "piped",
-    stderr: "piped",
-  }).spawn();
-  let printed = "";
-  const reading = Promise.all([child.stdout, child.stderr].map(async (stream) => {
-    for await (const chunk of stream) printed += new TextDecoder().decode(chunk);
-  }));
+  const run = runVirtctl(t, ["usbredir", "--no-launch", t.name]);
   try {
     const [, host, port] = await waitFor(
       "virtctl usbredir to print its address",
-      () => /connect usbredir client at: (\S+):(\d+)/.exec(printed),
+      () => /connect usbredir client at: (\S+):(\d+)/.exec(run.printed()),
       30_000,
     );
     const conn = await Deno.connect({
@@ -172,14 +193,10 @@ export async function usbredirGreets(t: VirtctlTarget): Promise<void> {
       conn.close();
     }
   } catch (error) {
-    killQuietly(child);
-    await child.status;
-    await reading.catch(() => {});
-    throw new Error(`virtctl usbredir: ${printed}`, { cause: error });
+    throw new Error(`virtctl usbredir: ${run.printed()}`, { cause: error });
+  } finally {
+    await run.stop();
   }
-  killQuietly(child);
-  await child.status;
-  await reading.catch(() => {});
 }
 
 /**
@@ -192,29 +209,14 @@ export async function portForwardAnswers(
   port: number,
   path: string,
 ): Promise<string> {
-  const local = await new Promise<number>((resolve) => {
-    const l = Deno.listen({ hostname: "127.0.0.1", port: 0 });
-    resolve((l.addr as Deno.NetAddr).port);
-    l.close();
-  });
-  const child = new Deno.Command(t.virtctl, {
-    args: [
-      "--kubeconfig",
-      t.kubeconfig,
-      "port-forward",
-      "--address",
-      "127.0.0.1",
-      `vmi/${t.name}`,
-      `${local}:${port}`,
-    ],
-    stdin: "null",
-    stdout: "piped",
-    stderr: "piped",
-  }).spawn();
-  let printed = "";
-  const reading = Promise.all([child.stdout, child.stderr].map(async (stream) => {
-    for await (const chunk of stream) printed += new TextDecoder().decode(chunk);
-  }));
+  const local = freePort();
+  const run = runVirtctl(t, [
+    "port-forward",
+    "--address",
+    "127.0.0.1",
+    `vmi/${t.name}`,
+    `${local}:${port}`,
+  ]);
   try {
     return await waitFor(
       `the guest's port ${port} through virtctl port-forward`,
@@ -229,10 +231,8 @@ export async function portForwardAnswers(
       1_000,
     );
   } catch (error) {
-    throw new Error(`virtctl port-forward: ${printed}`, { cause: error });
+    throw new Error(`virtctl port-forward: ${run.printed()}`, { cause: error });
   } finally {
-    killQuietly(child);
-    await child.status;
-    await reading.catch(() => {});
+    await run.stop();
   }
 }
