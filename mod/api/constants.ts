@@ -236,6 +236,12 @@ export const DOWNWARD_METRICS_CHANNEL_DIR = "/var/run/kubevirt-private/downwardm
 export const DOWNWARD_METRICS_PORT = "org.github.vhostmd.1";
 /** The downward metrics channel's socket (in that folder; in pod-less mode, the VMI's). */
 export const DOWNWARD_METRICS_SOCKET = "downwardmetrics.sock";
+/**
+ * The channel's socket in a VMI's run folder, where virtnode's own launcher puts it: no
+ * longer than the serial console's name, so that the longest socket path a pod-less
+ * handler makes stays what it was.
+ */
+export const DOWNWARD_METRICS_VMI_SOCKET = "virt-dmetric";
 
 /** How many USB devices a client may redirect into one VMI at a time (KubeVirt's number). */
 export const USB_CLIENT_PASSTHROUGH_SLOTS = 4;

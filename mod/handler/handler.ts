@@ -14,7 +14,7 @@
  */
 import { join } from "node:path";
 import {
-  DOWNWARD_METRICS_SOCKET,
+  DOWNWARD_METRICS_VMI_SOCKET,
   KUBEVIRT_RELEASE,
   Labels,
   MAX_SOCKET_PATH,
@@ -269,7 +269,7 @@ export function podlessSocketPathProblem(config: Config): string | undefined {
     ...[
       SocketNames.Serial0,
       usbRedirSocket(USB_CLIENT_PASSTHROUGH_SLOTS - 1),
-      DOWNWARD_METRICS_SOCKET,
+      DOWNWARD_METRICS_VMI_SOCKET,
     ].map((name): [string, string] => ["--run-dir", join(paths.privateRoot, uid, name)]),
     ["--state-dir", join(config.stateDir, "launcher-host", "control.sock")],
   ];

@@ -10,7 +10,7 @@ import {
   type Disk,
   type DiskBus,
   DOWNWARD_METRICS_PORT,
-  DOWNWARD_METRICS_SOCKET,
+  DOWNWARD_METRICS_VMI_SOCKET,
   type FeatureState,
   type Interface,
   quantityToInteger,
@@ -901,7 +901,7 @@ export function generateDomainXml(vmi: VirtualMachineInstance, options: DomainXm
         el(
           "channel",
           { type: "unix" },
-          el("source", { mode: "bind", path: `${options.runDir}/${DOWNWARD_METRICS_SOCKET}` }),
+          el("source", { mode: "bind", path: `${options.runDir}/${DOWNWARD_METRICS_VMI_SOCKET}` }),
           el("target", { type: "virtio", name: DOWNWARD_METRICS_PORT }),
         ),
       buildConsoleAndGraphics(vmi, options),

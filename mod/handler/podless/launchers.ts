@@ -20,7 +20,7 @@ import type { VirtualMachineOptions } from "../../proto/mod.ts";
 import { join } from "node:path";
 import {
   type ClaimInfo,
-  DOWNWARD_METRICS_SOCKET,
+  DOWNWARD_METRICS_VMI_SOCKET,
   SocketNames,
   type VirtualMachineInstance,
   vmiKey,
@@ -434,7 +434,7 @@ export class PodlessLaunchers implements LauncherProvider {
 
   /** The downward metrics channel, which virtnode's launcher puts in the VMI's run directory. */
   openDownwardMetricsChannel(vmi: VirtualMachineInstance): Promise<BeneathSocket> {
-    return this.openPrivateSocket(vmi, DOWNWARD_METRICS_SOCKET);
+    return this.openPrivateSocket(vmi, DOWNWARD_METRICS_VMI_SOCKET);
   }
 
   /** None: virtnode's launcher host runs in the node's root. */
