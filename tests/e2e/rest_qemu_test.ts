@@ -147,7 +147,8 @@ Deno.test("REST+QEMU (pod-less): console, VNC, screenshots, pause and guest agen
     consoleWs.send(
       `${port0}; printf 'GET /metrics/XML\\n\\n' >&3; ` +
         `while read -r l <&3; do echo "dm: $l"; [ "$l" = '</metrics>' ] && break; done; ` +
-        `printf 'PUT /metrics/XML\\n\\n' >&3; read -r l <&3; echo "bad: $l"; ` +
+        // The answer ends with a blank line: read it before the next request.
+        `read -r l <&3; printf 'PUT /metrics/XML\\n\\n' >&3; read -r l <&3; echo "bad: $l"; ` +
         `exec 3<&-; echo dm-$((6 * 7))\n`,
     );
     const metrics = (await consoleWs.waitFor(
