@@ -618,7 +618,7 @@ export class VmiController extends KeyedController {
           // A launcher that went away since it last answered has nothing left to delete:
           // KubeVirt's handler, too, counts a disconnect as done and cleans up.
           await this.#processVmDelete(vmi).catch((error) => {
-            if (!(error instanceof LauncherCallError && error.unreachable)) throw error;
+            if (!isDisconnect(error)) throw error;
             log.debug("Launcher gone before the delete: cleaning up", {
               key: vmiKey(vmi.metadata),
               uid: vmi.metadata.uid,
@@ -869,7 +869,7 @@ export class VmiController extends KeyedController {
       // A launcher ends once its domain is gone (KubeVirt's does, right after its final
       // event): a refused call then is the shutdown done, which the domain's last event
       // or the unresponsive check confirms.
-      if (!(error instanceof LauncherCallError && error.unreachable)) throw error;
+      if (!isDisconnect(error)) throw error;
       log.info("Launcher gone while shutting its domain down; looking again shortly", {
         key,
         uid,
@@ -886,7 +886,9 @@ export class VmiController extends KeyedController {
   async #processVmDestroy(vmi: VirtualMachineInstance): Promise<void> {
     const client = this.#d.launchers.get(vmi.metadata.uid!);
     if (!client) throw new Error("no launcher client to destroy the domain with");
-    await client.killVirtualMachine(vmi);
+    // Launcher and handler both end the domain; a launcher that exits during the call
+    // has done what was asked (KubeVirt's handler, too, ignores the disconnect).
+    await client.killVirtualMachine(vmi).catch(ignoreDisconnect);
     this.record(vmi, "Normal", EventReason.Deleted, "VirtualMachineInstance stopping");
   }
 
@@ -894,7 +896,7 @@ export class VmiController extends KeyedController {
     const client = this.#d.launchers.get(vmi.metadata.uid!);
     if (!client) throw new Error("no launcher client to delete the domain with");
     this.record(vmi, "Normal", EventReason.Deleted, "Signaled Deletion");
-    await client.deleteVirtualMachine(vmi);
+    await client.deleteVirtualMachine(vmi).catch(ignoreDisconnect);
   }
 
   /**
@@ -923,6 +925,19 @@ export class VmiController extends KeyedController {
     this.#d.launchers.remove(uid);
     await this.#d.launchers.forgetMark(uid);
   }
+}
+
+/** Whether a launcher call failed because the launcher was gone or went during it. */
+function isDisconnect(error: unknown): boolean {
+  return error instanceof LauncherCallError && (error.unreachable || error.disconnected);
+}
+
+/**
+ * Rethrows any failure but a connection that ended during the call (KubeVirt's
+ * `IsDisconnected`); a launcher that could not be reached at all is still a failure.
+ */
+function ignoreDisconnect(error: unknown): void {
+  if (!(error instanceof LauncherCallError && error.disconnected)) throw error;
 }
 
 /** Whether the VMI has a hotplugged volume, in its status or (not written there yet) its spec. */

@@ -51,17 +51,37 @@ export class LauncherCallError extends Error {
   readonly method: string;
   /** True when the launcher could not be reached at all (as opposed to refusing). */
   readonly unreachable: boolean;
+  /**
+   * True when the launcher's connection ended during the call (KubeVirt's
+   * `IsDisconnected`): a launcher exiting while it is asked to stop.
+   */
+  readonly disconnected: boolean;
   /** Creates `server error. command <method> failed: <message>`, as KubeVirt words it. */
   constructor(
     method: string,
     message: string,
-    options?: { cause?: unknown; unreachable?: boolean },
+    options?: { cause?: unknown; unreachable?: boolean; disconnected?: boolean },
   ) {
     super(`server error. command ${method} failed: ${message}`, options);
     this.name = "LauncherCallError";
     this.method = method;
     this.unreachable = options?.unreachable ?? false;
+    this.disconnected = options?.disconnected ?? false;
   }
+}
+
+/**
+ * Whether a call failed because its connection ended while it was under way: CANCELLED
+ * (KubeVirt's `IsDisconnected` counts it), or what grpc-js reports for a peer whose socket
+ * closed with the call open (its Go client reports the same as EOF or ECONNRESET): either
+ * UNAVAILABLE "Connection dropped" or INTERNAL for the stream the closing socket reset.
+ */
+export function endedMidCall(error: unknown): boolean {
+  const { code, details } = error as Partial<ServiceError>;
+  if (code === 1) return true;
+  if (code === 14) return details === "Connection dropped";
+  if (code !== 13) return false;
+  return /socket has been ended|ECONNRESET|RST_STREAM with code 2/.test(details ?? "");
 }
 
 /**
@@ -283,8 +303,10 @@ export class LauncherClient {
     } catch (error) {
       if (error instanceof LauncherCallError) throw error;
       const unreachable = this.#failed(connection, error);
+      const disconnected = endedMidCall(error);
+      if (disconnected) this.#reset(connection);
       const detail = (error as ServiceError).details || (error as Error).message;
-      throw new LauncherCallError(method, detail, { cause: error, unreachable });
+      throw new LauncherCallError(method, detail, { cause: error, unreachable, disconnected });
     }
   }
 

@@ -163,6 +163,12 @@ Deno.test("a VMI deleted after its launcher went away unseen is cleaned up witho
   const { calls, written } = await reconcileDeleted("Scheduled", "responsive", gone);
   assert.deepEqual(calls, ["deleteVirtualMachine", "provider.stop"]);
   assert.deepEqual(written, ["Failed"]);
+  // One whose connection ended during the delete (it exited meanwhile) is gone as well.
+  const ended = new LauncherCallError("DeleteVirtualMachine", "socket has been ended", {
+    disconnected: true,
+  });
+  const after = await reconcileDeleted("Scheduled", "responsive", ended);
+  assert.deepEqual(after.calls, ["deleteVirtualMachine", "provider.stop"]);
   // A launcher that answered and refused is the sync's error (retried with backoff).
   await assert.rejects(
     reconcileDeleted(

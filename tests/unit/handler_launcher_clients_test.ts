@@ -151,3 +151,71 @@ Deno.test("LauncherClients: a launcher reported ended before its client exists s
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test(
+  "LauncherClient: a launcher that exits during a call is a disconnect, not a refusal",
+  { sanitizeOps: false, sanitizeResources: false },
+  async () => {
+    // KubeVirt's launcher exits once its domain is gone, sometimes before it answers the
+    // handler's delete; virt-handler counts that disconnect as the delete done. The
+    // launcher here is a process of its own that exits inside the call.
+    const { LauncherClient, LauncherCallError } = await import("../../mod/handler/testing.ts");
+    const dir = await Deno.makeTempDir();
+    const script = `${dir}/launcher.ts`;
+    const launcherMod = new URL("../../mod/launcher/mod.ts", import.meta.url).href;
+    await Deno.writeTextFile(
+      script,
+      `import { CmdServer } from ${JSON.stringify(launcherMod)};
+const backend = {
+  vmiKey: "default/vm",
+  getDomain: () => Promise.resolve(undefined),
+  deleteDomain: () => Deno.exit(0),
+};
+const server = await CmdServer.start({ socketDir: Deno.args[0], backend });
+await server.markReady();
+console.log(server.socketPath);
+`,
+    );
+    const child = new Deno.Command(Deno.execPath(), {
+      args: [
+        "run",
+        "-A",
+        "--config",
+        new URL("../../deno.json", import.meta.url).pathname,
+        script,
+        dir,
+      ],
+      stdout: "piped",
+      stderr: "inherit",
+    }).spawn();
+    const reader = child.stdout.pipeThrough(new TextDecoderStream()).getReader();
+    let socket = "";
+    while (!socket.includes("\n")) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      socket += value;
+    }
+    const client = new LauncherClient(socket.trim());
+    try {
+      assert.equal(await client.getDomain(), undefined);
+      const vmi = { metadata: { name: "vm", namespace: "default", uid: "u1" } };
+      const error = await client.deleteVirtualMachine(vmi as never).then(
+        () => assert.fail("the delete answered"),
+        (e: unknown) => e,
+      );
+      assert.ok(error instanceof LauncherCallError, String(error));
+      assert.equal(error.disconnected, true, error.message);
+      // A launcher that answers and refuses is no disconnect.
+      const refused = new LauncherCallError("DeleteVirtualMachine", "no");
+      assert.equal(refused.disconnected, false);
+    } finally {
+      client.close();
+      await reader.cancel().catch(() => {});
+      try {
+        child.kill("SIGKILL");
+      } catch { /* it exited */ }
+      await child.status;
+      await Deno.remove(dir, { recursive: true });
+    }
+  },
+);
