@@ -133,16 +133,27 @@ export async function startLocalModeInTmux(args: string[] = []): Promise<TmuxLoc
   // reaps the process, a moment later: a pane counts as ended once it has both (a program
   // ended by a signal, as a shell gives it: 128 + the signal).
   const paneState = async () => {
-    const [dead, status, signal] = (await t(
+    const [dead, status, signal, panePid, serverPid] = (await t(
       "display-message",
       "-p",
       "-t",
       session,
-      "#{pane_dead}:#{pane_dead_status}:#{pane_dead_signal}",
+      "#{pane_dead}:#{pane_dead_status}:#{pane_dead_signal}:#{pane_pid}:#{pid}",
     ))
       .trim().split(":");
     const code = status ? Number(status) : signal ? 128 + Number(signal) : undefined;
-    return { dead: dead === "1" && code !== undefined, status: code ?? -1 };
+    if (dead === "1" && code === undefined && isZombie(Number(panePid))) {
+      // tmux 3.3a here at times misses the SIGCHLD of the pane's process: the process
+      // stays a zombie and the pane dead without a status for good (seen after local
+      // mode printed "done"; a SIGCHLD sent to the server by hand then reaped it with
+      // status 0). Another one makes the server reap it and record the status.
+      Deno.kill(Number(serverPid), "SIGCHLD");
+    }
+    return {
+      dead: dead === "1" && code !== undefined,
+      status: code ?? -1,
+      seen: `pane_dead=${dead} status=${status} signal=${signal}`,
+    };
   };
   return {
     marker,
@@ -155,7 +166,15 @@ export async function startLocalModeInTmux(args: string[] = []): Promise<TmuxLoc
         const state = await paneState();
         if (state.dead) return state.status;
         if (Date.now() > deadline) {
-          throw new Error(`local mode did not end within ${timeoutMs / 1000} s:\n${output()}`);
+          // The first line is what a CI log's summary keeps: the pane's state and the
+          // last thing local mode printed.
+          const text = output();
+          const last = text.trimEnd().split("\n").at(-1)?.trim() ?? "";
+          throw new Error(
+            `local mode did not end within ${timeoutMs / 1000} s (${state.seen}; last: ${
+              JSON.stringify(last.slice(0, 160))
+            }):\n${text}`,
+          );
         }
         await new Promise((r) => setTimeout(r, 500));
       }
@@ -392,4 +411,15 @@ export async function removeRun(run: AnyLocalModeRun, domains: string[]): Promis
       .output();
   }
   for (const dir of dirs) await Deno.remove(dir, { recursive: true }).catch(() => {});
+}
+
+/** Whether process `pid` has ended and waits for its parent to reap it. */
+function isZombie(pid: number): boolean {
+  try {
+    // The state follows the command name, which is in parentheses and may hold spaces.
+    const stat = Deno.readTextFileSync(`/proc/${pid}/stat`);
+    return stat.slice(stat.lastIndexOf(")") + 2).startsWith("Z");
+  } catch {
+    return false;
+  }
 }
