@@ -51,6 +51,7 @@ const LIBC_SYMBOLS = {
   fstatfs: { parameters: [I, B], result: I },
   renameat2: { parameters: [I, B, I, B, U], result: I },
   mknodat: { parameters: [I, B, U, "u64"], result: I },
+  mkdirat: { parameters: [I, B, U], result: I },
   lgetxattr: { parameters: [B, B, B, "u64"], result: "i64" },
   lsetxattr: { parameters: [B, B, B, "u64", I], result: I },
   lremovexattr: { parameters: [B, B], result: I },

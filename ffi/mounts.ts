@@ -85,6 +85,7 @@ export function mountIdOf(fd: number): bigint {
 
 const S_IFMT = 0o170000;
 const S_IFREG = 0o100000;
+const S_IFDIR = 0o040000;
 
 /**
  * A detached bind mount (`open_tree(OPEN_TREE_CLONE)`, Linux 5.2) of the regular file
@@ -97,7 +98,7 @@ const S_IFREG = 0o100000;
 function detachedBindMountAt(
   rootFd: number,
   path: string,
-  options: { readonly: boolean },
+  options: { readonly: boolean; directory?: boolean },
   root: string,
 ): number {
   const source = openBeneath(rootFd, path, {
@@ -105,7 +106,11 @@ function detachedBindMountAt(
     resolve: RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
   });
   try {
-    if ((fileIdentity(source).mode & S_IFMT) !== S_IFREG) {
+    const kind = fileIdentity(source).mode & S_IFMT;
+    if (options.directory && kind !== S_IFDIR) {
+      throw new ErrnoError(`Cannot bind "${path}" of ${root}`, 20, "Not a directory");
+    }
+    if (!options.directory && kind !== S_IFREG) {
       throw new ErrnoError(`Cannot bind "${path}" of ${root}`, 21, "Not a regular file");
     }
     const tree = Number(
@@ -153,6 +158,7 @@ export function attachMountBeneath(
   rootFd: number,
   dir: string,
   name: string,
+  directory = false,
 ): boolean {
   if (name.includes("/") || name === "" || name === "." || name === "..") {
     throw new Error(`Invalid file name ${JSON.stringify(name)}`);
@@ -167,17 +173,25 @@ export function attachMountBeneath(
       close(openBeneath(dirFd, name, { flags: O_PATH, resolve: strict }));
     } catch (error) {
       if (!(error instanceof ErrnoError && error.errno === 2)) throw error;
-      // openat2 needs a directory that can be written: reopen it with O_RDONLY to create in.
-      const created = openBeneath(dirFd, name, {
-        flags: O_WRONLY | 0o100 /* O_CREAT */ | 0o200, /* O_EXCL */
-        mode: 0o644,
-        resolve: strict,
-      });
-      close(created);
+      if (directory) {
+        // mkdirat never follows a link in the last component (one there is EEXIST).
+        check(c().mkdirat(dirFd, cpath(name), 0o755), `Cannot make "${dir}/${name}"`);
+      } else {
+        const created = openBeneath(dirFd, name, {
+          flags: O_WRONLY | 0o100 /* O_CREAT */ | 0o200, /* O_EXCL */
+          mode: 0o644,
+          resolve: strict,
+        });
+        close(created);
+      }
     }
     const target = openBeneath(dirFd, name, { flags: O_PATH, resolve: strict });
     try {
-      if ((fileIdentity(target).mode & S_IFMT) !== S_IFREG) {
+      const kind = fileIdentity(target).mode & S_IFMT;
+      if (directory && kind !== S_IFDIR) {
+        throw new ErrnoError(`Cannot mount on "${dir}/${name}"`, 20, "Not a directory");
+      }
+      if (!directory && kind !== S_IFREG) {
         throw new ErrnoError(`Cannot mount on "${dir}/${name}"`, 21, "Not a regular file");
       }
       if (mountIdOf(target) !== mountIdOf(dirFd)) return false;
@@ -261,6 +275,11 @@ export interface ContainerFileBind {
   targetName: string;
   /** Read-only mount. */
   readonly: boolean;
+  /**
+   * Binds a directory (a claim's root, for a memory dump) instead of a file; the target is
+   * made as a directory.
+   */
+  directory?: boolean;
   /**
    * A process of the namespace where the container's root is mounted (the node's: 1 for a
    * handler in a pod with the host's PID namespace); this process's own unless told.
@@ -358,7 +377,7 @@ export function bindContainerFile(o: ContainerFileBind): boolean {
       tree = detachedBindMountAt(
         rootFd,
         o.sourcePath,
-        { readonly: o.readonly },
+        { readonly: o.readonly, directory: o.directory },
         `the root of process ${o.containerPid}`,
       );
     } finally {
@@ -366,7 +385,7 @@ export function bindContainerFile(o: ContainerFileBind): boolean {
     }
     try {
       check(c().setns(targetNs, CLONE_NEWNS), `Cannot enter the mount namespace of ${o.targetPid}`);
-      return attachMountBeneath(tree, targetRoot, o.targetDir, o.targetName);
+      return attachMountBeneath(tree, targetRoot, o.targetDir, o.targetName, o.directory);
     } finally {
       close(tree);
     }
@@ -399,12 +418,12 @@ function bindFromContainerNamespace(o: ContainerFileBind): boolean {
     const tree = detachedBindMountAt(
       sourceRoot,
       o.sourcePath,
-      { readonly: o.readonly },
+      { readonly: o.readonly, directory: o.directory },
       `the root of process ${o.containerPid}`,
     );
     try {
       check(c().setns(targetNs, CLONE_NEWNS), `Cannot enter the mount namespace of ${o.targetPid}`);
-      return attachMountBeneath(tree, targetRoot, o.targetDir, o.targetName);
+      return attachMountBeneath(tree, targetRoot, o.targetDir, o.targetName, o.directory);
     } finally {
       close(tree);
     }

@@ -461,6 +461,8 @@ export interface Volume {
   downwardAPI?: unknown;
   /** A Windows sysprep answer file. */
   sysprep?: unknown;
+  /** A claim a memory dump is written to (`virtctl memory-dump`), hotplugged by virt-controller. */
+  memoryDump?: { claimName: string; hotpluggable?: boolean; readOnly?: boolean };
 }
 
 /** `spec.networks[]`. */
@@ -611,6 +613,20 @@ export interface VolumeStatus {
   hotplugVolume?: { attachPodName?: string; attachPodUID?: string };
   /** The claim's access modes, capacity and volume mode. */
   persistentVolumeClaimInfo?: ClaimInfo;
+  /** A memory dump volume's progress (`virtctl memory-dump`). */
+  memoryDumpVolume?: MemoryDumpVolumeStatus;
+}
+
+/** `status.volumeStatus[].memoryDumpVolume`: where a memory dump goes and when it ran. */
+export interface MemoryDumpVolumeStatus {
+  /** The claim the dump is written to. */
+  claimName?: string;
+  /** The dump's file name on the claim. */
+  targetFileName?: string;
+  /** When the dump started. */
+  startTimestamp?: string;
+  /** When the dump ended. */
+  endTimestamp?: string;
 }
 
 /** `status.migrationState`. */

@@ -117,6 +117,15 @@ export interface DomainKubevirtMetadata {
   };
   /** Whether the launcher put the VMI's access credentials into the guest, and its message. */
   accessCredential?: { succeeded: boolean; message?: string };
+  /** The last memory dump the launcher took: its file, when, and how it ended. */
+  memoryDump?: {
+    fileName?: string;
+    startTimestamp?: string;
+    endTimestamp?: string;
+    completed?: boolean;
+    failed?: boolean;
+    failureReason?: string;
+  };
 }
 
 /** The parts of the domain spec the handler reads. */
@@ -289,6 +298,16 @@ export function domainToWire(domain: Domain): Json {
               Message: kv.accessCredential.message || undefined,
             })
             : undefined,
+          MemoryDump: kv.memoryDump
+            ? compact({
+              FileName: kv.memoryDump.fileName || undefined,
+              StartTimestamp: kv.memoryDump.startTimestamp,
+              EndTimestamp: kv.memoryDump.endTimestamp,
+              Completed: kv.memoryDump.completed || undefined,
+              Failed: kv.memoryDump.failed || undefined,
+              FailureReason: kv.memoryDump.failureReason || undefined,
+            })
+            : undefined,
         }),
       },
       // Go's api.Memory and api.OS are values, not pointers: always present, zero when unset.
@@ -449,6 +468,10 @@ export function domainFromWire(raw: unknown): Domain {
   const credential = credentialRaw === undefined || credentialRaw === null
     ? undefined
     : object(credentialRaw, "Spec.Metadata.KubeVirt.AccessCredential");
+  const dumpRaw = kv.MemoryDump;
+  const dump = dumpRaw === undefined || dumpRaw === null
+    ? undefined
+    : object(dumpRaw, "Spec.Metadata.KubeVirt.MemoryDump");
   const features = spec.Features === undefined || spec.Features === null
     ? undefined
     : object(spec.Features, "Spec.Features");
@@ -507,6 +530,16 @@ export function domainFromWire(raw: unknown): Domain {
             ? compact({
               succeeded: credential.Succeeded === true,
               message: optString(credential.Message, "AccessCredential.Message"),
+            })
+            : undefined,
+          memoryDump: dump
+            ? compact({
+              fileName: optString(dump.FileName, "MemoryDump.FileName"),
+              startTimestamp: optString(dump.StartTimestamp, "MemoryDump.StartTimestamp"),
+              endTimestamp: optString(dump.EndTimestamp, "MemoryDump.EndTimestamp"),
+              completed: dump.Completed === true,
+              failed: dump.Failed === true,
+              failureReason: optString(dump.FailureReason, "MemoryDump.FailureReason"),
             })
             : undefined,
         }),

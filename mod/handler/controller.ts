@@ -64,6 +64,7 @@ import {
   computeStatus,
   EventReason,
   guestAgentConnected,
+  memoryDumpPath,
   phaseChangeEvent,
   type StatusEvent,
   type StatusInput,
@@ -818,6 +819,15 @@ export class VmiController extends KeyedController {
       // A volume added or removed while no handler ran is not in the domain yet (or still
       // is): that one change is carried out now.
       this.#synced.set(uid, "");
+    }
+    // A memory dump volume mounted and marked in progress: the launcher dumps to it
+    // (asked on every sync until it is done, as KubeVirt's handler asks; the launcher takes
+    // each file name once).
+    if (alive) {
+      for (const entry of vmi.status?.volumeStatus ?? []) {
+        const path = memoryDumpPath(entry);
+        if (path) await client.virtualMachineMemoryDump(vmi, path);
+      }
     }
     if (alive && this.#synced.get(uid) === spec) return DONE;
     await client.syncVirtualMachine(forLauncher, options);

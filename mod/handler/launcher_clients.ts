@@ -30,6 +30,7 @@ import {
   type DomainResponse,
   type GrpcClient,
   highestCommonVersion,
+  type MemoryDumpRequest,
   newCmdClient,
   newCmdInfoClient,
   type Response,
@@ -335,6 +336,22 @@ export class LauncherClient {
   /** Undefines the (stopped) domain. */
   deleteVirtualMachine(vmi: VirtualMachineInstance): Promise<void> {
     return this.#vmiCall("DeleteVirtualMachine", vmi, LAUNCHER_TIMEOUTS.short);
+  }
+  /**
+   * Starts a dump of the guest's memory to `dumpPath`, a file in the launcher's view; the
+   * launcher records its progress in the domain's metadata (KubeVirt's launcher answers
+   * at once and dumps in the background, once per file name).
+   */
+  async virtualMachineMemoryDump(vmi: VirtualMachineInstance, dumpPath: string): Promise<void> {
+    const request: MemoryDumpRequest = { vmi: encodeVmi(vmi).vmi, dumpPath };
+    const res = await this.#call<MemoryDumpRequest, Response>(
+      "VirtualMachineMemoryDump",
+      request,
+      LAUNCHER_TIMEOUTS.short,
+    );
+    if (!res.success) {
+      throw new LauncherCallError("VirtualMachineMemoryDump", res.message || "no message");
+    }
   }
   /** Resumes a paused domain. */
   unpauseVirtualMachine(vmi: VirtualMachineInstance): Promise<void> {

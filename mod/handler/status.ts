@@ -35,7 +35,7 @@ import {
   type PhaseDecision,
   vmiPhaseFromDomain,
 } from "../domain/mod.ts";
-import { isHotplugVolume } from "../storage/mod.ts";
+import { isHotplugVolume, LAUNCHER_HOTPLUG_DIR } from "../storage/mod.ts";
 import type { PodAddresses } from "../network/mod.ts";
 import type { AgentSupport } from "./guest_agent_support.ts";
 import type { StandInFacts } from "./launcher_provider.ts";
@@ -236,6 +236,8 @@ export interface VolumeStatusOptions {
   hotplugMounted?: ReadonlySet<string>;
   /** Where the handler stands in for virt-controller (pod-less mode): it owns the entries. */
   standIn?: StandInFacts;
+  /** The time of this status (RFC 3339), for a memory dump's file name. */
+  now?: string;
 }
 
 /**
@@ -281,6 +283,7 @@ export function volumeStatusFromDomain(
       if (claim && !next.persistentVolumeClaimInfo) next.persistentVolumeClaimInfo = claim;
       Object.assign(next, hotplugPhase(next, inSpec.has(entry.name), hotplugMounted));
     }
+    if (next.memoryDumpVolume) memoryDumpProgress(next, vmi, domain, options.now);
     byName.set(entry.name, next);
   }
   for (const v of vmi.spec.volumes ?? []) {
@@ -329,6 +332,72 @@ function hotplugPhase(
     };
   }
   return {};
+}
+
+/** A memory dump volume's phases, as virt-controller and KubeVirt's handler name them. */
+export const MemoryDumpPhase = {
+  InProgress: "MemoryDumpInProgress",
+  Completed: "MemoryDumpCompleted",
+  Failed: "MemoryDumpFailed",
+} as const;
+
+/**
+ * Moves a memory dump volume's entry on, as KubeVirt's handler does: once its claim is
+ * mounted into the launcher it is `MemoryDumpInProgress` with the dump's file name
+ * (`<vmi>-<volume>-<yyyymmdd-hhmmss>.memory.dump`); the launcher's record of that file in
+ * the domain's metadata then gives its start, and its end, `Completed` or `Failed`.
+ */
+function memoryDumpProgress(
+  entry: VolumeStatus,
+  vmi: VirtualMachineInstance,
+  domain: Domain,
+  now = new Date().toISOString(),
+) {
+  const dump = entry.memoryDumpVolume!;
+  const name = entry.name;
+  if (entry.phase === "MountedToPod") {
+    entry.memoryDumpVolume = {
+      ...dump,
+      targetFileName: dumpFileName(vmi.metadata.name, name, now),
+    };
+    entry.phase = MemoryDumpPhase.InProgress;
+    entry.reason = "VolumeMountedToPod";
+    entry.message = `Memory dump Volume ${name} is attached, getting memory dump`;
+    return;
+  }
+  if (entry.phase !== MemoryDumpPhase.InProgress) return;
+  const taken = domain.spec.metadata.kubevirt.memoryDump;
+  if (!taken || taken.fileName !== dump.targetFileName) return; // not asked for yet
+  const next = { ...dump };
+  if (taken.startTimestamp) next.startTimestamp = taken.startTimestamp;
+  if (taken.endTimestamp && taken.failed) {
+    entry.phase = MemoryDumpPhase.Failed;
+    entry.message = `Memory dump to pvc ${name} failed: ${taken.failureReason ?? ""}`;
+    next.endTimestamp = taken.endTimestamp;
+  } else if (taken.completed) {
+    entry.phase = MemoryDumpPhase.Completed;
+    entry.reason = "VolumeReady";
+    entry.message = `Memory dump to Volume ${name} has completed successfully`;
+    next.endTimestamp = taken.endTimestamp;
+  }
+  entry.memoryDumpVolume = next;
+}
+
+/** KubeVirt's memory dump file name: `<vmi>-<volume>-<yyyymmdd-hhmmss>.memory.dump` (UTC). */
+export function dumpFileName(vmiName: string, volume: string, now: string): string {
+  const t = new Date(now).toISOString(); // 2026-12-06T19:30:05.123Z
+  const stamp = `${t.slice(0, 10).replaceAll("-", "")}-${t.slice(11, 19).replaceAll(":", "")}`;
+  return `${vmiName}-${volume}-${stamp}.memory.dump`;
+}
+
+/**
+ * Where the launcher writes a memory dump volume's dump, in its own view: the claim's
+ * directory in its hotplug folder, and the file name the status gives.
+ */
+export function memoryDumpPath(entry: VolumeStatus): string | undefined {
+  const file = entry.memoryDumpVolume?.targetFileName;
+  if (entry.phase !== MemoryDumpPhase.InProgress || !file) return undefined;
+  return `${LAUNCHER_HOTPLUG_DIR}/${entry.name}/${file}`;
 }
 
 /** The Events for hotplugged volumes whose phase the status changes (KubeVirt's reasons). */
@@ -545,6 +614,7 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
     const volumes = volumeStatusFromDomain(vmi, domain, {
       hotplugMounted: input.hotplugMounted,
       standIn: input.standIn,
+      now: input.now,
     });
     if (volumes.length > 0) status.volumeStatus = volumes;
     else delete status.volumeStatus;

@@ -51,8 +51,10 @@ export { FailRetryManager } from "./retry_manager.ts";
 export {
   computeStatus,
   guestAgentConnected,
+  memoryDumpPath,
   phaseChangeEvent,
   type StatusInput,
   SYNC_FAILED_REASON,
+  volumePhaseEvents,
 } from "./status.ts";
 export { hostTopology, parseCpuList, virtualMachineOptions } from "./vm_options.ts";

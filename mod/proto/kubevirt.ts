@@ -112,6 +112,14 @@ export interface VMIRequest {
   options?: VirtualMachineOptions | null;
 }
 
+/** `kubevirt.cmd.v1.MemoryDumpRequest`: dump the guest's memory to a file of the launcher's. */
+export interface MemoryDumpRequest {
+  /** The VMI whose guest's memory is dumped. */
+  vmi?: VMI | null;
+  /** The file, as the launcher sees it. */
+  dumpPath: string;
+}
+
 /** `kubevirt.cmd.v1.EmptyRequest`. */
 export type EmptyRequest = Record<string, never>;
 

@@ -54,6 +54,7 @@ export {
   type GuestInfoResponse,
   highestCommonVersion,
   type K8sEventRequest,
+  type MemoryDumpRequest,
   newCmdClient,
   newCmdInfoClient,
   newNotifyClient,

@@ -46,6 +46,11 @@ import {
 export const VMI_DISKS_DIR = `${Paths.VirtPrivateDir}/vmi-disks`;
 /** The image file on a filesystem claim. */
 export const DISK_IMAGE = "disk.img";
+/**
+ * Where the launcher finds a hotplugged volume (KubeVirt's launcher view): `<volume>.img`,
+ * a block volume's device node, or a memory dump claim's directory `<volume>`.
+ */
+export const LAUNCHER_HOTPLUG_DIR = "/var/run/kubevirt/hotplug-disks";
 /** Bytes left free on a claim when its image is created (KubeVirt's default). */
 export const MINIMUM_RESERVE_BYTES = 131_072;
 /** How much smaller than asked a claim may be and still get an image filling it, percent. */
@@ -89,7 +94,10 @@ export function claimInfoOf(vmi: VirtualMachineInstance, name: string): ClaimInf
 
 /** Whether the volume is hotplugged (the spec says so, or its status names an attachment pod). */
 export function isHotplugVolume(vmi: VirtualMachineInstance, volume: Volume): boolean {
-  if (volume.persistentVolumeClaim?.hotpluggable || volume.dataVolume?.hotpluggable) return true;
+  if (
+    volume.persistentVolumeClaim?.hotpluggable || volume.dataVolume?.hotpluggable ||
+    volume.memoryDump?.hotpluggable
+  ) return true;
   return vmi.status?.volumeStatus?.some((s) => s.name === volume.name && s.hotplugVolume) ??
     false;
 }

@@ -31,6 +31,7 @@ export {
   claimNameOf,
   DISK_IMAGE,
   isHotplugVolume,
+  LAUNCHER_HOTPLUG_DIR,
   MINIMUM_RESERVE_BYTES,
   type PreparedHostDisks,
   prepareHostDisks,

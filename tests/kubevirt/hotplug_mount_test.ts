@@ -17,15 +17,21 @@ import { waitFor } from "../helpers/handler_process.ts";
 
 const HOTPLUG = "volumes/kubernetes.io~empty-dir/hotplug-disks";
 
-function vmi(uid: string, podUid: string, volumes: { name: string; block?: boolean }[]) {
+function vmi(
+  uid: string,
+  podUid: string,
+  volumes: { name: string; block?: boolean; dump?: boolean }[],
+) {
   return {
     metadata: { name: "vm1", namespace: "default", uid },
     spec: {
       domain: { devices: {} },
-      volumes: volumes.map((v) => ({
-        name: v.name,
-        persistentVolumeClaim: { claimName: v.name, hotpluggable: true },
-      })),
+      volumes: volumes.map((v) =>
+        v.dump
+          // A memory dump's claim (virtctl memory-dump): its directory, not an image.
+          ? { name: v.name, memoryDump: { claimName: v.name, hotpluggable: true } }
+          : { name: v.name, persistentVolumeClaim: { claimName: v.name, hotpluggable: true } }
+      ),
     },
     status: {
       volumeStatus: volumes.map((v) => ({
@@ -34,6 +40,7 @@ function vmi(uid: string, podUid: string, volumes: { name: string; block?: boole
         phase: "AttachedToNode",
         hotplugVolume: { attachPodName: "hp-volume-x", attachPodUID: podUid },
         persistentVolumeClaimInfo: { volumeMode: v.block ? "Block" : "Filesystem" },
+        ...(v.dump ? { memoryDumpVolume: { claimName: v.name } } : {}),
       })),
     },
   } as unknown as VirtualMachineInstance;
@@ -91,7 +98,8 @@ async function run(cmd: string, ...args: string[]): Promise<void> {
 Deno.test("hotplug (KubeVirt mode): claims are bound into the launcher's namespace only and go on removal", async () => {
   // A filesystem claim's disk.img comes from the attachment pod; a
   // block claim's device node is made in that namespace and let into
-  // the launcher's cgroup. Both go when the volumes leave the spec.
+  // the launcher's cgroup; a memory dump's claim is bound whole, as a
+  // directory. All go when the volumes leave the spec.
   const kubevirt = await buildKubevirtPeers();
   const dir = await Deno.makeTempDir({ prefix: "virtnode-hotplug-" });
   const podsDir = join(dir, "pods");
@@ -99,11 +107,12 @@ Deno.test("hotplug (KubeVirt mode): claims are bound into the launcher's namespa
   const podDir = join(podsDir, podUid);
   const podRoot = join(dir, "pod");
   const claim = join(dir, "claim");
+  const dumpClaim = join(dir, "dump-claim");
   const launcherRoot = join(dir, "launcher");
   const cgroup = `/sys/fs/cgroup/devices/virtnode-test-${podUid.slice(0, 8)}`;
   await Deno.mkdir(join(podDir, HOTPLUG, "blk"), { recursive: true });
   await run("mknod", join(podDir, HOTPLUG, "blk", "pvc-uid"), "b", "7", "250");
-  for (const d of ["usr/bin", "path", "data", "etc"]) {
+  for (const d of ["usr/bin", "path", "data", "dump", "etc"]) {
     await Deno.mkdir(join(podRoot, d), { recursive: true });
   }
   await Deno.copyFile(join(kubevirt, "container-disk"), join(podRoot, "usr/bin/container-disk"));
@@ -111,12 +120,18 @@ Deno.test("hotplug (KubeVirt mode): claims are bound into the launcher's namespa
   await Deno.writeTextFile(join(podRoot, "etc/secret"), "the pod's own file\n");
   await Deno.mkdir(claim);
   await Deno.writeTextFile(join(claim, "disk.img"), "the claim's disk\n");
+  await Deno.mkdir(dumpClaim);
+  await Deno.writeTextFile(join(dumpClaim, "vm1-dump-old.memory.dump"), "an earlier dump\n");
   for (const d of ["bin", "var/run/kubevirt/hotplug-disks"]) {
     await Deno.mkdir(join(launcherRoot, d), { recursive: true });
   }
   await Deno.copyFile("/bin/busybox", join(launcherRoot, "bin/busybox"));
   await Deno.mkdir(cgroup);
-  const pod = rooted(podRoot, [[join(podDir, HOTPLUG), "path"], [claim, "data"]], [
+  const pod = rooted(podRoot, [
+    [join(podDir, HOTPLUG), "path"],
+    [claim, "data"],
+    [dumpClaim, "dump"],
+  ], [
     "/usr/bin/container-disk",
     "--copy-path",
     "/path/hp",
@@ -133,10 +148,29 @@ Deno.test("hotplug (KubeVirt mode): claims are bound into the launcher's namespa
       10_000,
     );
     const uid = crypto.randomUUID();
-    const both = vmi(uid, podUid, [{ name: "data" }, { name: "blk", block: true }]);
+    const both = vmi(uid, podUid, [
+      { name: "data" },
+      { name: "blk", block: true },
+      { name: "dump", dump: true },
+    ]);
     const mounts = new HotplugMounts(join(dir, "records"), podsDir);
     await mounts.mount(both, launcher.pid);
-    assert.deepEqual([...await mounts.mounted(uid)].sort(), ["blk", "data"]);
+    assert.deepEqual([...await mounts.mounted(uid)].sort(), ["blk", "data", "dump"]);
+
+    // The dump's claim is a directory the launcher (QEMU's user) writes the dump into.
+    const dumpDir = "/var/run/kubevirt/hotplug-disks/dump";
+    const listed = await inNs(launcher.pid, "/bin/busybox", "ls", dumpDir);
+    assert.equal(listed.text, "vm1-dump-old.memory.dump\n");
+    const dumped = await inNs(
+      launcher.pid,
+      "/bin/busybox",
+      "sh",
+      "-c",
+      `echo memory > ${dumpDir}/vm1-dump-new.memory.dump`,
+    );
+    assert.ok(dumped.ok, `the dump's directory is writable: ${dumped.text}`);
+    assert.equal(await Deno.readTextFile(join(dumpClaim, "vm1-dump-new.memory.dump")), "memory\n");
+    assert.equal((await Deno.stat(dumpClaim)).uid, 107, "QEMU's user owns the claim's directory");
 
     const seen = await inNs(
       launcher.pid,
@@ -178,6 +212,11 @@ Deno.test("hotplug (KubeVirt mode): claims are bound into the launcher's namespa
       [...Deno.readDirSync(join(launcherRoot, "var/run/kubevirt/hotplug-disks"))],
       [],
       "nothing left in the launcher's hotplug directory",
+    );
+    assert.deepEqual(
+      [...Deno.readDirSync(dumpClaim)].map((e) => e.name).sort(),
+      ["vm1-dump-new.memory.dump", "vm1-dump-old.memory.dump"],
+      "the dumps stay on the claim",
     );
     assert.doesNotMatch(await Deno.readTextFile(join(cgroup, "devices.list")), /^b 7:250/m);
     assert.deepEqual([...Deno.readDirSync(join(dir, "records"))], [], "the record is gone");

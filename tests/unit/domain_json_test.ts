@@ -37,6 +37,12 @@ const KUBEVIRT_DOMAIN_JSON = JSON.stringify({
         UID: "5a3c0e1e-4a55-4f6b-9d7a-1f1f0c1b2c3d",
         GracePeriod: { DeletionGracePeriodSeconds: 30, DeletionTimestamp: null },
         AccessCredential: { Succeeded: true, Message: "" },
+        MemoryDump: {
+          FileName: "vm1-dump-20261206-193000.memory.dump",
+          StartTimestamp: "2026-12-06T19:30:01Z",
+          EndTimestamp: "2026-12-06T19:30:04Z",
+          Completed: true,
+        },
       },
     },
     Features: { ACPI: {}, APIC: null },
@@ -91,6 +97,14 @@ Deno.test("decodeDomainJson() reads the JSON KubeVirt's launcher sends", () => {
   assert.equal(domain.spec.metadata.kubevirt.gracePeriod?.deletionGracePeriodSeconds, 30);
   // The launcher's verdict on the access credentials (virt-handler's condition reads it).
   assert.deepEqual(domain.spec.metadata.kubevirt.accessCredential, { succeeded: true });
+  // The launcher's record of its last memory dump (virt-handler's volume status reads it).
+  assert.deepEqual(domain.spec.metadata.kubevirt.memoryDump, {
+    fileName: "vm1-dump-20261206-193000.memory.dump",
+    startTimestamp: "2026-12-06T19:30:01Z",
+    endTimestamp: "2026-12-06T19:30:04Z",
+    completed: true,
+    failed: false,
+  });
   assert.deepEqual(domain.spec.features, { acpi: true });
   assert.deepEqual(domain.spec.devices.interfaces[0], {
     type: "user",

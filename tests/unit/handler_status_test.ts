@@ -10,9 +10,11 @@ import {
 import {
   computeStatus,
   guestAgentConnected,
+  memoryDumpPath,
   phaseChangeEvent,
   type StatusInput,
   SYNC_FAILED_REASON,
+  volumePhaseEvents,
 } from "../../mod/handler/testing.ts";
 
 const T0 = "2026-11-29T10:00:00.000Z";
@@ -602,4 +604,94 @@ Deno.test("computeStatus() warns when a VMI to be live-migrated on eviction cann
     ).events,
     [],
   );
+});
+
+Deno.test("computeStatus() moves a memory dump volume through virt-handler's phases from the launcher's record", () => {
+  // KubeVirt mode: virt-controller hotplugs the dump's claim; the handler mounts its
+  // directory, names the file, and reads how the dump went from the domain's metadata.
+  const dumpVmi = (phase: string, dump: Record<string, string>) => {
+    const v = vmi("Running", {
+      volumes: [{ name: "dump", memoryDump: { claimName: "dump", hotpluggable: true } }],
+    });
+    v.status!.volumeStatus = [{
+      name: "dump",
+      target: "",
+      phase,
+      hotplugVolume: { attachPodName: "hp-volume-x", attachPodUID: "u2" },
+      memoryDumpVolume: { claimName: "dump", ...dump },
+    }];
+    return v;
+  };
+  const kubevirtMode = (domain?: Domain) => ({
+    ...input(LifeCycle.Running, undefined, {
+      standIn: undefined,
+      hotplugMounted: new Set(["dump"]),
+    }),
+    ...(domain ? { domain } : {}),
+  });
+  const mounted = computeStatus(dumpVmi("Bound", {}), kubevirtMode());
+  const entry = mounted.status.volumeStatus![0];
+  const file = "vm1-dump-20261129-100000.memory.dump";
+  assert.deepEqual(entry, {
+    name: "dump",
+    target: "",
+    phase: "MemoryDumpInProgress",
+    reason: "VolumeMountedToPod",
+    message: "Memory dump Volume dump is attached, getting memory dump",
+    hotplugVolume: { attachPodName: "hp-volume-x", attachPodUID: "u2" },
+    memoryDumpVolume: { claimName: "dump", targetFileName: file },
+  });
+  assert.ok(mounted.requeue, "looked at again until the dump ends");
+  assert.deepEqual(volumePhaseEvents(undefined, mounted.status.volumeStatus), [
+    {
+      reason: "VolumeMountedToPod",
+      message: "Memory dump Volume dump is attached, getting memory dump",
+    },
+  ]);
+  assert.equal(memoryDumpPath(entry), `/var/run/kubevirt/hotplug-disks/dump/${file}`);
+
+  const withDump = (record: NonNullable<Domain["spec"]["metadata"]["kubevirt"]["memoryDump"]>) => {
+    const domain = newDomain({ namespace: "default", name: "vm1", uid: "u1" }, {
+      status: LifeCycle.Running,
+      reason: StateChangeReason.Unknown,
+    });
+    domain.spec.metadata.kubevirt.memoryDump = record;
+    return kubevirtMode(domain);
+  };
+  const inProgress = dumpVmi("MemoryDumpInProgress", { targetFileName: file });
+  // The launcher's record of another file (an earlier dump) says nothing about this one.
+  const other = computeStatus(
+    inProgress,
+    withDump({ fileName: "old.memory.dump", completed: true, endTimestamp: T1 }),
+  );
+  assert.equal(other.status.volumeStatus![0].phase, "MemoryDumpInProgress");
+  const started = computeStatus(inProgress, withDump({ fileName: file, startTimestamp: T0 }));
+  assert.equal(started.status.volumeStatus![0].phase, "MemoryDumpInProgress");
+  assert.equal(started.status.volumeStatus![0].memoryDumpVolume!.startTimestamp, T0);
+  const done = computeStatus(
+    inProgress,
+    withDump({ fileName: file, startTimestamp: T0, endTimestamp: T1, completed: true }),
+  ).status.volumeStatus![0];
+  assert.equal(done.phase, "MemoryDumpCompleted");
+  assert.equal(done.reason, "VolumeReady");
+  assert.equal(done.message, "Memory dump to Volume dump has completed successfully");
+  assert.deepEqual(done.memoryDumpVolume, {
+    claimName: "dump",
+    targetFileName: file,
+    startTimestamp: T0,
+    endTimestamp: T1,
+  });
+  assert.equal(memoryDumpPath(done), undefined, "a finished dump is not asked for again");
+  const failed = computeStatus(
+    inProgress,
+    withDump({
+      fileName: file,
+      endTimestamp: T1,
+      completed: true,
+      failed: true,
+      failureReason: "no space left",
+    }),
+  ).status.volumeStatus![0];
+  assert.equal(failed.phase, "MemoryDumpFailed");
+  assert.equal(failed.message, "Memory dump to pvc dump failed: no space left");
 });

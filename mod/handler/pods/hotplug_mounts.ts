@@ -54,14 +54,12 @@ import {
 } from "../../../ffi/mod.ts";
 import { type VirtualMachineInstance, vmiKey } from "../../api/mod.ts";
 import { getLogger } from "../../log/mod.ts";
-import { DISK_IMAGE, isHotplugVolume, QEMU_USER } from "../../storage/mod.ts";
+import { DISK_IMAGE, isHotplugVolume, LAUNCHER_HOTPLUG_DIR, QEMU_USER } from "../../storage/mod.ts";
 import { type DeviceRule, LAUNCHER_DEVICE_RULES, setDeviceRules } from "./device_cgroup_v2.ts";
 import { removeIfPresent } from "../../lifecycle/mod.ts";
 
 const log = getLogger("handler", "hotplug");
 
-/** Where the launcher finds a hotplugged volume (KubeVirt's launcher view). */
-export const LAUNCHER_HOTPLUG_DIR = "/var/run/kubevirt/hotplug-disks";
 /** The attachment pod's socket, below its directory. */
 const ATTACH_SOCKET = "volumes/kubernetes.io~empty-dir/hotplug-disks/hp.sock";
 
@@ -77,6 +75,8 @@ interface HotplugRecord {
   volumes: string[];
   /** The block volumes among them, with their device (`major:minor`) let into the launcher. */
   devices?: Record<string, string>;
+  /** The memory dump volumes among them: the claim's directory, mounted at `<volume>`. */
+  directories?: string[];
 }
 
 /** A hotplugged volume that cannot be handed to the launcher. */
@@ -91,12 +91,18 @@ export class HotplugMountError extends Error {
 /** The hotplugged volumes of a VMI that have an attachment pod, its pod's UID, and whether block. */
 function attached(
   vmi: VirtualMachineInstance,
-): { volume: string; podUid: string; block: boolean }[] {
+): { volume: string; podUid: string; block: boolean; directory: boolean }[] {
   const inSpec = new Set((vmi.spec.volumes ?? []).map((v) => v.name));
   return (vmi.status?.volumeStatus ?? []).flatMap((s) => {
     const podUid = s.hotplugVolume?.attachPodUID;
     if (!podUid || !inSpec.has(s.name)) return [];
-    return [{ volume: s.name, podUid, block: s.persistentVolumeClaimInfo?.volumeMode === "Block" }];
+    return [{
+      volume: s.name,
+      podUid,
+      block: s.persistentVolumeClaimInfo?.volumeMode === "Block",
+      // A memory dump's claim is mounted whole, a directory the launcher writes the dump to.
+      directory: s.memoryDumpVolume !== undefined,
+    }];
   });
 }
 
@@ -211,7 +217,7 @@ export class HotplugMounts {
       record = undefined; // another launcher's mounts went with its namespace
     }
     let refused: HotplugMountError | undefined;
-    for (const { volume, podUid, block } of attached(vmi)) {
+    for (const { volume, podUid, block, directory } of attached(vmi)) {
       if (record?.volumes.includes(volume)) continue;
       if (!POD_UID.test(podUid)) {
         // Never a path from it: the other volumes go on, this one fails the sync.
@@ -259,37 +265,46 @@ export class HotplugMounts {
       if (pid === undefined) continue;
       // Recorded first: a restart in between unmounts what may be there.
       record = {
+        ...record,
         launcherPid,
         launcherStart,
         volumes: [...(record?.volumes ?? []), volume],
+        ...(directory ? { directories: [...(record?.directories ?? []), volume] } : {}),
       };
       await this.#write(uid, record);
+      const target = mountName(volume, directory);
       try {
         await bindContainerFileInChild({
           containerPid: pid,
-          sourcePath: `/${volume}/${DISK_IMAGE}`,
+          sourcePath: directory ? `/${volume}` : `/${volume}/${DISK_IMAGE}`,
           inContainerNamespace: true,
           targetPid: launcherPid,
           targetDir: LAUNCHER_HOTPLUG_DIR,
-          targetName: `${volume}.img`,
+          targetName: target,
           readonly: false,
+          directory,
         });
         const dir = openDirectoryInRoot(`/proc/${launcherPid}/root`, LAUNCHER_HOTPLUG_DIR);
         try {
-          chownBeneath(dir.path, `${volume}.img`, QEMU_USER, QEMU_USER);
+          chownBeneath(dir.path, target, QEMU_USER, QEMU_USER);
         } finally {
           dir.release();
         }
       } catch (error) {
-        record = { ...record, volumes: record.volumes.filter((v) => v !== volume) };
+        record = {
+          ...record,
+          volumes: record.volumes.filter((v) => v !== volume),
+          directories: record.directories?.filter((v) => v !== volume),
+        };
         // The mount's own error is thrown below; one left mounted is logged.
-        await this.#unmountVolumes(launcherPid, [volume]).catch((undoError) =>
-          log.warn("Cannot undo the hotplug mount of {volume}: {error}", {
-            uid,
-            volume,
-            error: undoError,
-          })
-        );
+        await this.#unmountVolumes(launcherPid, [volume], undefined, {}, [], [volume])
+          .catch((undoError) =>
+            log.warn("Cannot undo the hotplug mount of {volume}: {error}", {
+              uid,
+              volume,
+              error: undoError,
+            })
+          );
         await this.#write(uid, record);
         throw new HotplugMountError(key, volume, String(error), { cause: error });
       }
@@ -312,6 +327,7 @@ export class HotplugMounts {
       record.launcherStart,
       record.devices,
       ownBlockClaims(vmi),
+      record.directories,
     );
     const devices = Object.fromEntries(
       Object.entries(record.devices ?? {}).filter(([v]) => inSpec.has(v)),
@@ -320,6 +336,7 @@ export class HotplugMounts {
       ...record,
       volumes: record.volumes.filter((v) => inSpec.has(v)),
       devices,
+      directories: record.directories?.filter((v) => inSpec.has(v)),
     });
     log.info("Hotplugged volumes unmounted from the launcher", {
       key: vmiKey(vmi.metadata),
@@ -337,13 +354,16 @@ export class HotplugMounts {
       record.volumes,
       record.launcherStart,
       record.devices,
+      [],
+      record.directories,
     );
-    await this.#write(uid, { ...record, volumes: [], devices: {} });
+    await this.#write(uid, { ...record, volumes: [], devices: {}, directories: [] });
   }
 
   /**
-   * Unmounts and removes `<volume>.img` in the launcher's namespace while it runs; a block
-   * volume's device node is removed and its device shut out of the launcher's cgroup.
+   * Unmounts and removes `<volume>.img` (a memory dump's directory `<volume>`) in the
+   * launcher's namespace while it runs; a block volume's device node is removed and its
+   * device shut out of the launcher's cgroup.
    */
   async #unmountVolumes(
     launcherPid: number,
@@ -351,6 +371,7 @@ export class HotplugMounts {
     launcherStart = processStartTime(launcherPid),
     devices: Record<string, string> = {},
     claims: readonly string[] = [],
+    directories: readonly string[] = [],
   ): Promise<void> {
     if (launcherStart === undefined || processStartTime(launcherPid) !== launcherStart) return;
     const remaining = Object.entries(devices).filter(([v]) => !volumes.includes(v))
@@ -367,7 +388,7 @@ export class HotplugMounts {
       files.map((v) => ({
         op: "unmountFile" as const,
         dir: LAUNCHER_HOTPLUG_DIR,
-        name: `${v}.img`,
+        name: mountName(v, directories.includes(v)),
       })),
     ).catch((error) => {
       // The launcher ended meanwhile: its namespace and mounts are gone with it.
@@ -382,7 +403,8 @@ export class HotplugMounts {
     try {
       for (const v of files) {
         // Unmounted already: an empty mount point left in the launcher's dir is harmless.
-        await removeIfPresent(`${dir.path}/${v}.img`).catch((error) =>
+        const name = mountName(v, directories.includes(v));
+        await removeIfPresent(`${dir.path}/${name}`).catch((error) =>
           log.warn("Cannot remove the hotplug mount point {volume}: {error}", { volume: v, error })
         );
       }
@@ -390,6 +412,14 @@ export class HotplugMounts {
       dir.release();
     }
   }
+}
+
+/**
+ * The name a volume is mounted at in the launcher's hotplug directory, as KubeVirt's
+ * launcher looks for it: `<volume>.img`, or the directory `<volume>` of a memory dump.
+ */
+function mountName(volume: string, directory: boolean): string {
+  return directory ? volume : `${volume}.img`;
 }
 
 /** The PID of the attachment pod's server on `hp.sock` below the pod's directory. */
