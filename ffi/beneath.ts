@@ -9,6 +9,7 @@
  */
 import {
   close,
+  fileIdentity,
   O_DIRECTORY,
   O_PATH,
   openBeneath,
@@ -109,4 +110,32 @@ export function openDirectoryInRoot(root: string, path: string): BeneathDirector
       close(fd);
     },
   };
+}
+
+/**
+ * Opens the regular file `name` in the directory `dir` (a {@linkcode BeneathDirectory}'s
+ * path, or any directory the caller trusts) for reading and writing in place, following no
+ * symlink (`RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`): a link, a device or a FIFO planted
+ * there is refused before anything is opened for writing. Nothing is created or truncated.
+ */
+export function openRegularFileBeneath(dir: string, name: string): Deno.FsFile {
+  if (name.includes("/") || name === "" || name === "." || name === "..") {
+    throw new Error(`Invalid file name ${JSON.stringify(name)}`);
+  }
+  const dirFd = openRoot(dir);
+  let fd: number;
+  try {
+    fd = openBeneath(dirFd, name, { flags: O_PATH });
+  } finally {
+    close(dirFd);
+  }
+  try {
+    if ((fileIdentity(fd).mode & 0o170000) !== 0o100000) {
+      throw new Error(`Cannot open "${name}" in "${dir}": not a regular file`);
+    }
+    // The descriptor's own inode, reopened for writing: the name is not looked up again.
+    return Deno.openSync(`/proc/self/fd/${fd}`, { read: true, write: true });
+  } finally {
+    close(fd);
+  }
 }

@@ -236,6 +236,10 @@ export const DOWNWARD_METRICS_CHANNEL_DIR = "/var/run/kubevirt-private/downwardm
 export const DOWNWARD_METRICS_PORT = "org.github.vhostmd.1";
 /** The downward metrics channel's socket (in that folder; in pod-less mode, the VMI's). */
 export const DOWNWARD_METRICS_SOCKET = "downwardmetrics.sock";
+/** Where KubeVirt's launcher makes the `downwardMetrics` volume's vhostmd disk. */
+export const DOWNWARD_METRICS_DISK_DIR = "/var/run/kubevirt-private/downwardapi-disks";
+/** The vhostmd disk's file name in {@linkcode DOWNWARD_METRICS_DISK_DIR}. */
+export const DOWNWARD_METRICS_DISK = "vhostmd0";
 /**
  * The channel's socket in a VMI's run folder, where virtnode's own launcher puts it: no
  * longer than the serial console's name, so that the longest socket path a pod-less

@@ -461,6 +461,8 @@ export interface Volume {
   downwardAPI?: unknown;
   /** A Windows sysprep answer file. */
   sysprep?: unknown;
+  /** vhostmd's metrics disk, which the launcher makes and the node's handler fills. */
+  downwardMetrics?: Record<string, never>;
   /** A claim a memory dump is written to (`virtctl memory-dump`), hotplugged by virt-controller. */
   memoryDump?: { claimName: string; hotpluggable?: boolean; readOnly?: boolean };
 }

@@ -1,9 +1,14 @@
 /**
- * The node's side of each VMI's downward metrics channel (the `downwardMetrics` device), as
- * virt-handler serves it: QEMU listens on the channel's socket; the handler connects and
- * answers each `GET /metrics/XML` request the guest writes to its virtio-serial port
- * (followed by a blank line) with vhostmd's XML of the node's and the VM's metrics and a
- * blank line, one request a second at most, `INVALID REQUEST` to anything else.
+ * The node's side of each VMI's downward metrics, as virt-handler gives them:
+ *
+ * - the channel (the `downwardMetrics` device): QEMU listens on the channel's socket; the
+ *   handler connects and answers each `GET /metrics/XML` request the guest writes to its
+ *   virtio-serial port (followed by a blank line) with vhostmd's XML of the node's and the
+ *   VM's metrics and a blank line, one request a second at most, `INVALID REQUEST` to
+ *   anything else;
+ * - the disk (a `downwardMetrics` volume, KubeVirt mode): the launcher makes a vhostmd disk
+ *   the guest reads as a block device, and the handler writes the same XML into it in place
+ *   every refresh, locked while it writes, as KubeVirt's scraper does.
  *
  * @module
  */
@@ -19,6 +24,7 @@ import {
   INVALID_DOWNWARD_REQUEST,
   isDownwardMetricsRequest,
   readHostFacts,
+  vhostmdWrite,
 } from "../metrics/mod.ts";
 
 const log = getLogger("handler", "downward-metrics");
@@ -45,6 +51,11 @@ export interface DownwardMetricsOptions {
     getDomainStats(): Promise<Record<string, unknown> | undefined>;
     getQemuVersion(): Promise<string>;
   }>;
+  /**
+   * Opens the VMI's vhostmd disk for writing in place (launchers that make one); without
+   * it, `downwardMetrics` volumes get nothing.
+   */
+  disk?(vmi: VirtualMachineInstance): Promise<Deno.FsFile>;
   /** How often VMIs are looked over; {@linkcode DOWNWARD_METRICS_REFRESH_MS} unless told. */
   refreshMs?: number;
 }
@@ -54,7 +65,12 @@ export function hasDownwardMetricsDevice(vmi: VirtualMachineInstance): boolean {
   return vmi.spec.domain.devices.downwardMetrics !== undefined;
 }
 
-/** Serves the downward metrics channels of this node's running VMIs. */
+/** Whether the VMI has a `downwardMetrics` volume (a vhostmd disk for the guest). */
+export function hasDownwardMetricsVolume(vmi: VirtualMachineInstance): boolean {
+  return (vmi.spec.volumes ?? []).some((v) => v.downwardMetrics !== undefined);
+}
+
+/** Serves the downward metrics channels and disks of this node's running VMIs. */
 export class DownwardMetricsChannels implements Runnable {
   /** For logs. */
   readonly name = "downward-metrics";
@@ -81,11 +97,46 @@ export class DownwardMetricsChannels implements Runnable {
     this.#served.clear();
   }
 
-  /** Connects the channel of each running VMI that has one and closes those of the rest. */
+  /**
+   * Connects the channel of each running VMI that has one and closes those of the rest,
+   * then writes the disks of those with a `downwardMetrics` volume.
+   */
   async reconcile(): Promise<void> {
+    const running = this.#o.vmis().filter((v) => v.status?.phase === "Running");
+    await this.#channels(running);
+    if (this.#o.disk) {
+      for (const vmi of running.filter(hasDownwardMetricsVolume)) await this.#writeDisk(vmi);
+    }
+  }
+
+  /**
+   * Writes the VM's metrics into its vhostmd disk as KubeVirt's scraper does: the header
+   * locked first (flushed), the body, then the header unlocked. Metrics that cannot be had
+   * leave the disk as it was.
+   */
+  async #writeDisk(vmi: VirtualMachineInstance): Promise<void> {
+    const where = { namespace: vmi.metadata.namespace, name: vmi.metadata.name };
+    let file: Deno.FsFile | undefined;
+    try {
+      const write = vhostmdWrite(await this.#collect(vmi));
+      file = await this.#o.disk!(vmi);
+      await writeAll(file, write.locked, 0);
+      await file.syncData();
+      await writeAll(file, write.body, write.locked.length);
+      await writeAll(file, write.unlocked, 0);
+    } catch (error) {
+      log.debug("Cannot write the downward metrics disk: {error}", {
+        ...where,
+        error: String(error),
+      });
+    } finally {
+      file?.close();
+    }
+  }
+
+  async #channels(running: VirtualMachineInstance[]): Promise<void> {
     const wanted = new Map(
-      this.#o.vmis().filter((v) => v.status?.phase === "Running" && hasDownwardMetricsDevice(v))
-        .map((v) => [v.metadata.uid!, v]),
+      running.filter(hasDownwardMetricsDevice).map((v) => [v.metadata.uid!, v]),
     );
     for (const [uid, conn] of this.#served) {
       if (!wanted.has(uid)) {
@@ -153,21 +204,7 @@ export class DownwardMetricsChannels implements Runnable {
 
   async #report(vmi: VirtualMachineInstance): Promise<string> {
     try {
-      const launcher = await this.#o.launcher(vmi);
-      const stats = await launcher.getDomainStats();
-      if (!stats) throw new Error("the launcher has no domain");
-      // A launcher without the call is "qemu-unknown", as KubeVirt's; any other failure
-      // gives the guest the empty report.
-      const qemuVersion = await launcher.getQemuVersion().catch((error) => {
-        if ((error as { cause?: { code?: number } })?.cause?.code === GRPC_UNIMPLEMENTED) {
-          return "qemu-unknown";
-        }
-        throw error;
-      });
-      const host = hostDownwardMetrics(await readHostFacts());
-      return downwardMetricsXml(
-        downwardMetrics({ nodeName: this.#o.nodeName, qemuVersion, stats, host }),
-      );
+      return await this.#collect(vmi);
     } catch (error) {
       log.warn("Cannot collect the downward metrics: {error}", {
         namespace: vmi.metadata.namespace,
@@ -176,6 +213,25 @@ export class DownwardMetricsChannels implements Runnable {
       });
       return EMPTY_DOWNWARD_METRICS;
     }
+  }
+
+  /** vhostmd's XML of the node's and the VM's metrics now; throws when they cannot be had. */
+  async #collect(vmi: VirtualMachineInstance): Promise<string> {
+    const launcher = await this.#o.launcher(vmi);
+    const stats = await launcher.getDomainStats();
+    if (!stats) throw new Error("the launcher has no domain");
+    // A launcher without the call is "qemu-unknown", as KubeVirt's; any other failure
+    // gives the guest the empty report.
+    const qemuVersion = await launcher.getQemuVersion().catch((error) => {
+      if ((error as { cause?: { code?: number } })?.cause?.code === GRPC_UNIMPLEMENTED) {
+        return "qemu-unknown";
+      }
+      throw error;
+    });
+    const host = hostDownwardMetrics(await readHostFacts());
+    return downwardMetricsXml(
+      downwardMetrics({ nodeName: this.#o.nodeName, qemuVersion, stats, host }),
+    );
   }
 }
 
@@ -201,7 +257,13 @@ async function* readLines(conn: Deno.UnixConn): AsyncGenerator<string> {
   }
 }
 
-async function writeAll(conn: Deno.UnixConn, bytes: Uint8Array): Promise<void> {
+/** Writes all of `bytes`; to a file, from `offset` on. */
+async function writeAll(
+  to: Deno.UnixConn | Deno.FsFile,
+  bytes: Uint8Array,
+  offset?: number,
+): Promise<void> {
+  if (offset !== undefined) await (to as Deno.FsFile).seek(offset, Deno.SeekMode.Start);
   let at = 0;
-  while (at < bytes.length) at += await conn.write(bytes.subarray(at));
+  while (at < bytes.length) at += await to.write(bytes.subarray(at));
 }

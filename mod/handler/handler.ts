@@ -637,6 +637,7 @@ export class Handler implements Runnable {
       nodeName: this.#config.nodeName,
       vmis: () => this.#informer.list().filter((v) => v.status?.nodeName === this.#config.nodeName),
       open: (vmi) => provider.openDownwardMetricsChannel(vmi),
+      disk: provider.openDownwardMetricsDisk?.bind(provider),
       launcher: async (vmi) => {
         const socket = await provider.socketOf(vmi);
         if (!socket) throw new Error(`VMI ${vmiKey(vmi.metadata)} has no launcher on this node`);

@@ -175,6 +175,12 @@ export interface LauncherAccess {
    * `downwardMetrics` device), the same way; throws a clear error when there is none.
    */
   openDownwardMetricsChannel(vmi: VirtualMachineInstance): Promise<BeneathSocket>;
+  /**
+   * Opens the vhostmd disk of the VMI's `downwardMetrics` volume, which the launcher made,
+   * for writing in place without following a link; where launchers make none (pod-less
+   * mode refuses the volume) there is no such member.
+   */
+  openDownwardMetricsDisk?(vmi: VirtualMachineInstance): Promise<Deno.FsFile>;
 }
 
 /** What the handler knows in virt-controller's stead (pod-less mode). */

@@ -201,3 +201,44 @@ export function isDownwardMetricsRequest(line: string): boolean {
   if (!uri.startsWith("/")) return false;
   return uri.split("?")[0] === "/metrics/XML";
 }
+
+/** The size of vhostmd's metrics disk, as KubeVirt's launcher makes it (256 KiB). */
+export const VHOSTMD_DISK_SIZE = 262_144;
+/** The longest body KubeVirt's reader takes (the disk's size less 24 bytes). */
+const VHOSTMD_MAX_BODY = VHOSTMD_DISK_SIZE - 24;
+
+/** What is written to a vhostmd metrics disk, in the order it is written. */
+export interface VhostmdWrite {
+  /** The header with its flag set: readers skip the disk while it is being written. */
+  locked: Uint8Array;
+  /** The XML and its newline, written after the locked header. */
+  body: Uint8Array;
+  /** The header again with the flag cleared, written last. */
+  unlocked: Uint8Array;
+}
+
+/**
+ * vhostmd's disk layout of `xml`, as KubeVirt writes the `downwardMetrics` volume's disk:
+ * a 16-byte big-endian header (`mvbd`, a busy flag, the byte sum of the body, its length)
+ * then the body, the XML and a newline. Throws when the body would not fit.
+ */
+export function vhostmdWrite(xml: string): VhostmdWrite {
+  const body = new TextEncoder().encode(`${xml}\n`);
+  if (body.length > VHOSTMD_MAX_BODY) {
+    throw new Error(
+      `the downward metrics (${body.length} bytes) do not fit the vhostmd disk's ${VHOSTMD_MAX_BODY}`,
+    );
+  }
+  let checksum = 0;
+  for (const b of body) checksum = (checksum + b) | 0;
+  const header = (flag: number) => {
+    const bytes = new Uint8Array(16);
+    bytes.set(new TextEncoder().encode("mvbd"));
+    const view = new DataView(bytes.buffer);
+    view.setInt32(4, flag);
+    view.setInt32(8, checksum);
+    view.setInt32(12, body.length);
+    return bytes;
+  };
+  return { locked: header(1), body, unlocked: header(0) };
+}

@@ -23,6 +23,9 @@ export {
   INVALID_DOWNWARD_REQUEST,
   isDownwardMetricsRequest,
   readHostFacts,
+  VHOSTMD_DISK_SIZE,
+  type VhostmdWrite,
+  vhostmdWrite,
 } from "./downward.ts";
 export {
   addHandlerSamples,

@@ -10,6 +10,8 @@ import {
   downwardMetricsXml,
   hostDownwardMetrics,
   isDownwardMetricsRequest,
+  VHOSTMD_DISK_SIZE,
+  vhostmdWrite,
 } from "../../mod/metrics/mod.ts";
 import { DownwardMetricsChannels } from "../../mod/handler/testing.ts";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
@@ -159,4 +161,26 @@ Deno.test("DownwardMetricsChannels answers a guest's requests on QEMU's socket, 
     listener.close();
     await Deno.remove(dir, { recursive: true });
   }
+});
+
+Deno.test("vhostmdWrite() lays a report out as vhostmd's disk: mvbd, flag, byte sum, length, body", () => {
+  const w = vhostmdWrite("<metrics>é</metrics>");
+  const body = new TextEncoder().encode("<metrics>é</metrics>\n");
+  assert.deepEqual(w.body, body);
+  const sum = body.reduce((a, b) => a + b, 0);
+  const header = (flag: number) => {
+    const bytes = new Uint8Array(16);
+    bytes.set([0x6d, 0x76, 0x62, 0x64]); // "mvbd"
+    new DataView(bytes.buffer).setInt32(4, flag);
+    new DataView(bytes.buffer).setInt32(8, sum);
+    new DataView(bytes.buffer).setInt32(12, body.length);
+    return bytes;
+  };
+  assert.deepEqual(w.locked, header(1), "written first: busy");
+  assert.deepEqual(w.unlocked, header(0), "written last: ready");
+  // A report past the disk's 256 KiB (less KubeVirt's 24 bytes) is refused, not cut.
+  assert.throws(
+    () => vhostmdWrite("x".repeat(VHOSTMD_DISK_SIZE - 24)),
+    /do not fit the vhostmd disk's 262120/,
+  );
 });

@@ -17,6 +17,8 @@
 import { join } from "node:path";
 import {
   DOWNWARD_METRICS_CHANNEL_DIR,
+  DOWNWARD_METRICS_DISK,
+  DOWNWARD_METRICS_DISK_DIR,
   DOWNWARD_METRICS_SOCKET,
   launcherSocketDirOnHost,
   Paths,
@@ -31,6 +33,7 @@ import {
   type BeneathSocket,
   NotASocketError,
   openDirectoryInRoot,
+  openRegularFileBeneath,
   openSocketBeneath,
 } from "../../../ffi/mod.ts";
 import { NotifyPipes } from "./notify_pipes.ts";
@@ -398,6 +401,19 @@ export class PodLaunchers implements LauncherProvider {
     const dir = openDirectoryInRoot(`/proc/${pid}/root`, DOWNWARD_METRICS_CHANNEL_DIR);
     try {
       return openSocketBeneath(dir.path, DOWNWARD_METRICS_SOCKET);
+    } finally {
+      dir.release();
+    }
+  }
+
+  /** Opens the launcher's vhostmd disk, found inside its root, for writing in place. */
+  async openDownwardMetricsDisk(vmi: VirtualMachineInstance): Promise<Deno.FsFile> {
+    const socket = await this.socketOf(vmi);
+    if (!socket) throw new Error("the VMI has no launcher on this node yet");
+    const pid = await this.#pipes.launcherPid(socket);
+    const dir = openDirectoryInRoot(`/proc/${pid}/root`, DOWNWARD_METRICS_DISK_DIR);
+    try {
+      return openRegularFileBeneath(dir.path, DOWNWARD_METRICS_DISK);
     } finally {
       dir.release();
     }

@@ -39,7 +39,7 @@ find_go
 # The module's own test commands (cmd/), KubeVirt's commands as they are (the go.mod tool
 # block): its control plane (pure Go), what its launcher image carries beside the launcher
 # (pure Go; container-disk is C), and its node programs (cgo: the launcher links libvirt).
-programs=(cmdclient-check)
+programs=(cmdclient-check vhostmd-read)
 control_programs=(virt-controller)
 launcher_helpers=(virt-tail virt-probe virt-freezer)
 launcher_programs=(virt-launcher virt-launcher-monitor virt-handler virt-chroot)
