@@ -121,6 +121,7 @@ async function journey(handler: Handler): Promise<void> {
         audit: cluster.auditLogPath,
       });
       await kernelBootJourney({ kc, node, cpuModel, getVmi, step: j.step });
+      await memoryDumpJourney({ kc, admin, node, cpuModel, getVmi, step: j.step });
     }
     await drainNode(j, cpuModel);
     const seconds = (ms: number) => (ms / 1000).toFixed(2);
@@ -299,14 +300,21 @@ async function networkGuests(j: Journey, cpuModel: string): Promise<void> {
     // A readiness probe through the guest agent: virt-controller renders it on the launcher
     // pod as KubeVirt's virt-probe, which asks the launcher's GuestPing. Four redirected USB
     // ports (clientPassthrough), which KubeVirt's launcher makes, for virtctl usbredir, and
-    // the downward metrics port, which the node's handler answers.
+    // the downward metrics port, which the node's handler answers, and the downward
+    // metrics disk (vhostmd's), which the launcher makes and the node's handler fills.
     const spec = binding === "masquerade"
       ? {
         ...vmi.spec,
         domain: {
           ...vmi.spec.domain,
-          devices: { ...vmi.spec.domain.devices, clientPassthrough: {}, downwardMetrics: {} },
+          devices: {
+            ...vmi.spec.domain.devices,
+            clientPassthrough: {},
+            downwardMetrics: {},
+            disks: [...vmi.spec.domain.devices.disks, { name: "metrics", disk: { bus: "virtio" } }],
+          },
         },
+        volumes: [...vmi.spec.volumes, { name: "metrics", downwardMetrics: {} }],
         readinessProbe: { guestAgentPing: {}, periodSeconds: 2, failureThreshold: 2 },
       }
       : vmi.spec;
@@ -526,6 +534,18 @@ async function virtctlJourney(o: {
     timeoutMs: 60_000,
   });
   o.step(`${o.name}: the guest read its downward metrics from the node's handler`);
+  // And from its vhostmd disk (the one starting "mvbd"), which the handler rewrites every
+  // 5 s: read past the guest's page cache, until the node's name is in it.
+  await consoleAnswers(target, {
+    line: 'for d in /dev/vd?; do [ "$(head -c 4 $d)" = mvbd ] && m=$d; done; i=0; ' +
+      "while [ $i -lt 30 ]; do echo 3 > /proc/sys/vm/drop_caches; " +
+      "v=$(dd if=$m bs=4096 count=64 2>/dev/null | tr -d '\\000' | " +
+      "grep -A1 '<name>HostName</name>' | tail -n 1); " +
+      '[ -n "$v" ] && { echo "dm-disk $v"; break; }; i=$((i + 1)); sleep 1; done',
+    answer: /dm-disk +<value>[^<]+<\/value>/,
+    timeoutMs: 60_000,
+  });
+  o.step(`${o.name}: the guest read its downward metrics from its vhostmd disk`);
   // virt-api dials the VMI's first interface itself: the guest's HTTP port, forwarded.
   const forwarded = await portForwardAnswers(target, 80, "/dhcp");
   o.step(`${o.name}: virtctl port-forward reached the guest's HTTP port: ${forwarded}`);
@@ -908,6 +928,211 @@ async function hotplugJourney(o: {
       ((performance.now() - removed) / 1000).toFixed(1)
     } s after removevolume`,
   );
+}
+
+/**
+ * `virtctl memory-dump get` of a running VM onto a claim, the way KubeVirt runs it:
+ * virt-api records the request in the VM's status, virt-controller hotplugs the claim as a
+ * memory dump volume through an attachment pod, the handler binds the claim's directory
+ * into the launcher and asks KubeVirt's launcher for the dump, and virt-controller, seeing
+ * the volume's MemoryDumpCompleted, unplugs the claim and writes the dump's file name on
+ * the VM's status and the claim's annotation. The dump is on the node's directory, the
+ * size of the guest's memory.
+ */
+async function memoryDumpJourney(o: {
+  kc: string;
+  admin: Awaited<ReturnType<typeof kubeClient>>;
+  node: Awaited<ReturnType<typeof startNode>>;
+  cpuModel: string;
+  getVmi: (name: string) => Promise<Vmi | undefined>;
+  step: (what: string) => void;
+}): Promise<void> {
+  const { kc, node } = o;
+  const dir = join(node.dir, "pv-dump");
+  await Deno.mkdir(dir, { mode: 0o755 });
+  const base = networkVmi("vm-dump", o.cpuModel, "masquerade");
+  const vm = {
+    apiVersion: "kubevirt.io/v1",
+    kind: "VirtualMachine",
+    metadata: { name: "vm-dump", namespace: "default" },
+    spec: {
+      runStrategy: "Always",
+      template: { metadata: {}, spec: base.spec },
+    },
+  };
+  type VmStatus = {
+    memoryDumpRequest?: {
+      claimName?: string;
+      phase?: string;
+      fileName?: string;
+      message?: string;
+    };
+  };
+  const vmStatus = async () =>
+    (await o.admin.request<{ status?: VmStatus }>(
+      "GET",
+      "/apis/kubevirt.io/v1/namespaces/default/virtualmachines/vm-dump",
+    )).status;
+  try {
+    await kubectl(
+      kc,
+      ["apply", "-f", "-"],
+      JSON.stringify({
+        apiVersion: "v1",
+        kind: "List",
+        items: [
+          {
+            apiVersion: "v1",
+            kind: "PersistentVolume",
+            metadata: { name: "pv-dump" },
+            spec: {
+              capacity: { storage: "512Mi" },
+              accessModes: ["ReadWriteOnce"],
+              persistentVolumeReclaimPolicy: "Retain",
+              storageClassName: "local",
+              local: { path: dir },
+              nodeAffinity: {
+                required: {
+                  nodeSelectorTerms: [{
+                    matchExpressions: [{
+                      key: "kubernetes.io/hostname",
+                      operator: "In",
+                      values: [node.name],
+                    }],
+                  }],
+                },
+              },
+            },
+          },
+          {
+            apiVersion: "v1",
+            kind: "PersistentVolumeClaim",
+            metadata: { name: "dump", namespace: "default" },
+            spec: {
+              storageClassName: "local",
+              volumeName: "pv-dump",
+              accessModes: ["ReadWriteOnce"],
+              resources: { requests: { storage: "512Mi" } },
+            },
+          },
+          vm,
+          // virt-api reads CDI's config for the claim's file system overhead; CDI's install
+          // lets every authenticated user read it (its cdi.kubevirt.io:config-reader role),
+          // and without CDI the read finds no CDIConfig and KubeVirt's default overhead holds.
+          {
+            apiVersion: "rbac.authorization.k8s.io/v1",
+            kind: "ClusterRole",
+            metadata: { name: "cdi.kubevirt.io:config-reader" },
+            rules: [{
+              apiGroups: ["cdi.kubevirt.io"],
+              resources: ["cdiconfigs", "storageprofiles"],
+              verbs: ["get", "list", "watch"],
+            }],
+          },
+          {
+            apiVersion: "rbac.authorization.k8s.io/v1",
+            kind: "ClusterRoleBinding",
+            metadata: { name: "cdi.kubevirt.io:config-reader" },
+            roleRef: {
+              apiGroup: "rbac.authorization.k8s.io",
+              kind: "ClusterRole",
+              name: "cdi.kubevirt.io:config-reader",
+            },
+            subjects: [{
+              apiGroup: "rbac.authorization.k8s.io",
+              kind: "Group",
+              name: "system:authenticated",
+            }],
+          },
+        ],
+      }),
+    );
+    await waitFor("vm-dump Running", async () => {
+      const v = await o.getVmi("vm-dump");
+      return v?.status?.phase === "Running" ? v : undefined;
+    }, 180_000);
+    const virtctl = await buildVirtctl();
+    const asked = performance.now();
+    await command(virtctl, [
+      "--kubeconfig",
+      kc,
+      "memory-dump",
+      "get",
+      "vm-dump",
+      "--claim-name=dump",
+    ]);
+    const done = await waitFor(
+      "vm-dump's memory dump Completed",
+      async () => {
+        const request = (await vmStatus())?.memoryDumpRequest;
+        if (request?.phase === "Failed") {
+          throw new Error(`the memory dump failed: ${JSON.stringify(request)}`);
+        }
+        return request?.phase === "Completed" ? request : undefined;
+      },
+      240_000,
+      1_000,
+    ).catch(async (error) => {
+      // The first line says where it stopped: the VM's request and the volume's status.
+      const v = await o.getVmi("vm-dump");
+      const volume = (v?.status as { volumeStatus?: VolumeStatusEntry[] } | undefined)
+        ?.volumeStatus?.find((s) => s.name === "dump");
+      throw new Error(
+        `${(error as Error).message}; request ${
+          JSON.stringify((await vmStatus())?.memoryDumpRequest)
+        }; volume ${JSON.stringify(volume)}`,
+        { cause: error },
+      );
+    });
+    const file = done.fileName ?? "";
+    assert.match(file, /^vm-dump-dump-\d{8}-\d{6}\.memory\.dump$/, JSON.stringify(done));
+    const dumped = await Deno.stat(join(dir, file));
+    // A memory-only dump holds the guest's 128 MiB and a little more (its ELF notes).
+    assert.ok(
+      dumped.size >= 128 * 1024 * 1024 && dumped.size < 160 * 1024 * 1024,
+      `the dump's size: ${dumped.size}`,
+    );
+    const claim = await o.admin.request<{ metadata: { annotations?: Record<string, string> } }>(
+      "GET",
+      "/api/v1/namespaces/default/persistentvolumeclaims/dump",
+    );
+    assert.equal(claim.metadata.annotations?.["kubevirt.io/memory-dump"], file);
+    // Unplugged again: the volume left the VMI, its attachment pod went, the guest runs on.
+    const after = await o.getVmi("vm-dump");
+    assert.equal(after?.status?.phase, "Running");
+    assert.ok(
+      !(after?.status as { volumeStatus?: VolumeStatusEntry[] }).volumeStatus?.some((s) =>
+        s.name === "dump"
+      ),
+      JSON.stringify(after?.status),
+    );
+    o.step(
+      `memory dump: virtctl memory-dump wrote ${file} (${
+        (dumped.size / 1024 / 1024).toFixed(0)
+      } MiB) to the claim ${((performance.now() - asked) / 1000).toFixed(1)} s after it asked`,
+    );
+  } finally {
+    await kubectl(kc, [
+      "delete",
+      "vm",
+      "vm-dump",
+      "--ignore-not-found",
+      "--wait=true",
+      "--timeout=120s",
+    ]).catch(() => {});
+    await waitFor("vm-dump's VMI gone", async () => !(await o.getVmi("vm-dump")), 120_000)
+      .catch(() => {});
+    await kubectl(kc, [
+      "delete",
+      "pvc",
+      "dump",
+      "--ignore-not-found",
+      "--wait=true",
+      "--timeout=60s",
+    ]).catch(() => {});
+    await kubectl(kc, ["delete", "pv", "pv-dump", "--ignore-not-found", "--wait=true"])
+      .catch(() => {});
+  }
 }
 
 async function command(cmd: string, args: string[]): Promise<string> {
