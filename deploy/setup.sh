@@ -35,6 +35,8 @@ TEST_PACKAGES=(
   containerd runc iptables
   # The launcher image: setcap gives virt-launcher-monitor its file capability.
   libcap2-bin
+  # readelf reads the header of a memory dump (virtctl memory-dump) as a user checks it.
+  binutils
   # The test guest (Debian's kernel is fetched with apt-get download, never installed:
   # tests/harness/guest/build.sh); a real DHCP client.
   busybox-static syslinux syslinux-common mtools isc-dhcp-client

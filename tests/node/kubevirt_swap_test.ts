@@ -1092,6 +1092,9 @@ async function memoryDumpJourney(o: {
       dumped.size >= 128 * 1024 * 1024 && dumped.size < 160 * 1024 * 1024,
       `the dump's size: ${dumped.size}`,
     );
+    // A core file of the guest's memory, as a user checks it.
+    const elf = await command("readelf", ["-h", join(dir, file)]);
+    assert.match(elf, /^\s*Type:\s+CORE \(Core file\)$/m, elf);
     const claim = await o.admin.request<{ metadata: { annotations?: Record<string, string> } }>(
       "GET",
       "/api/v1/namespaces/default/persistentvolumeclaims/dump",
