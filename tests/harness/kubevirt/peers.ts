@@ -11,7 +11,7 @@ const SCRIPT = new URL("./build_peers.sh", import.meta.url).pathname;
 
 /**
  * Runs build_peers.sh (a no-op when its cache holds the result) and returns its directory:
- * `virt-launcher`, `virt-handler`, `virt-api`, `cmdclient-check` and the rest, with
+ * `virt-launcher`, `virt-handler`, `virt-api`, `cmdclient-check`, `vhostmd-read` and the rest, with
  * `crds/`, `examples/` and `kubevirt-admission` beside them.
  */
 export function buildKubevirtPeers(): Promise<string> {
