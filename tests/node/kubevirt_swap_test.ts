@@ -592,42 +592,10 @@ async function storageJourney(o: {
       name
     ] ??
       "64Mi";
-  const pv = (name: string, path: string, block: boolean) => ({
-    apiVersion: "v1",
-    kind: "PersistentVolume",
-    metadata: { name },
-    spec: {
-      capacity: { storage: size(name) },
-      accessModes: ["ReadWriteOnce"],
-      persistentVolumeReclaimPolicy: "Retain",
-      storageClassName: "local",
-      ...(block ? { volumeMode: "Block" } : {}),
-      local: { path },
-      nodeAffinity: {
-        required: {
-          nodeSelectorTerms: [{
-            matchExpressions: [{
-              key: "kubernetes.io/hostname",
-              operator: "In",
-              values: [node.name],
-            }],
-          }],
-        },
-      },
-    },
-  });
-  const pvc = (name: string, volumeName: string, block: boolean) => ({
-    apiVersion: "v1",
-    kind: "PersistentVolumeClaim",
-    metadata: { name, namespace: "default" },
-    spec: {
-      storageClassName: "local",
-      volumeName,
-      accessModes: ["ReadWriteOnce"],
-      ...(block ? { volumeMode: "Block" } : {}),
-      resources: { requests: { storage: size(volumeName) } },
-    },
-  });
+  const pv = (name: string, path: string, block: boolean) =>
+    localVolume({ name, path, size: size(name), block, node: node.name });
+  const pvc = (name: string, volumeName: string, block: boolean) =>
+    localClaim({ name, volumeName, size: size(volumeName), block });
   try {
     await kubectl(
       kc,
@@ -981,40 +949,8 @@ async function memoryDumpJourney(o: {
         apiVersion: "v1",
         kind: "List",
         items: [
-          {
-            apiVersion: "v1",
-            kind: "PersistentVolume",
-            metadata: { name: "pv-dump" },
-            spec: {
-              capacity: { storage: "512Mi" },
-              accessModes: ["ReadWriteOnce"],
-              persistentVolumeReclaimPolicy: "Retain",
-              storageClassName: "local",
-              local: { path: dir },
-              nodeAffinity: {
-                required: {
-                  nodeSelectorTerms: [{
-                    matchExpressions: [{
-                      key: "kubernetes.io/hostname",
-                      operator: "In",
-                      values: [node.name],
-                    }],
-                  }],
-                },
-              },
-            },
-          },
-          {
-            apiVersion: "v1",
-            kind: "PersistentVolumeClaim",
-            metadata: { name: "dump", namespace: "default" },
-            spec: {
-              storageClassName: "local",
-              volumeName: "pv-dump",
-              accessModes: ["ReadWriteOnce"],
-              resources: { requests: { storage: "512Mi" } },
-            },
-          },
+          localVolume({ name: "pv-dump", path: dir, size: "512Mi", node: node.name }),
+          localClaim({ name: "dump", volumeName: "pv-dump", size: "512Mi" }),
           vm,
           // virt-api reads CDI's config for the claim's file system overhead; CDI's install
           // lets every authenticated user read it (its cdi.kubevirt.io:config-reader role),
@@ -1136,6 +1072,52 @@ async function memoryDumpJourney(o: {
     await kubectl(kc, ["delete", "pv", "pv-dump", "--ignore-not-found", "--wait=true"])
       .catch(() => {});
   }
+}
+
+/** A local PersistentVolume of `path` on the test node (class `local`, kept on release). */
+function localVolume(
+  o: { name: string; path: string; size: string; node: string; block?: boolean },
+) {
+  return {
+    apiVersion: "v1",
+    kind: "PersistentVolume",
+    metadata: { name: o.name },
+    spec: {
+      capacity: { storage: o.size },
+      accessModes: ["ReadWriteOnce"],
+      persistentVolumeReclaimPolicy: "Retain",
+      storageClassName: "local",
+      ...(o.block ? { volumeMode: "Block" } : {}),
+      local: { path: o.path },
+      nodeAffinity: {
+        required: {
+          nodeSelectorTerms: [{
+            matchExpressions: [{
+              key: "kubernetes.io/hostname",
+              operator: "In",
+              values: [o.node],
+            }],
+          }],
+        },
+      },
+    },
+  };
+}
+
+/** A claim in `default` bound to the local volume `volumeName`. */
+function localClaim(o: { name: string; volumeName: string; size: string; block?: boolean }) {
+  return {
+    apiVersion: "v1",
+    kind: "PersistentVolumeClaim",
+    metadata: { name: o.name, namespace: "default" },
+    spec: {
+      storageClassName: "local",
+      volumeName: o.volumeName,
+      accessModes: ["ReadWriteOnce"],
+      ...(o.block ? { volumeMode: "Block" } : {}),
+      resources: { requests: { storage: o.size } },
+    },
+  };
 }
 
 async function command(cmd: string, args: string[]): Promise<string> {
