@@ -33,6 +33,7 @@ import {
   waitForPhase,
 } from "../helpers/handler_process.ts";
 import { runText as run } from "../helpers/command.ts";
+import { localClaim, localVolume } from "../helpers/local_volumes.ts";
 
 const virsh = (...args: string[]) => run("virsh", "-c", "qemu:///system", ...args);
 
@@ -41,41 +42,24 @@ async function claim(
   client: KubeClient,
   o: { ns: string; name: string; node: string; path: string; block?: boolean; pinnedTo?: string },
 ): Promise<void> {
-  const mode = o.block ? "Block" : "Filesystem";
   const volume = `${o.ns}-${o.name}`;
-  await client.request("POST", "/api/v1/persistentvolumes", {
-    metadata: { name: volume },
-    spec: {
-      capacity: { storage: "16Mi" },
-      accessModes: ["ReadWriteOnce"],
-      volumeMode: mode,
-      persistentVolumeReclaimPolicy: "Retain",
-      storageClassName: "local",
-      local: { path: o.path },
+  await client.request(
+    "POST",
+    "/api/v1/persistentvolumes",
+    localVolume({
+      name: volume,
+      path: o.path,
+      size: "16Mi",
+      node: o.pinnedTo ?? o.node,
+      block: o.block,
       claimRef: { namespace: o.ns, name: o.name },
-      nodeAffinity: {
-        required: {
-          nodeSelectorTerms: [{
-            matchExpressions: [{
-              key: "kubernetes.io/hostname",
-              operator: "In",
-              values: [o.pinnedTo ?? o.node],
-            }],
-          }],
-        },
-      },
-    },
-  });
-  await client.request("POST", `/api/v1/namespaces/${o.ns}/persistentvolumeclaims`, {
-    metadata: { name: o.name },
-    spec: {
-      accessModes: ["ReadWriteOnce"],
-      volumeMode: mode,
-      storageClassName: "local",
-      volumeName: volume,
-      resources: { requests: { storage: "16Mi" } },
-    },
-  });
+    }),
+  );
+  await client.request(
+    "POST",
+    `/api/v1/namespaces/${o.ns}/persistentvolumeclaims`,
+    localClaim({ name: o.name, volumeName: volume, size: "16Mi", block: o.block, namespace: o.ns }),
+  );
 }
 
 function subresource(ns: string, vmi: string, verb: string): string {

@@ -59,6 +59,7 @@ import {
   testGuestOciArchive,
   testKernelOciArchive,
 } from "../helpers/guest.ts";
+import { localClaim, localVolume } from "../helpers/local_volumes.ts";
 
 const REPO = new URL("../../", import.meta.url).pathname;
 
@@ -1072,52 +1073,6 @@ async function memoryDumpJourney(o: {
     await kubectl(kc, ["delete", "pv", "pv-dump", "--ignore-not-found", "--wait=true"])
       .catch(() => {});
   }
-}
-
-/** A local PersistentVolume of `path` on the test node (class `local`, kept on release). */
-function localVolume(
-  o: { name: string; path: string; size: string; node: string; block?: boolean },
-) {
-  return {
-    apiVersion: "v1",
-    kind: "PersistentVolume",
-    metadata: { name: o.name },
-    spec: {
-      capacity: { storage: o.size },
-      accessModes: ["ReadWriteOnce"],
-      persistentVolumeReclaimPolicy: "Retain",
-      storageClassName: "local",
-      ...(o.block ? { volumeMode: "Block" } : {}),
-      local: { path: o.path },
-      nodeAffinity: {
-        required: {
-          nodeSelectorTerms: [{
-            matchExpressions: [{
-              key: "kubernetes.io/hostname",
-              operator: "In",
-              values: [o.node],
-            }],
-          }],
-        },
-      },
-    },
-  };
-}
-
-/** A claim in `default` bound to the local volume `volumeName`. */
-function localClaim(o: { name: string; volumeName: string; size: string; block?: boolean }) {
-  return {
-    apiVersion: "v1",
-    kind: "PersistentVolumeClaim",
-    metadata: { name: o.name, namespace: "default" },
-    spec: {
-      storageClassName: "local",
-      volumeName: o.volumeName,
-      accessModes: ["ReadWriteOnce"],
-      ...(o.block ? { volumeMode: "Block" } : {}),
-      resources: { requests: { storage: o.size } },
-    },
-  };
 }
 
 async function command(cmd: string, args: string[]): Promise<string> {

@@ -394,26 +394,38 @@ export class PodLaunchers implements LauncherProvider {
    * Opens the downward metrics channel KubeVirt's launcher gives QEMU, in the launcher's
    * `/var/run/kubevirt-private/downwardmetrics-channel`, never through a link out of it.
    */
-  async openDownwardMetricsChannel(vmi: VirtualMachineInstance): Promise<BeneathSocket> {
-    const socket = await this.socketOf(vmi);
-    if (!socket) throw new Error("the VMI has no launcher on this node yet");
-    const pid = await this.#pipes.launcherPid(socket);
-    const dir = openDirectoryInRoot(`/proc/${pid}/root`, DOWNWARD_METRICS_CHANNEL_DIR);
-    try {
-      return openSocketBeneath(dir.path, DOWNWARD_METRICS_SOCKET);
-    } finally {
-      dir.release();
-    }
+  openDownwardMetricsChannel(vmi: VirtualMachineInstance): Promise<BeneathSocket> {
+    return this.#inLauncherDir(
+      vmi,
+      DOWNWARD_METRICS_CHANNEL_DIR,
+      (dir) => openSocketBeneath(dir, DOWNWARD_METRICS_SOCKET),
+    );
   }
 
   /** Opens the launcher's vhostmd disk, found inside its root, for writing in place. */
-  async openDownwardMetricsDisk(vmi: VirtualMachineInstance): Promise<Deno.FsFile> {
+  openDownwardMetricsDisk(vmi: VirtualMachineInstance): Promise<Deno.FsFile> {
+    return this.#inLauncherDir(
+      vmi,
+      DOWNWARD_METRICS_DISK_DIR,
+      (dir) => openRegularFileBeneath(dir, DOWNWARD_METRICS_DISK),
+    );
+  }
+
+  /**
+   * Gives `open` the directory `path` of the VMI's launcher, opened inside the launcher's
+   * root (the launcher found from its socket's peer credentials), held open while it runs.
+   */
+  async #inLauncherDir<T>(
+    vmi: VirtualMachineInstance,
+    path: string,
+    open: (dir: string) => T,
+  ): Promise<T> {
     const socket = await this.socketOf(vmi);
     if (!socket) throw new Error("the VMI has no launcher on this node yet");
     const pid = await this.#pipes.launcherPid(socket);
-    const dir = openDirectoryInRoot(`/proc/${pid}/root`, DOWNWARD_METRICS_DISK_DIR);
+    const dir = openDirectoryInRoot(`/proc/${pid}/root`, path);
     try {
-      return openRegularFileBeneath(dir.path, DOWNWARD_METRICS_DISK);
+      return open(dir.path);
     } finally {
       dir.release();
     }
