@@ -10,3 +10,4 @@ export * from "./constants.ts";
 export * from "./quantity.ts";
 export * from "./keys.ts";
 export * from "./time.ts";
+export * from "./access_credentials.ts";

@@ -827,3 +827,8 @@ export interface VirtualMachineInstance {
   /** What the VMI is; written by KubeVirt's controllers and the node's handler. */
   status?: VirtualMachineInstanceStatus;
 }
+
+/** Whether `value` is a JSON object: not null, not an array. */
+export function isJsonObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}

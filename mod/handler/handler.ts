@@ -403,6 +403,7 @@ export class Handler implements Runnable {
         }),
         claims: (ref) =>
           resolveHostClaim(client, ref, { root: options.hostDiskRoot, node: config.nodeName }),
+        secrets: client,
         migration: options.migration
           ? {
             socketDir: options.migration.socketDir,

@@ -119,6 +119,33 @@ const PROBE_RULE: Rule = obj({
   failureThreshold: int(0),
 });
 
+/**
+ * An access credential: its Secret goes into the guest through the agent (the handler hands
+ * the launcher the Secret's contents, access_credentials.ts); not through cloud-init.
+ */
+const CLOUD_INIT_PROPAGATION = "access credentials through cloud-init are not supported yet; " +
+  "propagate them with qemuGuestAgent";
+const credentialSource = obj({
+  secret: obj({ secretName: { kind: "string", pattern: DNS_SUBDOMAIN } }, {
+    required: ["secretName"],
+  }),
+}, { required: ["secret"] });
+const ACCESS_CREDENTIAL_RULE: Rule = obj({
+  sshPublicKey: obj({
+    source: credentialSource,
+    propagationMethod: obj(
+      { qemuGuestAgent: obj({ users: arr(str()) }, { required: ["users"] }) },
+      {
+        hints: { noCloud: CLOUD_INIT_PROPAGATION, configDrive: CLOUD_INIT_PROPAGATION },
+      },
+    ),
+  }, { required: ["source", "propagationMethod"] }),
+  userPassword: obj({
+    source: credentialSource,
+    propagationMethod: obj({ qemuGuestAgent: obj({}) }),
+  }, { required: ["source", "propagationMethod"] }),
+});
+
 /** The allow-list: every VMI field the converter turns into domain XML (or uses). */
 const VMI_RULE: Rule = obj({
   apiVersion: str([KUBEVIRT_API_VERSION]),
@@ -289,6 +316,7 @@ const VMI_RULE: Rule = obj({
     architecture: str(["amd64"]),
     readinessProbe: PROBE_RULE,
     livenessProbe: PROBE_RULE,
+    accessCredentials: arr(ACCESS_CREDENTIAL_RULE),
   }, { required: ["domain"] }),
 }, { required: ["metadata", "spec"] });
 

@@ -68,6 +68,7 @@ import {
   guestUsersFromAgent,
 } from "./guest_agent.ts";
 import { getLogger } from "../log/mod.ts";
+import { type AccessCredentialResult, AccessCredentials } from "./access_credentials.ts";
 import { IncomingMigration } from "./migration_target.ts";
 import { kvmUsable } from "../host/mod.ts";
 import {
@@ -185,6 +186,12 @@ export const RECONNECT_WAIT_MS = 8_000;
  */
 export const GUEST_AGENT_TIMEOUT_SECONDS = 2;
 
+/**
+ * How long an agent command of the access credentials may take: setting a password runs
+ * a program in the guest.
+ */
+export const CREDENTIAL_AGENT_TIMEOUT_SECONDS = 10;
+
 /** The most of a guest command's standard output an Exec answer carries, in bytes. */
 export const GUEST_EXEC_OUTPUT_LIMIT = 64 * 1024;
 
@@ -236,6 +243,10 @@ export class DomainManager {
    * `status.fsFreezeStatus` follow it), as KubeVirt's launcher carries its agent poller's.
    */
   #agentInfo: { osInfo?: GuestOsInfo; fsFreezeStatus?: string } = {};
+  /** The VMI's access credentials in its guest, once the handler handed any over. */
+  #credentials: AccessCredentials | undefined;
+  /** Their last result, carried in the domain's metadata as KubeVirt's launcher carries it. */
+  #accessCredential: AccessCredentialResult | undefined;
   /** Hears of a change of what the launcher adds to the domain (the instance re-sends it). */
   #onChange: () => void = () => {};
   /** The live migration from here, once one was asked for. */
@@ -292,6 +303,41 @@ export class DomainManager {
     const changed = JSON.stringify(next) !== JSON.stringify(this.#agentInfo);
     this.#agentInfo = next;
     return changed;
+  }
+
+  /**
+   * Takes the VMI's `spec.accessCredentials` (`raw`) and the text of the Secrets they name,
+   * from the handler (pod-less mode); they go into the guest through its agent (see
+   * `access_credentials.ts`), and the result into the domain's metadata.
+   */
+  setAccessCredentials(
+    raw: unknown,
+    secrets: Readonly<Record<string, Record<string, string>>>,
+  ): void {
+    this.#credentials ??= new AccessCredentials({
+      vmi: { ...this.vmi },
+      agent: async (command) => {
+        const domain = await this.lookup();
+        if (!domain) throw new Error(`domain "${this.domainName}" not found`);
+        return await domain.agentCommand(
+          JSON.stringify(command),
+          CREDENTIAL_AGENT_TIMEOUT_SECONDS,
+        );
+      },
+      report: (result) => {
+        const before = this.#accessCredential;
+        this.#accessCredential = result;
+        if (before?.succeeded !== result.succeeded || before?.message !== result.message) {
+          this.#onChange();
+        }
+      },
+    });
+    this.#credentials.update(raw, secrets);
+  }
+
+  /** Stops applying access credentials (the launcher ends). */
+  async stopAccessCredentials(): Promise<void> {
+    await this.#credentials?.close();
   }
 
   /** Whether the guest agent told the guest's OS (since this launcher took the domain). */
@@ -1046,6 +1092,9 @@ export class DomainManager {
         const { osInfo, fsFreezeStatus } = this.#agentInfo;
         if (osInfo) domain.status.osInfo = { ...osInfo };
         if (fsFreezeStatus) domain.status.fsFreezeStatus = { status: fsFreezeStatus };
+        if (this.#accessCredential) {
+          domain.spec.metadata.kubevirt.accessCredential = { ...this.#accessCredential };
+        }
         const migration = this.#migration?.metadata ?? this.#incoming?.metadata;
         if (migration) domain.spec.metadata.kubevirt.migration = migration;
         return domain;

@@ -16,7 +16,7 @@
  * @module
  */
 
-import type { GuestOsInfo } from "../api/mod.ts";
+import { type GuestOsInfo, isJsonObject } from "../api/mod.ts";
 
 /** A command the guest agent supports (`GuestAgentCommandInfo`). */
 export interface GuestAgentCommandInfo {
@@ -102,10 +102,6 @@ export interface GuestAgentReplies {
 
 type Json = Record<string, unknown>;
 
-function isObject(value: unknown): value is Json {
-  return typeof value === "object" && value !== null && !Array.isArray(value);
-}
-
 function text(value: unknown): string | undefined {
   return typeof value === "string" && value !== "" ? value : undefined;
 }
@@ -129,7 +125,7 @@ export function agentReturn(reply: string | undefined): unknown {
   if (reply === undefined) return undefined;
   try {
     const parsed: unknown = JSON.parse(reply);
-    return isObject(parsed) ? parsed.return : undefined;
+    return isJsonObject(parsed) ? parsed.return : undefined;
   } catch {
     return undefined;
   }
@@ -137,12 +133,12 @@ export function agentReturn(reply: string | undefined): unknown {
 
 function arrayReturn(reply: string | undefined): Json[] {
   const value = agentReturn(reply);
-  return Array.isArray(value) ? value.filter(isObject) : [];
+  return Array.isArray(value) ? value.filter(isJsonObject) : [];
 }
 
 function objectReturn(reply: string | undefined): Json {
   const value = agentReturn(reply);
-  return isObject(value) ? value : {};
+  return isJsonObject(value) ? value : {};
 }
 
 /** GetGuestInfo's answer when no agent answers. */
@@ -164,7 +160,7 @@ export function guestUsersFromAgent(reply: string | undefined): GuestOSUser[] {
 /** GetFilesystems' list from a `guest-get-fsinfo` reply; empty when it is not one. */
 export function guestFilesystemsFromAgent(reply: string | undefined): GuestFileSystem[] {
   return arrayReturn(reply).map((fs) => {
-    const disks = (Array.isArray(fs.disk) ? fs.disk.filter(isObject) : []).map((disk) =>
+    const disks = (Array.isArray(fs.disk) ? fs.disk.filter(isJsonObject) : []).map((disk) =>
       compact({ serial: text(disk.serial), busType: text(disk["bus-type"]) ?? "" })
     );
     return compact({
@@ -204,7 +200,7 @@ export function guestAgentInfoFromAgent(replies: GuestAgentReplies): GuestAgentI
   const info = objectReturn(replies.info);
   const zone = objectReturn(replies.timezone);
   const commands = (Array.isArray(info.supported_commands) ? info.supported_commands : [])
-    .filter(isObject)
+    .filter(isJsonObject)
     .map((c) =>
       compact({ name: text(c.name) ?? "", enabled: c.enabled === true ? true : undefined })
     );
@@ -250,7 +246,7 @@ export function guestExecStatus(
   outputLimit: number,
 ): GuestExecStatus | undefined {
   const value = agentReturn(reply);
-  if (!isObject(value) || typeof value.exited !== "boolean") return undefined;
+  if (!isJsonObject(value) || typeof value.exited !== "boolean") return undefined;
   let stdOut = "";
   const data = value["out-data"];
   if (typeof data === "string") {

@@ -21,6 +21,8 @@
  *   gives a launcher (ACPI within the grace period, then destroy, then undefine), or the
  *   removal of the domain a launcher that ended left; answered when done.
  * - `{"id":3,"op":"list"}` -> `{"id":3,"ok":true,"vms":[...]}`.
+ * - `{"id":4,"op":"credentials","uid":...,"accessCredentials":[...],"secrets":{...}}`: a VMI's
+ *   access credentials and the text of their Secrets, for its guest agent (kept in memory).
  * - pushed to every connection: `{"event":"exited","uid":...,"code":1,"why":"..."}`.
  *
  * What it serves is kept in `<dir>/vms/<uid>.json` (written before the instance starts)
@@ -43,6 +45,7 @@ import {
   openLibvirt,
   writeFileDurably,
 } from "../../ffi/mod.ts";
+import { isJsonObject } from "../api/mod.ts";
 import { domainNameOf } from "../domain/mod.ts";
 import { DhcpServers, hostTapName, restoreGuestNetwork } from "../network/mod.ts";
 import { getLogger } from "../log/mod.ts";
@@ -437,6 +440,30 @@ export class LauncherHost {
   }
 
   /**
+   * Hands a served VMI's launcher its `spec.accessCredentials` (`credentials`) and the text
+   * of the Secrets they name (`secrets`: Secret name to key to value), which it puts into
+   * the guest through the agent. Kept in memory only: nothing of a Secret is written here.
+   */
+  async credentials(uid: unknown, credentials: unknown, secrets: unknown): Promise<void> {
+    if (typeof uid !== "string" || !UID.test(uid)) {
+      throw new HostedVmSpecError(`uid ${JSON.stringify(uid)} is not valid`);
+    }
+    const valid = isJsonObject(secrets) &&
+      Object.values(secrets).every((data) =>
+        isJsonObject(data) && Object.values(data).every((v) => typeof v === "string")
+      );
+    if (!valid) throw new HostedVmSpecError("secrets is not an object of string maps");
+    const hosted = this.#vms.get(uid);
+    if (!hosted || hosted.stopping) throw new HostedVmSpecError(`no launcher serves UID ${uid}`);
+    await hosted.started.catch(() => {});
+    if (!hosted.instance) throw new HostedVmSpecError(`the launcher of UID ${uid} did not start`);
+    hosted.instance.manager.setAccessCredentials(
+      credentials,
+      secrets as Record<string, Record<string, string>>,
+    );
+  }
+
+  /**
    * Removes the log libvirt kept of the domain's QEMU (`<name>.log`, and the rotated
    * `<name>.log.1`, `<name>.log.2.gz`, ...), once the domain is gone: a VMI's files on the
    * host go with it, as a launcher pod's go with the pod.
@@ -566,6 +593,9 @@ export class LauncherHost {
           return { id, ok: true };
         case "list":
           return { id, ok: true, vms: this.list() };
+        case "credentials":
+          await this.credentials(request.uid, request.accessCredentials, request.secrets);
+          return { id, ok: true };
         default:
           return { id, ok: false, error: `unknown op ${JSON.stringify(request.op)}` };
       }

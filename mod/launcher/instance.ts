@@ -102,7 +102,10 @@ export class LauncherInstance {
       this.#end({ kind: "died", state });
     });
     this.manager.onChange = () => this.forwarder.refresh();
-    this.#ended.then(() => this.forwarder.stopAgentRetry());
+    this.#ended.then(() => {
+      this.forwarder.stopAgentRetry();
+      void this.manager.stopAccessCredentials();
+    });
   }
 
   /** The libvirt domain's name. */
@@ -240,6 +243,7 @@ export class LauncherInstance {
    */
   async close(options: { graceMs?: number; keepSocket?: boolean } = {}): Promise<void> {
     if (!options.keepSocket) this.manager.stopNetwork();
+    await this.manager.stopAccessCredentials();
     await this.#server?.stop(options.graceMs, { keepSocket: options.keepSocket });
   }
 }

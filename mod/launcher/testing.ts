@@ -22,6 +22,11 @@ export {
 } from "./converter.ts";
 export { domainFromXml, parseXml } from "./domain_manager.ts";
 export {
+  type AccessCredentialResult,
+  AccessCredentials,
+  credentialPlan,
+} from "./access_credentials.ts";
+export {
   agentReturn,
   emptyGuestAgentInfo,
   fsFreezeStatusFromAgent,

@@ -411,6 +411,50 @@ Deno.test("rbac: a pod-less handler with only its node's identity runs a VMI's l
   });
 });
 
+Deno.test("rbac: without deploy/podless-secrets.yaml a VMI with access credentials names what to apply", async () => {
+  // The pod-less node's identity reads no Secret unless an operator opts in; a VMI whose
+  // access credentials name one does not start, and its Synchronized condition says why.
+  await withServiceAccount({ account: ACCOUNT, mode: "podless" }, async (ctx) => {
+    const { admin, node } = ctx;
+    await withHandler(ctx, {}, async (h) => {
+      const name = `vm-creds-${suffix()}`;
+      const vmi = testVmi(name, node);
+      vmi.spec.accessCredentials = [{
+        sshPublicKey: {
+          source: { secret: { secretName: "keys" } },
+          propagationMethod: { qemuGuestAgent: { users: ["root"] } },
+        },
+      }];
+      await createVmi(admin, vmi);
+      const refused = await waitFor(
+        "Synchronized=False naming deploy/podless-secrets.yaml",
+        async () => {
+          const c = (await getVmi(admin, "default", name))?.status?.conditions?.find((c) =>
+            c.type === "Synchronized"
+          );
+          return c?.status === "False" && /podless-secrets\.yaml/.test(c.message ?? "")
+            ? c
+            : undefined;
+        },
+      );
+      assert.match(refused.message!, /may not read Secret "default\/keys" \(403 Forbidden: /);
+      assert.notEqual((await getVmi(admin, "default", name))?.status?.phase, "Running");
+      assert.ok(
+        !(await exists(`${h.stateDir}/launcher-host/vms/${
+          (await getVmi(admin, "default", name))!
+            .metadata.uid
+        }.json`)),
+        "no launcher was started",
+      );
+      await deleteVmi(admin, "default", name);
+      await waitFor(
+        "the VMI to be gone",
+        async () => (await getVmi(admin, "default", name)) === undefined ? true : undefined,
+      );
+    });
+  });
+});
+
 Deno.test("rbac: KubeVirt mode's ClusterRole grants just what its handler calls, enough for a VMI's life", async () => {
   // The role grants exactly what the KubeVirt-mode handler calls, and a handler
   // holding only that role takes a launcher pod's VMI through its life with no 403.

@@ -2,7 +2,8 @@
  * M5: KubeVirt mode's ClusterRole (`deploy/rbac.yaml`, the DaemonSet's) holds only what
  * KubeVirt mode calls; the migration writes and claim reads that only pod-less mode makes
  * (it stands in for virt-controller and the kubelet) are in the pod-less node's role
- * (`deploy/podless-node.yaml`). Every rule names the code that makes its calls.
+ * (`deploy/podless-node.yaml`); the Secret reads of access credentials are an opt-in of their
+ * own (`deploy/podless-secrets.yaml`). Every rule names the code that makes its calls.
  * `tests/integration/rbac_test.ts` runs a KubeVirt-mode handler through a VMI's life with
  * deploy/rbac.yaml alone.
  */
@@ -61,8 +62,17 @@ Deno.test("the pod-less node's ClusterRole holds the migration writes and claim 
   }
 });
 
-Deno.test("every rule of both roles names the code that makes its calls", () => {
-  for (const file of ["rbac.yaml", "podless-node.yaml"]) {
+Deno.test("Secrets are read only where deploy/podless-secrets.yaml is applied, and only by name", () => {
+  // virt-handler reads no Secret; a pod-less node reads its VMIs' credential Secrets once
+  // an operator opts in with deploy/podless-secrets.yaml: get only, never list or watch.
+  const secretRules = (file: string) => clusterPermissions(file).filter((p) => / secrets$/.test(p));
+  assert.deepEqual(secretRules("rbac.yaml"), []);
+  assert.deepEqual(secretRules("podless-node.yaml"), []);
+  assert.deepEqual(clusterPermissions("podless-secrets.yaml"), ["get secrets"]);
+});
+
+Deno.test("every rule of the roles names the code that makes its calls", () => {
+  for (const file of ["rbac.yaml", "podless-node.yaml", "podless-secrets.yaml"]) {
     const lines = Deno.readTextFileSync(new URL(file, DEPLOY)).split("\n");
     lines.forEach((line, i) => {
       if (!/^ {2}- apiGroups:/.test(line)) return;

@@ -135,7 +135,17 @@ const UNSUPPORTED: [string, (vmi: Json) => void][] = [
   ],
   // Probes run beside the domain (prober.ts); a handler kind KubeVirt's VMIs lack is refused.
   ["spec.readinessProbe.grpc", (v) => v.spec.readinessProbe = { grpc: { port: 22 } }],
-  ["spec.accessCredentials", (v) => v.spec.accessCredentials = []],
+  // Access credentials reach the guest through its agent only, not through cloud-init.
+  [
+    "spec.accessCredentials[0].sshPublicKey.propagationMethod.noCloud",
+    (v) =>
+      v.spec.accessCredentials = [{
+        sshPublicKey: {
+          source: { secret: { secretName: "k" } },
+          propagationMethod: { noCloud: {} },
+        },
+      }],
+  ],
   ["spec.architecture", (v) => v.spec.architecture = "arm64"],
   ["apiVersion", (v) => v.apiVersion = "kubevirt.io/v1alpha3"],
 ];

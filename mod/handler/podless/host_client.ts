@@ -180,6 +180,19 @@ export class LauncherHostClient {
     await this.#request("stop", { uid, ...vmi }, timeoutMs);
   }
 
+  /**
+   * Hands a served VMI's launcher its access credentials and the text of their Secrets
+   * (Secret name to key to value); the host keeps them in memory only.
+   */
+  async credentials(
+    uid: string,
+    accessCredentials: unknown,
+    secrets: Record<string, Record<string, string>>,
+    timeoutMs = 10_000,
+  ): Promise<void> {
+    await this.#request("credentials", { uid, accessCredentials, secrets }, timeoutMs);
+  }
+
   /** Every launcher the host serves or saw end. */
   async list(timeoutMs = 10_000): Promise<HostedVmStatus[]> {
     const reply = await this.#request("list", {}, timeoutMs);

@@ -45,6 +45,12 @@ import {
   type PodNetworkTarget,
 } from "../../network/mod.ts";
 import { scheduledStatus } from "./scheduler.ts";
+import {
+  type CredentialSecrets,
+  hasAgentCredentials,
+  readCredentialSecrets,
+  type SecretReader,
+} from "./credentials.ts";
 import type { GhostRecordStore } from "../ghost_records.ts";
 import {
   type ControllerStandIn,
@@ -67,6 +73,12 @@ const log = getLogger("handler", "podless");
  * wakes it as soon as the host is back.
  */
 export const PODLESS_NOT_READY_REQUEUE_MS = 1_000;
+
+/**
+ * How often the Secrets of running VMIs' access credentials are read again and handed to
+ * the host, ms (the kubelet refreshes a pod's Secret volumes about this often).
+ */
+export const CREDENTIALS_REFRESH_MS = 60_000;
 
 /** Extra time, beyond the VMI's grace period, a launcher gets to stop its guest. */
 export const LAUNCHER_STOP_EXTRA_MS = 5_000;
@@ -107,6 +119,11 @@ export interface PodlessLaunchersOptions {
   containerDisks?: ContainerDiskStore;
   /** Finds a hotplugged claim on this host (`resolveHostClaim`); none: hotplug is refused. */
   claims?: (ref: { namespace: string; name: string }) => Promise<HostClaim>;
+  /**
+   * Reads the Secrets of VMIs' access credentials (the handler's client); none: a VMI with
+   * agent-propagated access credentials fails its sync.
+   */
+  secrets?: SecretReader;
   /**
    * Live migration on this host: where the proxy's sockets go (the folder the launcher host
    * gives libvirt as its migration socket folder, as the handler reaches it) and libvirtd's
@@ -203,6 +220,8 @@ export class PodlessLaunchers implements LauncherProvider {
   readonly #starting = new Map<string, string[]>();
   /** The hotplugged claims found on this host, by VMI UID and volume name. */
   readonly #hostClaims = new Map<string, Map<string, HostClaim>>();
+  /** The VMIs whose access credentials are handed to the host again and again, by UID. */
+  readonly #credentialVmis = new Map<string, VirtualMachineInstance>();
   /** Keys to wake once the host is connected. */
   readonly #waiting = new Set<string>();
   #client: LauncherHostClient | undefined;
@@ -278,7 +297,9 @@ export class PodlessLaunchers implements LauncherProvider {
       this.#waiting.add(vmiKey(vmi.metadata));
       return { waiting: "the launcher host is not running yet" };
     }
-    // The images first: one that is not there fails the sync before anything is served.
+    // The Secrets of its access credentials, then the images: one that cannot be had fails
+    // the sync before anything is served.
+    const secrets = hasAgentCredentials(vmi) ? await this.#readSecrets(vmi) : undefined;
     const containerDisks = await this.#o.containerDisks?.prepare(vmi) ?? {};
     // Until the host serves it, the store's collector learns of its disks from here.
     this.#starting.set(uid, Object.values(containerDisks));
@@ -322,6 +343,10 @@ export class PodlessLaunchers implements LauncherProvider {
     const { status, synced } = started;
     this.#served.set(uid, { ...status, containerDisks: Object.values(containerDisks) });
     if (status.state === "exited") this.#o.exited(uid, status.why ?? "the launcher ended");
+    if (secrets && status.state !== "exited") {
+      this.#credentialVmis.set(uid, vmi);
+      await this.#handCredentials(client, vmi, secrets);
+    }
     return synced ? { socket: status.socket, synced } : { socket: status.socket };
   }
 
@@ -339,6 +364,7 @@ export class PodlessLaunchers implements LauncherProvider {
     });
     this.#served.delete(uid);
     this.#hostClaims.delete(uid);
+    this.#credentialVmis.delete(uid);
     await this.#collectContainerDisks();
     // What the VMI had on this host: its socket directory, its run directory (DHCP facts,
     // console sockets) and its disks (overlays, empty disks, cloud-init ISOs, NVRAM).
@@ -388,6 +414,12 @@ export class PodlessLaunchers implements LauncherProvider {
    * host attaches as it is). A claim that cannot be found fails the sync naming its field.
    */
   async hotplug(vmi: VirtualMachineInstance): Promise<void> {
+    // A running VMI this handler has not handed credentials yet (it restarted): now, and
+    // again every CREDENTIALS_REFRESH_MS.
+    if (hasAgentCredentials(vmi) && !this.#credentialVmis.has(vmi.metadata.uid!)) {
+      this.#credentialVmis.set(vmi.metadata.uid!, vmi);
+      void this.#refreshCredentials(vmi.metadata.uid!);
+    }
     const wanted = hotplugClaims(vmi);
     if (wanted.length === 0) return;
     const uid = vmi.metadata.uid!;
@@ -413,6 +445,53 @@ export class PodlessLaunchers implements LauncherProvider {
         claim,
       });
     }
+  }
+
+  async #readSecrets(vmi: VirtualMachineInstance): Promise<CredentialSecrets> {
+    if (!this.#o.secrets) {
+      throw new Error("spec.accessCredentials: this host reads no Secrets");
+    }
+    return await readCredentialSecrets(this.#o.secrets, vmi);
+  }
+
+  /** Hands the host a VMI's credentials; a failure is told in the log (the next round retries). */
+  async #handCredentials(
+    client: LauncherHostClient,
+    vmi: VirtualMachineInstance,
+    secrets: CredentialSecrets,
+  ): Promise<void> {
+    try {
+      await client.credentials(vmi.metadata.uid!, vmi.spec.accessCredentials, secrets);
+    } catch (error) {
+      log.warn("Cannot hand the launcher host the access credentials: {error}", {
+        namespace: vmi.metadata.namespace,
+        name: vmi.metadata.name,
+        error,
+      });
+    }
+  }
+
+  /**
+   * Reads a tracked VMI's Secrets again and hands them to the host; a Secret that cannot be
+   * read now leaves the guest with what it has (as a kubelet keeps a Secret volume's last
+   * content), and is told in the log.
+   */
+  async #refreshCredentials(uid: string): Promise<void> {
+    const vmi = this.#credentialVmis.get(uid);
+    const client = this.#client;
+    if (!vmi || !client?.open || !this.#served.has(uid)) return;
+    let secrets: CredentialSecrets;
+    try {
+      secrets = await this.#readSecrets(vmi);
+    } catch (error) {
+      log.warn("Cannot read the Secrets of the access credentials again: {error}", {
+        namespace: vmi.metadata.namespace,
+        name: vmi.metadata.name,
+        error,
+      });
+      return;
+    }
+    await this.#handCredentials(client, vmi, secrets);
   }
 
   /** Removes the stored containerDisks of replaced or removed images no served VMI reads. */
@@ -559,6 +638,10 @@ export class PodlessLaunchers implements LauncherProvider {
    * lets go of it without stopping it (VMs keep running).
    */
   async run(signal: AbortSignal): Promise<void> {
+    const refresher = setInterval(() => {
+      for (const uid of this.#credentialVmis.keys()) void this.#refreshCredentials(uid);
+    }, CREDENTIALS_REFRESH_MS);
+    signal.addEventListener("abort", () => clearInterval(refresher), { once: true });
     const initial = this.#o.restartBackoffMs ?? 1_000;
     let backoff = initial;
     while (!signal.aborted) {

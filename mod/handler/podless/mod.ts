@@ -9,6 +9,7 @@
 export { type HostSettings, PodlessLaunchers, type PodlessLaunchersOptions } from "./launchers.ts";
 export { PodlessMigrations, type PodlessMigrationsOptions } from "./migrations.ts";
 export { PodlessScheduler } from "./scheduler.ts";
+export { CredentialSecretError, type CredentialSecrets, type SecretReader } from "./credentials.ts";
 export type { ProbeLauncher, ProberOptions } from "./prober.ts";
 // The core's types that these classes' members name.
 export type * from "../launcher_provider.ts";
