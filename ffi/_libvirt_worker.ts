@@ -419,6 +419,12 @@ const ops: WorkerOps = {
   domainAttachDevice(uuid, xml, flags) {
     withDomain(uuid, (d) => checkInt(vir().virDomainAttachDeviceFlags(d, cstr(xml), flags)));
   },
+  domainCoreDump(uuid, path, format, flags) {
+    withDomain(
+      uuid,
+      (d) => checkInt(vir().virDomainCoreDumpWithFormat(d, cstr(path), format, flags)),
+    );
+  },
   domainUpdateDevice(uuid, xml, flags) {
     withDomain(uuid, (d) => checkInt(vir().virDomainUpdateDeviceFlags(d, cstr(xml), flags)));
   },

@@ -74,6 +74,10 @@ export const VIR_DOMAIN_DESTROY_GRACEFUL = 1 << 0;
 export const VIR_DOMAIN_AFFECT_LIVE = 1 << 0;
 /** `virDomainModificationImpact`: change the persistent definition. */
 export const VIR_DOMAIN_AFFECT_CONFIG = 1 << 1;
+/** `virDomainCoreDumpFormat`: the guest's memory as it is (KubeVirt's memory dumps). */
+export const VIR_DOMAIN_CORE_DUMP_FORMAT_RAW = 0;
+/** `virDomainCoreDumpFlags`: the guest's memory only, as an ELF core QEMU writes. */
+export const VIR_DUMP_MEMORY_ONLY = 1 << 4;
 /** `virDomainUndefineFlagsValues`: also remove NVRAM. */
 export const VIR_DOMAIN_UNDEFINE_NVRAM = 1 << 2;
 /** `virDomainUndefineFlagsValues`: also remove managed save. */

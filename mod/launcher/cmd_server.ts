@@ -26,6 +26,7 @@ import {
   type DomainResponse,
   type DomainStatsResponse,
   type GuestInfoResponse,
+  type MemoryDumpRequest,
   type QemuVersionResponse,
   type Response,
   SUPPORTED_CMD_VERSIONS,
@@ -78,6 +79,7 @@ export type CmdBackend = Pick<
   | "prepareMigrationTarget"
   | "finalizeMigration"
   | "signalTargetPodCleanup"
+  | "memoryDump"
 >;
 
 /** `kubevirt.cmd.v1.MigrationRequest`: the VMI and KubeVirt's `MigrationOptions` as JSON. */
@@ -251,6 +253,14 @@ function buildHandlers(backend: CmdBackend): Record<string, Handler> {
       return ok();
     }, failed),
     UnfreezeVirtualMachine: command("UnfreezeVirtualMachine", (json) => backend.unfreeze(json)),
+    VirtualMachineMemoryDump: safe<MemoryDumpRequest, Response>(
+      "VirtualMachineMemoryDump",
+      async (request) => {
+        await backend.memoryDump(request.vmi?.vmiJson ?? null, request.dumpPath ?? "");
+        return ok();
+      },
+      failed,
+    ),
     MigrateVirtualMachine: safe<MigrationRequest, Response>(
       "MigrateVirtualMachine",
       async (request) => {

@@ -7,7 +7,7 @@
  * @module
  */
 
-import { join } from "node:path";
+import { basename, dirname, isAbsolute, join } from "node:path";
 import {
   type Connection,
   type Domain as LibvirtDomain,
@@ -21,6 +21,7 @@ import {
 import {
   type GuestOsInfo,
   isFinalPhase,
+  kubeTime,
   type VirtualMachineInstance,
   vmiKey,
   VmiPhase,
@@ -53,6 +54,7 @@ import {
   parseXml,
   type XmlElement,
 } from "../xml/mod.ts";
+import { confineToNamespace } from "./_host_path.ts";
 import { letQemuReach, prepareForQemuUser, type QemuUser } from "./qemu_user.ts";
 import { domainFromXml, type VmiRef, vmiUidOfDomainXml } from "./_domain_reader.ts";
 import { deviceAliases, domainStatsToKubevirt, parseNetDev } from "./domain_stats.ts";
@@ -247,6 +249,10 @@ export class DomainManager {
   #credentials: AccessCredentials | undefined;
   /** Their last result, carried in the domain's metadata as KubeVirt's launcher carries it. */
   #accessCredential: AccessCredentialResult | undefined;
+  /** The last memory dump, carried in the domain's metadata as KubeVirt's launcher carries it. */
+  #memoryDump: NonNullable<Domain["spec"]["metadata"]["kubevirt"]["memoryDump"]> | undefined;
+  /** A memory dump is being written (one at a time, as in KubeVirt's launcher). */
+  #dumping = false;
   /** Hears of a change of what the launcher adds to the domain (the instance re-sends it). */
   #onChange: () => void = () => {};
   /** The live migration from here, once one was asked for. */
@@ -790,6 +796,68 @@ export class DomainManager {
     );
   }
 
+  /**
+   * Dumps the guest's memory to `dumpPath` (raw, memory only: an ELF core), in the
+   * background, as KubeVirt's launcher answers VirtualMachineMemoryDump: resolves once the
+   * dump has started; the domain's `MemoryDump` metadata tells its file, start, end and how it
+   * ended. A dump asked for while one is written, or of the file already dumped, changes
+   * nothing. The dumps before it in the same folder (files named `*memory.dump*`) are removed
+   * first. The file must be in the VMI's namespace's folder of the host disk root (where
+   * pod-less claims are), links resolved: libvirt writes it as root.
+   */
+  async memoryDump(
+    vmiJson: Uint8Array | string | null | undefined,
+    requestedPath: string,
+  ): Promise<void> {
+    const action = "dump the memory of";
+    this.#checkVmi(action, vmiJson);
+    const refuse = (why: string, cause?: unknown) =>
+      new LauncherCommandError(action, this.vmiKey, why, { cause });
+    const root = this.#converter.hostDiskRoot;
+    if (!root) throw refuse("this launcher has no host disk root to dump memory into");
+    if (!isAbsolute(requestedPath)) {
+      throw refuse(`the dump path "${requestedPath}" is not absolute`);
+    }
+    let dumpPath: string;
+    try {
+      dumpPath = await confineToNamespace(root, this.vmi.namespace, requestedPath);
+    } catch (error) {
+      throw refuse(`the dump path "${requestedPath}": ${detail(error)}`, error);
+    }
+    const fileName = basename(dumpPath);
+    if (this.#dumping) {
+      log.info("A memory dump is in progress", { ...this.vmi, fileName });
+      return;
+    }
+    if (this.#memoryDump?.fileName === fileName) return;
+    this.#dumping = true;
+    this.#memoryDump = { fileName, startTimestamp: kubeTime() };
+    this.#onChange();
+    void (async () => {
+      let failureReason: string | undefined;
+      try {
+        const domain = await this.lookup();
+        if (!domain) throw new Error(`domain "${this.domainName}" not found`);
+        await removePreviousDumps(dirname(dumpPath));
+        log.info("Starting memory dump", { ...this.vmi, fileName });
+        await domain.coreDump(dumpPath);
+        log.info("Completed memory dump", { ...this.vmi, fileName });
+      } catch (error) {
+        failureReason = `Domain memory dump failed: ${detail(error)}`;
+        log.error("Memory dump failed", { ...this.vmi, fileName, error: detail(error) });
+      } finally {
+        this.#memoryDump = {
+          ...this.#memoryDump,
+          endTimestamp: kubeTime(),
+          completed: true,
+          ...(failureReason ? { failed: true, failureReason } : {}),
+        };
+        this.#dumping = false;
+        this.#onChange();
+      }
+    })();
+  }
+
   /** Thaws the guest's filesystems; thawed already is done. */
   unfreeze(vmiJson: Uint8Array | string | null | undefined): Promise<void> {
     this.#cancelSafetyThaw();
@@ -1092,6 +1160,7 @@ export class DomainManager {
         const { osInfo, fsFreezeStatus } = this.#agentInfo;
         if (osInfo) domain.status.osInfo = { ...osInfo };
         if (fsFreezeStatus) domain.status.fsFreezeStatus = { status: fsFreezeStatus };
+        if (this.#memoryDump) domain.spec.metadata.kubevirt.memoryDump = { ...this.#memoryDump };
         if (this.#accessCredential) {
           domain.spec.metadata.kubevirt.accessCredential = { ...this.#accessCredential };
         }
@@ -1454,4 +1523,19 @@ function renderable(element: XmlElement): RenderedElement {
     text ? text : undefined,
     element.children.map(renderable),
   );
+}
+
+/** Removes the earlier memory dumps in `dir` (files whose name holds `memory.dump`). */
+async function removePreviousDumps(dir: string): Promise<void> {
+  try {
+    for await (const entry of Deno.readDir(dir)) {
+      if (!entry.name.includes("memory.dump")) continue;
+      // A link is removed itself, never what it points at.
+      await Deno.remove(join(dir, entry.name)).catch((error) =>
+        log.warn("Cannot remove an earlier memory dump", { file: entry.name, error: detail(error) })
+      );
+    }
+  } catch (error) {
+    log.warn("Cannot list the earlier memory dumps", { dir, error: detail(error) });
+  }
 }

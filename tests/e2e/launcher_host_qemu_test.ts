@@ -1,7 +1,9 @@
 /**
  * The launcher host with real QEMU guests under libvirtd: a SIGKILLed host leaves every
  * QEMU process running and the restarted host takes them back; a guest whose libvirt
- * calls hang (its QEMU stopped, so its monitor never answers) holds up no other VMI.
+ * calls hang (its QEMU stopped, so its monitor never answers) holds up no other VMI; a
+ * VirtualMachineMemoryDump writes the guest's memory as an ELF core, reported in the
+ * domain's metadata as KubeVirt's launcher reports it.
  *
  * @module
  */
@@ -68,7 +70,9 @@ async function withHost(name: string, fn: (h: Harness) => Promise<void>): Promis
     libvirtUri: QEMU_SYSTEM_URI,
     notifySocket: notify.socketPath,
     logFile: `${dir}/host.log`,
+    hostDiskRoot: `${dir}/hostdisks`,
   };
+  await Deno.mkdir(`${dir}/hostdisks/default/dump`, { recursive: true });
   let h: Harness | undefined;
   let host: HostProcess | undefined;
   let ok = false;
@@ -212,6 +216,95 @@ Deno.test(
       // connection, B's calls queued behind A's waited for the 5 s keepalive; before a
       // stuck worker got a replacement at once, B's waited for a worker to start.
       assert.ok(costs[2] <= 100, said);
+    });
+  },
+);
+
+/** The domain's MemoryDump metadata, as the launcher reports it in GetDomain. */
+async function memoryDumpOf(spec: HostedVmSpec) {
+  const client = new TestCmdClient(`${spec.socketDir}/launcher-sock`);
+  try {
+    return decodeDomainJson((await client.getDomain()).domain).spec.metadata.kubevirt.memoryDump;
+  } finally {
+    client.close();
+  }
+}
+
+/** VirtualMachineMemoryDump of `spec`'s guest to `dumpPath`. */
+async function memoryDump(spec: HostedVmSpec, dumpPath: string) {
+  const client = new TestCmdClient(`${spec.socketDir}/launcher-sock`, 60_000);
+  try {
+    return await client.call<{ success: boolean; message: string }>("VirtualMachineMemoryDump", {
+      vmi: { vmiJson: new TextEncoder().encode(JSON.stringify(vmiOf(spec))) },
+      dumpPath,
+    });
+  } finally {
+    client.close();
+  }
+}
+
+Deno.test(
+  "launcher host (QEMU): VirtualMachineMemoryDump writes the guest's memory as an ELF core",
+  grpcTest,
+  async () => {
+    // As KubeVirt's launcher: in the background, once per file, earlier dumps removed, the
+    // result in the domain's MemoryDump metadata; only inside the namespace's folder of the
+    // host disk root, links resolved.
+    await withHost("memdump", async (h) => {
+      const spec = hostedSpec(h.dir, `md-${Deno.pid}`);
+      await runGuest(h, spec);
+      const folder = `${h.dir}/hostdisks/default/dump`;
+      await Deno.writeTextFile(`${folder}/vm-old.memory.dump`, "an earlier dump");
+      await Deno.writeTextFile(`${folder}/keep.txt`, "not a dump");
+      const first = `${folder}/md-20261206-000001.memory.dump`;
+      const asked = await memoryDump(spec, first);
+      assert.deepEqual(asked, { success: true, message: "" });
+      const done = await waitFor(
+        "the dump to complete",
+        async () => {
+          const m = await memoryDumpOf(spec);
+          return m?.completed ? m : undefined;
+        },
+        120_000,
+        200,
+      );
+      assert.equal(done.fileName, "md-20261206-000001.memory.dump");
+      assert.ok(!done.failed, done.failureReason ?? "");
+      assert.match(done.startTimestamp ?? "", /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$/);
+      assert.ok((done.endTimestamp ?? "") >= (done.startTimestamp ?? ""));
+      // An ELF core holding the guest's 64 MiB.
+      const header = await new Deno.Command("readelf", { args: ["-h", first], stdout: "piped" })
+        .output();
+      assert.match(new TextDecoder().decode(header.stdout), /Type:\s+CORE \(Core file\)/);
+      assert.ok((await Deno.stat(first)).size >= 64 * 1024 * 1024, "the guest's memory is in it");
+      assert.deepEqual(
+        [...Deno.readDirSync(folder)].map((e) => e.name).sort(),
+        ["keep.txt", "md-20261206-000001.memory.dump"],
+        "the earlier dump is removed, nothing else",
+      );
+
+      // The same file again: nothing happens (KubeVirt's handler asks on every sync).
+      const mtime = (await Deno.stat(first)).mtime?.getTime();
+      assert.equal((await memoryDump(spec, first)).success, true);
+      await new Promise((r) => setTimeout(r, 1_000));
+      assert.deepEqual(await memoryDumpOf(spec), done);
+      assert.equal((await Deno.stat(first)).mtime?.getTime(), mtime);
+
+      // Outside the namespace's folder, or out of it through a link: refused, nothing written.
+      const outside = await memoryDump(spec, `${h.dir}/md-elsewhere.memory.dump`);
+      assert.equal(outside.success, false);
+      assert.match(outside.message, /is outside ".*\/hostdisks"/);
+      await Deno.symlink(h.dir, `${folder}/out`);
+      const linked = await memoryDump(spec, `${folder}/out/md-linked.memory.dump`);
+      assert.equal(linked.success, false);
+      assert.match(linked.message, /resolves to/);
+      const other = await memoryDump(spec, `${h.dir}/hostdisks/other/md.memory.dump`);
+      assert.equal(other.success, false);
+      assert.match(other.message, /not beneath ".*\/hostdisks\/default"/);
+      assert.deepEqual(
+        [...Deno.readDirSync(h.dir)].filter((e) => e.name.includes("memory.dump")),
+        [],
+      );
     });
   },
 );

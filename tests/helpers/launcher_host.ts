@@ -39,6 +39,8 @@ export interface HostProcessOptions {
   notifySocket?: string;
   /** Where the output goes (appended). */
   logFile: string;
+  /** The host disk root (`--host-disk-root`); none unless told. */
+  hostDiskRoot?: string;
 }
 
 /** Starts a launcher host and waits for its control socket. */
@@ -65,6 +67,7 @@ export async function startHostProcess(o: HostProcessOptions): Promise<HostProce
       "--image-dir",
       `${o.dir}/images`,
       ...(o.notifySocket ? ["--notify-socket", o.notifySocket] : []),
+      ...(o.hostDiskRoot ? ["--host-disk-root", o.hostDiskRoot] : []),
     ],
     stdin: "null",
     stdout: "piped",

@@ -40,7 +40,6 @@ const grpcTest = { sanitizeOps: false, sanitizeResources: false };
 /** The RPCs virtnode's launcher does not serve: they answer UNIMPLEMENTED. */
 const UNIMPLEMENTED: readonly CmdMethod[] = [
   "HotplugHostDevices",
-  "VirtualMachineMemoryDump",
   "SyncVirtualMachineCPUs",
   "SyncVirtualMachineMemory",
   "GetSEVInfo",
