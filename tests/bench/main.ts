@@ -40,6 +40,7 @@ import {
 } from "./_breakdown.ts";
 import { type BenchHandler, killLaunchers, launcherPids, spawnHandler } from "./_handler.ts";
 import { migrationBench } from "./_migration.ts";
+import { agentBench } from "./_agents.ts";
 import { pidAlive } from "../helpers/handler_process.ts";
 import {
   type Environment,
@@ -93,6 +94,7 @@ const USAGE = `Usage: deno task bench [flags]
   --node-vmis N           scenario 9: VMIs created at once on the real node, per agent (50)
   --node-launchers N      scenario 9: virtnode launchers started at once for per-VM figures (10)
   --migration-runs N      scenario 10: migrations each way, through the proxy and straight (5)
+  --agent-guests N        scenario 11: test guests with QEMU's guest agent, idle (10)
   --floor-samples N       samples of each floor (50)
   --only LIST             run only these scenarios, e.g. --only 1,3,6
   --handler-log-level L   --log-level of the handler and its launchers (info)
@@ -114,6 +116,7 @@ interface Options {
   nodeVmis: number;
   nodeLaunchers: number;
   migrationRuns: number;
+  agentGuests: number;
   floorSamples: number;
   only: Set<number>;
   logLevel: string;
@@ -138,6 +141,7 @@ function parseOptions(args: string[]): Options {
       "node-vmis": { type: "string" },
       "node-launchers": { type: "string" },
       "migration-runs": { type: "string" },
+      "agent-guests": { type: "string" },
       "floor-samples": { type: "string" },
       only: { type: "string" },
       "handler-log-level": { type: "string", default: "info" },
@@ -177,6 +181,7 @@ function parseOptions(args: string[]): Options {
     nodeVmis: int("node-vmis", values["node-vmis"], q ? 3 : 50),
     nodeLaunchers: int("node-launchers", values["node-launchers"], q ? 2 : 10),
     migrationRuns: int("migration-runs", values["migration-runs"], q ? 1 : 5),
+    agentGuests: int("agent-guests", values["agent-guests"], q ? 2 : 10),
     floorSamples: int("floor-samples", values["floor-samples"], q ? 10 : 50),
     only,
     logLevel: values["handler-log-level"]!,
@@ -553,6 +558,7 @@ async function run(opts: Options, started: number): Promise<void> {
     if (b.h) await drainDriverNode(b);
     await qemuScenario(b);
     await migrationScenario(b);
+    await agentScenario(b);
     await sideBySideScenario(b);
   } finally {
     if (env) {
@@ -1170,6 +1176,38 @@ async function migrationScenario(ctx: BenchRun): Promise<void> {
   );
 }
 
+/** Scenario 11: the guest agents' cost to the node (tests/bench/_agents.ts). */
+async function agentScenario(ctx: BenchRun): Promise<void> {
+  const { opts, prefix } = ctx;
+  await scenario(ctx, 11, `guest agents: ${opts.agentGuests} test guests, idle`, async () => {
+    live.qemuUsed = true;
+    const uri = await ensureLibvirtd();
+    let h: BenchHandler | undefined;
+    try {
+      const r = await agentBench({
+        client: ctx.client,
+        watch: ctx.watch,
+        namespace: NAMESPACE,
+        prefix,
+        guests: opts.agentGuests,
+        seconds: opts.idleSeconds,
+        startHandler: async (node) => h = await startNewHandler(ctx, node, uri),
+        log,
+      });
+      ctx.json.agents = r.json;
+      ctx.rows.push(...r.rows);
+      ctx.notes.push(...r.notes);
+    } finally {
+      if (h) {
+        await stopHandler(h);
+        killLaunchers(h.stateDir);
+      }
+      const removed = await removeQemuDomains(prefix);
+      if (removed) log(`cleanup: removed ${removed} leftover QEMU domains`);
+    }
+  });
+}
+
 /** Scenario 9: beside KubeVirt's own binaries on a real node. */
 async function sideBySideScenario(ctx: BenchRun): Promise<void> {
   const { opts, prefix } = ctx;
@@ -1377,7 +1415,7 @@ async function writeReport(env: Environment, ctx: Ctx, durationS: number): Promi
 }
 
 /** Every scenario's number. */
-const ALL_SCENARIOS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
+const ALL_SCENARIOS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11];
 /** What `--quick` runs unless told: scenario 9 starts two control planes and nodes. */
 const QUICK_SCENARIOS = ALL_SCENARIOS.filter((n) => n !== 9);
 const BENCH_DOC = new URL("../../docs/bench.md", import.meta.url).pathname;
