@@ -22,6 +22,7 @@
 import { errorText } from "../../ffi/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import { type AgentCredential, agentCredentials } from "../api/mod.ts";
+import { agentReturn } from "./guest_agent.ts";
 
 const log = getLogger("launcher", "access-credentials");
 
@@ -90,6 +91,11 @@ export function credentialPlan(
 export interface AccessCredentialsOptions {
   /** Sends one agent command (JSON) and resolves with its reply; throws when it fails. */
   agent(command: Record<string, unknown>): Promise<string>;
+  /**
+   * Runs a program in the guest through the agent (`guest-exec`) and resolves with its exit
+   * code and output; throws when it cannot be run or does not end in time.
+   */
+  exec(command: string, args: string[]): Promise<{ exitCode: number; stdOut: string }>;
   /** Hears each result. */
   report(result: AccessCredentialResult): void;
   /** The check interval, ms; {@linkcode CREDENTIALS_CHECK_MS} unless told (tests). */
@@ -181,10 +187,7 @@ export class AccessCredentials {
     let failure: string | undefined = plan.errors.at(-1);
     for (const [user, keys] of plan.keys) {
       try {
-        await this.#o.agent({
-          execute: "guest-ssh-add-authorized-keys",
-          arguments: { username: user, keys, reset: true },
-        });
+        await this.#setAuthorizedKeys(user, keys);
       } catch (error) {
         failure = `Error encountered writing ssh pub key access credentials for user [${user}]: ` +
           why(error);
@@ -210,6 +213,90 @@ export class AccessCredentials {
       users: [...new Set([...plan.keys.keys(), ...plan.passwords.keys()])].join(","),
     });
     this.#o.report({ succeeded: true, message: "" });
+  }
+
+  /**
+   * Makes `keys` the whole of `user`'s `authorized_keys`: with `guest-ssh-add-authorized-keys`
+   * (reset), or where the agent lacks it, as KubeVirt's launcher falls back, by writing the
+   * file through the agent's file commands (`~/.ssh` made 700 and the file 600, the user's).
+   */
+  async #setAuthorizedKeys(user: string, keys: string[]): Promise<void> {
+    let first: unknown;
+    try {
+      await this.#o.agent({
+        execute: "guest-ssh-add-authorized-keys",
+        arguments: { username: user, keys, reset: true },
+      });
+      return;
+    } catch (error) {
+      first = error;
+    }
+    try {
+      await this.#writeAuthorizedKeysFile(user, keys.join("\n"));
+    } catch (second) {
+      throw new Error(
+        `failed to set SSH keys: error from guest-ssh-add-authorized-keys: ${why(first)}; ` +
+          `error from using guest-file-write: ${why(second)}`,
+      );
+    }
+  }
+
+  /** Runs `command` in the guest; a non-zero exit is an error naming it. */
+  async #run(command: string, args: string[]): Promise<string> {
+    const { exitCode, stdOut } = await this.#o.exec(command, args);
+    if (exitCode !== 0) throw new Error(`${command} exited with ${exitCode} in the guest`);
+    return stdOut;
+  }
+
+  async #writeAuthorizedKeysFile(user: string, contents: string): Promise<void> {
+    const entry = (await this.#run("getent", ["passwd", user])).trim().split(":");
+    if (entry.length < 6) throw new Error(`unable to detect home directory of user ${user}`);
+    const [home, owner] = [entry[5], `${entry[2]}:${entry[3]}`];
+    const file = `${home}/.ssh/authorized_keys`;
+    let current: string | undefined;
+    try {
+      current = await this.#readGuestFile(file);
+    } catch (error) {
+      if (!/No such file or directory/.test(why(error))) throw error;
+    }
+    if (current === contents) return;
+    const dir = `${home}/.ssh`;
+    await this.#run("mkdir", ["-p", dir]);
+    await this.#run("chown", [owner, dir]);
+    await this.#run("chmod", ["700", dir]);
+    if (current !== undefined) {
+      await this.#run("chown", [owner, file]);
+      await this.#run("chmod", ["600", file]);
+    }
+    const handle = await this.#openGuestFile(file, "w");
+    await this.#o.agent({
+      execute: "guest-file-write",
+      arguments: { handle, "buf-b64": base64(contents) },
+    });
+    await this.#o.agent({ execute: "guest-file-close", arguments: { handle } });
+    if (current === undefined) {
+      await this.#run("chown", [owner, file]);
+      await this.#run("chmod", ["600", file]);
+    }
+  }
+
+  async #openGuestFile(path: string, mode: "r" | "w"): Promise<number> {
+    const reply = await this.#o.agent({ execute: "guest-file-open", arguments: { path, mode } });
+    const handle = agentReturn(reply);
+    if (typeof handle !== "number") throw new Error(`guest-file-open of ${path} gave no handle`);
+    return handle;
+  }
+
+  async #readGuestFile(path: string): Promise<string> {
+    const handle = await this.#openGuestFile(path, "r");
+    const read = agentReturn(
+      await this.#o.agent({ execute: "guest-file-read", arguments: { handle } }),
+    ) as { count?: unknown; "buf-b64"?: unknown } | undefined;
+    await this.#o.agent({ execute: "guest-file-close", arguments: { handle } });
+    if (typeof read?.["buf-b64"] !== "string" || read.count === 0) return "";
+    return new TextDecoder().decode(
+      Uint8Array.from(atob(read["buf-b64"]), (c) => c.charCodeAt(0)),
+    );
   }
 
   /** Stops the checks; waits for a round in progress. */

@@ -330,6 +330,8 @@ export class DomainManager {
           CREDENTIAL_AGENT_TIMEOUT_SECONDS,
         );
       },
+      // As KubeVirt's launcher runs the programs of its fallback: 10 s each.
+      exec: (command, args) => this.guestExec("", command, args, 10),
       report: (result) => {
         const before = this.#accessCredential;
         this.#accessCredential = result;

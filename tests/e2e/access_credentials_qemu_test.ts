@@ -6,7 +6,9 @@
  * a node that may not read Secrets, which is told what to apply). Once both exist the guest runs, the
  * agent writes root's authorized_keys and sets root's password (read back from the guest's
  * files through the agent, past virtnode: virsh), and the VMI shows
- * AccessCredentialsSynchronized=True. A key added to the Secret reaches the guest.
+ * AccessCredentialsSynchronized=True. A key added to the Secret reaches the guest, also once
+ * the guest's agent runs without its guest-ssh commands (KubeVirt's fallback: the file
+ * written through the agent's file commands).
  */
 import assert from "node:assert/strict";
 import { useCluster } from "../../deploy/cluster/cluster.ts";
@@ -34,6 +36,8 @@ const KEY_1 =
   "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAvirtnodeTestKeyOne0000000000000000000 one@test";
 const KEY_2 =
   "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAvirtnodeTestKeyTwo0000000000000000000 two@test";
+const KEY_3 =
+  "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAvirtnodeTestKeyThree00000000000000000 three@test";
 const PASSWORD = "virtnode-Pa55:word";
 
 function condition(vmi: VirtualMachineInstance | undefined, type: string) {
@@ -191,6 +195,53 @@ Deno.test("access credentials (pod-less): SSH keys and a password reach the gues
       condition(await getVmi(client, ns, "vm1"), "AccessCredentialsSynchronized")?.status,
       "True",
     );
+
+    // An agent without the guest-ssh commands (restarted inside the guest with them blocked,
+    // as older agents lack them): the keys go through its file commands, KubeVirt's fallback.
+    await inGuest(
+      domain,
+      "setsid sh -c 'sleep 2; kill $(cat /run/qemu-ga.pid); sleep 1; " +
+        "for p in /sys/class/virtio-ports/*; do " +
+        '[ "$(cat $p/name)" = org.qemu.guest_agent.0 ] && d=/dev/${p##*/}; done; ' +
+        "/usr/sbin/qemu-ga -m virtio-serial -p $d -t /run -f /run/qemu-ga.pid -d " +
+        "-b guest-ssh-add-authorized-keys,guest-ssh-get-authorized-keys," +
+        "guest-ssh-remove-authorized-keys' </dev/null >/dev/null 2>&1 &",
+    );
+    await waitFor(
+      "the agent back without guest-ssh-add-authorized-keys",
+      async () => {
+        const info = await virsh("qemu-agent-command", domain, '{"execute":"guest-info"}')
+          .catch(() => "");
+        const commands = info
+          ? (JSON.parse(info) as {
+            return: { supported_commands: { name: string; enabled: boolean }[] };
+          })
+            .return.supported_commands
+          : [];
+        return commands.some((c) => c.name === "guest-ssh-add-authorized-keys" && !c.enabled)
+          ? true
+          : undefined;
+      },
+      60_000,
+      1_000,
+    );
+    await client.request(
+      "PATCH",
+      `/api/v1/namespaces/${ns}/secrets/keys`,
+      { stringData: { key3: KEY_3 } },
+      { contentType: "application/merge-patch+json" },
+    );
+    await waitFor(
+      "the third key in the guest, written through the file commands",
+      async () => {
+        const now = await inGuest(domain, "cat /root/.ssh/authorized_keys");
+        return now.trim() === `${KEY_1}\n${KEY_2}\n${KEY_3}` ? true : undefined;
+      },
+      SECRET_CHANGE_MS,
+      5_000,
+    );
+    const modes = await inGuest(domain, "stat -c '%a %u' /root/.ssh /root/.ssh/authorized_keys");
+    assert.deepEqual(modes.trim().split("\n"), ["700 0", "600 0"]);
   } catch (error) {
     const log = await Deno.readTextFile(h.logFile).catch(() => "");
     console.error(`handler log:\n${log.slice(-6000)}`);

@@ -79,16 +79,46 @@ Deno.test("access credentials: each user gets every key of their Secrets; passwo
 /** An agent that answers as told and records what it was sent. */
 function recordingAgent() {
   const sent: Record<string, unknown>[] = [];
-  const state = { online: true, failing: new Set<string>() };
+  const ran: string[] = [];
+  const state = { online: true, failing: new Set<string>(), file: undefined as string | undefined };
   return {
     sent,
+    ran,
     state,
+    exec(command: string, args: string[]): Promise<{ exitCode: number; stdOut: string }> {
+      ran.push([command, ...args].join(" "));
+      return Promise.resolve({
+        exitCode: 0,
+        stdOut: command === "getent" ? "root:x:0:0:root:/root:/bin/sh\n" : "",
+      });
+    },
     agent(command: Record<string, unknown>): Promise<string> {
       if (!state.online) return Promise.reject(new Error("Guest agent is not responding"));
       if (state.failing.has(String(command.execute))) {
         return Promise.reject(new Error("internal error: unable to execute QEMU agent command"));
       }
       sent.push(command);
+      // The file commands of the fallback, against one file.
+      const args = command.arguments as Record<string, unknown> | undefined;
+      switch (command.execute) {
+        case "guest-file-open":
+          if (args?.mode === "r" && state.file === undefined) {
+            return Promise.reject(
+              new Error(
+                "failed to open file '/root/.ssh/authorized_keys' " +
+                  "(mode: 'r'): No such file or directory",
+              ),
+            );
+          }
+          return Promise.resolve('{"return":1000}');
+        case "guest-file-read":
+          return Promise.resolve(JSON.stringify({
+            return: { count: state.file!.length, "buf-b64": btoa(state.file!), eof: true },
+          }));
+        case "guest-file-write":
+          state.file = atob(String(args?.["buf-b64"]));
+          return Promise.resolve('{"return":{"count":1,"eof":false}}');
+      }
       return Promise.resolve('{"return":{}}');
     },
   };
@@ -100,6 +130,7 @@ Deno.test("access credentials: keys replace authorized_keys, passwords are set, 
   const results: AccessCredentialResult[] = [];
   const manager = new AccessCredentials({
     agent: (c) => a.agent(c),
+    exec: (command, args) => a.exec(command, args),
     report: (r) => results.push(r),
     checkMs: 3_600_000,
     resyncMs: 3_600_000,
@@ -168,6 +199,7 @@ Deno.test("access credentials: everything is applied again once the resync is du
   const a = recordingAgent();
   const manager = new AccessCredentials({
     agent: (c) => a.agent(c),
+    exec: (command, args) => a.exec(command, args),
     report: () => {},
     checkMs: 3_600_000,
     resyncMs: 0,
@@ -177,6 +209,55 @@ Deno.test("access credentials: everything is applied again once the resync is du
     await manager.check();
     await manager.check();
     assert.equal(a.sent.filter((c) => c.execute === "guest-ssh-add-authorized-keys").length, 2);
+  } finally {
+    await manager.close();
+  }
+});
+
+Deno.test("access credentials: an agent without guest-ssh-* gets the file written, as KubeVirt's does", async () => {
+  const a = recordingAgent();
+  a.state.failing.add("guest-ssh-add-authorized-keys");
+  const results: AccessCredentialResult[] = [];
+  const manager = new AccessCredentials({
+    agent: (c) => a.agent(c),
+    exec: (command, args) => a.exec(command, args),
+    report: (r) => results.push(r),
+    checkMs: 3_600_000,
+    resyncMs: 3_600_000,
+  });
+  try {
+    manager.update([SSH("keys", ["root"])], {
+      keys: { k: "ssh-ed25519 AAA one\nssh-ed25519 BBB" },
+    });
+    await manager.check();
+    assert.deepEqual(results.at(-1), { succeeded: true, message: "" });
+    assert.equal(a.state.file, "ssh-ed25519 AAA one\nssh-ed25519 BBB");
+    // A new file: the folder made the user's, 700; the file the user's, 600, once written.
+    assert.deepEqual(a.ran, [
+      "getent passwd root",
+      "mkdir -p /root/.ssh",
+      "chown 0:0 /root/.ssh",
+      "chmod 700 /root/.ssh",
+      "chown 0:0 /root/.ssh/authorized_keys",
+      "chmod 600 /root/.ssh/authorized_keys",
+    ]);
+    // The same keys again (the resync): the file is read, found equal, and left alone.
+    a.ran.length = 0;
+    manager.update([SSH("keys", ["root"])], {
+      keys: { k: "ssh-ed25519 AAA one", j: "ssh-ed25519 BBB" },
+    });
+    a.state.file = "ssh-ed25519 BBB\nssh-ed25519 AAA one";
+    await manager.check();
+    assert.deepEqual(a.ran, ["getent passwd root"]);
+
+    // Neither way works: both errors, in KubeVirt's words.
+    a.exec = () => Promise.resolve({ exitCode: 2, stdOut: "" });
+    manager.update([SSH("keys", ["root"])], { keys: { k: "ssh-ed25519 CCC" } });
+    await manager.check();
+    assert.match(
+      results.at(-1)!.message,
+      /^Error encountered writing ssh pub key access credentials for user \[root\]: failed to set SSH keys: error from guest-ssh-add-authorized-keys: .*; error from using guest-file-write: getent exited with 2 in the guest$/,
+    );
   } finally {
     await manager.close();
   }

@@ -78,7 +78,7 @@ agent_versions=("${package_pins[@]}")
 
 key=$(
   {
-    cat "${BASH_SOURCE[0]}" "$here/guest_lib.sh" "$here/lease.sh" "$here/utmp.sh" "$here/chpasswd.sh" | sha256sum | cut -d' ' -f1
+    cat "${BASH_SOURCE[0]}" "$here/guest_lib.sh" "$here/lease.sh" "$here/utmp.sh" "$here/chpasswd.sh" "$here/getent.sh" | sha256sum | cut -d' ' -f1
     echo "$kernel_package $kernel_version busybox-static $busybox_version syslinux $syslinux_version"
     echo "${agent_versions[*]}"
   } | sha256sum | cut -c1-16
@@ -106,8 +106,10 @@ copy_program "$root" "$work/agent" usr/sbin/qemu-ga
 cp "$here/lease.sh" "$root/etc/lease"
 cp "$here/utmp.sh" "$root/etc/utmp.sh"
 # Users for the agent's access credentials (guest-ssh-add-authorized-keys looks the user up
-# in /etc/passwd; guest-set-user-password runs chpasswd, which writes /etc/shadow).
+# in /etc/passwd; guest-set-user-password runs chpasswd, which writes /etc/shadow; without
+# guest-ssh-*, KubeVirt's launcher runs getent, mkdir, chown and chmod).
 cp "$here/chpasswd.sh" "$root/bin/chpasswd"
+cp "$here/getent.sh" "$root/bin/getent"
 mkdir -p "$root/root" "$root/home/virtnode"
 chmod 0700 "$root/root"
 printf 'root:x:0:0:root:/root:/bin/sh\nvirtnode:x:1000:1000:virtnode:/home/virtnode:/bin/sh\n' \
@@ -226,7 +228,7 @@ cat >"$root/www/cgi-bin/uptime" <<'CGI'
 #!/bin/sh
 printf 'Content-Type: text/plain\r\n\r\n%s\n' "$(cut -d' ' -f1 /proc/uptime)"
 CGI
-chmod 0755 "$root/init" "$root/bin/chpasswd" "$root/etc/lease" "$root/www/cgi-bin/echo" "$root/www/cgi-bin/uptime"
+chmod 0755 "$root/init" "$root/bin/chpasswd" "$root/bin/getent" "$root/etc/lease" "$root/www/cgi-bin/echo" "$root/www/cgi-bin/uptime"
 pack_initramfs "$root" "$work/initrd"
 
 log "disk: FAT with SYSLINUX"
