@@ -9,6 +9,9 @@
  * AccessCredentialsSynchronized=True. A key added to the Secret reaches the guest, also once
  * the guest's agent runs without its guest-ssh commands (KubeVirt's fallback: the file
  * written through the agent's file commands).
+ *
+ * In the soak tier, beside the others: it mostly waits (a guest's boot under software
+ * emulation, and the minute in which the handler reads a changed Secret again).
  */
 import assert from "node:assert/strict";
 import { useCluster } from "../../deploy/cluster/cluster.ts";
