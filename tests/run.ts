@@ -58,6 +58,11 @@ export interface TierResult {
   reasons?: Record<string, string>;
   /** Where and why each failed test failed, in one line (see {@linkcode failureGist}). */
   gists?: Record<string, string>;
+  /**
+   * Test guests defined during the tier and still there at its end, while tiers ran beside
+   * it: judged once those have ended too ({@linkcode confirmLeftDomains}).
+   */
+  domainsToConfirm?: string[];
 }
 
 const root = new URL("..", import.meta.url).pathname;
@@ -322,6 +327,11 @@ export interface RunTierOptions {
   signal?: AbortSignal;
   /** Check libvirt for test guests left behind (the default). */
   checkDomains?: boolean;
+  /**
+   * Tiers run beside this one: a guest left at its end may be one of theirs, still running,
+   * so it is returned to confirm later ({@linkcode TierResult.domainsToConfirm}), not judged.
+   */
+  confirmDomainsLater?: boolean;
   /** Output of `deno test`; inherited unless told. */
   output?: "inherit" | "null";
   /** Writes the output of `deno test` to this file instead (a tier that runs beside others). */
@@ -419,13 +429,14 @@ export async function runTier(
   }
   for (const p of left) console.log(`!!! ${tier} left process ${p.pid}: ${p.command}`);
   for (const d of domains) console.log(`!!! ${tier} left libvirt domain "${d}"`);
+  const later = options.confirmDomainsLater === true;
   const failed = judgeTier(tier, {
     files: files.length,
     ...parsed,
     code,
     endedBecause,
     leftProcesses: left,
-    leftDomains: domains,
+    leftDomains: later ? [] : domains,
   });
   return {
     tier,
@@ -435,7 +446,25 @@ export async function runTier(
     seconds,
     reasons: parsed.reasons,
     gists: parsed.gists,
+    ...(later && domains.length > 0 ? { domainsToConfirm: domains } : {}),
   };
+}
+
+/**
+ * Fails each result whose guests to confirm are still defined (`defined`, once the tiers
+ * beside it have ended and removed theirs): left behind by that tier, or by one beside it.
+ */
+export function confirmLeftDomains(results: TierResult[], defined: readonly string[]): void {
+  const now = new Set(defined);
+  for (const r of results) {
+    const still = (r.domainsToConfirm ?? []).filter((d) => now.has(d));
+    if (still.length === 0) continue;
+    r.failed.push(
+      `${r.tier}: left ${still.length} libvirt domains defined in ${QEMU_URI} (still there ` +
+        `once the tiers beside it ended; left by it or by one of them): ` +
+        still.map((d) => `"${d}"`).join(", "),
+    );
+  }
 }
 
 /**
@@ -549,7 +578,12 @@ async function main(): Promise<number> {
         env.VIRTNODE_TEST_HANDLER_KUBECONFIG = cluster.handlerKubeconfigPath;
         console.log(`kubeconfig: ${cluster.kubeconfigPath}`);
       }
-      results.push(await runTier(tier, env, { signal: interrupt.signal }));
+      results.push(
+        await runTier(tier, env, {
+          signal: interrupt.signal,
+          confirmDomainsLater: besideTiers.length > 0,
+        }),
+      );
     }
     for (const b of beside) {
       const result = await b.result;
@@ -558,6 +592,8 @@ async function main(): Promise<number> {
       await Deno.remove(b.logFile).catch(() => {});
       results.push(result);
     }
+    // A guest a tier left while guests of the tiers beside it ran: judged now they are done.
+    if (results.some((r) => r.domainsToConfirm)) confirmLeftDomains(results, await listDomains());
   } finally {
     await cluster?.stop();
     Deno.removeSignalListener("SIGINT", onSigint);

@@ -6,6 +6,7 @@
 import assert from "node:assert/strict";
 import {
   askedTiers,
+  confirmLeftDomains,
   failureGist,
   findMarkedProcesses,
   judgeTier,
@@ -222,6 +223,25 @@ Deno.test("leftDomains() names the new domains named like test guests", () => {
     ),
     ["vn-test-7-2-bbbb", "ns-1_vm-x"],
   );
+});
+
+Deno.test("confirmLeftDomains() fails a tier only for guests still there once the tiers beside it end", () => {
+  // Guests of a soak beside the security tier were defined during it and gone by the end.
+  const security = {
+    tier: "security" as const,
+    passed: 3,
+    failed: [],
+    skipped: [],
+    seconds: 1,
+    domainsToConfirm: ["soakh-1_vm0", "sec-2_vm"],
+  };
+  const e2e = { ...security, tier: "e2e" as const, failed: [], domainsToConfirm: ["soakh-1_vm1"] };
+  confirmLeftDomains([security, e2e], ["default_old", "sec-2_vm"]);
+  assert.deepEqual(e2e.failed, []);
+  assert.deepEqual(security.failed, [
+    "security: left 1 libvirt domains defined in qemu:///system (still there once the tiers " +
+    'beside it ended; left by it or by one of them): "sec-2_vm"',
+  ]);
 });
 
 Deno.test("runFailures() fails a run in which no tier ran a test, and an interrupted one", () => {
