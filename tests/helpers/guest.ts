@@ -122,8 +122,11 @@ export async function installTestGuest(imageDir: string): Promise<void> {
 export interface GuestVmiOptions {
   /** The namespace; `default` unless told. */
   namespace?: string;
-  /** The pod network binding of its one interface. */
-  binding: "bridge" | "masquerade";
+  /**
+   * The pod network binding of its one interface; `none`: no interface and no network (its
+   * serial console and its agent are all the test reaches).
+   */
+  binding: "bridge" | "masquerade" | "none";
   /** Masquerade: the ports forwarded (all when none). */
   ports?: { port: number; protocol?: string; name?: string }[];
   /** The interface's MAC, if set. */
@@ -156,15 +159,17 @@ export function guestVmi(
         memory: { guest: "128Mi" },
         devices: {
           disks: [{ name: "boot", disk: { bus: "virtio", readonly: true } }],
-          interfaces: [{
-            name: "default",
-            [options.binding]: {},
-            ...(options.ports ? { ports: options.ports } : {}),
-            ...(options.macAddress ? { macAddress: options.macAddress } : {}),
-          }],
+          ...(options.binding === "none" ? { autoattachPodInterface: false } : {
+            interfaces: [{
+              name: "default",
+              [options.binding]: {},
+              ...(options.ports ? { ports: options.ports } : {}),
+              ...(options.macAddress ? { macAddress: options.macAddress } : {}),
+            }],
+          }),
         },
       },
-      networks: [{ name: "default", pod: {} }],
+      ...(options.binding === "none" ? {} : { networks: [{ name: "default", pod: {} }] }),
       volumes: [{ name: "boot", containerDisk: { image: GUEST_IMAGE } }],
       ...(options.spec ?? {}),
     },

@@ -107,11 +107,7 @@ Deno.test("access credentials (pod-less): SSH keys and a password reach the gues
     dir,
   });
   try {
-    const vmi = guestVmi("vm1", node, { namespace: ns, binding: "masquerade" });
-    const devices = vmi.spec.domain.devices as Record<string, unknown>;
-    delete devices.interfaces;
-    devices.autoattachPodInterface = false;
-    delete (vmi.spec as Record<string, unknown>).networks;
+    const vmi = guestVmi("vm1", node, { namespace: ns, binding: "none" });
     vmi.spec.accessCredentials = [
       {
         sshPublicKey: {
