@@ -124,17 +124,26 @@ function recordingAgent() {
   };
 }
 
-Deno.test("access credentials: keys replace authorized_keys, passwords are set, results reported", async () => {
-  const a = recordingAgent();
-  a.state.online = false;
-  const results: AccessCredentialResult[] = [];
-  const manager = new AccessCredentials({
+/** A manager on `a` whose results go into `results`; it checks only when told (`check()`). */
+function managerOf(
+  a: ReturnType<typeof recordingAgent>,
+  results: AccessCredentialResult[],
+  resyncMs = 3_600_000,
+): AccessCredentials {
+  return new AccessCredentials({
     agent: (c) => a.agent(c),
     exec: (command, args) => a.exec(command, args),
     report: (r) => results.push(r),
     checkMs: 3_600_000,
-    resyncMs: 3_600_000,
+    resyncMs,
   });
+}
+
+Deno.test("access credentials: keys replace authorized_keys, passwords are set, results reported", async () => {
+  const a = recordingAgent();
+  a.state.online = false;
+  const results: AccessCredentialResult[] = [];
+  const manager = managerOf(a, results);
   try {
     const spec = [SSH("keys", ["root"]), PASSWORD("pw")];
     manager.update(spec, { keys: { k: "ssh-ed25519 AAA one" }, pw: { root: "s3cret é" } });
@@ -197,13 +206,7 @@ Deno.test("access credentials: keys replace authorized_keys, passwords are set, 
 
 Deno.test("access credentials: everything is applied again once the resync is due", async () => {
   const a = recordingAgent();
-  const manager = new AccessCredentials({
-    agent: (c) => a.agent(c),
-    exec: (command, args) => a.exec(command, args),
-    report: () => {},
-    checkMs: 3_600_000,
-    resyncMs: 0,
-  });
+  const manager = managerOf(a, [], 0);
   try {
     manager.update([SSH("keys", ["root"])], { keys: { k: "ssh-ed25519 AAA one" } });
     await manager.check();
@@ -218,13 +221,7 @@ Deno.test("access credentials: an agent without guest-ssh-* gets the file writte
   const a = recordingAgent();
   a.state.failing.add("guest-ssh-add-authorized-keys");
   const results: AccessCredentialResult[] = [];
-  const manager = new AccessCredentials({
-    agent: (c) => a.agent(c),
-    exec: (command, args) => a.exec(command, args),
-    report: (r) => results.push(r),
-    checkMs: 3_600_000,
-    resyncMs: 3_600_000,
-  });
+  const manager = managerOf(a, results);
   try {
     manager.update([SSH("keys", ["root"])], {
       keys: { k: "ssh-ed25519 AAA one\nssh-ed25519 BBB" },
