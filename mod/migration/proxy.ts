@@ -10,8 +10,14 @@
  * `status.migrationState.targetDirectMigrationNodePorts` (0 stands for libvirt's socket).
  * The source handler opens, for each of those, a unix socket
  * `<base>/migrationproxy/<uid>[-<port>]-source.sock` whose connections it carries to the
- * target's node port. Bytes are copied both ways with backpressure; when either side of a
- * connection ends, both go.
+ * target's node port. Bytes are copied both ways with backpressure; when either direction
+ * of a connection reaches its end, what it carried is delivered and both sides go.
+ *
+ * The unix sockets are Deno's own (`Deno.listen`, `Deno.connect`), not node:net's: Deno 2.9.3's
+ * node:net closes a unix socket's descriptor twice (docs/compatibility.md), and a second close
+ * that lands on a migration stream's descriptor broke migrations under load ("Unable to write
+ * to socket: Bad file descriptor" in the source QEMU). The TCP side stays node:tls, which
+ * verifies client certificates as KubeVirt does.
  *
  * TLS follows KubeVirt's rules: the target serves the handler's server certificate and
  * lets in only a client certificate that chains to the CA bundle, is valid, allows client
@@ -108,27 +114,65 @@ export function refusePeer(
     : `the peer certificate's common name "${name}" is not allowed`;
 }
 
-/** Copies both ways with backpressure; when either side ends or fails, both are closed. */
-function join2(a: net.Socket, b: net.Socket, done: () => void): void {
-  let finished = false;
-  const finish = () => {
-    if (finished) return;
-    finished = true;
-    a.destroy();
-    b.destroy();
+/** Waits for `socket`'s write buffer to drain, or for it to close. */
+function drained(socket: net.Socket): Promise<void> {
+  return new Promise((resolve) => {
+    const settle = () => {
+      socket.off("drain", settle);
+      socket.off("close", settle);
+      resolve();
+    };
+    socket.on("drain", settle);
+    socket.on("close", settle);
+  });
+}
+
+/**
+ * Carries bytes both ways between a unix connection and a TLS socket, with backpressure,
+ * as KubeVirt's proxy copies them: when either direction reaches its end, everything it
+ * read is handed on first, then both sides are closed. `done` runs once, when they are.
+ * The TLS socket may be paused; it is resumed here.
+ */
+function carry(unix: Deno.Conn, remote: net.Socket, done: () => void): () => void {
+  let closed = false;
+  let writing: Promise<void> = Promise.resolve();
+  const close = () => {
+    if (closed) return;
+    closed = true;
+    try {
+      unix.close();
+    } catch {
+      // Closed already: its read loop ended with it.
+    }
+    remote.destroy();
     done();
   };
-  for (const [from, to] of [[a, b], [b, a]] as const) {
-    from.on("data", (chunk: Uint8Array) => {
-      if (!to.write(chunk)) {
-        from.pause();
-        to.once("drain", () => from.resume());
-      }
+  // Remote -> unix: one write at a time, the socket paused meanwhile.
+  remote.on("data", (chunk: Uint8Array) => {
+    remote.pause();
+    writing = writing.then(async () => {
+      let at = 0;
+      while (at < chunk.length) at += await unix.write(chunk.subarray(at));
+      if (!closed) remote.resume();
     });
-    from.on("end", finish);
-    from.on("close", finish);
-    from.on("error", finish);
-  }
+    writing.catch(close);
+  });
+  const afterWrites = () => void writing.then(close, close);
+  remote.on("end", afterWrites);
+  remote.on("close", afterWrites);
+  remote.on("error", close);
+  // Unix -> remote: read, hand on, wait when the socket's buffer is full.
+  (async () => {
+    const buffer = new Uint8Array(64 * 1024);
+    while (!closed) {
+      const n = await unix.read(buffer);
+      if (n === null) break;
+      if (!remote.write(buffer.slice(0, n))) await drained(remote);
+    }
+    if (!closed) remote.end(close);
+  })().catch(close);
+  remote.resume();
+  return close;
 }
 
 interface Running {
@@ -152,10 +196,23 @@ export function refuseMigrationClient(
   return refusePeer(client.getPeerCertificate(), names);
 }
 
-/** A target listener: TLS on a free port, each connection carried to `target`. */
+/**
+ * The turn of the next connection once `setup` has settled. A proxy sets its connections up
+ * one at a time, in the order they came: QEMU's destination (7.2, the launcher image's) tells
+ * a migration's main stream from its multifd streams by the order they connect in, so
+ * streams whose set-ups overtook one another (TLS handshakes of varying length) failed the
+ * migration ("multifd: received packet magic 5145564d expected 11223344").
+ */
+function inTurn(setup: Promise<unknown>): Promise<void> {
+  return setup.then(() => {}, () => {});
+}
+
+/** A target listener: TLS on a free port, each connection carried to `target`, in order. */
 class TargetProxy implements Running {
   readonly server: tls.Server;
-  readonly #connections = new Set<net.Socket>();
+  readonly #connections = new Set<() => void>();
+  /** The last connection's turn to reach the launcher (see {@linkcode inTurn}). */
+  #order: Promise<void> = Promise.resolve();
   port = 0;
 
   constructor(
@@ -180,22 +237,33 @@ class TargetProxy implements Running {
         client.destroy();
         return;
       }
-      this.#connections.add(client);
+      const drop = () => client.destroy();
+      this.#connections.add(drop);
       // As Go's sockets are: libvirt's small RPCs and QEMU's last round go out at once.
       client.setNoDelay(true);
       client.pause();
-      target.open().then((opened) => {
-        const inner = net.connect({ path: opened.path });
-        inner.once("connect", () => {
+      const connecting = this.#order.then(async () => {
+        if (client.destroyed) throw new Error("the peer left before its turn");
+        const opened = await target.open();
+        try {
+          return await Deno.connect({ transport: "unix", path: opened.path });
+        } finally {
           opened.release();
-          client.resume();
-        });
-        inner.once("error", () => opened.release());
-        join2(client, inner, () => this.#connections.delete(client));
+        }
+      });
+      this.#order = inTurn(connecting);
+      connecting.then((inner) => {
+        this.#connections.delete(drop);
+        if (client.destroyed) {
+          inner.close();
+          return;
+        }
+        const close = carry(inner, client, () => this.#connections.delete(close));
+        this.#connections.add(close);
       }).catch((error) => {
         log.warn("Cannot open the target launcher's socket: {error}", { key, error });
         client.destroy();
-        this.#connections.delete(client);
+        this.#connections.delete(drop);
       });
     });
     this.server.on("tlsClientError", (error) => {
@@ -216,7 +284,7 @@ class TargetProxy implements Running {
   }
 
   close(): Promise<void> {
-    for (const c of this.#connections) c.destroy();
+    for (const close of [...this.#connections]) close();
     this.#connections.clear();
     return new Promise((resolve) => this.server.close(() => resolve()));
   }
@@ -224,54 +292,74 @@ class TargetProxy implements Running {
 
 /** A source listener: a unix socket, each connection carried over TLS to `host:port`. */
 class SourceProxy implements Running {
-  readonly server: net.Server;
-  readonly #connections = new Set<net.Socket>();
+  #listener: Deno.Listener<Deno.UnixConn> | undefined;
+  #accepting: Promise<void> = Promise.resolve();
+  /** The last connection's turn to reach the target (see {@linkcode inTurn}). */
+  #order: Promise<void> = Promise.resolve();
+  readonly #connections = new Set<() => void>();
 
   constructor(
     readonly path: string,
-    host: string,
-    port: number,
-    material: () => ProxyTls,
-    key: string,
-  ) {
-    this.server = net.createServer((local) => {
-      this.#connections.add(local);
-      local.pause();
-      let m: ProxyTls;
-      try {
-        m = material();
-      } catch (error) {
-        log.warn("No client certificate for the migration: {error}", { key, error });
-        local.destroy();
-        return;
-      }
-      const remote = tls.connect({
-        host,
-        port,
-        cert: m.cert,
-        key: m.key,
-        ca: m.ca,
-        minVersion: "TLSv1.2",
-        // The chain is verified against the CA; KubeVirt's node certificates name no host,
-        // so the common name is what is checked.
-        checkServerIdentity: (_host, peer) => {
-          const why = refusePeer(peer, [MIGRATION_SERVER_NAME]);
-          return why ? new Error(why) : undefined;
-        },
-      });
-      this.#connections.add(remote);
-      remote.setNoDelay(true);
-      remote.once("secureConnect", () => local.resume());
-      remote.once("error", (error) => {
+    readonly host: string,
+    readonly port: number,
+    readonly material: () => ProxyTls,
+    readonly key: string,
+  ) {}
+
+  /** Sets `local` up once the connection accepted before it has its handshake done. */
+  #accepted(local: Deno.UnixConn): void {
+    this.#order = inTurn(this.#order.then(() => this.#connect(local)));
+  }
+
+  /** Carries `local` to the target over TLS; resolves once the handshake has ended, either way. */
+  #connect(local: Deno.UnixConn): Promise<void> {
+    const { host, port, key } = this;
+    let m: ProxyTls;
+    try {
+      m = this.material();
+    } catch (error) {
+      log.warn("No client certificate for the migration: {error}", { key, error });
+      local.close();
+      return Promise.resolve();
+    }
+    const remote = tls.connect({
+      host,
+      port,
+      cert: m.cert,
+      key: m.key,
+      ca: m.ca,
+      minVersion: "TLSv1.2",
+      // The chain is verified against the CA; KubeVirt's node certificates name no host,
+      // so the common name is what is checked.
+      checkServerIdentity: (_host, peer) => {
+        const why = refusePeer(peer, [MIGRATION_SERVER_NAME]);
+        return why ? new Error(why) : undefined;
+      },
+    });
+    remote.setNoDelay(true);
+    remote.pause();
+    // Until the handshake ends, nothing is read from the launcher's side.
+    return new Promise<void>((settled) => {
+      const refuse = (error: Error) => {
         log.warn("Migration connection to {target} failed: {error}", {
           key,
           target: `${host}:${port}`,
           error: error.message,
         });
-      });
-      join2(local, remote, () => {
-        this.#connections.delete(local);
-        this.#connections.delete(remote);
+        this.#connections.delete(drop);
+        local.close();
+        remote.destroy();
+        settled();
+      };
+      const drop = () => refuse(new Error("the proxy closed"));
+      this.#connections.add(drop);
+      remote.once("error", refuse);
+      remote.once("secureConnect", () => {
+        remote.off("error", refuse);
+        this.#connections.delete(drop);
+        const close = carry(local, remote, () => this.#connections.delete(close));
+        this.#connections.add(close);
+        settled();
       });
     });
   }
@@ -285,12 +373,12 @@ class SourceProxy implements Running {
     }
     if (makeDir) await Deno.mkdir(dirname(this.path), { recursive: true, mode: 0o755 });
     await removeIfPresent(this.path);
-    await new Promise<void>((resolve, reject) => {
-      this.server.once("error", reject);
-      this.server.listen(this.path, () => {
-        this.server.off("error", reject);
-        resolve();
-      });
+    const listener = Deno.listen({ transport: "unix", path: this.path });
+    this.#listener = listener;
+    this.#accepting = (async () => {
+      for await (const local of listener) this.#accepted(local);
+    })().catch(() => {
+      // The listener was closed.
     });
     // The folder may be a launcher's: its entries can be swapped for a link to a host file
     // at any moment, so mode and owner change through the socket opened beneath the folder
@@ -305,9 +393,14 @@ class SourceProxy implements Running {
   }
 
   async close(): Promise<void> {
-    for (const c of this.#connections) c.destroy();
+    for (const close of [...this.#connections]) close();
     this.#connections.clear();
-    await new Promise<void>((resolve) => this.server.close(() => resolve()));
+    try {
+      this.#listener?.close();
+    } catch {
+      // Closed already.
+    }
+    await this.#accepting;
     // Closing goes on either way: the next listen() replaces a socket left behind.
     await removeIfPresent(this.path).catch((error) =>
       log.warn("Cannot remove the migration socket {path}: {error}", { path: this.path, error })

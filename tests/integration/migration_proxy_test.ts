@@ -11,74 +11,11 @@ import { join } from "node:path";
 import {
   LIBVIRT_DIRECT_MIGRATION_PORT,
   MigrationProxyManager,
-  type ProxyTarget,
   type ProxyTls,
   sourceUnixFile,
 } from "../../mod/migration/mod.ts";
+import { echoServer, roundTrip, sha } from "../helpers/migration_proxy.ts";
 import { type KeyPair, makeCertificates } from "../helpers/rest_client.ts";
-
-/** A unix socket server in the "target launcher" that echoes and counts what it got. */
-async function echoServer(path: string) {
-  const state = { received: 0, connections: 0 };
-  const sockets = new Set<net.Socket>();
-  const server = net.createServer((s) => {
-    state.connections++;
-    sockets.add(s);
-    s.on("data", (chunk: Uint8Array) => {
-      state.received += chunk.length;
-      s.write(chunk);
-    });
-    s.on("end", () => s.end());
-    s.on("error", () => {});
-    s.on("close", () => sockets.delete(s));
-  });
-  await new Promise<void>((resolve) => server.listen(path, resolve));
-  return {
-    state,
-    target: (port: number): ProxyTarget => ({
-      port,
-      open: () => Promise.resolve({ path, release: () => {} }),
-    }),
-    close: () => {
-      for (const s of sockets) s.destroy();
-      return new Promise<void>((resolve) => server.close(() => resolve()));
-    },
-  };
-}
-
-/** Sends `data` over the unix socket `path` and reads as much back; what came back. */
-async function roundTrip(path: string, data: Uint8Array, timeoutMs = 10_000): Promise<Uint8Array> {
-  const socket = net.connect({ path });
-  socket.on("error", () => {});
-  const chunks: Uint8Array[] = [];
-  let got = 0;
-  const done = new Promise<void>((resolve) => {
-    socket.on("data", (c: Uint8Array) => {
-      chunks.push(c);
-      got += c.length;
-      if (got >= data.length) resolve();
-    });
-    socket.on("close", () => resolve());
-    setTimeout(resolve, timeoutMs);
-  });
-  socket.write(data);
-  await done;
-  socket.destroy();
-  const out = new Uint8Array(got);
-  let at = 0;
-  for (const c of chunks) {
-    out.set(c, at);
-    at += c.length;
-  }
-  return out;
-}
-
-async function sha(bytes: Uint8Array): Promise<string> {
-  return Array.from(
-    new Uint8Array(await crypto.subtle.digest("SHA-256", bytes as Uint8Array<ArrayBuffer>)),
-  )
-    .map((b) => b.toString(16).padStart(2, "0")).join("");
-}
 
 Deno.test("migration proxy: libvirt's and direct-migration traffic cross whole; wrong certificates do not", async () => {
   // Both libvirt's socket and a direct-migration port carry data
@@ -210,5 +147,84 @@ Deno.test("migration proxy: libvirt's and direct-migration traffic cross whole; 
     await direct.close();
     await Deno.remove(dir, { recursive: true });
     for (const d of shortDirs) await Deno.remove(d, { recursive: true });
+  }
+});
+
+Deno.test("migration proxy: connections reach the target launcher in the order the source made them", async () => {
+  // QEMU's destination tells a migration's main stream from its multifd streams by the
+  // order they connect in: nine connections opened one after another (the main stream and
+  // KubeVirt's eight multifd threads), each saying its number first, arrive in that order,
+  // five times, though the target takes longest to open the first one's way in.
+  const dir = await Deno.makeTempDir({ prefix: "virtnode-migproxy-order-" });
+  const certs = await makeCertificates(dir);
+  const material: ProxyTls = {
+    cert: await Deno.readTextFile(join(certs.serverDir, "tls.crt")),
+    key: await Deno.readTextFile(join(certs.serverDir, "tls.key")),
+    ca: certs.ca,
+  };
+  const options = {
+    serverTls: () => material,
+    clientTls: () => ({ ...certs.client, ca: certs.ca }),
+    bindAddress: "127.0.0.1",
+  };
+  const target = new MigrationProxyManager(options);
+  const source = new MigrationProxyManager(options);
+  const base = await Deno.makeTempDir({ dir: "/tmp", prefix: "vn-mpo-" });
+  const socketPath = join(dir, "migration-49152");
+  const listener = Deno.listen({ transport: "unix", path: socketPath });
+  const arrived: number[] = [];
+  const accepted: Deno.Conn[] = [];
+  const accepting = (async () => {
+    for await (const conn of listener) {
+      accepted.push(conn);
+      // The number is read in the order of acceptance, before the next accept.
+      const byte = new Uint8Array(1);
+      arrived.push((await conn.read(byte)) === 1 ? byte[0] : -1);
+    }
+  })().catch(() => {});
+  const uid = "4b1d2c3e-0000-4000-8000-000000000003";
+  const clients: Deno.Conn[] = [];
+  try {
+    // Finding the launcher's socket takes its time: the first of each round's nine takes
+    // longest, so a connection set up as soon as it came would overtake it.
+    let opens = 0;
+    await target.startTargetListener(uid, [{
+      port: LIBVIRT_DIRECT_MIGRATION_PORT,
+      open: async () => {
+        if (opens++ % 9 === 0) await new Promise((resolve) => setTimeout(resolve, 300));
+        return { path: socketPath, release: () => {} };
+      },
+    }]);
+    await source.startSourceListener(uid, "127.0.0.1", target.targetListenerPorts(uid), base);
+    const path = sourceUnixFile(base, `${uid}-${LIBVIRT_DIRECT_MIGRATION_PORT}`);
+    for (let round = 0; round < 5; round++) {
+      arrived.length = 0;
+      // One after another, as QEMU connects them, each saying its number at once.
+      for (let i = 0; i < 9; i++) {
+        const conn = await Deno.connect({ transport: "unix", path });
+        clients.push(conn);
+        await conn.write(Uint8Array.of(i));
+      }
+      const deadline = Date.now() + 15_000;
+      while (arrived.length < 9 && Date.now() < deadline) {
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+      assert.deepEqual(arrived, [0, 1, 2, 3, 4, 5, 6, 7, 8], `round ${round}`);
+      for (const conn of clients.splice(0)) conn.close();
+    }
+  } finally {
+    for (const conn of [...clients, ...accepted]) {
+      try {
+        conn.close();
+      } catch {
+        // Closed by the proxy already.
+      }
+    }
+    await source.shutdown();
+    await target.shutdown();
+    listener.close();
+    await accepting;
+    await Deno.remove(dir, { recursive: true });
+    await Deno.remove(base, { recursive: true });
   }
 });

@@ -775,7 +775,7 @@ function nodeHandle(layout: NodeLayout, state: NodeState, stop: () => Promise<vo
       const podLogs = await run("bash", [
         "-c",
         `for f in ${join(dir, "pod-logs")}/*/*/*.log; do [ -f "$f" ] && echo "--- $f" && ` +
-        `grep -E '"level":"error"|panic' "$f" | tail -8 | cut -c1-400; done`,
+        `grep -E '"level":"(error|warn|warning)"|panic|qemu-system[^ ]*: ' "$f" | tail -12 | cut -c1-400; done`,
       ]).catch(() => "");
       return parts.join("\n") + "\n" + podLogs;
     },
