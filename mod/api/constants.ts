@@ -22,6 +22,8 @@ export const VMI_RESOURCE = "virtualmachineinstances";
 export const VMIM_KIND = "VirtualMachineInstanceMigration";
 /** Plural resource name of VirtualMachineInstanceMigrations. */
 export const VMIM_RESOURCE = "virtualmachineinstancemigrations";
+/** Plural resource name of VirtualMachines. */
+export const VM_RESOURCE = "virtualmachines";
 
 /** Grace period KubeVirt applies when `spec.terminationGracePeriodSeconds` is unset. */
 export const DEFAULT_GRACE_PERIOD_SECONDS = 30;

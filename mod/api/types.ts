@@ -828,6 +828,94 @@ export interface VirtualMachineInstance {
   status?: VirtualMachineInstanceStatus;
 }
 
+/** How a VirtualMachine keeps its VMI: KubeVirt's run strategies. */
+export type RunStrategy =
+  | "Always"
+  | "RerunOnFailure"
+  | "Once"
+  | "Manual"
+  | "Halted"
+  | "WaitAsReceiver";
+
+/** `status.conditions[]` of a VirtualMachine: a VMI's, or one of the VM's own types. */
+export type VmCondition = Omit<VmiCondition, "type"> & { type: string };
+
+/** `status.stateChangeRequests[]` of a VirtualMachine (virtctl start, stop, restart). */
+export interface StateChangeRequest {
+  /** `Start` or `Stop`. */
+  action: "Start" | "Stop";
+  /** Options of the request, e.g. `{"paused": "true"}` for a start. */
+  data?: Record<string, string>;
+  /** The VMI a stop is for. */
+  uid?: string;
+}
+
+/** `status.memoryDumpRequest` of a VirtualMachine (virtctl memory-dump). */
+export interface MemoryDumpRequest {
+  /** The claim the dump goes to. */
+  claimName: string;
+  /** `Associating`, `InProgress`, `Unmounting`, `Completed`, `Dissociating` or `Failed`. */
+  phase: string;
+  /** The request is to remove the claim's association. */
+  remove?: boolean;
+  /** When the dump began. */
+  startTimestamp?: string;
+  /** When it ended. */
+  endTimestamp?: string;
+  /** The dump's file name on the claim. */
+  fileName?: string;
+  /** Why it failed. */
+  message?: string;
+}
+
+/** `status` of a VirtualMachine. */
+export interface VirtualMachineStatus {
+  /** A VMI exists. */
+  created?: boolean;
+  /** The VMI is Ready. */
+  ready?: boolean;
+  /** One word for people: `Stopped`, `Starting`, `Running`, `Stopping`, ... */
+  printableStatus?: string;
+  /** The VM's conditions: `Ready`, `Failure`, and those of its VMI. */
+  conditions?: VmCondition[];
+  /** Start and stop requests, first to be acted on first. */
+  stateChangeRequests?: StateChangeRequest[];
+  /** The memory dump asked for. */
+  memoryDumpRequest?: MemoryDumpRequest;
+  /** The VM generation the running VMI was made from. */
+  observedGeneration?: number;
+  /** The VM's current generation. */
+  desiredGeneration?: number;
+  /** The run strategy in force. */
+  runStrategy?: RunStrategy;
+}
+
+/** A `kubevirt.io/v1` VirtualMachine: a VMI template and how to keep it running. */
+export interface VirtualMachine {
+  /** `kubevirt.io/v1`. */
+  apiVersion?: string;
+  /** `VirtualMachine`. */
+  kind?: string;
+  /** The VM's metadata. */
+  metadata: ObjectMeta;
+  /** What the VM should be. */
+  spec: {
+    /** Deprecated: true is `Always`, false `Halted`. */
+    running?: boolean;
+    /** How the VMI is kept. */
+    runStrategy?: RunStrategy;
+    /** The VMI to make. */
+    template: {
+      /** The VMI's labels and annotations. */
+      metadata?: Partial<ObjectMeta>;
+      /** The VMI's spec. */
+      spec: VirtualMachineInstanceSpec;
+    };
+  };
+  /** What the VM is; written by its controller. */
+  status?: VirtualMachineStatus;
+}
+
 /** Whether `value` is a JSON object: not null, not an array. */
 export function isJsonObject(value: unknown): value is Record<string, unknown> {
   return typeof value === "object" && value !== null && !Array.isArray(value);

@@ -82,7 +82,12 @@ import {
   NotifyServer,
 } from "./notify_server.ts";
 import { PodLaunchers } from "./pods/mod.ts";
-import { PodlessLaunchers, PodlessMigrations, PodlessScheduler } from "./podless/mod.ts";
+import {
+  PodlessLaunchers,
+  PodlessMigrations,
+  PodlessScheduler,
+  PodlessVms,
+} from "./podless/mod.ts";
 
 const log = getLogger("handler");
 
@@ -321,6 +326,8 @@ export class Handler implements Runnable {
     onK8sEvent: (e) => this.#launcherEvent(e),
   };
   readonly #scheduler?: PodlessScheduler;
+  /** Pod-less mode's VirtualMachine controller, for the VMs placed on this node. */
+  readonly #vms?: PodlessVms;
   /** The worker thread that enters pods' network namespaces (started on first use). */
   readonly #netns: NetnsRunner;
   readonly #client: KubeClient;
@@ -354,7 +361,16 @@ export class Handler implements Runnable {
       },
     });
     this.#recorder = new EventRecorder(client, { host: config.nodeName });
-    if (options.hostCommand) this.#scheduler = new PodlessScheduler(client, config.nodeName);
+    if (options.hostCommand) {
+      this.#scheduler = new PodlessScheduler(client, config.nodeName);
+      const vms = new PodlessVms({ nodeName: config.nodeName, client, recorder: this.#recorder });
+      this.#vms = vms;
+      this.#informer.addHandlers({
+        onAdd: (vmi) => vms.vmiChanged(vmi),
+        onUpdate: (_old, vmi) => vms.vmiChanged(vmi),
+        onDelete: (vmi) => vms.vmiChanged(vmi),
+      });
+    }
     this.#netns = new NetnsRunner();
     const networks = new PodNetworks({ runner: this.#netns, cacheDir: paths.networkCacheDir });
     // The controller is built after the provider and the pool; their callbacks run later.
@@ -632,6 +648,7 @@ export class Handler implements Runnable {
     );
     const parts: Runnable[] = [this.#informer, notify, this.#launchers, this.#provider];
     if (this.#scheduler) parts.push(this.#scheduler);
+    if (this.#vms) parts.push(this.#vms);
     const provider = this.#provider;
     const launchers = this.#launchers;
     const downward = new DownwardMetricsChannels({

@@ -28,6 +28,7 @@ import {
 } from "../../deploy/cluster/cluster.ts";
 import { podlessNodeKubeconfig } from "../../deploy/podless_node.ts";
 import type { KubeClient, KubeObject } from "../../mod/kube/mod.ts";
+import type { VirtualMachine } from "../../mod/api/mod.ts";
 import {
   createVmi,
   deleteVmi,
@@ -70,7 +71,14 @@ const KUBEVIRT_MODE_CALLS = [
 
 /** What pod-less mode calls besides: it stands in for virt-controller and the kubelet. */
 const PODLESS_ONLY_CALLS = [
+  "create kubevirt.io/virtualmachineinstances", // a VM's VMI (the VM controller)
   "delete kubevirt.io/virtualmachineinstancemigrations", // a gone VMI's migration
+  "delete kubevirt.io/virtualmachineinstances", // a VM's stop
+  "get kubevirt.io/virtualmachines", // the VM status writer re-reads after a 409
+  "list kubevirt.io/virtualmachines", // the VM informer
+  "update kubevirt.io/virtualmachines", // the VM controller's finalizer
+  "update kubevirt.io/virtualmachines/status", // the VM's status
+  "watch kubevirt.io/virtualmachines", // the VM informer
   "get /persistentvolumeclaims", // hotplug finds its claim
   "get /persistentvolumes", // ... and the volume bound to it
   "get kubevirt.io/virtualmachineinstancemigrations", // the status writer re-reads after a 409
@@ -408,6 +416,83 @@ Deno.test("rbac: a pod-less handler with only its node's identity runs a VMI's l
     assert.equal(stopped?.code, 0, "the handler stopped cleanly");
     const labels = (await getNode(admin, node)).metadata!.labels!;
     assert.equal(labels["kubevirt.io/schedulable"], "false", "unschedulable on the way out");
+  });
+});
+
+Deno.test("rbac: a pod-less node keeps the VMI of a VirtualMachine placed on it, with no 403", async () => {
+  // As virt-controller's VM controller: a VM whose template names the node gets its VMI
+  // (Always), shows Running and Ready; Halted stops it; a deleted VM takes its VMI along.
+  await withServiceAccount({ account: ACCOUNT, mode: "podless" }, async (ctx) => {
+    const { admin, node } = ctx;
+    await withHandler(ctx, {}, async (h) => {
+      const name = `vm-${suffix()}`;
+      const template = testVmi(name, node);
+      const vmPath = `/apis/kubevirt.io/v1/namespaces/default/virtualmachines/${name}`;
+      type Vm = VirtualMachine;
+      const vm = await admin.request<Vm>(
+        "POST",
+        "/apis/kubevirt.io/v1/namespaces/default/virtualmachines",
+        {
+          apiVersion: "kubevirt.io/v1",
+          kind: "VirtualMachine",
+          metadata: { name, namespace: "default" },
+          spec: {
+            runStrategy: "Always",
+            template: { metadata: { labels: { app: name } }, spec: template.spec },
+          },
+        },
+      );
+      const running = await waitForPhase(admin, "default", name, "Running");
+      assert.equal(running.status!.nodeName, node);
+      assert.equal(running.metadata.labels?.app, name, "the template's labels");
+      const owner = running.metadata.ownerReferences?.[0] as { kind: string; uid: string };
+      assert.deepEqual([owner.kind, owner.uid], ["VirtualMachine", vm.metadata.uid]);
+      assert.ok(
+        running.metadata.finalizers?.includes("kubevirt.io/virtualMachineControllerFinalize"),
+      );
+      assert.match(running.spec.domain.firmware?.uuid ?? "", /^[0-9a-f-]{36}$/);
+      const shown = await waitFor("the VM Running and Ready", async () => {
+        const v = await admin.request<Vm>("GET", vmPath);
+        return v.status?.printableStatus === "Running" && v.status.ready ? v : undefined;
+      });
+      assert.equal(shown.status!.created, true);
+      assert.equal(shown.status!.runStrategy, "Always");
+      assert.ok(
+        shown.metadata.finalizers?.includes("kubevirt.io/virtualMachineControllerFinalize"),
+      );
+      await waitFor(
+        "a SuccessfulCreate Event on the VM",
+        async () =>
+          (await eventsFor(admin, "default", name)).some((e) => e.reason === "SuccessfulCreate"),
+      );
+
+      // Halted: the VMI goes, the VM shows Stopped.
+      await admin.request("PATCH", vmPath, { spec: { runStrategy: "Halted" } }, {
+        contentType: "application/merge-patch+json",
+      });
+      await waitFor(
+        "the VMI to be gone",
+        async () => (await getVmi(admin, "default", name)) === undefined ? true : undefined,
+        60_000,
+      );
+      await waitFor("the VM Stopped", async () => {
+        const v = await admin.request<Vm>("GET", vmPath);
+        return v.status?.printableStatus === "Stopped" && !v.status.created ? v : undefined;
+      });
+
+      // Always again, then the VM deleted: its VMI goes with it, and then the VM.
+      await admin.request("PATCH", vmPath, { spec: { runStrategy: "Always" } }, {
+        contentType: "application/merge-patch+json",
+      });
+      await waitForPhase(admin, "default", name, "Running");
+      await admin.request("DELETE", vmPath);
+      await waitFor("the VM and its VMI gone", async () => {
+        const vmi = await getVmi(admin, "default", name);
+        const left = await admin.request<Vm>("GET", vmPath).catch(() => undefined);
+        return !vmi && !left ? true : undefined;
+      }, 60_000);
+      assert.deepEqual(await forbiddenLines(h), [], "no request was forbidden");
+    });
   });
 });
 

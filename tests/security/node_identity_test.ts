@@ -7,7 +7,7 @@
  * policy's 403; its writes to its own go through; and the writes pod-less mode itself makes
  * (the scheduler's placement and the migration controller's hand-off, run here as the
  * handler runs them, then the target's take-over) pass, while a VMI can be moved only to a
- * node that takes it.
+ * node that takes it. The VM controller's writes pass for the VMs placed on the node only.
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
@@ -19,9 +19,13 @@ import {
   type KubeClient,
   type KubeObject,
 } from "../../mod/kube/mod.ts";
-import type { VirtualMachineInstance, VirtualMachineInstanceMigration } from "../../mod/api/mod.ts";
+import type {
+  VirtualMachine,
+  VirtualMachineInstance,
+  VirtualMachineInstanceMigration,
+} from "../../mod/api/mod.ts";
 import { PodlessMigrations } from "../../mod/handler/testing.ts";
-import { PodlessScheduler } from "../../mod/handler/testing.ts";
+import { PodlessScheduler, vmiFromVm } from "../../mod/handler/testing.ts";
 import {
   createVmi,
   getVmi,
@@ -306,6 +310,108 @@ Deno.test("pod-less mode's writes pass the node policy, and no node moves a VMI 
     } finally {
       stop.abort();
       await Promise.allSettled(running);
+    }
+  });
+});
+
+Deno.test("a pod-less node keeps the VMs placed on it: their VMIs and status, no other node's", async () => {
+  // The VM controller's writes (mod/handler/podless/vms.ts) for a VM placed on node A pass
+  // as A: its VMI created unplaced, the VM's finalizer and status, the VMI deleted. As B
+  // each of them is refused, and so is A's VMI made placed, for B, or without a VM, and
+  // a change of a VM's spec.
+  await withTwoNodes(async (n) => {
+    const name = `vm-${suffix()}`;
+    const vmPath = `/apis/kubevirt.io/v1/namespaces/${NS}/virtualmachines/${name}`;
+    const template = testVmi(name, n.a.name);
+    const vm = await n.admin.request<VirtualMachine>(
+      "POST",
+      `/apis/kubevirt.io/v1/namespaces/${NS}/virtualmachines`,
+      {
+        apiVersion: "kubevirt.io/v1",
+        kind: "VirtualMachine",
+        metadata: { name, namespace: NS },
+        spec: { runStrategy: "Halted", template: { spec: template.spec } },
+      },
+    );
+    try {
+      const made = await vmiFromVm(vm);
+      const create = (client: KubeClient, vmi: VirtualMachineInstance) =>
+        client.request("POST", vmiPath(NS), vmi);
+      await refused(create(n.b.client, made), /may create only the VMI of a VM placed on it/);
+      await refused(
+        create(n.a.client, {
+          ...made,
+          spec: { ...made.spec, nodeSelector: { "kubernetes.io/hostname": n.b.name } },
+        }),
+        /may create only the VMI of a VM placed on it/,
+      );
+      await refused(
+        create(n.a.client, {
+          ...made,
+          metadata: { ...made.metadata, labels: { [NODE_LABEL]: n.a.name } },
+        }),
+        /may create only the VMI of a VM placed on it, unplaced/,
+      );
+      await refused(
+        create(n.a.client, { ...made, metadata: { ...made.metadata, ownerReferences: [] } }),
+        /may create only the VMI of a VM placed on it/,
+      );
+      await create(n.a.client, made);
+
+      // The VM's finalizer and status: A's, not B's; the spec stays A's to keep.
+      const addFinalizer = (v: VirtualMachine) => {
+        v.metadata.finalizers = ["kubevirt.io/virtualMachineControllerFinalize"];
+      };
+      await refused(
+        update(n.admin, n.b.client, vmPath, addFinalizer),
+        /may update only the VMs placed on it/,
+      );
+      await update(n.admin, n.a.client, vmPath, addFinalizer);
+      const setStatus = (v: VirtualMachine) => {
+        v.status = { printableStatus: "Starting" };
+      };
+      await refused(
+        update(n.admin, n.b.client, `${vmPath}/status`, setStatus),
+        /may update only the VMs placed on it/,
+      );
+      const written = await update<VirtualMachine>(
+        n.admin,
+        n.a.client,
+        `${vmPath}/status`,
+        setStatus,
+      );
+      assert.equal(written.status?.printableStatus, "Starting");
+      await refused(
+        update<VirtualMachine>(n.admin, n.a.client, vmPath, (v) => {
+          v.spec.runStrategy = "Always";
+        }),
+        /and not their spec/,
+      );
+      await refused(
+        update<VirtualMachine>(n.admin, n.a.client, vmPath, (v) => {
+          v.spec.template.spec.nodeSelector = { "kubernetes.io/hostname": n.b.name };
+        }),
+        /may update only the VMs placed on it/,
+      );
+
+      // The unplaced VMI goes as A's stop, never as B's.
+      await refused(
+        n.b.client.request("DELETE", vmiPath(NS, name)),
+        /may delete only the VMIs of its node/,
+      );
+      await n.a.client.request("DELETE", vmiPath(NS, name));
+    } finally {
+      const vmi = await getVmi(n.admin, NS, name);
+      if (vmi) {
+        await update(n.admin, n.admin, vmiPath(NS, name), (v: VirtualMachineInstance) => {
+          v.metadata.finalizers = [];
+        }).catch(() => {});
+        await n.admin.request("DELETE", vmiPath(NS, name)).catch(() => {});
+      }
+      await update<VirtualMachine>(n.admin, n.admin, vmPath, (v) => {
+        v.metadata.finalizers = [];
+      }).catch(() => {});
+      await n.admin.request("DELETE", vmPath).catch(() => {});
     }
   });
 });

@@ -1,14 +1,16 @@
 /**
  * Pod-less mode's side of the handler: no kubelet and no virt-controller. The handler
  * starts the launcher host ({@linkcode PodlessLaunchers}), places Pending VMIs on its own
- * node ({@linkcode PodlessScheduler}) and drives migrations between nodes
- * ({@linkcode PodlessMigrations}), the parts virt-controller plays in KubeVirt mode.
+ * node ({@linkcode PodlessScheduler}), keeps the VMIs of the VirtualMachines placed on it
+ * ({@linkcode PodlessVms}) and drives migrations between nodes ({@linkcode PodlessMigrations}),
+ * the parts virt-controller plays in KubeVirt mode.
  *
  * @module
  */
 export { type HostSettings, PodlessLaunchers, type PodlessLaunchersOptions } from "./launchers.ts";
 export { PodlessMigrations, type PodlessMigrationsOptions } from "./migrations.ts";
 export { PodlessScheduler } from "./scheduler.ts";
+export { PodlessVms, type PodlessVmsOptions } from "./vms.ts";
 export { CredentialSecretError, type CredentialSecrets, type SecretReader } from "./credentials.ts";
 export type { ProbeLauncher, ProberOptions } from "./prober.ts";
 // The core's types that these classes' members name.

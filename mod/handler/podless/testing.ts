@@ -1,6 +1,6 @@
 /**
  * What the tests reach below pod-less mode's face: the launcher host's client, the
- * spawner, the scheduler's placement rules and the prober.
+ * spawner, the scheduler's placement rules, the prober, and the VM controller's decisions.
  *
  * @module
  */
@@ -9,3 +9,15 @@ export { scheduledStatus, wantsNode } from "./scheduler.ts";
 export { podlessStandIn } from "./launchers.ts";
 export { PodlessProber, type ProbeLauncher, runProbe } from "./prober.ts";
 export { findLauncherByUid, LauncherSpawner, type LauncherSpawnerOptions } from "./spawner.ts";
+export { ownsVm } from "./vms.ts";
+export {
+  decideVm,
+  firmwareUuid,
+  printableStatus,
+  runStrategyOf,
+  type VmAction,
+  vmiFromVm,
+  vmStatus,
+  type VmStatusInput,
+  type VmSyncError,
+} from "./vm_status.ts";

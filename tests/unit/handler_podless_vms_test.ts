@@ -1,0 +1,204 @@
+import assert from "node:assert/strict";
+import type { VirtualMachine, VirtualMachineInstance } from "../../mod/api/mod.ts";
+import {
+  decideVm,
+  firmwareUuid,
+  ownsVm,
+  printableStatus,
+  runStrategyOf,
+  vmiFromVm,
+  vmStatus,
+} from "../../mod/handler/testing.ts";
+
+function vm(spec: Partial<VirtualMachine["spec"]> = {}, status?: VirtualMachine["status"]) {
+  return {
+    apiVersion: "kubevirt.io/v1",
+    kind: "VirtualMachine",
+    metadata: { name: "testvm", namespace: "default", uid: "vm-uid", generation: 3 },
+    spec: {
+      template: {
+        metadata: { labels: { app: "a" }, annotations: { note: "n" } },
+        spec: {
+          nodeSelector: { "kubernetes.io/hostname": "node-a" },
+          domain: { devices: { disks: [{ name: "root" }] } },
+          volumes: [{ name: "root", containerDisk: { image: "x" } }, {
+            name: "cloudinit",
+            cloudInitNoCloud: { userData: "#cloud-config" },
+          }],
+        },
+      },
+      ...spec,
+    },
+    status,
+  } as VirtualMachine;
+}
+
+function vmi(phase: string, extra: Partial<VirtualMachineInstance["metadata"]> = {}) {
+  return {
+    metadata: { name: "testvm", namespace: "default", uid: "vmi-1", ...extra },
+    spec: { domain: { devices: {} } },
+    status: { phase },
+  } as VirtualMachineInstance;
+}
+
+Deno.test("the run strategy: runStrategy, the deprecated running, Halted without either, both refused", () => {
+  assert.equal(runStrategyOf(vm({ runStrategy: "Manual" })), "Manual");
+  assert.equal(runStrategyOf(vm({ running: true })), "Always");
+  assert.equal(runStrategyOf(vm({ running: false })), "Halted");
+  assert.equal(runStrategyOf(vm()), "Halted");
+  const both = runStrategyOf(vm({ running: true, runStrategy: "Always" }));
+  assert.ok(both instanceof Error);
+  assert.match(both.message, /mutually exclusive/);
+});
+
+Deno.test("a node owns the VMs whose template's nodeSelector names it, and only those", () => {
+  assert.ok(ownsVm(vm(), "node-a"));
+  assert.ok(!ownsVm(vm(), "node-b"));
+  const unplaced = vm();
+  delete unplaced.spec.template.spec.nodeSelector;
+  assert.ok(!ownsVm(unplaced, "node-a"));
+});
+
+Deno.test("decideVm() follows virt-controller's run strategies and start and stop requests", () => {
+  const stopReq = { stateChangeRequests: [{ action: "Stop" as const, uid: "vmi-1" }] };
+  const startReq = { stateChangeRequests: [{ action: "Start" as const }] };
+  const cases: [string, VirtualMachine, VirtualMachineInstance | undefined, string][] = [
+    ["Always, no VMI", vm({ runStrategy: "Always" }), undefined, "start"],
+    ["Always, running", vm({ runStrategy: "Always" }), vmi("Running"), "none"],
+    ["Always, VMI ended", vm({ runStrategy: "Always" }), vmi("Succeeded"), "stop"],
+    ["Always, restart's stop", vm({ runStrategy: "Always" }, stopReq), vmi("Running"), "stop"],
+    [
+      "Always, a stop for another VMI",
+      vm({ runStrategy: "Always" }, { stateChangeRequests: [{ action: "Stop", uid: "old" }] }),
+      vmi("Running"),
+      "none",
+    ],
+    [
+      "Always, VMI being deleted",
+      vm({ runStrategy: "Always" }, stopReq),
+      vmi("Running", { deletionTimestamp: "t" }),
+      "none",
+    ],
+    ["Halted, running", vm({ runStrategy: "Halted" }), vmi("Running"), "stop"],
+    ["Halted, none", vm({ runStrategy: "Halted" }, startReq), undefined, "none"],
+    ["Manual, none", vm({ runStrategy: "Manual" }), undefined, "none"],
+    ["Manual, start asked", vm({ runStrategy: "Manual" }, startReq), undefined, "start"],
+    ["Manual, VMI ended", vm({ runStrategy: "Manual" }), vmi("Failed"), "none"],
+    ["Manual, stop asked", vm({ runStrategy: "Manual" }, stopReq), vmi("Running"), "stop"],
+    ["Once, none", vm({ runStrategy: "Once" }), undefined, "start"],
+    ["Once, ended", vm({ runStrategy: "Once" }), vmi("Succeeded"), "none"],
+    ["RerunOnFailure, failed", vm({ runStrategy: "RerunOnFailure" }), vmi("Failed"), "stop"],
+    [
+      "RerunOnFailure, first start",
+      vm({ runStrategy: "RerunOnFailure" }),
+      undefined,
+      "start",
+    ],
+    [
+      "RerunOnFailure, stopped after success",
+      vm({ runStrategy: "RerunOnFailure" }, { runStrategy: "RerunOnFailure" }),
+      undefined,
+      "none",
+    ],
+  ];
+  for (const [what, machine, instance, want] of cases) {
+    const strategy = runStrategyOf(machine);
+    assert.ok(!(strategy instanceof Error));
+    assert.equal(decideVm(machine, instance, strategy), want, what);
+  }
+});
+
+Deno.test("the VMI made from a VM: name, labels, owner, finalizer, generation, firmware UUID, default disks", async () => {
+  const made = await vmiFromVm(vm({ runStrategy: "Always" }));
+  assert.equal(made.metadata.name, "testvm");
+  assert.deepEqual(made.metadata.labels, { app: "a" });
+  assert.equal(made.metadata.annotations?.note, "n");
+  assert.equal(made.metadata.annotations?.["kubevirt.io/vm-generation"], "3");
+  assert.deepEqual(made.metadata.finalizers, ["kubevirt.io/virtualMachineControllerFinalize"]);
+  assert.deepEqual(made.metadata.ownerReferences, [{
+    apiVersion: "kubevirt.io/v1",
+    kind: "VirtualMachine",
+    name: "testvm",
+    uid: "vm-uid",
+    controller: true,
+    blockOwnerDeletion: true,
+  }]);
+  // KubeVirt's legacy UUID of "testvm" (google/uuid's NewSHA1 in KubeVirt's namespace).
+  assert.equal(made.spec.domain.firmware?.uuid, "5a9fc181-957e-5c32-9e5a-2de5e9673531");
+  assert.equal(await firmwareUuid("vm-cirros"), "0d2a2043-41c0-59c3-9b17-025022203668");
+  assert.deepEqual(made.spec.domain.devices?.disks, [{ name: "root" }, { name: "cloudinit" }]);
+  assert.equal(made.spec.startStrategy, undefined);
+  const paused = await vmiFromVm(
+    vm({}, { stateChangeRequests: [{ action: "Start", data: { paused: "true" } }] }),
+  );
+  assert.equal(paused.spec.startStrategy, "Paused");
+});
+
+Deno.test("printableStatus(): Terminating, Stopping, Running, Paused, Starting, Stopped, first match wins", () => {
+  const none = { startExpected: false, stopExpected: false };
+  assert.equal(printableStatus(vm(), undefined, none), "Stopped");
+  assert.equal(printableStatus(vm(), undefined, { ...none, startExpected: true }), "Starting");
+  assert.equal(printableStatus(vm(), vmi("Scheduled"), none), "Starting");
+  assert.equal(printableStatus(vm(), vmi("Running"), none), "Running");
+  const paused = vmi("Running");
+  paused.status!.conditions = [{ type: "Paused", status: "True" }];
+  assert.equal(printableStatus(vm(), paused, none), "Paused");
+  assert.equal(printableStatus(vm(), vmi("Running"), { ...none, stopExpected: true }), "Stopping");
+  assert.equal(printableStatus(vm(), vmi("Running", { deletionTimestamp: "t" }), none), "Stopping");
+  assert.equal(printableStatus(vm(), vmi("Succeeded"), none), "Stopped");
+  const deleting = vm();
+  deleting.metadata.deletionTimestamp = "t";
+  assert.equal(printableStatus(deleting, vmi("Running"), none), "Terminating");
+});
+
+Deno.test("vmStatus(): Ready from the VMI, its other conditions mirrored, a done request dropped, Failure", () => {
+  const running = vmi("Running", { annotations: { "kubevirt.io/vm-generation": "2" } });
+  running.status!.conditions = [
+    { type: "Ready", status: "True", lastTransitionTime: "t1" },
+    { type: "AgentConnected", status: "True" },
+  ];
+  const before = vm({ runStrategy: "Always" }, {
+    stateChangeRequests: [{ action: "Start" }],
+    conditions: [{ type: "Stale", status: "True" }],
+  });
+  const s = vmStatus(before, running, "Always", {
+    startExpected: false,
+    stopExpected: false,
+    now: "t9",
+  });
+  assert.equal(s.created, true);
+  assert.equal(s.ready, true);
+  assert.equal(s.printableStatus, "Running");
+  assert.equal(s.runStrategy, "Always");
+  assert.equal(s.observedGeneration, 2);
+  assert.equal(s.desiredGeneration, 3);
+  assert.equal(s.stateChangeRequests, undefined, "the start request is done");
+  assert.deepEqual(s.conditions?.map((c) => [c.type, c.status]), [
+    ["Ready", "True"],
+    ["AgentConnected", "True"],
+  ]);
+
+  const gone = vmStatus(vm({ runStrategy: "Always" }), undefined, "Always", {
+    startExpected: true,
+    stopExpected: false,
+    syncError: { reason: "FailedCreate", message: "Failure while starting VMI: no" },
+    now: "t9",
+  });
+  assert.equal(gone.created, undefined);
+  assert.equal(gone.runStrategy, undefined, "set once a VMI was seen, as virt-controller does");
+  assert.equal(gone.printableStatus, "Starting");
+  assert.deepEqual(gone.conditions?.map((c) => [c.type, c.status, c.reason]), [
+    ["Ready", "False", "VMINotExists"],
+    ["Failure", "True", "FailedCreate"],
+  ]);
+  // The Ready condition keeps its times while it says the same.
+  const again = vmStatus(vm({ runStrategy: "Always" }, gone), undefined, "Always", {
+    startExpected: false,
+    stopExpected: false,
+    now: "t10",
+  });
+  assert.equal(again.conditions?.[0].lastTransitionTime, "t9");
+  assert.deepEqual(again.conditions?.map((c) => c.type), ["Ready"], "the failure cleared");
+  assert.equal(again.printableStatus, "Stopped");
+  assert.equal(again.runStrategy, undefined);
+});
