@@ -31,7 +31,7 @@ import { type PreparedLibvirtd, prepareLibvirtd } from "./libvirtd.ts";
 import { podlessNodeKubeconfig } from "./podless_node.ts";
 import { KubeApiError, type KubeClient, loadKubeClient } from "../mod/kube/mod.ts";
 import { sleep } from "../mod/lifecycle/mod.ts";
-import type { VirtualMachineInstance } from "../mod/api/mod.ts";
+import type { VirtualMachine, VirtualMachineInstance } from "../mod/api/mod.ts";
 import { V8_FLAGS } from "../mod/config/mod.ts";
 import { domainNameOf } from "../mod/domain/mod.ts";
 import { type GhostRecord, GhostRecordStore } from "../mod/handler/mod.ts";
@@ -404,6 +404,7 @@ function stopRequested(): Promise<void> {
 
 /** Every VMI of the cluster, in every namespace. */
 const ALL_VMIS = "/apis/kubevirt.io/v1/virtualmachineinstances";
+const ALL_VMS = "/apis/kubevirt.io/v1/virtualmachines";
 
 /** A VMI of this run, by UID: whatever of it is left on the host is this run's. */
 type RunVmi = Pick<GhostRecord, "uid" | "namespace" | "name">;
@@ -530,7 +531,7 @@ async function ghostRecords(dir: string): Promise<GhostRecord[]> {
 }
 
 /**
- * Deletes every VMI of the cluster: local mode's control plane has this host as its only
+ * Deletes every VM and VMI of the cluster: local mode's control plane has this host as its only
  * node and goes away with it, so a VMI the user made is no more meant to outlive it than
  * the examples. Waits (up to {@linkcode STOP_WAIT_MS}) until the handler has shut their
  * guests down and cleaned up after them (no ghost record left) and the API has none;
@@ -541,10 +542,38 @@ async function deleteEveryVmi(
   o: { ghostDir: string; seen: Map<string, RunVmi> },
 ): Promise<void> {
   const deleted = new Set<string>();
+  const announce = () => {
+    if (deleted.size > 0) return;
+    say(
+      "deleting every VM and VMI (local mode's cluster goes away with them); their guests " +
+        "shut down as their grace periods allow",
+    );
+  };
   const deadline = Date.now() + STOP_WAIT_MS;
   let waitingFor = "";
   for (;;) {
     const left = new Set<string>();
+    // VMs first: a VM left would make its VMI again.
+    try {
+      const vms = await client.request<{ items: VirtualMachine[] }>("GET", ALL_VMS);
+      for (const vm of vms.items) {
+        const name = `vm/${shownName(vm)}`;
+        left.add(name);
+        if (vm.metadata.deletionTimestamp || deleted.has(vm.metadata.uid!)) continue;
+        announce();
+        deleted.add(vm.metadata.uid!);
+        say(`deleting VM ${shownName(vm)} (its VMI goes with it)`);
+        const path = `/apis/kubevirt.io/v1/namespaces/${vm.metadata.namespace}` +
+          `/virtualmachines/${vm.metadata.name}`;
+        await client.request("DELETE", path).catch((error) => {
+          if (!(error instanceof KubeApiError && error.status === 404)) {
+            say(`cannot delete VM ${shownName(vm)}: ${error.message}`);
+          }
+        });
+      }
+    } catch (error) {
+      say(`cannot list the VMs: ${(error as Error).message}`);
+    }
     try {
       const { items } = await client.request<{ items: VirtualMachineInstance[] }>(
         "GET",
@@ -555,12 +584,7 @@ async function deleteEveryVmi(
         const name = shownName(vmi);
         left.add(name);
         if (vmi.metadata.deletionTimestamp || deleted.has(vmi.metadata.uid!)) continue;
-        if (deleted.size === 0) {
-          say(
-            "deleting every VMI (local mode's cluster goes away with it); their guests shut " +
-              "down as their grace periods allow",
-          );
-        }
+        announce();
         deleted.add(vmi.metadata.uid!);
         say(`deleting VMI ${name}`);
         const path = `/apis/kubevirt.io/v1/namespaces/${vmi.metadata.namespace}` +

@@ -19,7 +19,7 @@ import {
   startLocalModeInTmux,
   waitForExamples,
 } from "../helpers/local_mode.ts";
-import { consoleAnswers, usbredirGreets, vncGreets } from "../helpers/virtctl.ts";
+import { consoleAnswers, usbredirGreets, vmStopsAndStarts, vncGreets } from "../helpers/virtctl.ts";
 
 /** Checks that the run left nothing on the host. */
 async function assertNothingLeft(run: AnyLocalModeRun, netnsBefore: string[]): Promise<void> {
@@ -63,7 +63,7 @@ Deno.test("local mode (deno task start) brings every example VMI to Running unde
   }
 });
 
-Deno.test("local mode --virtctl in a terminal: the screen, virtctl console, vnc and usbredir, Ctrl-C cleans up", async () => {
+Deno.test("local mode --virtctl in a terminal: the screen, virtctl console, vnc, usbredir, stop/start", async () => {
   // The VMIs are deleted through the control plane while it still runs.
   const original = await Deno.readTextFile(QEMU_CONF);
   // As on a host that never ran virtnode: qemu.conf without virtnode's lines.
@@ -108,13 +108,17 @@ Deno.test("local mode --virtctl in a terminal: the screen, virtctl console, vnc 
     await vncGreets({ virtctl, kubeconfig, name: "vmi-cirros" });
     // vmi-efi has four redirected USB ports: QEMU's greets a client through virtctl.
     await usbredirGreets({ virtctl, kubeconfig, name: "vmi-efi" });
+    // vm-minimal is a VirtualMachine: virtctl restarts, stops and starts it through virt-api,
+    // and the handler's VM controller carries it out.
+    await vmStopsAndStarts({ virtctl, kubeconfig, name: "vm-minimal" });
     await run.keys("C-c");
     const status = await run.exited(180_000);
     const text = run.output();
     assert.equal(status, 0, `local mode exited with code ${status} after Ctrl-C:\n${text}`);
     const afterCtrlC = text.slice(text.indexOf("Ctrl-C: stopping"));
     assert.ok(text.includes("Ctrl-C: stopping"), `local mode did not say it stops:\n${text}`);
-    assert.match(afterCtrlC, /deleting every VMI/);
+    assert.match(afterCtrlC, /deleting every VM and VMI/);
+    assert.match(afterCtrlC, /deleting VM vm-minimal \(its VMI goes with it\)/);
     assert.match(afterCtrlC, /stopping virt-api/);
     assert.doesNotMatch(afterCtrlC, /refused/i, "the control plane outlived the deletion");
     assert.match(text, /handler exited with code 0/);

@@ -11,8 +11,8 @@ import { findMarkedProcesses, RUN_MARKER_VAR, sweepMarkedProcesses } from "../ru
 
 const root = new URL("../../", import.meta.url).pathname;
 
-/** The VMIs in deploy/examples/, which local mode applies. */
-export const EXAMPLES = ["vmi-cirros", "vmi-efi", "vmi-minimal"];
+/** The VMIs of deploy/examples/, which local mode applies (vm-minimal's is its VM's). */
+export const EXAMPLES = ["vm-minimal", "vmi-cirros", "vmi-efi", "vmi-minimal"];
 /** Their domains' names. */
 export const EXAMPLE_DOMAINS: string[] = EXAMPLES.map((n) => `default_${n}`);
 

@@ -1,7 +1,8 @@
 /**
  * KubeVirt's `virtctl console` and `virtctl vnc` driven as a user drives them, through
  * virt-api and a node's handler: the console is typed into until the guest's answer comes
- * back, and the VNC proxy is connected to until QEMU's RFB greeting does.
+ * back, and the VNC proxy is connected to until QEMU's RFB greeting does; `virtctl stop`,
+ * `start` and `restart` drive a VirtualMachine.
  *
  * @module
  */
@@ -235,4 +236,69 @@ export async function portForwardAnswers(
   } finally {
     await run.stop();
   }
+}
+
+/** Runs virtctl to its end; what it printed, or an error with it when it failed. */
+async function virtctlOnce(t: VirtctlTarget, args: string[]): Promise<string> {
+  const out = await new Deno.Command(t.virtctl, {
+    args: ["--kubeconfig", t.kubeconfig, ...args],
+    stdin: "null",
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const text = new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr);
+  if (!out.success) throw new Error(`virtctl ${args.join(" ")} failed: ${text}`);
+  return text;
+}
+
+/** `kubectl get <kind> <name> -o jsonpath=<path>`, or "" when there is no such object. */
+async function jsonpath(t: VirtctlTarget, kind: string, path: string): Promise<string> {
+  const out = await new Deno.Command("kubectl", {
+    args: ["--kubeconfig", t.kubeconfig, "get", kind, t.name, "-o", `jsonpath=${path}`],
+    stdin: "null",
+    stdout: "piped",
+    stderr: "null",
+  }).output();
+  return out.success ? new TextDecoder().decode(out.stdout) : "";
+}
+
+/**
+ * Drives a running VirtualMachine as a user does with virtctl: `restart` (a new VMI, Running),
+ * `stop` (the VMI gone, the VM Stopped), then `start` (Running again, the VM Ready).
+ */
+export async function vmStopsAndStarts(t: VirtctlTarget): Promise<void> {
+  const vmiState = () => jsonpath(t, "vmi", "{.metadata.uid} {.status.phase}");
+  const vmState = () => jsonpath(t, "vm", "{.status.printableStatus} {.status.ready}");
+  const [before] = (await vmiState()).split(" ");
+  assert.ok(before, `${t.name} has a VMI`);
+  await virtctlOnce(t, ["restart", t.name]);
+  await waitFor(
+    `${t.name} restarted: a new VMI Running`,
+    async () => {
+      const [uid, phase] = (await vmiState()).split(" ");
+      return uid && uid !== before && phase === "Running" ? true : undefined;
+    },
+    180_000,
+    1_000,
+  );
+  await virtctlOnce(t, ["stop", t.name]);
+  await waitFor(
+    `${t.name} stopped: no VMI, the VM Stopped`,
+    async () => {
+      return (await vmiState()) === "" && (await vmState()).startsWith("Stopped")
+        ? true
+        : undefined;
+    },
+    120_000,
+    1_000,
+  );
+  await virtctlOnce(t, ["start", t.name]);
+  await waitFor(
+    `${t.name} started: Running and Ready`,
+    async () => {
+      return (await vmState()) === "Running true" ? true : undefined;
+    },
+    180_000,
+    1_000,
+  );
 }
