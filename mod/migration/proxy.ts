@@ -29,7 +29,7 @@
  *
  * @module
  */
-import net from "node:net";
+import type net from "node:net";
 import tls from "node:tls";
 import { basename, dirname, join } from "node:path";
 import { openSocketBeneath } from "../../ffi/mod.ts";
