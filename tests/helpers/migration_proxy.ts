@@ -1,10 +1,23 @@
 /**
  * A stand-in target launcher and a client for migration proxy tests: a unix socket that
- * echoes what it gets, a round trip through a socket, and a digest to compare bytes by.
+ * echoes what it gets, a round trip through a socket, a digest to compare bytes by, and the
+ * certificates both sides use.
  *
  * @module
  */
+import { join } from "node:path";
 import type { ProxyTarget } from "../../mod/migration/mod.ts";
+import { type KeyPair, makeCertificates } from "./rest_client.ts";
+
+/** Certificates made by openssl in `dir`, and the handler server pair read from them. */
+export async function proxyCertificates(dir: string) {
+  const certs = await makeCertificates(dir);
+  const server: KeyPair = {
+    cert: await Deno.readTextFile(join(certs.serverDir, "tls.crt")),
+    key: await Deno.readTextFile(join(certs.serverDir, "tls.key")),
+  };
+  return { certs, server };
+}
 
 /**
  * A unix socket server in the "target launcher" that echoes and counts what it got. Deno's

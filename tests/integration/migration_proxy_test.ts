@@ -14,19 +14,15 @@ import {
   type ProxyTls,
   sourceUnixFile,
 } from "../../mod/migration/mod.ts";
-import { echoServer, roundTrip, sha } from "../helpers/migration_proxy.ts";
-import { type KeyPair, makeCertificates } from "../helpers/rest_client.ts";
+import { echoServer, proxyCertificates, roundTrip, sha } from "../helpers/migration_proxy.ts";
+import type { KeyPair } from "../helpers/rest_client.ts";
 
 Deno.test("migration proxy: libvirt's and direct-migration traffic cross whole; wrong certificates do not", async () => {
   // Both libvirt's socket and a direct-migration port carry data
   // intact both ways. A wrong certificate on either side lets no
   // byte through, and stopping the proxy leaves no socket or port.
   const dir = await Deno.makeTempDir({ prefix: "virtnode-migproxy-" });
-  const certs = await makeCertificates(dir);
-  const serverPair: KeyPair = {
-    cert: await Deno.readTextFile(join(certs.serverDir, "tls.crt")),
-    key: await Deno.readTextFile(join(certs.serverDir, "tls.key")),
-  };
+  const { certs, server: serverPair } = await proxyCertificates(dir);
   const tlsOf = (pair: KeyPair, ca = certs.ca): ProxyTls => ({ ...pair, ca });
   const libvirt = await echoServer(join(dir, "virtqemud-sock"));
   const direct = await echoServer(join(dir, "migration-49152"));
@@ -156,12 +152,8 @@ Deno.test("migration proxy: connections reach the target launcher in the order t
   // KubeVirt's eight multifd threads), each saying its number first, arrive in that order,
   // five times, though the target takes longest to open the first one's way in.
   const dir = await Deno.makeTempDir({ prefix: "virtnode-migproxy-order-" });
-  const certs = await makeCertificates(dir);
-  const material: ProxyTls = {
-    cert: await Deno.readTextFile(join(certs.serverDir, "tls.crt")),
-    key: await Deno.readTextFile(join(certs.serverDir, "tls.key")),
-    ca: certs.ca,
-  };
+  const { certs, server } = await proxyCertificates(dir);
+  const material: ProxyTls = { ...server, ca: certs.ca };
   const options = {
     serverTls: () => material,
     clientTls: () => ({ ...certs.client, ca: certs.ca }),

@@ -12,8 +12,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { MigrationProxyManager, sourceUnixFile } from "../../mod/migration/mod.ts";
-import { echoServer, roundTrip } from "../helpers/migration_proxy.ts";
-import { type KeyPair, makeCertificates } from "../helpers/rest_client.ts";
+import { echoServer, proxyCertificates, roundTrip } from "../helpers/migration_proxy.ts";
 
 Deno.test("migration proxy: 1000 connections open and close while files churn; no descriptor is closed twice", async () => {
   // Each connection through the proxy opens and closes a unix socket on both sides. Meanwhile
@@ -22,12 +21,8 @@ Deno.test("migration proxy: 1000 connections open and close while files churn; n
   // churn ("Bad file descriptor"), as Deno 2.9.3's node:net unix sockets do; the proxy's are
   // Deno's own.
   const dir = await Deno.makeTempDir({ prefix: "virtnode-migproxy-fd-" });
-  const certs = await makeCertificates(dir);
-  const serverPair: KeyPair = {
-    cert: await Deno.readTextFile(join(certs.serverDir, "tls.crt")),
-    key: await Deno.readTextFile(join(certs.serverDir, "tls.key")),
-  };
-  const material = { ...serverPair, ca: certs.ca };
+  const { certs, server } = await proxyCertificates(dir);
+  const material = { ...server, ca: certs.ca };
   const clientMaterial = { ...certs.client, ca: certs.ca };
   const libvirt = await echoServer(join(dir, "virtqemud-sock"));
   const options = {
