@@ -825,7 +825,10 @@ export class VmiController extends KeyedController {
     // each file name once).
     if (alive) {
       for (const entry of vmi.status?.volumeStatus ?? []) {
-        const path = memoryDumpPath(entry);
+        const path = memoryDumpPath(
+          entry,
+          this.#d.provider.memoryDumpFolder?.(vmi, entry.name),
+        );
         if (path) await client.virtualMachineMemoryDump(vmi, path);
       }
     }

@@ -417,8 +417,13 @@ export class Handler implements Runnable {
           imageDir: options.imageDir ?? join(config.stateDir, "images"),
           storeDir: join(config.stateDir, "containerdisks"),
         }),
-        claims: (ref) =>
-          resolveHostClaim(client, ref, { root: options.hostDiskRoot, node: config.nodeName }),
+        claims: (ref, use) =>
+          resolveHostClaim(
+            client,
+            ref,
+            { root: options.hostDiskRoot, node: config.nodeName },
+            use,
+          ),
         secrets: client,
         migration: options.migration
           ? {

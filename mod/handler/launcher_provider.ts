@@ -105,6 +105,11 @@ export interface LauncherVolumes {
    */
   forLauncher(vmi: VirtualMachineInstance): VirtualMachineInstance;
   /**
+   * The folder, in the launcher's view, a memory dump volume's dump goes into; none: its
+   * folder in the launcher's hotplug directory (KubeVirt's launcher pod).
+   */
+  memoryDumpFolder?(vmi: VirtualMachineInstance, volume: string): string | undefined;
+  /**
    * Hands the running VMI's newly attached hotplug volumes to its launcher (KubeVirt mode:
    * from their attachment pods).
    */

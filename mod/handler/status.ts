@@ -270,7 +270,13 @@ export function volumeStatusFromDomain(
   if (owner) {
     for (const v of vmi.spec.volumes ?? []) {
       if (isHotplugVolume(vmi, v) && !entries.some((e) => e.name === v.name)) {
-        entries.push({ name: v.name, target: "", hotplugVolume: {}, phase: "Pending" });
+        entries.push({
+          name: v.name,
+          target: "",
+          hotplugVolume: {},
+          ...(v.memoryDump ? { memoryDumpVolume: { claimName: v.name } } : {}),
+          phase: "Pending",
+        });
       }
     }
   }
@@ -392,12 +398,16 @@ export function dumpFileName(vmiName: string, volume: string, now: string): stri
 
 /**
  * Where the launcher writes a memory dump volume's dump, in its own view: the claim's
- * directory in its hotplug folder, and the file name the status gives.
+ * `folder` (by default its directory in the launcher's hotplug folder), and the file name
+ * the status gives.
  */
-export function memoryDumpPath(entry: VolumeStatus): string | undefined {
+export function memoryDumpPath(
+  entry: VolumeStatus,
+  folder = `${LAUNCHER_HOTPLUG_DIR}/${entry.name}`,
+): string | undefined {
   const file = entry.memoryDumpVolume?.targetFileName;
   if (entry.phase !== MemoryDumpPhase.InProgress || !file) return undefined;
-  return `${LAUNCHER_HOTPLUG_DIR}/${entry.name}/${file}`;
+  return `${folder}/${file}`;
 }
 
 /** The Events for hotplugged volumes whose phase the status changes (KubeVirt's reasons). */

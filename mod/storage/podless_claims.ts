@@ -26,7 +26,10 @@ export interface ClaimReader {
 
 /** A claim found on this host. */
 export interface HostClaim {
-  /** The disk: `<volume path>/disk.img`, or the block device node. */
+  /**
+   * The disk: `<volume path>/disk.img`, or the block device node; for a claim asked for as
+   * a folder, the volume's path.
+   */
   path: string;
   /** The disk is a block device. */
   block: boolean;
@@ -106,12 +109,14 @@ function isInside(root: string, candidate: string): boolean {
  * Finds the claim `namespace/name` on this host (`node`) beneath `root`. Throws
  * {@linkcode HostClaimError} naming what is missing or wrong: no such claim, not bound,
  * a volume of another kind, a local volume of another node, a path outside the namespace's
- * folder of `root`, a symbolic link, no `disk.img`, no device.
+ * folder of `root`, a symbolic link, no `disk.img`, no device. With `folder`, the claim is
+ * a filesystem volume whose folder is used as it is (a memory dump is written into it).
  */
 export async function resolveHostClaim(
   client: ClaimReader,
   ref: { namespace: string; name: string },
   host: { root: string | undefined; node: string },
+  use: { folder?: boolean } = {},
 ): Promise<HostClaim> {
   const root = host.root;
   const quoted = `"${ref.namespace}/${ref.name}"`;
@@ -177,7 +182,12 @@ export async function resolveHostClaim(
   }
   const mode = volume.spec?.volumeMode ?? "Filesystem";
   const block = mode === "Block";
-  const disk = block ? normal : path.join(normal, DISK_IMAGE);
+  if (block && use.folder) {
+    throw new HostClaimError(
+      `claim ${quoted}: PersistentVolume "${volumeName}" is a block volume, and a folder is needed`,
+    );
+  }
+  const disk = block || use.folder ? normal : path.join(normal, DISK_IMAGE);
   // No symlink anywhere below the root: each component is looked at, not followed.
   let at = path.normalize(root);
   for (const part of path.relative(at, disk).split("/")) {
@@ -190,6 +200,8 @@ export async function resolveHostClaim(
         throw new HostClaimError(
           block
             ? `claim ${quoted}: the block device "${disk}" does not exist`
+            : use.folder
+            ? `claim ${quoted}: the folder "${disk}" does not exist`
             : `claim ${quoted}: "${disk}" does not exist (a filesystem claim holds its disk as ${DISK_IMAGE})`,
         );
       }
@@ -202,11 +214,12 @@ export async function resolveHostClaim(
     }
   }
   const info = await Deno.lstat(disk);
-  if (block ? !info.isBlockDevice : !info.isFile) {
-    throw new HostClaimError(
-      `claim ${quoted}: "${disk}" is not ${block ? "a block device" : "a regular file"}`,
-    );
-  }
+  const [fits, kind] = block
+    ? [info.isBlockDevice, "a block device"]
+    : use.folder
+    ? [info.isDirectory, "a folder"]
+    : [info.isFile, "a regular file"];
+  if (!fits) throw new HostClaimError(`claim ${quoted}: "${disk}" is not ${kind}`);
   const claimInfo: ClaimInfo = {
     claimName: ref.name,
     accessModes: claim.spec?.accessModes ?? [],

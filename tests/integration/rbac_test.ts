@@ -79,7 +79,9 @@ const PODLESS_ONLY_CALLS = [
   "update kubevirt.io/virtualmachines", // the VM controller's finalizer
   "update kubevirt.io/virtualmachines/status", // the VM's status
   "watch kubevirt.io/virtualmachines", // the VM informer
-  "get /persistentvolumeclaims", // hotplug finds its claim
+  "get /persistentvolumeclaims", // hotplug finds its claim; a memory dump's annotation
+  "patch /persistentvolumeclaims", // ... which the VM controller sets (virtctl memory-dump)
+  "patch kubevirt.io/virtualmachineinstances", // a memory dump volume into and out of a VMI
   "get /persistentvolumes", // ... and the volume bound to it
   "get kubevirt.io/virtualmachineinstancemigrations", // the status writer re-reads after a 409
   "list /nodes", // migrations: nodes that take VMIs

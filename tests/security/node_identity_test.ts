@@ -415,3 +415,126 @@ Deno.test("a pod-less node keeps the VMs placed on it: their VMIs and status, no
     }
   });
 });
+
+Deno.test("a pod-less node's memory dump writes: the request's volume, its own VMI, the claim's note", async () => {
+  // virtctl memory-dump on a pod-less node (mod/handler/podless/vms.ts): the node adds the
+  // memory dump volume of the claim its VM's status.memoryDumpRequest names to the VM's
+  // template, and a memory dump volume named as its claim to its own running VMI; it
+  // annotates the claim with kubevirt.io/memory-dump. Any other change of a spec, another
+  // node's VM or VMI, and any other change of the claim are refused.
+  await withTwoNodes(async (n) => {
+    const name = `dump-${suffix()}`;
+    const claim = `${name}-claim`;
+    const vmPath = `/apis/kubevirt.io/v1/namespaces/${NS}/virtualmachines/${name}`;
+    const pvcPath = `/api/v1/namespaces/${NS}/persistentvolumeclaims/${claim}`;
+    const template = testVmi(name, n.a.name);
+    await n.admin.request("POST", `/apis/kubevirt.io/v1/namespaces/${NS}/virtualmachines`, {
+      apiVersion: "kubevirt.io/v1",
+      kind: "VirtualMachine",
+      metadata: { name, namespace: NS },
+      spec: { runStrategy: "Halted", template: { spec: template.spec } },
+    });
+    await n.admin.request("POST", `/api/v1/namespaces/${NS}/persistentvolumeclaims`, {
+      apiVersion: "v1",
+      kind: "PersistentVolumeClaim",
+      metadata: { name: claim, namespace: NS, annotations: { owner: "test" } },
+      spec: { accessModes: ["ReadWriteOnce"], resources: { requests: { storage: "1Gi" } } },
+    });
+    const dumpVolume = (claimName: string, volumeName = claimName) => ({
+      name: volumeName,
+      memoryDump: { claimName, hotpluggable: true },
+    });
+    try {
+      // virt-api's part: the request in the VM's status.
+      await update<VirtualMachine>(n.admin, n.admin, `${vmPath}/status`, (v) => {
+        v.status = { memoryDumpRequest: { claimName: claim, phase: "Associating" } };
+      });
+      const addToTemplate = (volume: ReturnType<typeof dumpVolume>) => (v: VirtualMachine) => {
+        v.spec.template.spec.volumes = [...v.spec.template.spec.volumes ?? [], volume];
+      };
+      await refused(
+        update(n.admin, n.b.client, vmPath, addToTemplate(dumpVolume(claim))),
+        /may update only the VMs placed on it/,
+      );
+      await refused(
+        update(n.admin, n.a.client, vmPath, addToTemplate(dumpVolume("another-claim"))),
+        /and not their spec/,
+      );
+      await refused(
+        update<VirtualMachine>(n.admin, n.a.client, vmPath, (v) => {
+          addToTemplate(dumpVolume(claim))(v);
+          v.spec.template.spec.domain.memory = { guest: "2Gi" };
+        }),
+        /and not their spec/,
+      );
+      await refused(
+        update<VirtualMachine>(n.admin, n.a.client, vmPath, (v) => {
+          v.spec.template.spec.volumes = [
+            ...v.spec.template.spec.volumes ?? [],
+            { name: claim, persistentVolumeClaim: { claimName: claim } },
+          ];
+        }),
+        /and not their spec/,
+      );
+      const withDump = await update(n.admin, n.a.client, vmPath, addToTemplate(dumpVolume(claim)));
+      assert.ok(
+        withDump.spec.template.spec.volumes?.some((v) => v.memoryDump?.claimName === claim),
+      );
+      // ... and out again (the request's dissociation).
+      await update<VirtualMachine>(n.admin, n.a.client, vmPath, (v) => {
+        v.spec.template.spec.volumes = v.spec.template.spec.volumes?.filter((x) => !x.memoryDump);
+      });
+
+      // The VMI: A's own running one takes a memory dump volume named as its claim; B's
+      // patch of it, another volume, or a misnamed dump volume is refused.
+      const vmi = `${name}-vmi`;
+      await runningVmi(n, n.a, vmi);
+      const patchVolumes = (client: KubeClient, volumes: unknown[]) =>
+        client.request("PATCH", vmiPath(NS, vmi), [
+          { op: "add", path: "/spec/volumes", value: volumes },
+        ], { contentType: "application/json-patch+json" });
+      const before = (await getVmi(n.admin, NS, vmi))!.spec.volumes ?? [];
+      await refused(
+        patchVolumes(n.b.client, [...before, dumpVolume(claim)]),
+        /may update only the VMIs of its node/,
+      );
+      await refused(
+        patchVolumes(n.a.client, [...before, dumpVolume(claim, "not-the-claim")]),
+        /may not change the spec/,
+      );
+      await refused(
+        patchVolumes(n.a.client, [...before, { name: "x", emptyDisk: { capacity: "1Mi" } }]),
+        /may not change the spec/,
+      );
+      await patchVolumes(n.a.client, [...before, dumpVolume(claim)]);
+      const patched = await getVmi(n.admin, NS, vmi);
+      assert.ok(patched?.spec.volumes?.some((v) => v.memoryDump?.claimName === claim));
+      await patchVolumes(n.a.client, before);
+
+      // The claim: its memory dump annotation only.
+      const annotate = (client: KubeClient, annotations: Record<string, string>) =>
+        client.request("PATCH", pvcPath, { metadata: { annotations } }, {
+          contentType: "application/merge-patch+json",
+        });
+      await refused(annotate(n.a.client, { owner: "node" }), /kubevirt.io\/memory-dump/);
+      await refused(
+        n.a.client.request("PATCH", pvcPath, { metadata: { labels: { x: "y" } } }, {
+          contentType: "application/merge-patch+json",
+        }),
+        /kubevirt.io\/memory-dump annotation of a claim/,
+      );
+      await annotate(n.a.client, { "kubevirt.io/memory-dump": "vm-dump.memory.dump" });
+      const pvc = await n.admin.request<KubeObject>("GET", pvcPath);
+      assert.equal(pvc.metadata?.annotations?.["kubevirt.io/memory-dump"], "vm-dump.memory.dump");
+      assert.equal(pvc.metadata?.annotations?.owner, "test");
+    } finally {
+      for (const path of [vmiPath(NS, `${name}-vmi`), vmPath]) {
+        await update<KubeObject>(n.admin, n.admin, path, (v) => {
+          v.metadata!.finalizers = [];
+        }).catch(() => {});
+        await n.admin.request("DELETE", path).catch(() => {});
+      }
+      await n.admin.request("DELETE", pvcPath).catch(() => {});
+    }
+  });
+});

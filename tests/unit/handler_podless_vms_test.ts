@@ -3,6 +3,8 @@ import type { VirtualMachine, VirtualMachineInstance } from "../../mod/api/mod.t
 import {
   decideVm,
   firmwareUuid,
+  memoryDumpActions,
+  nextMemoryDumpRequest,
   ownsVm,
   printableStatus,
   runStrategyOf,
@@ -201,4 +203,132 @@ Deno.test("vmStatus(): Ready from the VMI, its other conditions mirrored, a done
   assert.deepEqual(again.conditions?.map((c) => c.type), ["Ready"], "the failure cleared");
   assert.equal(again.printableStatus, "Stopped");
   assert.equal(again.runStrategy, undefined);
+});
+
+/** `vm()` with a memory dump request in its status, and its template's volumes. */
+function dumping(phase: string, extra: Record<string, unknown> = {}, inTemplate = false) {
+  const v = vm({}, { memoryDumpRequest: { claimName: "dump", phase, ...extra } });
+  if (inTemplate) {
+    v.spec.template.spec.volumes!.push({
+      name: "dump",
+      memoryDump: { claimName: "dump", hotpluggable: true },
+    });
+  }
+  return v;
+}
+
+const DUMP_VOLUME = { name: "dump", memoryDump: { claimName: "dump", hotpluggable: true } };
+
+Deno.test("a memory dump request's actions: volume in while Associating, annotation and out after", () => {
+  const running = vmi("Running");
+  running.spec.volumes = [{ name: "root", containerDisk: { image: "x" } }];
+  // Associating: the volume goes into the template and the running VMI, once.
+  const first = memoryDumpActions(dumping("Associating"), running);
+  assert.deepEqual(first.templateVolumes?.map((v) => v.name), ["root", "cloudinit", "dump"]);
+  assert.deepEqual(first.vmiVolumes, [running.spec.volumes[0], DUMP_VOLUME]);
+  assert.equal(first.annotation, undefined);
+  const withVolume = { ...running, spec: { ...running.spec, volumes: first.vmiVolumes } };
+  assert.deepEqual(memoryDumpActions(dumping("Associating", {}, true), withVolume), {});
+  // ... but not into a VMI that is not running, or going.
+  assert.deepEqual(memoryDumpActions(dumping("Associating"), vmi("Scheduled")), {});
+  assert.deepEqual(memoryDumpActions(dumping("Associating"), undefined), {});
+  const going = vmi("Running", { deletionTimestamp: "2026-12-07T00:00:00Z" });
+  assert.deepEqual(memoryDumpActions(dumping("Associating"), going), {});
+  // InProgress: the handler's; nothing here.
+  assert.deepEqual(memoryDumpActions(dumping("InProgress", {}, true), withVolume), {});
+  // Unmounting: the claim names the file, the volume leaves the VMI (not the template).
+  const unmounting = memoryDumpActions(
+    dumping("Unmounting", { fileName: "f.memory.dump" }, true),
+    withVolume,
+  );
+  assert.deepEqual(unmounting, { annotation: "f.memory.dump", vmiVolumes: running.spec.volumes });
+  // ... no file name, no annotation (KubeVirt's rule).
+  assert.deepEqual(memoryDumpActions(dumping("Unmounting", {}, true), running), {});
+  // Failed: the claim says so.
+  assert.deepEqual(memoryDumpActions(dumping("Failed", {}, true), withVolume), {
+    annotation: "Memory dump failed",
+    vmiVolumes: running.spec.volumes,
+  });
+  // Dissociating: out of the VMI and the template.
+  const removing = memoryDumpActions(dumping("Dissociating", {}, true), withVolume);
+  assert.deepEqual(removing.vmiVolumes, running.spec.volumes);
+  assert.deepEqual(removing.templateVolumes?.map((v) => v.name), ["root", "cloudinit"]);
+  assert.deepEqual(memoryDumpActions(vm(), running), {}, "no request, nothing");
+});
+
+Deno.test("a memory dump request's phases move on as virt-controller's: the VMI's volume status", () => {
+  const statusOf = (phase: string, dump: Record<string, string>) => {
+    const v = vmi("Running");
+    v.status!.volumeStatus = [{
+      name: "dump",
+      target: "",
+      phase,
+      message: "why",
+      memoryDumpVolume: { claimName: "dump", ...dump },
+    }];
+    return v;
+  };
+  // Associating -> InProgress once the template has the volume.
+  assert.equal(nextMemoryDumpRequest(dumping("Associating"), vmi("Running"))?.phase, "Associating");
+  assert.equal(
+    nextMemoryDumpRequest(dumping("Associating", {}, true), vmi("Running"))?.phase,
+    "InProgress",
+  );
+  // InProgress: the start is copied; Completed -> Unmounting with the file and end.
+  const started = nextMemoryDumpRequest(
+    dumping("InProgress", {}, true),
+    statusOf("MemoryDumpInProgress", { startTimestamp: "t1", targetFileName: "f" }),
+  );
+  assert.deepEqual(started, { claimName: "dump", phase: "InProgress", startTimestamp: "t1" });
+  assert.deepEqual(
+    nextMemoryDumpRequest(
+      dumping("InProgress", {}, true),
+      statusOf("MemoryDumpCompleted", {
+        startTimestamp: "t1",
+        endTimestamp: "t2",
+        targetFileName: "f",
+      }),
+    ),
+    {
+      claimName: "dump",
+      phase: "Unmounting",
+      startTimestamp: "t1",
+      endTimestamp: "t2",
+      fileName: "f",
+    },
+  );
+  const failed = nextMemoryDumpRequest(
+    dumping("InProgress", {}, true),
+    statusOf("MemoryDumpFailed", { endTimestamp: "t2" }),
+  );
+  assert.deepEqual([failed?.phase, failed?.message, failed?.endTimestamp], ["Failed", "why", "t2"]);
+  // Unmounting -> Completed once the VMI's status has the volume no more.
+  const mounted = statusOf("MemoryDumpCompleted", {});
+  assert.equal(nextMemoryDumpRequest(dumping("Unmounting"), mounted)?.phase, "Unmounting");
+  assert.equal(nextMemoryDumpRequest(dumping("Unmounting"), vmi("Running"))?.phase, "Completed");
+  assert.equal(nextMemoryDumpRequest(dumping("Completed"), vmi("Running"))?.phase, "Completed");
+  // remove: Dissociating, gone once neither the template nor the VMI has the volume.
+  const removing = dumping("Completed", { remove: true }, true);
+  assert.equal(nextMemoryDumpRequest(removing, vmi("Running"))?.phase, "Completed");
+  assert.equal(
+    nextMemoryDumpRequest(dumping("Dissociating", {}, true), vmi("Running"))?.phase,
+    "Dissociating",
+  );
+  assert.equal(nextMemoryDumpRequest(dumping("Dissociating"), mounted)?.phase, "Dissociating");
+  assert.equal(nextMemoryDumpRequest(dumping("Dissociating"), vmi("Running")), undefined);
+  // The status carries it; a VMI made after the dump leaves the volume out.
+  const status = vmStatus(dumping("Unmounting"), vmi("Running"), "Always", {
+    startExpected: false,
+    stopExpected: false,
+    now: "t",
+  });
+  assert.equal(status.memoryDumpRequest?.phase, "Completed");
+});
+
+Deno.test("a VMI made from a VM whose dump is over has no memory dump volume; one in progress keeps it", async () => {
+  const over = await vmiFromVm(dumping("Completed", {}, true));
+  assert.ok(!over.spec.volumes?.some((v) => v.name === "dump"));
+  assert.ok(!over.spec.domain.devices.disks?.some((d) => d.name === "dump"));
+  const during = await vmiFromVm(dumping("InProgress", {}, true));
+  assert.ok(during.spec.volumes?.some((v) => v.name === "dump"));
 });

@@ -117,8 +117,14 @@ export interface PodlessLaunchersOptions {
   networks?: PodlessNetworks;
   /** containerDisks from OCI images on this host; none: only the launcher's image directory. */
   containerDisks?: ContainerDiskStore;
-  /** Finds a hotplugged claim on this host (`resolveHostClaim`); none: hotplug is refused. */
-  claims?: (ref: { namespace: string; name: string }) => Promise<HostClaim>;
+  /**
+   * Finds a hotplugged claim on this host (`resolveHostClaim`; `folder`: a memory dump's);
+   * none: hotplug is refused.
+   */
+  claims?: (
+    ref: { namespace: string; name: string },
+    use: { folder?: boolean },
+  ) => Promise<HostClaim>;
   /**
    * Reads the Secrets of VMIs' access credentials (the handler's client); none: a VMI with
    * agent-propagated access credentials fails its sync.
@@ -150,17 +156,22 @@ export function podlessStandIn(
   };
 }
 
-/** The VMI's hotplugged claims, with the field each is named at. */
+/**
+ * The VMI's hotplugged claims, with the field each is named at; `dump`: a memory dump's
+ * (`virtctl memory-dump`), whose folder the dump is written into.
+ */
 function hotplugClaims(
   vmi: VirtualMachineInstance,
-): { name: string; claim: string; field: string }[] {
+): { name: string; claim: string; field: string; dump: boolean }[] {
   return (vmi.spec.volumes ?? []).flatMap((volume, i) => {
-    const claim = claimNameOf(volume);
+    const claim = claimNameOf(volume) ?? volume.memoryDump?.claimName;
     if (claim === undefined || !isHotplugVolume(vmi, volume)) return [];
     const field = volume.persistentVolumeClaim
       ? `spec.volumes[${i}].persistentVolumeClaim.claimName`
-      : `spec.volumes[${i}].dataVolume.name`;
-    return [{ name: volume.name, claim, field }];
+      : volume.dataVolume
+      ? `spec.volumes[${i}].dataVolume.name`
+      : `spec.volumes[${i}].memoryDump.claimName`;
+    return [{ name: volume.name, claim, field, dump: volume.memoryDump !== undefined }];
   });
 }
 
@@ -424,13 +435,14 @@ export class PodlessLaunchers implements LauncherProvider {
     if (wanted.length === 0) return;
     const uid = vmi.metadata.uid!;
     const found = this.#hostClaims.get(uid) ?? new Map<string, HostClaim>();
-    for (const { name, claim, field } of wanted) {
+    for (const { name, claim, field, dump } of wanted) {
       // Known already, for this claim (a volume removed and added back may name another).
       if (found.get(name)?.claimInfo.claimName === claim) continue;
       const resolve = this.#o.claims;
       if (!resolve) throw new VolumeError(field, "this host cannot hotplug claims");
       try {
-        found.set(name, await resolve({ namespace: vmi.metadata.namespace!, name: claim }));
+        const ref = { namespace: vmi.metadata.namespace!, name: claim };
+        found.set(name, await resolve(ref, { folder: dump }));
       } catch (error) {
         if (!(error instanceof HostClaimError)) throw error;
         throw new VolumeError(field, `cannot hotplug volume "${name}": ${error.message}`, {
@@ -543,15 +555,29 @@ export class PodlessLaunchers implements LauncherProvider {
   }
 
   /**
+   * Where a memory dump volume's dump goes: the folder of its claim found on this host
+   * (which the launcher host confines to the namespace's folder of the host disk root).
+   */
+  memoryDumpFolder(vmi: VirtualMachineInstance, volume: string): string | undefined {
+    return this.#hostClaims.get(vmi.metadata.uid!)?.get(volume)?.path;
+  }
+
+  /**
    * The VMI as the launcher host reads it: each hotplugged claim found on this host as the
    * host disk it is (marked hotplugged in the status, which is what the host attaches
-   * live), and one not found yet left out with its disk.
+   * live), and one not found yet left out with its disk; a memory dump volume is no disk,
+   * and is left out.
    */
   forLauncher(vmi: VirtualMachineInstance): VirtualMachineInstance {
     const claims = hotplugClaims(vmi);
     if (claims.length === 0) return vmi;
-    const found = this.#hostClaims.get(vmi.metadata.uid!) ?? new Map<string, HostClaim>();
-    const missing = new Set(claims.filter((c) => !found.has(c.name)).map((c) => c.name));
+    const dumps = new Set(claims.filter((c) => c.dump).map((c) => c.name));
+    const found = new Map(
+      [...this.#hostClaims.get(vmi.metadata.uid!) ?? []].filter(([name]) => !dumps.has(name)),
+    );
+    const missing = new Set(
+      claims.filter((c) => c.dump || !found.has(c.name)).map((c) => c.name),
+    );
     const volumes = (vmi.spec.volumes ?? []).flatMap((volume): Volume[] => {
       if (missing.has(volume.name)) return [];
       const claim = found.get(volume.name);
@@ -560,7 +586,7 @@ export class PodlessLaunchers implements LauncherProvider {
         : [volume];
     });
     const devices = vmi.spec.domain.devices;
-    const statuses = [...vmi.status?.volumeStatus ?? []];
+    const statuses = (vmi.status?.volumeStatus ?? []).filter((s) => !dumps.has(s.name));
     for (const name of found.keys()) {
       if (!statuses.some((s) => s.name === name)) {
         statuses.push({ name, target: "", hotplugVolume: {}, phase: "MountedToPod" });

@@ -1,6 +1,7 @@
 /**
  * What the tests reach below pod-less mode's face: the launcher host's client, the
- * spawner, the scheduler's placement rules, the prober, and the VM controller's decisions.
+ * spawner, the scheduler's placement rules, the prober, and the VM controller's decisions
+ * (its memory dump requests' among them).
  *
  * @module
  */
@@ -10,6 +11,7 @@ export { podlessStandIn } from "./launchers.ts";
 export { PodlessProber, type ProbeLauncher, runProbe } from "./prober.ts";
 export { findLauncherByUid, LauncherSpawner, type LauncherSpawnerOptions } from "./spawner.ts";
 export { ownsVm } from "./vms.ts";
+export { memoryDumpActions, nextMemoryDumpRequest } from "./memory_dump.ts";
 export {
   decideVm,
   firmwareUuid,

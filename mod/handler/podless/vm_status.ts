@@ -16,6 +16,7 @@ import {
   type VmCondition,
   VmiPhase,
 } from "../../api/mod.ts";
+import { memoryDumpOver, nextMemoryDumpRequest, withoutVolume } from "./memory_dump.ts";
 
 /** The annotation on a VMI naming the VM generation it was made from (KubeVirt's). */
 export const VM_GENERATION_ANNOTATION = "kubevirt.io/vm-generation";
@@ -107,11 +108,14 @@ export async function firmwareUuid(name: string): Promise<string> {
  * The VMI `vm` starts, as virt-controller makes it from the template: the VM's name and
  * namespace, the template's labels and annotations, the VM as controlling owner, the
  * generation annotation and the VM controller's finalizer, a stable firmware UUID, a disk
- * for each volume that has none, and a paused start when the start request asks for one.
+ * for each volume that has none, and a paused start when the start request asks for one;
+ * a memory dump volume whose dump is over is left out (it is not dumped again).
  */
 export async function vmiFromVm(vm: VirtualMachine): Promise<VirtualMachineInstance> {
   const template = structuredClone(vm.spec.template);
   const spec = template.spec;
+  const dump = vm.status?.memoryDumpRequest;
+  if (dump && memoryDumpOver(vm)) spec.volumes = withoutVolume(spec.volumes, dump.claimName);
   const first = vm.status?.stateChangeRequests?.[0];
   if (first?.action === "Start" && first.data?.paused === "true") spec.startStrategy = "Paused";
   spec.domain.firmware = { ...spec.domain.firmware };
@@ -251,7 +255,8 @@ const OWN_CONDITIONS = new Set(["Ready", "Failure", "RestartRequired"]);
  * The VM's status after a sync, as virt-controller writes it: `created`, `ready`,
  * `runStrategy`, the generations, the first state change request dropped once done, the
  * `Ready` condition from the VMI's (or why there is none), `Failure` from the sync's
- * error, the VMI's other conditions mirrored, and `printableStatus`.
+ * error, the VMI's other conditions mirrored, the memory dump request moved on, and
+ * `printableStatus`.
  */
 export function vmStatus(
   vm: VirtualMachine,
@@ -325,6 +330,9 @@ export function vmStatus(
     }
   }
   status.conditions = conditions;
+  const dump = nextMemoryDumpRequest(vm, vmi);
+  if (dump) status.memoryDumpRequest = dump;
+  else delete status.memoryDumpRequest;
   status.printableStatus = printableStatus(vm, vmi, input);
   return status;
 }

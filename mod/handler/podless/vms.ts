@@ -9,7 +9,8 @@
  * `RerunOnFailure`, `Once`, `Manual`, `Halted`, and the deprecated `running`), acts on the
  * start and stop requests virtctl's `start`, `stop` and `restart` put in the status, keeps
  * the VM's and the VMI's finalizers, and writes the VM's status as virt-controller does
- * (vm_status.ts). A VMI it asked for or asked to go is waited for before it acts again, as
+ * (vm_status.ts), and carries out virtctl's memory dump requests (memory_dump.ts). A VMI it
+ * asked for or asked to go is waited for before it acts again, as
  * virt-controller's expectations do. Events: `SuccessfulCreate`, `SuccessfulDelete`,
  * `FailedCreate`, `FailedDelete`, on the VM.
  *
@@ -28,6 +29,7 @@ import {
   VM_RESOURCE,
   VMI_RESOURCE,
   VmiPhase,
+  type Volume,
 } from "../../api/mod.ts";
 import {
   detailOf,
@@ -42,6 +44,7 @@ import type { Runnable } from "../../lifecycle/mod.ts";
 import { getLogger } from "../../log/mod.ts";
 import { DONE, type ReconcileResult, requeueAfter, runWorkers } from "../_workers.ts";
 import { HOSTNAME_LABEL } from "./scheduler.ts";
+import { MEMORY_DUMP_ANNOTATION, MEMORY_DUMP_ERROR, memoryDumpActions } from "./memory_dump.ts";
 import {
   decideVm,
   isFinal,
@@ -92,6 +95,8 @@ export class PodlessVms implements Runnable {
     VirtualMachineInstance
   >;
   readonly #expect = new Map<string, Expectation>();
+  /** The memory dump annotation each claim (namespace/name) was seen or made to have. */
+  readonly #annotated = new Map<string, string>();
 
   /** Creates the controller; nothing runs until {@linkcode run}. */
   constructor(options: PodlessVmsOptions) {
@@ -182,6 +187,16 @@ export class PodlessVms implements Runnable {
 
     const strategy = runStrategyOf(vm);
     let syncError: VmSyncError | undefined;
+    try {
+      vm = await this.#memoryDump(vm, vmi);
+    } catch (error) {
+      syncError = {
+        reason: MEMORY_DUMP_ERROR,
+        message: `Error encountered while handling memory dump request: ${detailOf(error)}`,
+      };
+      await this.#writeStatus(vm, vmi, strategy instanceof Error ? undefined : strategy, syncError);
+      return requeueAfter(5_000, syncError.message);
+    }
     if (strategy instanceof Error) {
       syncError = {
         reason: "FailedCreate",
@@ -195,6 +210,72 @@ export class PodlessVms implements Runnable {
     await this.#writeStatus(vm, vmi, strategy instanceof Error ? undefined : strategy, syncError);
     if (vmi) await this.#release(vmi);
     return syncError ? requeueAfter(5_000, syncError.message) : DONE;
+  }
+
+  /**
+   * Carries out the VM's memory dump request (memory_dump.ts): the claim's annotation, the
+   * VMI's volumes (a JSON patch that tests the volumes it read), the template's volumes (an
+   * update of the VM, which is returned).
+   */
+  async #memoryDump(
+    vm: VirtualMachine,
+    vmi: VirtualMachineInstance | undefined,
+  ): Promise<VirtualMachine> {
+    const actions = memoryDumpActions(vm, vmi);
+    const claim = vm.status?.memoryDumpRequest?.claimName;
+    if (actions.annotation !== undefined && claim) {
+      await this.#annotateClaim(vm.metadata.namespace ?? "default", claim, actions.annotation);
+    }
+    if (actions.vmiVolumes && vmi) await this.#patchVolumes(vmi, actions.vmiVolumes);
+    if (!actions.templateVolumes) return vm;
+    const next = structuredClone(vm);
+    next.spec.template.spec.volumes = actions.templateVolumes;
+    const written = await this.#o.client.request<VirtualMachine>("PUT", vmPath(vm), next);
+    log.info("Memory dump volume {change} the VM's template", {
+      namespace: vm.metadata.namespace,
+      name: vm.metadata.name,
+      claim,
+      change: actions.templateVolumes.some((v) => v.name === claim) ? "added to" : "removed from",
+    });
+    return written;
+  }
+
+  /** Sets the claim's memory dump annotation, unless it says so already. */
+  async #annotateClaim(namespace: string, claim: string, value: string): Promise<void> {
+    const key = `${namespace}/${claim}`;
+    if (this.#annotated.get(key) === value) return;
+    const path = `/api/v1/namespaces/${encodeURIComponent(namespace)}/persistentvolumeclaims/${
+      encodeURIComponent(claim)
+    }`;
+    const pvc = await this.#o.client.request<
+      { metadata: { annotations?: Record<string, string> } }
+    >(
+      "GET",
+      path,
+    );
+    if (pvc.metadata.annotations?.[MEMORY_DUMP_ANNOTATION] !== value) {
+      await this.#o.client.request(
+        "PATCH",
+        path,
+        { metadata: { annotations: { [MEMORY_DUMP_ANNOTATION]: value } } },
+        { contentType: "application/merge-patch+json" },
+      );
+    }
+    this.#annotated.set(key, value);
+  }
+
+  /** Replaces the VMI's volumes, if they are still what was read (virt-controller's patch). */
+  async #patchVolumes(vmi: VirtualMachineInstance, volumes: Volume[]): Promise<void> {
+    const old = vmi.spec.volumes;
+    const ops = old && old.length > 0
+      ? [
+        { op: "test", path: "/spec/volumes", value: old },
+        { op: "replace", path: "/spec/volumes", value: volumes },
+      ]
+      : [{ op: "add", path: "/spec/volumes", value: volumes }];
+    await this.#o.client.request("PATCH", vmiPath(vmi), ops, {
+      contentType: "application/json-patch+json",
+    });
   }
 
   /**
@@ -333,7 +414,13 @@ function keyOf(vm: VirtualMachine): string {
   return `${vm.metadata.namespace ?? "default"}/${vm.metadata.name}`;
 }
 
-function vmiPath(vm: VirtualMachine): string {
+function vmPath(vm: VirtualMachine): string {
+  return `/apis/kubevirt.io/v1/namespaces/${
+    encodeURIComponent(vm.metadata.namespace ?? "default")
+  }/${VM_RESOURCE}/${encodeURIComponent(vm.metadata.name)}`;
+}
+
+function vmiPath(vm: { metadata: { name: string; namespace?: string } }): string {
   return `/apis/kubevirt.io/v1/namespaces/${
     encodeURIComponent(vm.metadata.namespace ?? "default")
   }/${VMI_RESOURCE}/${encodeURIComponent(vm.metadata.name)}`;
