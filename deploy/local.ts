@@ -403,6 +403,36 @@ function stopRequested(): Promise<void> {
 }
 
 /** Every VMI of the cluster, in every namespace. */
+/** CDI's `cdi.kubevirt.io:config-reader` role and its binding, as CDI's install makes them. */
+const CDI_CONFIG_READER = {
+  apiVersion: "v1",
+  kind: "List",
+  items: [{
+    apiVersion: "rbac.authorization.k8s.io/v1",
+    kind: "ClusterRole",
+    metadata: { name: "cdi.kubevirt.io:config-reader" },
+    rules: [{
+      apiGroups: ["cdi.kubevirt.io"],
+      resources: ["cdiconfigs", "storageprofiles"],
+      verbs: ["get", "list", "watch"],
+    }],
+  }, {
+    apiVersion: "rbac.authorization.k8s.io/v1",
+    kind: "ClusterRoleBinding",
+    metadata: { name: "cdi.kubevirt.io:config-reader" },
+    roleRef: {
+      apiGroup: "rbac.authorization.k8s.io",
+      kind: "ClusterRole",
+      name: "cdi.kubevirt.io:config-reader",
+    },
+    subjects: [{
+      apiGroup: "rbac.authorization.k8s.io",
+      kind: "Group",
+      name: "system:authenticated",
+    }],
+  }],
+};
+
 const ALL_VMIS = "/apis/kubevirt.io/v1/virtualmachineinstances";
 const ALL_VMS = "/apis/kubevirt.io/v1/virtualmachines";
 
@@ -806,7 +836,12 @@ async function main(): Promise<number> {
   const handlerArgs: string[] = [];
   if (kit) {
     const [consolePort] = freePorts(1);
-    virtApi = await startVirtApi(cluster, { kubevirtDir: kit, consoleServerPort: consolePort })
+    // HotplugVolumes: virt-api's memory-dump, addvolume and removevolume subresources.
+    virtApi = await startVirtApi(cluster, {
+      kubevirtDir: kit,
+      consoleServerPort: consolePort,
+      developerConfiguration: { featureGates: ["HotplugVolumes"] },
+    })
       .catch(async (error) => {
         await cluster.stop();
         throw error;
@@ -823,6 +858,10 @@ async function main(): Promise<number> {
       virtApi.secretDir("kubevirt-virt-handler-server-certs"),
     );
     say(`virt-api: KubeVirt's own, at ${virtApi.address} (its log: ${virtApi.dir}/virt-api.log)`);
+    // virt-api reads CDI's CDIConfig before it takes a memory dump request (for the claim's
+    // file system overhead). CDI is not installed here: the role CDI's install gives every
+    // authenticated user lets virt-api find there is none, and KubeVirt's default holds.
+    await kubectl(kubeconfig, ["apply", "-f", "-"], JSON.stringify(CDI_CONFIG_READER));
   }
   say(`kubeconfig: ${kubeconfig}`);
   say(`  try: KUBECONFIG=${kubeconfig} kubectl get vmi -w`);
@@ -843,6 +882,12 @@ async function main(): Promise<number> {
     `${cluster.dir}/node.kubeconfig`,
   );
   say(`handler identity: kubevirt/kubevirt-handler bound to Node ${nodeName}`);
+  // Claims on this host: a PersistentVolume whose local or hostPath path is in the root's
+  // folder of its claim's namespace (mod/storage/podless_claims.ts).
+  const diskRoot = `${dir}/disks`;
+  await Deno.mkdir(diskRoot, { mode: 0o700 });
+  handlerArgs.push("--host-disk-root", diskRoot);
+  say(`claims: PersistentVolumes under ${diskRoot}/<namespace>/ (hotplug, virtctl memory-dump)`);
   // The handler's pod network's node bridge (its default); one this run made goes at exit.
   const bridgeWasThere = hostLinkExists(POD_BRIDGE);
   if (virtApi) await registerPodlessHandler(cluster, nodeName, virtApi.address);

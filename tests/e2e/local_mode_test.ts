@@ -2,7 +2,7 @@
  * Local mode as a user runs it: `deno task start` until every example VMI runs, and
  * Ctrl-C from a terminal (SIGINT to the whole foreground process group); with
  * `--virtctl`, KubeVirt's virtctl reaches the VMIs' console and VNC through KubeVirt's
- * own virt-api and the handler.
+ * own virt-api and the handler, drives the example VM, and dumps its memory onto a claim.
  */
 import assert from "node:assert/strict";
 import { QEMU_CONF, QEMU_CONF_LINES } from "../../deploy/libvirtd.ts";
@@ -19,7 +19,13 @@ import {
   startLocalModeInTmux,
   waitForExamples,
 } from "../helpers/local_mode.ts";
-import { consoleAnswers, usbredirGreets, vmStopsAndStarts, vncGreets } from "../helpers/virtctl.ts";
+import {
+  consoleAnswers,
+  memoryDumpCompletes,
+  usbredirGreets,
+  vmStopsAndStarts,
+  vncGreets,
+} from "../helpers/virtctl.ts";
 
 /** Checks that the run left nothing on the host. */
 async function assertNothingLeft(run: AnyLocalModeRun, netnsBefore: string[]): Promise<void> {
@@ -63,7 +69,7 @@ Deno.test("local mode (deno task start) brings every example VMI to Running unde
   }
 });
 
-Deno.test("local mode --virtctl in a terminal: the screen, virtctl console, vnc, usbredir, stop/start", async () => {
+Deno.test("local mode --virtctl in a terminal: screen, virtctl console, vnc, usbredir, stop/start, dump", async () => {
   // The VMIs are deleted through the control plane while it still runs.
   const original = await Deno.readTextFile(QEMU_CONF);
   // As on a host that never ran virtnode: qemu.conf without virtnode's lines.
@@ -111,6 +117,17 @@ Deno.test("local mode --virtctl in a terminal: the screen, virtctl console, vnc,
     // vm-minimal is a VirtualMachine: virtctl restarts, stops and starts it through virt-api,
     // and the handler's VM controller carries it out.
     await vmStopsAndStarts({ virtctl, kubeconfig, name: "vm-minimal" });
+    // virtctl memory-dump onto a claim of this host: the dump is the guest's memory as an
+    // ELF core file.
+    const [, root] = /claims: PersistentVolumes under (\S+)\/<namespace>\//.exec(run.output()) ??
+      [];
+    assert.ok(root, `local mode names its claims' folder:\n${run.output()}`);
+    const dump = await memoryDumpCompletes({ virtctl, kubeconfig, name: "vm-minimal" }, { root });
+    const elf = await new Deno.Command("readelf", { args: ["-h", dump] }).output();
+    const header = new TextDecoder().decode(elf.stdout);
+    assert.ok(elf.success, `readelf -h ${dump}: ${new TextDecoder().decode(elf.stderr)}`);
+    assert.match(header, /Type:\s+CORE \(Core file\)/);
+    assert.ok((await Deno.stat(dump)).size >= 64 * 1024 * 1024, "the guest's 64 MiB are in it");
     await run.keys("C-c");
     const status = await run.exited(180_000);
     const text = run.output();

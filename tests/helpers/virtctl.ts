@@ -302,3 +302,125 @@ export async function vmStopsAndStarts(t: VirtctlTarget): Promise<void> {
     1_000,
   );
 }
+
+/** `kubectl` with the target's kubeconfig; `stdin` is written to it. Throws with its stderr. */
+async function kubectl(t: VirtctlTarget, args: string[], stdin?: string): Promise<string> {
+  const child = new Deno.Command("kubectl", {
+    args: ["--kubeconfig", t.kubeconfig, ...args],
+    stdin: stdin === undefined ? "null" : "piped",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  if (stdin !== undefined) {
+    const writer = child.stdin.getWriter();
+    await writer.write(new TextEncoder().encode(stdin));
+    await writer.close();
+  }
+  const out = await child.output();
+  if (!out.success) {
+    throw new Error(`kubectl ${args.join(" ")} failed: ${new TextDecoder().decode(out.stderr)}`);
+  }
+  return new TextDecoder().decode(out.stdout);
+}
+
+/** The VM's memory dump request, as `kubectl get vm` shows it. */
+interface DumpRequest {
+  claimName: string;
+  phase: string;
+  fileName?: string;
+  message?: string;
+}
+
+/**
+ * `virtctl memory-dump get` of a running VM, as a user does it with a claim of their own:
+ * the claim is bound to a hostPath PersistentVolume made in `root`'s folder of the
+ * namespace (a pod-less node's host disk root). Waits for the request to be `Completed`,
+ * checks the claim's `kubevirt.io/memory-dump` annotation names the file, and that the VM's
+ * template has the memory dump volume; then `virtctl memory-dump remove` takes the volume
+ * out of the template and the request goes. Returns the dump's path on this host.
+ */
+export async function memoryDumpCompletes(
+  t: VirtctlTarget,
+  o: { root: string; namespace?: string },
+): Promise<string> {
+  const namespace = o.namespace ?? "default";
+  const claim = `${t.name}-dump`;
+  const folder = `${o.root}/${namespace}/${claim}`;
+  await Deno.mkdir(folder, { recursive: true });
+  const pv = {
+    apiVersion: "v1",
+    kind: "PersistentVolume",
+    metadata: { name: `${namespace}-${claim}` },
+    spec: {
+      capacity: { storage: "1Gi" },
+      accessModes: ["ReadWriteOnce"],
+      hostPath: { path: folder },
+      claimRef: { namespace, name: claim },
+    },
+  };
+  const pvc = {
+    apiVersion: "v1",
+    kind: "PersistentVolumeClaim",
+    metadata: { name: claim, namespace },
+    spec: {
+      accessModes: ["ReadWriteOnce"],
+      resources: { requests: { storage: "1Gi" } },
+      volumeName: pv.metadata.name,
+      storageClassName: "",
+    },
+  };
+  await kubectl(
+    t,
+    ["apply", "-f", "-"],
+    JSON.stringify({ apiVersion: "v1", kind: "List", items: [pv, pvc] }),
+  );
+  await virtctlOnce(t, ["memory-dump", "get", t.name, `--claim-name=${claim}`]);
+  const request = async () => {
+    const vm = JSON.parse(await kubectl(t, ["get", "vm", t.name, "-n", namespace, "-o", "json"]));
+    return vm as {
+      spec: { template: { spec: { volumes?: { name: string }[] } } };
+      status?: { memoryDumpRequest?: DumpRequest };
+    };
+  };
+  const done = await waitFor(
+    `${t.name}'s memory dump Completed`,
+    async () => {
+      const vm = await request();
+      const r = vm.status?.memoryDumpRequest;
+      if (r?.phase === "Failed") throw new Error(`the memory dump failed: ${r.message}`);
+      return r?.phase === "Completed" ? vm : undefined;
+    },
+    180_000,
+    1_000,
+  );
+  const fileName = done.status!.memoryDumpRequest!.fileName;
+  assert.match(fileName ?? "", new RegExp(`^${t.name}-${claim}-\\d{8}-\\d{6}\\.memory\\.dump$`));
+  assert.ok(
+    done.spec.template.spec.volumes?.some((v) => v.name === claim),
+    "the VM's template has the memory dump volume",
+  );
+  const annotation = await kubectl(t, [
+    "get",
+    "pvc",
+    claim,
+    "-n",
+    namespace,
+    "-o",
+    "jsonpath={.metadata.annotations.kubevirt\\.io/memory-dump}",
+  ]);
+  assert.equal(annotation, fileName, "the claim's annotation names the dump");
+  await virtctlOnce(t, ["memory-dump", "remove", t.name]);
+  await waitFor(
+    `${t.name}'s memory dump request gone, its volume out of the template`,
+    async () => {
+      const vm = await request();
+      return !vm.status?.memoryDumpRequest &&
+          !vm.spec.template.spec.volumes?.some((v) => v.name === claim)
+        ? true
+        : undefined;
+    },
+    60_000,
+    1_000,
+  );
+  return `${folder}/${fileName}`;
+}
