@@ -155,9 +155,9 @@ export const TIER_TIMEOUT_MS: Record<Tier, number> = {
   conformance: 30 * 60_000,
   fresh: 20 * 60_000,
   // Two 10-minute soaks one after the other (the orphaned launcher host's, the handler's
-  // with its 20 guests' start), and two guest-agent tests that mostly wait (probes, access
-  // credentials): about 28 minutes in all.
-  soak: 35 * 60_000,
+  // with its 20 guests' start), and guest tests that mostly wait (probes, access
+  // credentials, port-forward): about 30 minutes in all.
+  soak: 40 * 60_000,
 };
 
 /** A process that still carries a tier's marker after the tier ended. */

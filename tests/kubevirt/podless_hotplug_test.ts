@@ -11,12 +11,8 @@
 import { buildKubevirtPeers } from "../harness/kubevirt/peers.ts";
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import {
-  CONTROLLER_SERVICE_ACCOUNT,
-  KUBEVIRT_NAMESPACE,
-  serviceAccountKubeconfig,
-  startCluster,
-} from "../../deploy/cluster/cluster.ts";
+import { startCluster } from "../../deploy/cluster/cluster.ts";
+import { podlessHandlerKubeconfig } from "../helpers/podless_beside_virt_api.ts";
 import { startKubevirt } from "../harness/node/kubevirt.ts";
 import type { KubeClient } from "../../mod/kube/mod.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
@@ -118,36 +114,11 @@ Deno.test("pod-less hotplug via virt-api: claims under the host disk root attach
       controller: false,
     });
     cleanups.unshift(() => kubevirt.stop());
-    // The handler as virt-controller's service account, which KubeVirt's admission trusts
-    // to place VMIs (as local mode and the other pod-less tests run it).
-    const handlerKubeconfig = await serviceAccountKubeconfig(
+    const handlerKubeconfig = await podlessHandlerKubeconfig(
       cluster,
-      KUBEVIRT_NAMESPACE,
-      CONTROLLER_SERVICE_ACCOUNT,
-      join(kubevirt.dir, "handler.kubeconfig"),
+      kubevirt.dir,
+      "podless-hotplug",
     );
-    await run(
-      "kubectl",
-      "--kubeconfig",
-      cluster.kubeconfigPath,
-      "apply",
-      "-f",
-      "deploy/rbac.yaml",
-      "-f",
-      "deploy/podless-node.yaml",
-    );
-    for (const role of ["virtnode-handler", "virtnode-podless-handler"]) {
-      await run(
-        "kubectl",
-        "--kubeconfig",
-        cluster.kubeconfigPath,
-        "create",
-        "clusterrolebinding",
-        `podless-hotplug-${role}`,
-        `--clusterrole=${role}`,
-        `--serviceaccount=${KUBEVIRT_NAMESPACE}:${CONTROLLER_SERVICE_ACCOUNT}`,
-      );
-    }
 
     const id = crypto.randomUUID().slice(0, 8);
     const ns = `hotplug-${id}`;
