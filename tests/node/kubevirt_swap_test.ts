@@ -6,7 +6,9 @@
  * built here — in place of virt-handler. The journey a user sees: a VMI applied runs
  * through its launcher pod; the handler's pod deleted and recreated by its DaemonSet
  * re-adopts the running VM without touching it; `kubectl delete vmi` stops the guest and
- * the pod goes; a node drain evicts a launcher pod cleanly.
+ * the pod goes; a node drain evicts a launcher pod cleanly. The network guests' journey
+ * takes virtctl's routes, the probes, and a scrape of the handler's metrics that KubeVirt's
+ * own alerts and recording rules are evaluated over.
  *
  * The same journey runs with KubeVirt's own virt-handler (its DaemonSet as virt-operator
  * makes it, `kubevirt-install --handler-image`), the yardstick: a failure with virtnode
@@ -19,6 +21,7 @@
  */
 import { buildKubevirtPeers } from "../harness/kubevirt/peers.ts";
 import assert from "node:assert/strict";
+import https from "node:https";
 import { join } from "node:path";
 import { kubectl, startCluster } from "../../deploy/cluster/cluster.ts";
 import { buildVirtctl } from "../../deploy/kubevirt/virtctl.ts";
@@ -40,6 +43,12 @@ import {
   virtnodeDirs,
 } from "../harness/node/daemonsets.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
+import {
+  familiesNamedByRules,
+  kubevirtMonitoring,
+  writeRulesTest,
+} from "../helpers/kubevirt_rules.ts";
+import { promtoolTestRules } from "../helpers/promtool.ts";
 import { kubeClient, waitFor } from "../helpers/handler_process.ts";
 import {
   networkVmi,
@@ -364,6 +373,7 @@ async function networkGuests(j: Journey, cpuModel: string): Promise<void> {
     if (binding === "masquerade") {
       await virtctlJourney({ kc, name, getVmi, step });
       assert.ok(await httpGet(`http://${ip}/dhcp`), `${name} answers HTTP after virtctl`);
+      await metricsJourney(j, name);
       await probeJourney({ kc, name, getVmi, step });
     }
   }
@@ -451,6 +461,67 @@ Deno.test(
   "node: the same journey with KubeVirt's own virt-handler DaemonSet, the yardstick",
   () => journey("virt-handler"),
 );
+
+/** GET `https://<ip>:8443/metrics`, the handler pod's port, as Prometheus scrapes it. */
+function scrapeHandler(ip: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    // KubeVirt's ServiceMonitor scrapes with insecureSkipVerify: so does this.
+    https.get(
+      { host: ip, port: 8443, path: "/metrics", rejectUnauthorized: false, agent: false },
+      (res) => {
+        let body = "";
+        res.setEncoding("utf8");
+        res.on("data", (c: string) => body += c);
+        res.on(
+          "end",
+          () =>
+            res.statusCode === 200
+              ? resolve(body)
+              : reject(new Error(`${res.statusCode}: ${body.slice(0, 200)}`)),
+        );
+      },
+    ).on("error", reject);
+  });
+}
+
+/**
+ * The node's handler scraped as Prometheus scrapes it, with `name` (the test guest, its
+ * agent connected) running: every handler family KubeVirt v1.7.0's own alerts and recording
+ * rules name is in the scrape (but the guest load, which needs libvirt 11.1 in the
+ * launcher), and `promtool test rules` evaluates the rules over it. With either handler.
+ */
+async function metricsJourney(j: Journey, name: string): Promise<void> {
+  const [pod] = await j.handlerPods();
+  const ip = (pod as { status?: { podIP?: string } }).status?.podIP;
+  assert.ok(ip, "the handler's pod has an address");
+  const text = await waitFor(
+    `${name}'s filesystem families in ${j.handler}'s scrape (its guest agent's)`,
+    async () => {
+      const t = await scrapeHandler(ip).catch(() => "");
+      return new RegExp(`^kubevirt_vmi_filesystem_capacity_bytes\\{[^}]*name="${name}"`, "m")
+          .test(t)
+        ? t
+        : undefined;
+    },
+    120_000,
+    2_000,
+  );
+  const monitoring = await kubevirtMonitoring();
+  const { named, missing } = familiesNamedByRules(monitoring, text);
+  j.step(
+    `${name}: ${j.handler}'s scrape has ${named.size - missing.length} of the ${named.size} ` +
+      `families KubeVirt's rules name (missing: ${missing.join(", ") || "none"})`,
+  );
+  assert.deepEqual(missing.filter((f) => !f.startsWith("kubevirt_vmi_guest_load")), []);
+  const dir = await Deno.makeTempDir({ prefix: "virtnode-node-rules-" });
+  try {
+    const rules = await promtoolTestRules(await writeRulesTest(monitoring, text, dir));
+    assert.ok(rules.ok, `promtool test rules over ${j.handler}'s scrape:\n${rules.output}`);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+  j.step(`${name}: promtool test rules passed over ${j.handler}'s scrape`);
+}
 
 /**
  * A guestAgentPing readiness probe as virt-controller renders it (KubeVirt's virt-probe in
