@@ -77,6 +77,7 @@ export const LIBVIRT_SYMBOLS = {
   virDomainAttachDeviceFlags: { parameters: [P, B, U], result: I },
   virDomainDetachDeviceFlags: { parameters: [P, B, U], result: I },
   virDomainUpdateDeviceFlags: { parameters: [P, B, U], result: I },
+  virDomainSetVcpusFlags: { parameters: [P, U, U], result: I },
   virDomainCoreDumpWithFormat: { parameters: [P, B, U, U], result: I },
   virDomainSetTime: { parameters: [P, "i64", U, U], result: I },
   virDomainFSFreeze: { parameters: [P, P, U, U], result: I },

@@ -428,6 +428,9 @@ const ops: WorkerOps = {
   domainUpdateDevice(uuid, xml, flags) {
     withDomain(uuid, (d) => checkInt(vir().virDomainUpdateDeviceFlags(d, cstr(xml), flags)));
   },
+  domainSetVcpus(uuid, count, flags) {
+    withDomain(uuid, (d) => checkInt(vir().virDomainSetVcpusFlags(d, count, flags)));
+  },
   domainSetTime(uuid, seconds, nanoseconds) {
     withDomain(
       uuid,

@@ -387,6 +387,15 @@ export class Domain {
   }
 
   /**
+   * Sets the number of the guest's vCPUs (`virDomainSetVcpusFlags`): vCPUs are plugged or
+   * unplugged up to the domain's maximum; live and persistent unless told, as KubeVirt's
+   * launcher sets them.
+   */
+  async setVcpus(count: number, flags = VIR_DOMAIN_AFFECT_LIVE | VIR_DOMAIN_AFFECT_CONFIG) {
+    await this.#call("domainSetVcpus", [this.uuid, count, flags], this.#action("set the vCPUs of"));
+  }
+
+  /**
    * Writes the guest's memory to `path` (`virDomainCoreDumpWithFormat`): raw and memory
    * only unless told, an ELF core, as KubeVirt's launcher dumps it. Holds its call worker
    * until QEMU has written the whole file.

@@ -812,6 +812,10 @@ export interface VirtualMachineInstanceStatus {
   topologyHints?: { tscFrequency?: number };
   /** The volumes a volume migration moved, by name. */
   migratedVolumes?: { volumeName: string }[];
+  /** The guest's memory: at boot, now, and as last asked of the launcher (memory hotplug). */
+  memory?: { guestAtBoot?: Quantity; guestCurrent?: Quantity; guestRequested?: Quantity };
+  /** The vCPU topology the guest has now (CPU hotplug). */
+  currentCPUTopology?: { sockets?: number; cores?: number; threads?: number };
 }
 
 /** A `kubevirt.io/v1` VirtualMachineInstance. */

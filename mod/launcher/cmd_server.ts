@@ -80,6 +80,8 @@ export type CmdBackend = Pick<
   | "finalizeMigration"
   | "signalTargetPodCleanup"
   | "memoryDump"
+  | "syncCpus"
+  | "syncMemory"
 >;
 
 /** `kubevirt.cmd.v1.MigrationRequest`: the VMI and KubeVirt's `MigrationOptions` as JSON. */
@@ -253,6 +255,11 @@ function buildHandlers(backend: CmdBackend): Record<string, Handler> {
       return ok();
     }, failed),
     UnfreezeVirtualMachine: command("UnfreezeVirtualMachine", (json) => backend.unfreeze(json)),
+    SyncVirtualMachineCPUs: command("SyncVirtualMachineCPUs", (json) => backend.syncCpus(json)),
+    SyncVirtualMachineMemory: command(
+      "SyncVirtualMachineMemory",
+      (json) => backend.syncMemory(json),
+    ),
     VirtualMachineMemoryDump: safe<MemoryDumpRequest, Response>(
       "VirtualMachineMemoryDump",
       async (request) => {

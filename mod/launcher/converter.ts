@@ -30,6 +30,8 @@ export {
   generateDomainXml,
   guestMemoryBytes,
   hotplugDiskXml,
+  maxCpuSockets,
+  virtioMemDevice,
 } from "./converter_xml.ts";
 export type {
   DomainClusterOptions,

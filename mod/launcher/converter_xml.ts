@@ -178,6 +178,76 @@ export function maxGuestMemoryBytes(vmi: VirtualMachineInstance): number | undef
   return max > guest ? max : undefined;
 }
 
+/** virtio-mem's block size: KubeVirt's 2 MiB, 1 GiB under 1Gi huge pages. */
+function memoryBlockBytes(vmi: VirtualMachineInstance): number {
+  return vmi.spec.domain.memory?.hugepages?.pageSize === "1Gi" ? 1024 ** 3 : 2 * 1024 ** 2;
+}
+
+/**
+ * The virtio-mem device memory hot-plug attaches, as KubeVirt's launcher builds it: on NUMA
+ * node 0, `maxGuest` less the memory at boot in size, and the guest memory less the memory
+ * at boot requested. `status.memory.guestAtBoot` is needed.
+ */
+export function virtioMemDevice(vmi: VirtualMachineInstance): {
+  size: number;
+  requested: number;
+  block: number;
+  xml: string;
+} {
+  const key = vmiKey(vmi);
+  const atBoot = vmi.status?.memory?.guestAtBoot;
+  if (atBoot === undefined) {
+    throw new InvalidFieldError(key, "status.memory.guestAtBoot", "missing: the memory at boot");
+  }
+  const boot = quantityToInteger(atBoot);
+  const maxGuest = vmi.spec.domain.memory?.maxGuest;
+  const max = maxGuest === undefined ? undefined : quantityToInteger(maxGuest);
+  if (max === undefined || max <= boot) {
+    throw new InvalidFieldError(
+      key,
+      "spec.domain.memory.maxGuest",
+      "not above the memory at boot: no memory can be plugged",
+    );
+  }
+  if (guestMemoryBytes(vmi) > max) {
+    throw new InvalidFieldError(
+      key,
+      "spec.domain.memory.guest",
+      `more than maxGuest (${maxGuest})`,
+    );
+  }
+  const block = memoryBlockBytes(vmi);
+  const size = max - boot;
+  const requested = guestMemoryBytes(vmi) - boot;
+  if (requested < 0) {
+    throw new InvalidFieldError(
+      key,
+      "spec.domain.memory.guest",
+      `less than the memory at boot (${atBoot}): virtio-mem cannot take from it`,
+    );
+  }
+  if (size % block !== 0 || requested % block !== 0) {
+    throw new InvalidFieldError(
+      key,
+      "spec.domain.memory.guest",
+      `the plugged memory (${requested} of ${size} bytes) is not in whole ${block}-byte blocks`,
+    );
+  }
+  const xml = renderXml(el(
+    "memory",
+    { model: "virtio-mem" },
+    el(
+      "target",
+      {},
+      el("size", { unit: "b" }, String(size)),
+      el("node", {}, "0"),
+      el("block", { unit: "b" }, String(block)),
+      el("requested", { unit: "b" }, String(requested)),
+    ),
+  ));
+  return { size, requested, block, xml };
+}
+
 /**
  * The sockets CPU hot-plug may grow to: `cpu.maxSockets` (virt-api sets it on every VMI
  * under KubeVirt's LiveUpdate rollout strategy), at least the boot topology's sockets.

@@ -15,6 +15,7 @@ import {
   errorText,
   LIBVIRT_ERROR_CODES,
   LibvirtError,
+  VIR_DOMAIN_AFFECT_LIVE,
   VIR_DOMAIN_DIRTYRATE_MEASURED,
   VIR_DOMAIN_STATS_DIRTYRATE,
 } from "../../ffi/mod.ts";
@@ -40,12 +41,15 @@ import {
   checkVmiSemantics,
   ConversionError,
   convertVmiToDomainXml,
+  cpuTopology,
   type DomainClusterOptions,
   domainClusterOptions,
   hotplugDiskXml,
+  maxCpuSockets,
   type PrepareOptions,
   prepareVolume,
   validateVmi,
+  virtioMemDevice,
 } from "./converter.ts";
 import { el, renderXml, type XmlElement as RenderedElement } from "./_xml.ts";
 import {
@@ -665,6 +669,86 @@ export class DomainManager {
       const info = await domain.getState();
       await fn(domain, domainStateFromLibvirt(info.state, info.reason));
     }, retry);
+  }
+
+  /**
+   * Plugs or unplugs vCPUs until the guest has the VMI's topology's (sockets × cores ×
+   * threads), live and in the definition, as KubeVirt's launcher answers
+   * SyncVirtualMachineCPUs; the domain's maximum is `cpu.maxSockets`' (a count past it is
+   * refused naming the field).
+   */
+  syncCpus(vmiJson: Uint8Array | string | null | undefined): Promise<void> {
+    const action = "set the vCPUs of";
+    return this.#run(action, async () => {
+      const vmi = this.#checkVmi(action, vmiJson) as VirtualMachineInstance;
+      const topology = cpuTopology(vmi);
+      const perSocket = topology.cores * topology.threads;
+      const count = topology.sockets * perSocket;
+      const max = maxCpuSockets(vmi) * perSocket;
+      const domain = await this.lookup();
+      if (!domain) {
+        throw new LauncherCommandError(
+          action,
+          this.vmiKey,
+          `domain "${this.domainName}" not found`,
+        );
+      }
+      const live = Number(/<vcpu\b[^>]*>(\d+)<\/vcpu>/.exec(await domain.getXMLDesc())?.[1]);
+      if (Number.isInteger(live) && count > live) {
+        throw new LauncherCommandError(
+          action,
+          this.vmiKey,
+          `spec.domain.cpu: ${count} vCPUs are more than the domain's ${live} (cpu.maxSockets ${
+            max / perSocket
+          } when it started)`,
+        );
+      }
+      await domain.setVcpus(count);
+      log.info("vCPUs set", { ...this.vmi, vcpus: count, sockets: topology.sockets });
+    });
+  }
+
+  /**
+   * Plugs or unplugs guest memory through the domain's virtio-mem device, as KubeVirt's
+   * launcher answers SyncVirtualMachineMemory: the first call attaches the device (live and
+   * in the definition; `maxGuest` less the memory at boot in size), later ones change its
+   * requested size live. The guest gets what it was asked for as its driver plugs blocks.
+   */
+  syncMemory(vmiJson: Uint8Array | string | null | undefined): Promise<void> {
+    const action = "set the memory of";
+    return this.#run(action, async () => {
+      const vmi = this.#checkVmi(action, vmiJson) as VirtualMachineInstance;
+      const device = virtioMemDevice(vmi);
+      const domain = await this.lookup();
+      if (!domain) {
+        throw new LauncherCommandError(
+          action,
+          this.vmiKey,
+          `domain "${this.domainName}" not found`,
+        );
+      }
+      const present = /<memory model=['"]virtio-mem['"][\s\S]*?<\/memory>/.exec(
+        await domain.getXMLDesc(),
+      )?.[0];
+      if (present) {
+        // The device as libvirt has it (its alias and address find it), asked for more or
+        // less; its current size is libvirt's to report, not to be set.
+        const asked = present
+          .replace(/<current\b[^>]*>[^<]*<\/current>\s*/, "")
+          .replace(
+            /<requested\b[^>]*>[^<]*<\/requested>/,
+            `<requested unit='b'>${device.requested}</requested>`,
+          );
+        await domain.updateDevice(asked, VIR_DOMAIN_AFFECT_LIVE);
+      } else {
+        await domain.attachDevice(device.xml);
+      }
+      log.info("Guest memory requested", {
+        ...this.vmi,
+        requestedBytes: device.requested,
+        pluggableBytes: device.size,
+      });
+    });
   }
 
   /** Pauses a running domain; a paused one stays paused. */

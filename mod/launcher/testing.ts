@@ -18,6 +18,7 @@ export {
   InvalidFieldError,
   UnsupportedFieldError,
   validateVmi,
+  virtioMemDevice,
   VolumePreparationError,
 } from "./converter.ts";
 export { domainFromXml, parseXml } from "./domain_manager.ts";

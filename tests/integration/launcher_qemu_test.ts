@@ -349,3 +349,88 @@ Deno.test(
     }
   },
 );
+
+/** A VMI whose vCPUs may grow to 3 sockets and its memory to 256 MiB (KubeVirt's LiveUpdate). */
+function hotplugVmi(name: string, sockets: number, guest: string) {
+  const vmi = testVmi(name);
+  return {
+    ...vmi,
+    spec: {
+      ...vmi.spec,
+      domain: {
+        cpu: { sockets, cores: 1, threads: 1, maxSockets: 3 },
+        memory: { guest, maxGuest: "256Mi" },
+        devices: {},
+      },
+    },
+    // virt-api's defaults at creation: the memory the guest booted with.
+    status: { memory: { guestAtBoot: "128Mi", guestCurrent: "128Mi", guestRequested: "128Mi" } },
+  };
+}
+
+Deno.test(
+  "launcher + QEMU: SyncVirtualMachineCPUs plugs vCPUs, SyncVirtualMachineMemory sizes virtio-mem",
+  grpcTest,
+  async () => {
+    const uri = await ensureLibvirtd();
+    const name = uniqueName("lqh");
+    const notify = await startNotifyServer();
+    const { dir, options } = await launcherOptions(name, uri, notify);
+    const admin = await openLibvirt(uri);
+    const abort = new AbortController();
+    let ready!: () => void;
+    const isReady = new Promise<void>((resolve) => ready = resolve);
+    const exit = runLauncher(options, {
+      signal: abort.signal,
+      handleSignals: false,
+      onReady: () => ready(),
+    });
+    const client = new TestCmdClient(launcherSocketPath(options.socketDir), 60_000);
+    const liveXml = async () => await (await admin.lookupByName(`default_${name}`)).getXMLDesc();
+    try {
+      await isReady;
+      const sync = await client.vmiCall("SyncVirtualMachine", hotplugVmi(name, 1, "128Mi"));
+      assert.deepEqual(sync, { success: true, message: "" });
+      assert.match(await liveXml(), /<vcpu placement='static' current='1'>3<\/vcpu>/);
+
+      // A second socket: the domain runs two vCPUs, live and in its definition.
+      const cpus = await client.vmiCall("SyncVirtualMachineCPUs", hotplugVmi(name, 2, "128Mi"));
+      assert.deepEqual(cpus, { success: true, message: "" });
+      assert.match(await liveXml(), /<vcpu placement='static' current='2'>3<\/vcpu>/);
+      // Past maxSockets: refused, naming the field; nothing changes.
+      const over = await client.vmiCall("SyncVirtualMachineCPUs", hotplugVmi(name, 4, "128Mi"));
+      assert.equal(over.success, false);
+      assert.match(over.message, /spec\.domain\.cpu\.maxSockets|more than the domain's 3/);
+      assert.match(await liveXml(), /current='2'>3<\/vcpu>/);
+
+      // 64 MiB more: a virtio-mem device of 128 MiB (maxGuest less the boot memory) asked
+      // for 64 MiB; then 128 MiB, the same device asked for all of it.
+      const more = await client.vmiCall("SyncVirtualMachineMemory", hotplugVmi(name, 2, "192Mi"));
+      assert.deepEqual(more, { success: true, message: "" });
+      const device = () => /<memory model='virtio-mem'>[\s\S]*?<\/memory>/.exec(xml)?.[0] ?? "";
+      let xml = await liveXml();
+      assert.match(device(), /<size unit='KiB'>131072<\/size>/);
+      assert.match(device(), /<requested unit='KiB'>65536<\/requested>/);
+      assert.match(device(), /<block unit='KiB'>2048<\/block>/);
+      const most = await client.vmiCall("SyncVirtualMachineMemory", hotplugVmi(name, 2, "256Mi"));
+      assert.deepEqual(most, { success: true, message: "" });
+      xml = await liveXml();
+      assert.equal(xml.match(/<memory model='virtio-mem'>/g)?.length, 1, "one device");
+      assert.match(device(), /<requested unit='KiB'>131072<\/requested>/);
+      // No memory at boot in the status: refused, naming it.
+      const vmi = hotplugVmi(name, 2, "256Mi") as Record<string, unknown>;
+      delete vmi.status;
+      const blind = await client.vmiCall("SyncVirtualMachineMemory", vmi);
+      assert.equal(blind.success, false);
+      assert.match(blind.message, /status\.memory\.guestAtBoot/);
+    } finally {
+      abort.abort();
+      assert.equal(await exit, 0);
+      client.close();
+      await cleanupDomain(admin, name);
+      await admin.close();
+      await notify.close();
+      await Deno.remove(dir, { recursive: true }).catch(() => {});
+    }
+  },
+);

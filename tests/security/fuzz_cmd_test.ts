@@ -40,8 +40,6 @@ const grpcTest = { sanitizeOps: false, sanitizeResources: false };
 /** The RPCs virtnode's launcher does not serve: they answer UNIMPLEMENTED. */
 const UNIMPLEMENTED: readonly CmdMethod[] = [
   "HotplugHostDevices",
-  "SyncVirtualMachineCPUs",
-  "SyncVirtualMachineMemory",
   "GetSEVInfo",
   "GetLaunchMeasurement",
   "InjectLaunchSecret",
