@@ -363,7 +363,13 @@ export class Handler implements Runnable {
     this.#recorder = new EventRecorder(client, { host: config.nodeName });
     if (options.hostCommand) {
       this.#scheduler = new PodlessScheduler(client, config.nodeName);
-      const vms = new PodlessVms({ nodeName: config.nodeName, client, recorder: this.#recorder });
+      const informer = this.#informer;
+      const vms = new PodlessVms({
+        nodeName: config.nodeName,
+        client,
+        recorder: this.#recorder,
+        cachedVmi: (key) => informer.get(key),
+      });
       this.#vms = vms;
       this.#informer.addHandlers({
         onAdd: (vmi) => vms.vmiChanged(vmi),

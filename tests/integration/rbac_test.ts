@@ -468,6 +468,32 @@ Deno.test("rbac: a pod-less node keeps the VMI of a VirtualMachine placed on it,
           (await eventsFor(admin, "default", name)).some((e) => e.reason === "SuccessfulCreate"),
       );
 
+      // Looked at again and again while its VMI runs here, the VM reads the VMI from the
+      // handler's cache: the handler's own request counters show no GET of a VMI.
+      const vmiGets = async () => {
+        const text = await (await fetch(`${h.health}/metrics`)).text();
+        return text.split("\n")
+          .filter((l) =>
+            l.startsWith("kubevirt_rest_client_requests_total{") &&
+            l.includes('resource="virtualmachineinstances"') && l.includes('verb="get"')
+          )
+          .reduce((sum, l) => sum + Number(l.split(" ").at(-1)), 0);
+      };
+      const before = await vmiGets();
+      for (let look = 1; look <= 3; look++) {
+        const patched = await admin.request<Vm>(
+          "PATCH",
+          vmPath,
+          { spec: { template: { metadata: { annotations: { look: String(look) } } } } },
+          { contentType: "application/merge-patch+json" },
+        );
+        await waitFor(`the VM looked at at generation ${patched.metadata.generation}`, async () => {
+          const v = await admin.request<Vm>("GET", vmPath);
+          return v.status?.desiredGeneration === patched.metadata.generation ? true : undefined;
+        });
+      }
+      assert.equal(await vmiGets(), before, "no GET of a VMI while the VM's runs here");
+
       // Halted: the VMI goes, the VM shows Stopped.
       await admin.request("PATCH", vmPath, { spec: { runStrategy: "Halted" } }, {
         contentType: "application/merge-patch+json",

@@ -75,6 +75,11 @@ export interface PodlessVmsOptions {
   recorder: EventRecorder;
   /** Workers (2). */
   workers?: number;
+  /**
+   * The handler's cached copy of a VMI of this node (`namespace/name`), if it has one: a
+   * placed VMI is read from there; one not placed yet (or gone) is asked for.
+   */
+  cachedVmi?: (key: string) => VirtualMachineInstance | undefined;
 }
 
 type Expectation =
@@ -290,12 +295,20 @@ export class PodlessVms implements Runnable {
     }
   }
 
-  /** The VM's VMI, if one of its own exists (a VMI of the name another VM owns is not). */
+  /**
+   * The VM's VMI, if one of its own exists (a VMI of the name another VM owns is not): the
+   * handler's cached copy once the VMI is placed on this node (each of its status writes
+   * wakes the VM: no request then), else what the apiserver has.
+   */
   async #vmiOf(vm: VirtualMachine): Promise<VirtualMachineInstance | undefined> {
-    try {
-      const vmi = await this.#o.client.request<VirtualMachineInstance>("GET", vmiPath(vm));
+    const ours = (vmi: VirtualMachineInstance) => {
       const owner = owningVm(vmi);
       return !owner || owner.uid === vm.metadata.uid ? vmi : undefined;
+    };
+    const cached = this.#o.cachedVmi?.(keyOf(vm));
+    if (cached) return ours(cached);
+    try {
+      return ours(await this.#o.client.request<VirtualMachineInstance>("GET", vmiPath(vm)));
     } catch (error) {
       if (isApiStatus(error, 404)) return undefined;
       throw error;
