@@ -156,7 +156,7 @@ export const TIER_TIMEOUT_MS: Record<Tier, number> = {
   fresh: 20 * 60_000,
   // Two 10-minute soaks one after the other (the orphaned launcher host's, the handler's
   // with its 20 guests' start), and guest tests that mostly wait (probes, access
-  // credentials, port-forward): about 30 minutes in all.
+  // credentials, port-forward, hot-plug): about 31 minutes in all.
   soak: 40 * 60_000,
 };
 

@@ -11,6 +11,8 @@ import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
 import { GUEST_CPU_FEATURES } from "../harness/guest_cpu.ts";
 import { kvmUsable } from "../../mod/host/mod.ts";
 import { buildImageArchive } from "../../deploy/image/oci.ts";
+import { virsh } from "./libvirtd.ts";
+import { waitFor } from "./handler_process.ts";
 
 const BUILD = new URL("../harness/guest/build.sh", import.meta.url).pathname;
 
@@ -195,4 +197,38 @@ export function parseLease(text: string): Record<string, string> {
       return [line.slice(0, i), line.slice(i + 1)];
     }),
   );
+}
+
+/** Runs `script` in the guest through the agent with virsh (not through virtnode). */
+export async function inGuest(domain: string, script: string): Promise<string> {
+  const started = JSON.parse(
+    await virsh(
+      "qemu-agent-command",
+      domain,
+      JSON.stringify({
+        execute: "guest-exec",
+        arguments: { path: "/bin/sh", arg: ["-c", script], "capture-output": true },
+      }),
+    ),
+  ) as { return: { pid: number } };
+  return await waitFor(
+    `the guest to run ${script}`,
+    async () => {
+      const status = JSON.parse(
+        await virsh(
+          "qemu-agent-command",
+          domain,
+          JSON.stringify({ execute: "guest-exec-status", arguments: { pid: started.return.pid } }),
+        ),
+      ) as { return: { exited: boolean; "out-data"?: string } };
+      if (!status.return.exited) return undefined;
+      return {
+        out: new TextDecoder().decode(
+          Uint8Array.from(atob(status.return["out-data"] ?? ""), (c) => c.charCodeAt(0)),
+        ),
+      };
+    },
+    30_000,
+    200,
+  ).then((r) => r.out);
 }

@@ -17,7 +17,7 @@ import assert from "node:assert/strict";
 import { useCluster } from "../../deploy/cluster/cluster.ts";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
 import { ensureLibvirtd, virsh } from "../helpers/libvirtd.ts";
-import { guestVmi, installTestGuest } from "../helpers/guest.ts";
+import { guestVmi, inGuest, installTestGuest } from "../helpers/guest.ts";
 import {
   createVmi,
   deleteVmi,
@@ -54,40 +54,6 @@ function secret(namespace: string, name: string, data: Record<string, string>) {
     metadata: { name, namespace },
     stringData: data,
   };
-}
-
-/** Runs `script` in the guest through the agent with virsh (not through virtnode). */
-async function inGuest(domain: string, script: string): Promise<string> {
-  const started = JSON.parse(
-    await virsh(
-      "qemu-agent-command",
-      domain,
-      JSON.stringify({
-        execute: "guest-exec",
-        arguments: { path: "/bin/sh", arg: ["-c", script], "capture-output": true },
-      }),
-    ),
-  ) as { return: { pid: number } };
-  return await waitFor(
-    `the guest to run ${script}`,
-    async () => {
-      const status = JSON.parse(
-        await virsh(
-          "qemu-agent-command",
-          domain,
-          JSON.stringify({ execute: "guest-exec-status", arguments: { pid: started.return.pid } }),
-        ),
-      ) as { return: { exited: boolean; "out-data"?: string } };
-      if (!status.return.exited) return undefined;
-      return {
-        out: new TextDecoder().decode(
-          Uint8Array.from(atob(status.return["out-data"] ?? ""), (c) => c.charCodeAt(0)),
-        ),
-      };
-    },
-    30_000,
-    200,
-  ).then((r) => r.out);
 }
 
 Deno.test("access credentials (pod-less): SSH keys and a password reach the guest through its agent", async () => {

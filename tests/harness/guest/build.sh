@@ -49,6 +49,7 @@ MODULES=(
   drivers/virtio/virtio_pci_legacy_dev.ko
   drivers/virtio/virtio_pci.ko
   drivers/virtio/virtio_balloon.ko
+  drivers/virtio/virtio_mem.ko
   net/core/failover.ko
   drivers/net/net_failover.ko
   drivers/net/virtio_net.ko
@@ -213,6 +214,19 @@ utmp_record 7 $$ ttyS0 S0 virtnode >/run/utmp
     if [ "$tries" -lt 300 ]; then sleep 0.1; else sleep 1; tries=$((tries + 9)); fi
   done
 ) &
+# Hot-plugged vCPUs and memory blocks come up offline: brought online within a second, as
+# a distribution's udev rules bring them (/cgi-bin/hw tells what the guest has).
+(
+  while :; do
+    for f in /sys/devices/system/cpu/cpu*/online; do
+      [ "$(cat "$f" 2>/dev/null)" = 0 ] && echo 1 >"$f"
+    done
+    for f in /sys/devices/system/memory/memory*/state; do
+      [ "$(cat "$f" 2>/dev/null)" = offline ] && echo online >"$f"
+    done
+    sleep 1
+  done
+) &
 # A shell on the serial console (the console tests type into it); one that ends is replaced.
 while :; do sh </dev/ttyS0 >/dev/ttyS0 2>&1; sleep 1; done
 INIT
@@ -228,7 +242,14 @@ cat >"$root/www/cgi-bin/uptime" <<'CGI'
 #!/bin/sh
 printf 'Content-Type: text/plain\r\n\r\n%s\n' "$(cut -d' ' -f1 /proc/uptime)"
 CGI
-chmod 0755 "$root/init" "$root/bin/chpasswd" "$root/bin/getent" "$root/etc/lease" "$root/www/cgi-bin/echo" "$root/www/cgi-bin/uptime"
+# What the guest has: online vCPUs and MemTotal in KiB ("cpus=2 memory_kib=190000").
+cat >"$root/www/cgi-bin/hw" <<'CGI'
+#!/bin/sh
+cpus=$(grep -c '^processor' /proc/cpuinfo)
+memory=$(sed -n 's/^MemTotal: *\([0-9]*\) kB$/\1/p' /proc/meminfo)
+printf 'Content-Type: text/plain\r\n\r\ncpus=%s memory_kib=%s\n' "$cpus" "$memory"
+CGI
+chmod 0755 "$root/init" "$root/bin/chpasswd" "$root/bin/getent" "$root/etc/lease" "$root/www/cgi-bin/echo" "$root/www/cgi-bin/uptime" "$root/www/cgi-bin/hw"
 pack_initramfs "$root" "$work/initrd"
 
 log "disk: FAT with SYSLINUX"
