@@ -37,6 +37,7 @@
  * | `migrations.network` | absent | KubeVirt mode: migrations listen on `migration0`'s address (read at start) | U9 |
  * | `obsoleteCPUModels` | none | node labeller | I2 |
  * | `evictionStrategy` | None | a Warning Event when such a VMI cannot migrate | U5 |
+ * | `vmRolloutStrategy` | `LiveUpdate` | pod-less VMs: CPU and memory changes go live (`Stage`: they wait for a restart) | U1, S1 |
  * | `minCPUModel` | `""` | nothing (nor in KubeVirt v1.7.0) | U1 |
  * | `handlerConfiguration.restClient.rateLimiter.tokenBucketRateLimiter` | 50 QPS, burst 100 | KubeVirt mode: the apiserver token bucket | U6 |
  * | `supportedGuestAgentVersions` | `2.*` to `5.*` | `AgentVersionNotSupported` when the launcher names no agent commands | U1, U10 |
@@ -54,7 +55,8 @@
  * tests/integration/kubevirt_cr_config_test.ts (a running handler; the labeller), I4
  * tests/integration/node_apiserver_test.ts (the heartbeat hands on the node's labels), E1
  * tests/e2e/migration_qemu_test.ts (pod-less bandwidth), N1 tests/node/image_volume_node_test.ts
- * (the gate turned on live on a real node with containerd 2: a VMI boots from its image volume).
+ * (the gate turned on live on a real node with containerd 2: a VMI boots from its image volume),
+ * S1 tests/soak/hotplug_qemu_test.ts (a VM's new socket and memory reach its guest).
  *
  * @module
  */
@@ -130,6 +132,8 @@ export interface KubevirtConfig {
   supportedGuestAgentVersions: readonly string[];
   /** `evictionStrategy`. */
   evictionStrategy: string;
+  /** `vmRolloutStrategy`: whether a running VM's CPU and memory changes go live. */
+  vmRolloutStrategy: "LiveUpdate" | "Stage";
   /** `migrations`, over KubeVirt's defaults. */
   migrations: MigrationConfiguration;
   /** `obsoleteCPUModels`' keys; undefined when the CR names none. */
@@ -159,6 +163,7 @@ export const KUBEVIRT_DEFAULTS: Readonly<KubevirtConfig> = Object.freeze({
   bochsDisplayForEfiGuests: true,
   supportedGuestAgentVersions: ["2.*", "3.*", "4.*", "5.*"],
   evictionStrategy: "None",
+  vmRolloutStrategy: "LiveUpdate",
   migrations: { ...MIGRATION_DEFAULTS, allowWorkloadDisruption: false },
   obsoleteCpuModels: undefined,
   minCpuModel: "",
@@ -261,6 +266,12 @@ export const KUBEVIRT_KEYS: readonly KubevirtKey[] = Object.freeze([
     kubevirtDefault: "None",
     virtnode: "a Warning Event when such a VMI cannot migrate",
     tests: "U5",
+  },
+  {
+    key: "vmRolloutStrategy",
+    kubevirtDefault: "`LiveUpdate`",
+    virtnode: "pod-less VMs: CPU and memory changes go live (`Stage`: they wait for a restart)",
+    tests: "U1, S1",
   },
   {
     key: "minCPUModel",
@@ -463,6 +474,7 @@ export function parseKubevirtConfiguration(
     bochsDisplayForEfiGuests: source.annotations?.[VGA_DISPLAY_EFI_ANNOTATION] === undefined,
     supportedGuestAgentVersions: agentVersions,
     evictionStrategy: text(c.evictionStrategy, KUBEVIRT_DEFAULTS.evictionStrategy),
+    vmRolloutStrategy: c.vmRolloutStrategy === "Stage" ? "Stage" : "LiveUpdate",
     migrations,
     obsoleteCpuModels: obsoleteModels.length > 0 ? obsoleteModels : undefined,
     minCpuModel: text(c.minCPUModel, ""),

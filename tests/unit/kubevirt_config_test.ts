@@ -58,6 +58,14 @@ Deno.test("parseKubevirtConfiguration(): zero values are unset, nested objects m
   assert.equal(c.migrations.allowWorkloadDisruption, true);
 });
 
+Deno.test("parseKubevirtConfiguration(): vmRolloutStrategy is LiveUpdate unless the CR says Stage", () => {
+  assert.equal(parseKubevirtConfiguration({}, SOURCE).vmRolloutStrategy, "LiveUpdate");
+  const stage = parseKubevirtConfiguration({ vmRolloutStrategy: "Stage" }, SOURCE);
+  assert.equal(stage.vmRolloutStrategy, "Stage");
+  const live = parseKubevirtConfiguration({ vmRolloutStrategy: "LiveUpdate" }, SOURCE);
+  assert.equal(live.vmRolloutStrategy, "LiveUpdate");
+});
+
 Deno.test("parseKubevirtConfiguration(): a memBalloonStatsPeriod of 0 is kept", () => {
   // KubeVirt holds the period as a pointer, so 0 means no statistics rather than unset.
   assert.equal(
