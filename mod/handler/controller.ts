@@ -64,6 +64,8 @@ import {
   computeStatus,
   EventReason,
   guestAgentConnected,
+  type Hotplugged,
+  hotplugWanted,
   memoryDumpPath,
   phaseChangeEvent,
   type StatusEvent,
@@ -204,6 +206,8 @@ export class VmiController extends KeyedController {
   #topology?: NumaCell[];
   /** The spec (as JSON) last handed to SyncVirtualMachine, per UID. */
   readonly #synced = new Map<string, string>();
+  /** What pod-less mode plugged into each running guest in place, by VMI UID. */
+  readonly #plugged = new Map<string, Hotplugged>();
   readonly #ioRetry = new FailRetryManager();
   /** VMIs whose domain left this node by migration and was cleaned up here, by key. */
   readonly #migratedAway = new Map<string, string>();
@@ -536,6 +540,7 @@ export class VmiController extends KeyedController {
         migratable: { hostCpuModel: this.#d.hostCpu ? this.#d.hostCpu.hostCpuModel : "" },
         clusterEvictionStrategy: this.#d.clusterConfig?.().evictionStrategy,
         agentSupport: guestAgentConnected(domainSeen) ? await this.#agentSupport(vmi) : undefined,
+        hotplugged: this.#plugged.get(vmi.metadata.uid!),
       }, { phaseEvent: !(cleanedUp && neverRan) });
       result = sooner(result, requeue);
       if (syncError === undefined && domainSeen === undefined) {
@@ -832,6 +837,7 @@ export class VmiController extends KeyedController {
         if (path) await client.virtualMachineMemoryDump(vmi, path);
       }
     }
+    if (alive && this.#d.standIn) await this.#hotplugInPlace(vmi, client);
     if (alive && this.#synced.get(uid) === spec) return DONE;
     await client.syncVirtualMachine(forLauncher, options);
     // The launcher detached what left the spec: its mounts can go.
@@ -842,6 +848,45 @@ export class VmiController extends KeyedController {
     }
     this.#synced.set(uid, spec);
     return DONE;
+  }
+
+  /**
+   * Pod-less mode's part of a live CPU or memory change, played in place: virt-controller
+   * changed the VMI's spec (the VM's template changed), and where KubeVirt migrates to a
+   * target sized for it and the target's handler plugs it, the launcher plugs it here. The
+   * status then shows the topology and the memory asked for; a memory plug that failed is
+   * marked (`HotMemoryChange` False) and not tried again for the same size.
+   */
+  async #hotplugInPlace(vmi: VirtualMachineInstance, client: LauncherClient): Promise<void> {
+    const uid = vmi.metadata.uid!;
+    const wanted = hotplugWanted(vmi);
+    const plugged = this.#plugged.get(uid) ?? {};
+    const cpu = vmi.spec.domain.cpu;
+    const topology = { sockets: cpu?.sockets, cores: cpu?.cores, threads: cpu?.threads };
+    if (wanted.cpu && JSON.stringify(plugged.cpu) !== JSON.stringify(topology)) {
+      await client.syncVirtualMachineCpus(vmi);
+      this.#plugged.set(uid, { ...this.#plugged.get(uid), cpu: topology });
+      log.info("vCPUs plugged in place", { key: vmiKey(vmi.metadata), uid, ...topology });
+    }
+    const guest = vmi.spec.domain.memory?.guest;
+    if (
+      wanted.memory && guest !== undefined && plugged.memoryGuest !== guest &&
+      plugged.memoryFailed !== guest
+    ) {
+      try {
+        await client.syncVirtualMachineMemory(vmi);
+        this.#plugged.set(uid, { ...this.#plugged.get(uid), memoryGuest: guest });
+        log.info("Guest memory plugged in place", { key: vmiKey(vmi.metadata), uid, guest });
+      } catch (error) {
+        this.#plugged.set(uid, { ...this.#plugged.get(uid), memoryFailed: guest });
+        this.record(
+          vmi,
+          "Warning",
+          "MemoryHotplugFailed",
+          `memory hotplug failed: ${describe(error)}`,
+        );
+      }
+    }
   }
 
   /** Graceful shutdown: ACPI every {@linkcode ACPI_RESEND_MS} until the grace period ends, then kill. */
@@ -931,6 +976,7 @@ export class VmiController extends KeyedController {
     await this.#d.ghosts.delete(uid);
     this.#shutdowns.delete(uid);
     this.#synced.delete(uid);
+    this.#plugged.delete(uid);
     this.#ioRetry.forget(uid);
     this.#deleted.delete(key);
     for (const [k, d] of this.#domains) if (domainUid(d) === uid) this.#domains.delete(k);

@@ -369,6 +369,8 @@ export class Handler implements Runnable {
         client,
         recorder: this.#recorder,
         cachedVmi: (key) => informer.get(key),
+        liveUpdates: () =>
+          (options.kubevirtCr?.config().vmRolloutStrategy ?? "LiveUpdate") === "LiveUpdate",
       });
       this.#vms = vms;
       this.#informer.addHandlers({

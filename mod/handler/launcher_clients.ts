@@ -353,6 +353,14 @@ export class LauncherClient {
       throw new LauncherCallError("VirtualMachineMemoryDump", res.message || "no message");
     }
   }
+  /** Plugs or unplugs vCPUs to the VMI's topology (CPU hot-plug). */
+  syncVirtualMachineCpus(vmi: VirtualMachineInstance): Promise<void> {
+    return this.#vmiCall("SyncVirtualMachineCPUs", vmi, LAUNCHER_TIMEOUTS.short);
+  }
+  /** Plugs or unplugs guest memory to the VMI's `memory.guest` (memory hot-plug). */
+  syncVirtualMachineMemory(vmi: VirtualMachineInstance): Promise<void> {
+    return this.#vmiCall("SyncVirtualMachineMemory", vmi, LAUNCHER_TIMEOUTS.short);
+  }
   /** Resumes a paused domain. */
   unpauseVirtualMachine(vmi: VirtualMachineInstance): Promise<void> {
     return this.#vmiCall("UnpauseVirtualMachine", vmi, LAUNCHER_TIMEOUTS.short);

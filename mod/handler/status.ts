@@ -18,6 +18,8 @@ import {
   ConditionType,
   isFinalPhase,
   MigrationMode,
+  parseQuantity,
+  type Quantity,
   type VirtualMachineInstance,
   type VirtualMachineInstanceStatus,
   type VmiCondition,
@@ -102,6 +104,67 @@ export interface StatusInput {
    * `AgentVersionNotSupported` as it is, as virt-handler does while no agent is connected.
    */
   agentSupport?: AgentSupport;
+  /** What the handler plugged into the running guest (pod-less mode's in-place hot-plug). */
+  hotplugged?: Hotplugged;
+}
+
+/** The vCPUs and memory a pod-less handler plugged in place, and a memory plug that failed. */
+export interface Hotplugged {
+  /** The topology the guest has since its vCPUs were plugged. */
+  cpu?: { sockets?: number; cores?: number; threads?: number };
+  /** `memory.guest` as last asked of the launcher. */
+  memoryGuest?: Quantity;
+  /** The memory plug of this `memory.guest` failed. */
+  memoryFailed?: Quantity;
+}
+
+/** vCPUs of a topology (a field left out counts 1). */
+function vcpusOf(t: { sockets?: number; cores?: number; threads?: number } | undefined): number {
+  return (t?.sockets || 1) * (t?.cores || 1) * (t?.threads || 1);
+}
+
+/**
+ * What a running VMI's spec asks to plug that its status does not have yet, as
+ * virt-controller judges it: vCPUs when the topology's count differs from
+ * `status.currentCPUTopology`'s (and `maxSockets` is set), memory when `memory.guest`
+ * differs from `status.memory.guestRequested` (and `maxGuest` is set).
+ */
+export function hotplugWanted(vmi: VirtualMachineInstance): { cpu: boolean; memory: boolean } {
+  const cpu = vmi.spec.domain.cpu;
+  const current = vmi.status?.currentCPUTopology;
+  const memory = vmi.spec.domain.memory;
+  const requested = vmi.status?.memory?.guestRequested;
+  return {
+    cpu: !!current && !!cpu?.maxSockets && vcpusOf(cpu) !== vcpusOf(current),
+    memory: !!memory?.guest && !!memory.maxGuest && requested !== undefined &&
+      parseQuantity(memory.guest) !== parseQuantity(requested),
+  };
+}
+
+/** libvirt's amount in bytes; undefined for a unit libvirt does not write. */
+function memoryBytes(m: { value: number; unit: string }): number | undefined {
+  const units: Record<string, number> = {
+    b: 1,
+    bytes: 1,
+    KiB: 1024,
+    k: 1024,
+    MiB: 2 ** 20,
+    M: 2 ** 20,
+    GiB: 2 ** 30,
+    G: 2 ** 30,
+  };
+  const unit = units[m.unit];
+  return unit === undefined ? undefined : m.value * unit;
+}
+
+/** Bytes as a Kubernetes binary quantity, with the largest suffix that is exact (`128Mi`). */
+export function binaryQuantity(bytes: number): string {
+  for (const [suffix, size] of [["Ti", 2 ** 40], ["Gi", 2 ** 30], ["Mi", 2 ** 20], ["Ki", 1024]]) {
+    if (bytes >= (size as number) && bytes % (size as number) === 0) {
+      return `${bytes / (size as number)}${suffix}`;
+    }
+  }
+  return String(bytes);
 }
 
 /** The phase change a status update makes, for Events. */
@@ -610,6 +673,28 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
         message: readiness.message,
       }, input.now)
       : setCondition(conditions, { type: ConditionType.Ready, status: "True" }, input.now);
+  }
+  const plugged = input.hotplugged;
+  if (plugged?.cpu) status.currentCPUTopology = { ...plugged.cpu };
+  if (plugged?.memoryGuest && status.memory) {
+    status.memory = { ...status.memory, guestRequested: plugged.memoryGuest };
+  }
+  // As virt-controller marks a failed plug (its VM controller then asks for a restart).
+  if (plugged?.memoryFailed && plugged.memoryFailed === vmi.spec.domain.memory?.guest) {
+    conditions = setCondition(conditions, {
+      type: "HotMemoryChange",
+      status: "False",
+      reason: "MemoryHotplugFailed",
+      message: "memory hotplug failed, the VM configuration is not supported",
+    }, input.now);
+  }
+  // As virt-handler: the guest's memory now is the domain's current memory.
+  const currentMemory = domain?.spec.currentMemory;
+  if (currentMemory && status.memory?.guestCurrent !== undefined) {
+    const bytes = memoryBytes(currentMemory);
+    if (bytes !== undefined && bytes !== parseQuantity(status.memory.guestCurrent)) {
+      status.memory = { ...status.memory, guestCurrent: binaryQuantity(bytes) };
+    }
   }
   if (conditions.length > 0 || status.conditions) status.conditions = conditions;
 

@@ -538,3 +538,51 @@ Deno.test("a pod-less node's memory dump writes: the request's volume, its own V
     }
   });
 });
+
+Deno.test("a pod-less node's live CPU and memory change: its own VMI's sockets and guest memory only", async () => {
+  // A VM's live update (mod/handler/podless/vms.ts) patches the running VMI's CPU sockets
+  // and guest memory; the node may do that to a VMI of its own, and nothing else of the
+  // domain: B may not, and A may not change the cores or the memory's maximum.
+  await withTwoNodes(async (n) => {
+    const name = `live-${suffix()}`;
+    const vmi = testVmi(name, n.a.name, { placed: true });
+    vmi.spec.domain.cpu = { sockets: 1, cores: 1, threads: 1, maxSockets: 2 };
+    vmi.spec.domain.memory = { guest: "128Mi", maxGuest: "256Mi" };
+    await createVmi(n.controller, vmi);
+    try {
+      await update<VirtualMachineInstance>(n.admin, n.a.client, vmiPath(NS, name), (v) => {
+        v.status = { ...v.status, phase: "Running", nodeName: n.a.name };
+      });
+      const patch = (client: KubeClient, ops: unknown[]) =>
+        client.request("PATCH", vmiPath(NS, name), ops, {
+          contentType: "application/json-patch+json",
+        });
+      const sockets = [
+        { op: "test", path: "/spec/domain/cpu/sockets", value: 1 },
+        { op: "replace", path: "/spec/domain/cpu/sockets", value: 2 },
+      ];
+      await refused(patch(n.b.client, sockets), /may update only the VMIs of its node/);
+      await refused(
+        patch(n.a.client, [{ op: "replace", path: "/spec/domain/cpu/cores", value: 2 }]),
+        /may not change the spec/,
+      );
+      await refused(
+        patch(n.a.client, [{ op: "replace", path: "/spec/domain/memory/maxGuest", value: "1Gi" }]),
+        /may not change the spec/,
+      );
+      await patch(n.a.client, sockets);
+      await patch(n.a.client, [
+        { op: "test", path: "/spec/domain/memory/guest", value: "128Mi" },
+        { op: "replace", path: "/spec/domain/memory/guest", value: "192Mi" },
+      ]);
+      const after = await getVmi(n.admin, NS, name);
+      assert.equal(after?.spec.domain.cpu?.sockets, 2);
+      assert.equal(after?.spec.domain.memory?.guest, "192Mi");
+    } finally {
+      await update<KubeObject>(n.admin, n.admin, vmiPath(NS, name), (v) => {
+        v.metadata!.finalizers = [];
+      }).catch(() => {});
+      await n.admin.request("DELETE", vmiPath(NS, name)).catch(() => {});
+    }
+  });
+});

@@ -1,8 +1,9 @@
 import assert from "node:assert/strict";
-import type { VirtualMachine, VirtualMachineInstance } from "../../mod/api/mod.ts";
+import type { VirtualMachine, VirtualMachineInstance, VmiCondition } from "../../mod/api/mod.ts";
 import {
   decideVm,
   firmwareUuid,
+  liveUpdate,
   memoryDumpActions,
   nextMemoryDumpRequest,
   ownsVm,
@@ -331,4 +332,76 @@ Deno.test("a VMI made from a VM whose dump is over has no memory dump volume; on
   assert.ok(!over.spec.domain.devices.disks?.some((d) => d.name === "dump"));
   const during = await vmiFromVm(dumping("InProgress", {}, true));
   assert.ok(during.spec.volumes?.some((v) => v.name === "dump"));
+});
+
+/** A running VMI of one socket of at most 2 and 128Mi of at most 256Mi, migratable. */
+function liveVmi(conditions: { type: string; status: string }[] = []) {
+  const v = vmi("Running");
+  v.spec.domain.cpu = { sockets: 1, cores: 1, threads: 1, maxSockets: 2 };
+  v.spec.domain.memory = { guest: "128Mi", maxGuest: "256Mi" };
+  v.status!.memory = { guestAtBoot: "128Mi", guestCurrent: "128Mi", guestRequested: "128Mi" };
+  v.status!.conditions = [
+    { type: "LiveMigratable", status: "True" },
+    ...conditions,
+  ] as VmiCondition[];
+  return v;
+}
+
+/** `vm()` whose template asks for `sockets` and `guest`. */
+function liveVm(sockets: number, guest: string) {
+  const v = vm();
+  v.spec.template.spec.domain.cpu = { sockets, cores: 1, threads: 1, maxSockets: 2 };
+  v.spec.template.spec.domain.memory = { guest, maxGuest: "256Mi" };
+  return v;
+}
+
+Deno.test("liveUpdate(): more sockets and memory patch the VMI, tested as read, as virt-controller", () => {
+  assert.deepEqual(liveUpdate(liveVm(1, "128Mi"), liveVmi()), { patch: [] });
+  assert.deepEqual(liveUpdate(liveVm(2, "192Mi"), liveVmi()).patch, [
+    { op: "test", path: "/spec/domain/cpu/sockets", value: 1 },
+    { op: "replace", path: "/spec/domain/cpu/sockets", value: 2 },
+    { op: "test", path: "/spec/domain/memory/guest", value: "128Mi" },
+    { op: "replace", path: "/spec/domain/memory/guest", value: "192Mi" },
+  ]);
+  assert.deepEqual(liveUpdate(liveVm(2, "192Mi"), undefined), { patch: [] }, "no VMI");
+});
+
+Deno.test("liveUpdate(): fewer sockets, past the maxima, below boot or unmigratable need a restart", () => {
+  const restart = (v: VirtualMachine, i = liveVmi()) => liveUpdate(v, i).restartRequired;
+  const down = liveVmi();
+  down.spec.domain.cpu!.sockets = 2;
+  assert.equal(
+    restart(liveVm(1, "128Mi"), down),
+    "Reduction of CPU socket count requires a restart",
+  );
+  assert.equal(
+    restart(liveVm(3, "128Mi")),
+    "CPU sockets updated in template spec to a value higher than what's available",
+  );
+  assert.equal(
+    restart(liveVm(1, "512Mi")),
+    "memory updated in template spec to a value higher than what's available",
+  );
+  assert.equal(
+    restart(liveVm(1, "64Mi")),
+    "memory updated in template spec to a value lower than what the VM started with",
+  );
+  const pinned = liveVmi();
+  pinned.status!.conditions = [{ type: "LiveMigratable", status: "False" }] as VmiCondition[];
+  assert.match(restart(liveVm(1, "192Mi"), pinned)!, /only available for migratable VMs/);
+  const failed = liveVmi([{ type: "HotMemoryChange", status: "False" }]);
+  assert.match(restart(liveVm(1, "192Mi"), failed)!, /Memory-hotplug failed/);
+});
+
+Deno.test("liveUpdate(): a change waits while another hot-plug or a migration runs", () => {
+  const busy = liveUpdate(liveVm(2, "128Mi"), liveVmi([{ type: "HotVCPUChange", status: "True" }]));
+  assert.deepEqual(busy.error, {
+    reason: "HotPlugCPUError",
+    message:
+      "Error encountered while handling CPU change request: another CPU hotplug is in progress",
+  });
+  const moving = liveVmi();
+  moving.status!.migrationState = { startTimestamp: "t" };
+  assert.match(liveUpdate(liveVm(1, "192Mi"), moving).error!.message, /while VMI is migrating/);
+  assert.equal(liveUpdate(liveVm(1, "192Mi"), moving).error!.reason, "HotPlugMemoryError");
 });

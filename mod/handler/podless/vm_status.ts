@@ -180,6 +180,8 @@ export interface VmStatusInput {
   stopExpected: boolean;
   /** This sync's failure, if any. */
   syncError?: VmSyncError;
+  /** Why the VM needs a restart (its `RestartRequired` condition), or `clear` to drop it. */
+  restartRequired?: string;
   /** Now (RFC 3339). */
   now: string;
 }
@@ -306,6 +308,18 @@ export function vmStatus(
         lastTransitionTime: now,
       },
   );
+  if (input.restartRequired === "clear") {
+    const i = conditions.findIndex((c) => c.type === "RestartRequired");
+    if (i >= 0) conditions.splice(i, 1);
+  } else if (input.restartRequired) {
+    putCondition(conditions, {
+      type: "RestartRequired",
+      status: "True",
+      message: input.restartRequired,
+      lastProbeTime: null,
+      lastTransitionTime: now,
+    });
+  }
   if (input.syncError) {
     putCondition(conditions, {
       type: "Failure",

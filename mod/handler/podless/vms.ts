@@ -44,6 +44,7 @@ import type { Runnable } from "../../lifecycle/mod.ts";
 import { getLogger } from "../../log/mod.ts";
 import { DONE, type ReconcileResult, requeueAfter, runWorkers } from "../_workers.ts";
 import { HOSTNAME_LABEL } from "./scheduler.ts";
+import { liveUpdate } from "./live_update.ts";
 import { MEMORY_DUMP_ANNOTATION, MEMORY_DUMP_ERROR, memoryDumpActions } from "./memory_dump.ts";
 import {
   decideVm,
@@ -80,6 +81,8 @@ export interface PodlessVmsOptions {
    * placed VMI is read from there; one not placed yet (or gone) is asked for.
    */
   cachedVmi?: (key: string) => VirtualMachineInstance | undefined;
+  /** Whether running VMs' CPU and memory changes go live (the CR's `vmRolloutStrategy`). */
+  liveUpdates?: () => boolean;
 }
 
 type Expectation =
@@ -192,6 +195,8 @@ export class PodlessVms implements Runnable {
 
     const strategy = runStrategyOf(vm);
     let syncError: VmSyncError | undefined;
+    /** The VM's RestartRequired message, or "clear" once the VMI was started or stopped. */
+    let restart: string | undefined;
     try {
       vm = await this.#memoryDump(vm, vmi);
     } catch (error) {
@@ -211,8 +216,21 @@ export class PodlessVms implements Runnable {
       const action = decideVm(vm, vmi, strategy);
       if (action === "start") syncError = await this.#start(key, vm);
       if (action === "stop" && vmi) syncError = await this.#stop(key, vm, vmi);
+      // A restart clears what needed one (virt-controller's rule at a start and a stop).
+      if (action !== "none" && !syncError) restart = "clear";
+      else if (action === "none" && vmi) {
+        const live = await this.#liveUpdate(vm, vmi);
+        syncError = live.error;
+        if (live.restartRequired) restart = live.restartRequired;
+      }
     }
-    await this.#writeStatus(vm, vmi, strategy instanceof Error ? undefined : strategy, syncError);
+    await this.#writeStatus(
+      vm,
+      vmi,
+      strategy instanceof Error ? undefined : strategy,
+      syncError,
+      restart,
+    );
     if (vmi) await this.#release(vmi);
     return syncError ? requeueAfter(5_000, syncError.message) : DONE;
   }
@@ -243,6 +261,48 @@ export class PodlessVms implements Runnable {
       change: actions.templateVolumes.some((v) => v.name === claim) ? "added to" : "removed from",
     });
     return written;
+  }
+
+  /**
+   * A running VM's CPU sockets and memory as its template has them now (live_update.ts):
+   * the VMI's spec patched (the handler plugs them), unless the VM waits for a restart
+   * already.
+   */
+  async #liveUpdate(
+    vm: VirtualMachine,
+    vmi: VirtualMachineInstance,
+  ): Promise<{ error?: VmSyncError; restartRequired?: string }> {
+    const due = vm.status?.conditions?.some((c) =>
+      c.type === "RestartRequired" && c.status === "True"
+    );
+    if (due || this.#o.liveUpdates?.() === false) return {};
+    const live = liveUpdate(vm, vmi);
+    if (live.patch.length === 0) return live;
+    try {
+      await this.#o.client.request("PATCH", vmiPath(vmi), live.patch, {
+        contentType: "application/json-patch+json",
+      });
+    } catch (error) {
+      const cpu = live.patch.some((op) => op.path.startsWith("/spec/domain/cpu/"));
+      return {
+        ...live,
+        error: cpu
+          ? {
+            reason: "HotPlugCPUError",
+            message: `Error encountered while handling CPU change request: ${detailOf(error)}`,
+          }
+          : {
+            reason: "HotPlugMemoryError",
+            message: `error encountered while handling memory hotplug requests: ${detailOf(error)}`,
+          },
+      };
+    }
+    log.info("The VM's {what} go live: the VMI's spec follows its template", {
+      namespace: vm.metadata.namespace,
+      name: vm.metadata.name,
+      what: live.patch.filter((op) => op.op === "replace").map((op) => op.path).join(", "),
+    });
+    return live;
   }
 
   /** Sets the claim's memory dump annotation, unless it says so already. */
@@ -401,6 +461,7 @@ export class PodlessVms implements Runnable {
     vmi: VirtualMachineInstance | undefined,
     strategy: RunStrategy | undefined,
     syncError: VmSyncError | undefined,
+    restart?: string,
   ): Promise<void> {
     const key = keyOf(vm);
     const expected = this.#expect.get(key);
@@ -409,6 +470,7 @@ export class PodlessVms implements Runnable {
         startExpected: expected?.kind === "create",
         stopExpected: expected?.kind === "delete",
         syncError,
+        restartRequired: restart,
         now: kubeTime(),
       }));
   }

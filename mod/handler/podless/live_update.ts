@@ -1,0 +1,140 @@
+/**
+ * A running VM's CPU sockets and guest memory changed in its template, as virt-controller's
+ * VM controller takes such a change under KubeVirt v1.7.0's `LiveUpdate` rollout strategy
+ * (its default), as pure functions: the VMI's spec is patched to the new value (the
+ * handler then plugs it, pod-less mode in place, where KubeVirt migrates to a target sized
+ * for it), or the VM gets `RestartRequired` saying why the change cannot go live, or the
+ * change waits for the hot-plug or migration in progress.
+ *
+ * Left out: instance types, the CPU and memory requests and limits KubeVirt adjusts beside
+ * (a pod-less VMI's are not a pod's), and the other fields KubeVirt compares with the spec
+ * the VMI started from (controller revisions).
+ *
+ * @module
+ */
+import {
+  parseQuantity,
+  type VirtualMachine,
+  type VirtualMachineInstance,
+  type VmiCondition,
+} from "../../api/mod.ts";
+import type { VmSyncError } from "./vm_status.ts";
+
+/** The VMI's condition while a vCPU change is carried out (KubeVirt's). */
+export const VCPU_CHANGE = "HotVCPUChange";
+/** The VMI's condition while a memory change is carried out; False when it failed. */
+export const MEMORY_CHANGE = "HotMemoryChange";
+
+/** One operation of a JSON patch. */
+export interface PatchOp {
+  op: "test" | "replace";
+  path: string;
+  value: unknown;
+}
+
+/** What a sync does about a running VM's CPU and memory. */
+export interface LiveUpdate {
+  /** The VMI's spec changes: each value tested as read, then replaced. */
+  patch: PatchOp[];
+  /** Why a change needs a restart (the VM's `RestartRequired` condition). */
+  restartRequired?: string;
+  /** A change that must wait (the VM's `Failure` condition, and a retry). */
+  error?: VmSyncError;
+}
+
+function condition(vmi: VirtualMachineInstance, type: string): VmiCondition | undefined {
+  return vmi.status?.conditions?.find((c) => c.type === type);
+}
+
+function migrating(vmi: VirtualMachineInstance): boolean {
+  const state = vmi.status?.migrationState;
+  return !!state?.startTimestamp && !state.endTimestamp && !state.completed && !state.failed;
+}
+
+/** The live change of `vm`'s sockets and memory to its VMI `vmi`; see the module doc. */
+export function liveUpdate(
+  vm: VirtualMachine,
+  vmi: VirtualMachineInstance | undefined,
+): LiveUpdate {
+  const result: LiveUpdate = { patch: [] };
+  if (!vmi || vmi.metadata.deletionTimestamp) return result;
+  cpuChange(vm, vmi, result);
+  if (!result.error) memoryChange(vm, vmi, result);
+  return result;
+}
+
+function cpuChange(vm: VirtualMachine, vmi: VirtualMachineInstance, result: LiveUpdate): void {
+  const wanted = vm.spec.template.spec.domain.cpu;
+  const running = vmi.spec.domain.cpu;
+  if (!wanted || !running || wanted.sockets === running.sockets) return;
+  const fail = (message: string) =>
+    result.error = {
+      reason: "HotPlugCPUError",
+      message: `Error encountered while handling CPU change request: ${message}`,
+    };
+  if (condition(vmi, VCPU_CHANGE)?.status === "True") {
+    return void fail("another CPU hotplug is in progress");
+  }
+  if (migrating(vmi)) return void fail("CPU hotplug is not allowed while VMI is migrating");
+  const sockets = wanted.sockets ?? 1;
+  if (sockets > (running.maxSockets ?? 0)) {
+    result.restartRequired ??=
+      "CPU sockets updated in template spec to a value higher than what's available";
+    return;
+  }
+  if (sockets < (running.sockets ?? 1)) {
+    result.restartRequired ??= "Reduction of CPU socket count requires a restart";
+    return;
+  }
+  result.patch.push(
+    { op: "test", path: "/spec/domain/cpu/sockets", value: running.sockets },
+    { op: "replace", path: "/spec/domain/cpu/sockets", value: sockets },
+  );
+}
+
+function memoryChange(vm: VirtualMachine, vmi: VirtualMachineInstance, result: LiveUpdate): void {
+  const wanted = vm.spec.template.spec.domain.memory?.guest;
+  const running = vmi.spec.domain.memory;
+  const status = vmi.status?.memory;
+  if (wanted === undefined || running?.guest === undefined || !status?.guestCurrent) return;
+  const restart = (message: string) => void (result.restartRequired ??= message);
+  if (condition(vmi, MEMORY_CHANGE)?.status === "False") {
+    return restart(
+      "memory updated in template spec. Memory-hotplug failed and is not available for this VM configuration",
+    );
+  }
+  if (parseQuantity(wanted) === parseQuantity(running.guest)) return;
+  if (condition(vmi, "LiveMigratable")?.status !== "True") {
+    return restart(
+      "memory updated in template spec. Memory-hotplug is only available for migratable VMs",
+    );
+  }
+  if (running.maxGuest === undefined) {
+    return restart(
+      "memory updated in template spec. Memory-hotplug is not available for this VM configuration",
+    );
+  }
+  const fail = (message: string) =>
+    result.error = {
+      reason: "HotPlugMemoryError",
+      message: `error encountered while handling memory hotplug requests: ${message}`,
+    };
+  if (condition(vmi, MEMORY_CHANGE)?.status === "True") {
+    return void fail("another memory hotplug is in progress");
+  }
+  if (migrating(vmi)) return void fail("memory hotplug is not allowed while VMI is migrating");
+  if (
+    status.guestAtBoot !== undefined && parseQuantity(wanted) < parseQuantity(status.guestAtBoot)
+  ) {
+    return restart(
+      "memory updated in template spec to a value lower than what the VM started with",
+    );
+  }
+  if (parseQuantity(wanted) > parseQuantity(running.maxGuest)) {
+    return restart("memory updated in template spec to a value higher than what's available");
+  }
+  result.patch.push(
+    { op: "test", path: "/spec/domain/memory/guest", value: running.guest },
+    { op: "replace", path: "/spec/domain/memory/guest", value: wanted },
+  );
+}
