@@ -22,6 +22,7 @@ import {
   getVmi,
   killLaunchers,
   kubeClient,
+  removeTestPodNetwork,
   startHandlerProcess,
   testPodNetwork,
   waitFor,
@@ -54,13 +55,14 @@ Deno.test("virtctl port-forward reaches a pod-less guest's HTTP port through Kub
     const node = `pf-node-${id}`;
     const name = `pf-${id}`;
     const dir = await Deno.makeTempDir({ prefix: "virtnode-pf-" });
+    const network = testPodNetwork();
     await installTestGuest(`${dir}/state/images`);
     const h = await startHandlerProcess({
       kubeconfig,
       nodeName: node,
       libvirtUri: uri,
       dir,
-      podNetwork: testPodNetwork(),
+      podNetwork: network,
     });
     logFile = h.logFile;
     cleanups.unshift(async () => {
@@ -69,6 +71,7 @@ Deno.test("virtctl port-forward reaches a pod-less guest's HTTP port through Kub
         .catch((e) => console.error(e.message));
       await h.kill("SIGTERM");
       killLaunchers(h.stateDir);
+      await removeTestPodNetwork(network);
       await Deno.remove(dir, { recursive: true }).catch(() => {});
     });
 
