@@ -7,6 +7,7 @@
  * @module
  */
 import assert from "node:assert/strict";
+import { kubectl } from "../../deploy/cluster/cluster.ts";
 import { freePort, waitFor } from "./handler_process.ts";
 
 /** Where virtctl is and which cluster and VMI it is pointed at. */
@@ -303,26 +304,6 @@ export async function vmStopsAndStarts(t: VirtctlTarget): Promise<void> {
   );
 }
 
-/** `kubectl` with the target's kubeconfig; `stdin` is written to it. Throws with its stderr. */
-async function kubectl(t: VirtctlTarget, args: string[], stdin?: string): Promise<string> {
-  const child = new Deno.Command("kubectl", {
-    args: ["--kubeconfig", t.kubeconfig, ...args],
-    stdin: stdin === undefined ? "null" : "piped",
-    stdout: "piped",
-    stderr: "piped",
-  }).spawn();
-  if (stdin !== undefined) {
-    const writer = child.stdin.getWriter();
-    await writer.write(new TextEncoder().encode(stdin));
-    await writer.close();
-  }
-  const out = await child.output();
-  if (!out.success) {
-    throw new Error(`kubectl ${args.join(" ")} failed: ${new TextDecoder().decode(out.stderr)}`);
-  }
-  return new TextDecoder().decode(out.stdout);
-}
-
 /** The VM's memory dump request, as `kubectl get vm` shows it. */
 interface DumpRequest {
   claimName: string;
@@ -370,13 +351,15 @@ export async function memoryDumpCompletes(
     },
   };
   await kubectl(
-    t,
+    t.kubeconfig,
     ["apply", "-f", "-"],
     JSON.stringify({ apiVersion: "v1", kind: "List", items: [pv, pvc] }),
   );
   await virtctlOnce(t, ["memory-dump", "get", t.name, `--claim-name=${claim}`]);
   const request = async () => {
-    const vm = JSON.parse(await kubectl(t, ["get", "vm", t.name, "-n", namespace, "-o", "json"]));
+    const vm = JSON.parse(
+      await kubectl(t.kubeconfig, ["get", "vm", t.name, "-n", namespace, "-o", "json"]),
+    );
     return vm as {
       spec: { template: { spec: { volumes?: { name: string }[] } } };
       status?: { memoryDumpRequest?: DumpRequest };
@@ -399,7 +382,7 @@ export async function memoryDumpCompletes(
     done.spec.template.spec.volumes?.some((v) => v.name === claim),
     "the VM's template has the memory dump volume",
   );
-  const annotation = await kubectl(t, [
+  const annotation = await kubectl(t.kubeconfig, [
     "get",
     "pvc",
     claim,
