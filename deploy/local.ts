@@ -26,7 +26,12 @@
 import { kubectl, startCluster } from "./cluster/cluster.ts";
 import { freePorts } from "./cluster/processes.ts";
 import { buildVirtctlKit } from "./kubevirt/virtctl.ts";
-import { registerPodlessHandler, startVirtApi, type VirtApi } from "./kubevirt/virt_api.ts";
+import {
+  CDI_CONFIG_READER,
+  registerPodlessHandler,
+  startVirtApi,
+  type VirtApi,
+} from "./kubevirt/virt_api.ts";
 import { type PreparedLibvirtd, prepareLibvirtd } from "./libvirtd.ts";
 import { podlessNodeKubeconfig } from "./podless_node.ts";
 import { KubeApiError, type KubeClient, loadKubeClient } from "../mod/kube/mod.ts";
@@ -403,36 +408,6 @@ function stopRequested(): Promise<void> {
 }
 
 /** Every VMI of the cluster, in every namespace. */
-/** CDI's `cdi.kubevirt.io:config-reader` role and its binding, as CDI's install makes them. */
-const CDI_CONFIG_READER = {
-  apiVersion: "v1",
-  kind: "List",
-  items: [{
-    apiVersion: "rbac.authorization.k8s.io/v1",
-    kind: "ClusterRole",
-    metadata: { name: "cdi.kubevirt.io:config-reader" },
-    rules: [{
-      apiGroups: ["cdi.kubevirt.io"],
-      resources: ["cdiconfigs", "storageprofiles"],
-      verbs: ["get", "list", "watch"],
-    }],
-  }, {
-    apiVersion: "rbac.authorization.k8s.io/v1",
-    kind: "ClusterRoleBinding",
-    metadata: { name: "cdi.kubevirt.io:config-reader" },
-    roleRef: {
-      apiGroup: "rbac.authorization.k8s.io",
-      kind: "ClusterRole",
-      name: "cdi.kubevirt.io:config-reader",
-    },
-    subjects: [{
-      apiGroup: "rbac.authorization.k8s.io",
-      kind: "Group",
-      name: "system:authenticated",
-    }],
-  }],
-};
-
 const ALL_VMIS = "/apis/kubevirt.io/v1/virtualmachineinstances";
 const ALL_VMS = "/apis/kubevirt.io/v1/virtualmachines";
 

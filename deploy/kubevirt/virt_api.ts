@@ -40,6 +40,40 @@ const READY_TIMEOUT_MS = 120_000;
 /** virt-api's ServiceAccount, as the operator names it. */
 const API_SERVICE_ACCOUNT = "kubevirt-apiserver";
 
+/**
+ * CDI's `cdi.kubevirt.io:config-reader` role and its binding, as CDI's install makes them:
+ * virt-api reads CDI's `CDIConfig` before it takes a memory dump request, and where CDI is not
+ * installed this read finds none and KubeVirt's default file system overhead holds.
+ */
+export const CDI_CONFIG_READER = {
+  apiVersion: "v1",
+  kind: "List",
+  items: [{
+    apiVersion: "rbac.authorization.k8s.io/v1",
+    kind: "ClusterRole",
+    metadata: { name: "cdi.kubevirt.io:config-reader" },
+    rules: [{
+      apiGroups: ["cdi.kubevirt.io"],
+      resources: ["cdiconfigs", "storageprofiles"],
+      verbs: ["get", "list", "watch"],
+    }],
+  }, {
+    apiVersion: "rbac.authorization.k8s.io/v1",
+    kind: "ClusterRoleBinding",
+    metadata: { name: "cdi.kubevirt.io:config-reader" },
+    roleRef: {
+      apiGroup: "rbac.authorization.k8s.io",
+      kind: "ClusterRole",
+      name: "cdi.kubevirt.io:config-reader",
+    },
+    subjects: [{
+      apiGroup: "rbac.authorization.k8s.io",
+      kind: "Group",
+      name: "system:authenticated",
+    }],
+  }],
+};
+
 /** Options of {@linkcode startVirtApi}. */
 export interface StartVirtApiOptions {
   /** A directory with `virt-api` and `kubevirt-install` (build_virtctl.sh's output). */

@@ -25,6 +25,7 @@ import https from "node:https";
 import { join } from "node:path";
 import { kubectl, startCluster } from "../../deploy/cluster/cluster.ts";
 import { buildVirtctl } from "../../deploy/kubevirt/virtctl.ts";
+import { CDI_CONFIG_READER } from "../../deploy/kubevirt/virt_api.ts";
 import {
   consoleAnswers,
   portForwardAnswers,
@@ -1025,33 +1026,9 @@ async function memoryDumpJourney(o: {
           localClaim({ name: "dump", volumeName: "pv-dump", size: "512Mi" }),
           vm,
           // virt-api reads CDI's config for the claim's file system overhead; CDI's install
-          // lets every authenticated user read it (its cdi.kubevirt.io:config-reader role),
-          // and without CDI the read finds no CDIConfig and KubeVirt's default overhead holds.
-          {
-            apiVersion: "rbac.authorization.k8s.io/v1",
-            kind: "ClusterRole",
-            metadata: { name: "cdi.kubevirt.io:config-reader" },
-            rules: [{
-              apiGroups: ["cdi.kubevirt.io"],
-              resources: ["cdiconfigs", "storageprofiles"],
-              verbs: ["get", "list", "watch"],
-            }],
-          },
-          {
-            apiVersion: "rbac.authorization.k8s.io/v1",
-            kind: "ClusterRoleBinding",
-            metadata: { name: "cdi.kubevirt.io:config-reader" },
-            roleRef: {
-              apiGroup: "rbac.authorization.k8s.io",
-              kind: "ClusterRole",
-              name: "cdi.kubevirt.io:config-reader",
-            },
-            subjects: [{
-              apiGroup: "rbac.authorization.k8s.io",
-              kind: "Group",
-              name: "system:authenticated",
-            }],
-          },
+          // lets every authenticated user read it, and without CDI the read finds no
+          // CDIConfig and KubeVirt's default overhead holds.
+          ...CDI_CONFIG_READER.items,
         ],
       }),
     );
