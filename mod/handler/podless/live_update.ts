@@ -18,6 +18,7 @@ import {
   type VirtualMachineInstance,
   type VmiCondition,
 } from "../../api/mod.ts";
+import { isMigrating } from "../migration_state.ts";
 import type { VmSyncError } from "./vm_status.ts";
 
 /** The VMI's condition while a vCPU change is carried out (KubeVirt's). */
@@ -46,11 +47,6 @@ function condition(vmi: VirtualMachineInstance, type: string): VmiCondition | un
   return vmi.status?.conditions?.find((c) => c.type === type);
 }
 
-function migrating(vmi: VirtualMachineInstance): boolean {
-  const state = vmi.status?.migrationState;
-  return !!state?.startTimestamp && !state.endTimestamp && !state.completed && !state.failed;
-}
-
 /** The live change of `vm`'s sockets and memory to its VMI `vmi`; see the module doc. */
 export function liveUpdate(
   vm: VirtualMachine,
@@ -75,7 +71,7 @@ function cpuChange(vm: VirtualMachine, vmi: VirtualMachineInstance, result: Live
   if (condition(vmi, VCPU_CHANGE)?.status === "True") {
     return void fail("another CPU hotplug is in progress");
   }
-  if (migrating(vmi)) return void fail("CPU hotplug is not allowed while VMI is migrating");
+  if (isMigrating(vmi)) return void fail("CPU hotplug is not allowed while VMI is migrating");
   const sockets = wanted.sockets ?? 1;
   if (sockets > (running.maxSockets ?? 0)) {
     result.restartRequired ??=
@@ -122,7 +118,7 @@ function memoryChange(vm: VirtualMachine, vmi: VirtualMachineInstance, result: L
   if (condition(vmi, MEMORY_CHANGE)?.status === "True") {
     return void fail("another memory hotplug is in progress");
   }
-  if (migrating(vmi)) return void fail("memory hotplug is not allowed while VMI is migrating");
+  if (isMigrating(vmi)) return void fail("memory hotplug is not allowed while VMI is migrating");
   if (
     status.guestAtBoot !== undefined && parseQuantity(wanted) < parseQuantity(status.guestAtBoot)
   ) {
