@@ -184,5 +184,9 @@ async function stopDaemon(daemon: StartedDaemon): Promise<void> {
  * it so (the tests share it). Returns the URI to connect to ({@linkcode QEMU_SYSTEM_URI}).
  */
 export async function ensureLibvirtd(): Promise<string> {
+  // A running libvirtd read qemu.conf when it started: the file is left alone then. Test
+  // tiers run side by side, and local mode's test gives qemu.conf a first-run content
+  // meanwhile; a tier that appended the lines again would change what that test sees.
+  if (await processRunning("libvirtd") && await exists(SOCKET_PATH)) return QEMU_SYSTEM_URI;
   return (await prepareLibvirtd()).uri;
 }

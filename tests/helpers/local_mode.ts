@@ -24,6 +24,20 @@ export interface AnyLocalModeRun {
   output(): string;
   /** Ends it, whatever state it is in (SIGKILL), and waits for that. */
   end(): Promise<void>;
+  /** Whether the pod network's bridge was on the host before the run started. */
+  bridgeWasThere: boolean;
+}
+
+/** The bridge local mode's handler puts the VMs' pod interfaces on (deploy/local.ts). */
+const POD_BRIDGE = "virtnode0";
+
+function bridgeExists(): boolean {
+  try {
+    Deno.statSync(`/sys/class/net/${POD_BRIDGE}`);
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 /** One run of local mode with its output piped. */
@@ -37,6 +51,7 @@ export interface LocalModeRun extends AnyLocalModeRun {
 /** Starts `deno task start` with `args` (local mode's flags) in a session of its own. */
 export function startLocalMode(args: string[] = []): LocalModeRun {
   const marker = `local-mode-${crypto.randomUUID()}`;
+  const bridgeWasThere = bridgeExists();
   const child = new Deno.Command("setsid", {
     args: [Deno.execPath(), "task", "start", ...args],
     cwd: root,
@@ -58,7 +73,7 @@ export function startLocalMode(args: string[] = []): LocalModeRun {
     await child.status;
     await drained;
   };
-  return { child, marker, output: () => text, drained, end };
+  return { child, marker, output: () => text, drained, end, bridgeWasThere };
 }
 
 /** One run of local mode in a terminal of tmux's. */
@@ -96,6 +111,7 @@ async function tmux(args: string[]): Promise<string> {
  */
 export async function startLocalModeInTmux(args: string[] = []): Promise<TmuxLocalModeRun> {
   const marker = `local-mode-${crypto.randomUUID()}`;
+  const bridgeWasThere = bridgeExists();
   const dir = await Deno.makeTempDir({ prefix: "virtnode-tmux-" });
   const socket = `${dir}/tmux.sock`;
   const log = `${dir}/pane.log`;
@@ -157,6 +173,7 @@ export async function startLocalModeInTmux(args: string[] = []): Promise<TmuxLoc
   };
   return {
     marker,
+    bridgeWasThere,
     output,
     screen: () => t("capture-pane", "-p", "-t", session),
     keys: async (...keys) => void await t("send-keys", "-t", session, ...keys),
@@ -390,6 +407,11 @@ export const NOTHING_LEFT: Leftovers = {
  * failed run neither outlives its test nor breaks the next one.
  */
 export async function removeRun(run: AnyLocalModeRun, domains: string[]): Promise<void> {
+  // The paths come from what it printed, which a tmux run's end() removes: read them first.
+  let dirs: string[] = [];
+  try {
+    dirs = runPaths(run).dirs;
+  } catch { /* it printed no paths: it made none */ }
   await run.end();
   await sweepMarkedProcesses(run.marker);
   const present = await domainNames();
@@ -402,15 +424,16 @@ export async function removeRun(run: AnyLocalModeRun, domains: string[]): Promis
       }).output();
     }
   }
-  let dirs: string[] = [];
-  try {
-    dirs = runPaths(run).dirs;
-  } catch { /* it printed no paths: it made none */ }
   for (const point of mountsBelow(dirs).reverse()) {
     await new Deno.Command("umount", { args: ["-l", point], stdout: "null", stderr: "null" })
       .output();
   }
   for (const dir of dirs) await Deno.remove(dir, { recursive: true }).catch(() => {});
+  // A run ended before its own clean-up leaves the bridge it made.
+  if (!run.bridgeWasThere && bridgeExists()) {
+    await new Deno.Command("ip", { args: ["link", "delete", POD_BRIDGE], stderr: "null" })
+      .output();
+  }
 }
 
 /** Whether process `pid` has ended and waits for its parent to reap it. */
