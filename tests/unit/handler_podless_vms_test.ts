@@ -4,6 +4,7 @@ import {
   decideVm,
   firmwareUuid,
   liveUpdate,
+  liveUpdateMemoryRefusal,
   memoryDumpActions,
   nextMemoryDumpRequest,
   ownsVm,
@@ -334,12 +335,12 @@ Deno.test("a VMI made from a VM whose dump is over has no memory dump volume; on
   assert.ok(during.spec.volumes?.some((v) => v.name === "dump"));
 });
 
-/** A running VMI of one socket of at most 2 and 128Mi of at most 256Mi, migratable. */
+/** A running VMI of one socket of at most 2 and 1Gi of at most 2Gi, migratable. */
 function liveVmi(conditions: { type: string; status: string }[] = []) {
   const v = vmi("Running");
   v.spec.domain.cpu = { sockets: 1, cores: 1, threads: 1, maxSockets: 2 };
-  v.spec.domain.memory = { guest: "128Mi", maxGuest: "256Mi" };
-  v.status!.memory = { guestAtBoot: "128Mi", guestCurrent: "128Mi", guestRequested: "128Mi" };
+  v.spec.domain.memory = { guest: "1Gi", maxGuest: "2Gi" };
+  v.status!.memory = { guestAtBoot: "1Gi", guestCurrent: "1Gi", guestRequested: "1Gi" };
   v.status!.conditions = [
     { type: "LiveMigratable", status: "True" },
     ...conditions,
@@ -351,19 +352,20 @@ function liveVmi(conditions: { type: string; status: string }[] = []) {
 function liveVm(sockets: number, guest: string) {
   const v = vm();
   v.spec.template.spec.domain.cpu = { sockets, cores: 1, threads: 1, maxSockets: 2 };
-  v.spec.template.spec.domain.memory = { guest, maxGuest: "256Mi" };
+  v.spec.template.spec.domain.memory = { guest, maxGuest: "2Gi" };
+  v.spec.template.spec.architecture = "amd64"; // virt-api's default
   return v;
 }
 
 Deno.test("liveUpdate(): more sockets and memory patch the VMI, tested as read, as virt-controller", () => {
-  assert.deepEqual(liveUpdate(liveVm(1, "128Mi"), liveVmi()), { patch: [] });
-  assert.deepEqual(liveUpdate(liveVm(2, "192Mi"), liveVmi()).patch, [
+  assert.deepEqual(liveUpdate(liveVm(1, "1Gi"), liveVmi()), { patch: [] });
+  assert.deepEqual(liveUpdate(liveVm(2, "1152Mi"), liveVmi()).patch, [
     { op: "test", path: "/spec/domain/cpu/sockets", value: 1 },
     { op: "replace", path: "/spec/domain/cpu/sockets", value: 2 },
-    { op: "test", path: "/spec/domain/memory/guest", value: "128Mi" },
-    { op: "replace", path: "/spec/domain/memory/guest", value: "192Mi" },
+    { op: "test", path: "/spec/domain/memory/guest", value: "1Gi" },
+    { op: "replace", path: "/spec/domain/memory/guest", value: "1152Mi" },
   ]);
-  assert.deepEqual(liveUpdate(liveVm(2, "192Mi"), undefined), { patch: [] }, "no VMI");
+  assert.deepEqual(liveUpdate(liveVm(2, "1152Mi"), undefined), { patch: [] }, "no VMI");
 });
 
 Deno.test("liveUpdate(): fewer sockets, past the maxima, below boot or unmigratable need a restart", () => {
@@ -371,30 +373,34 @@ Deno.test("liveUpdate(): fewer sockets, past the maxima, below boot or unmigrata
   const down = liveVmi();
   down.spec.domain.cpu!.sockets = 2;
   assert.equal(
-    restart(liveVm(1, "128Mi"), down),
+    restart(liveVm(1, "1Gi"), down),
     "Reduction of CPU socket count requires a restart",
   );
   assert.equal(
-    restart(liveVm(3, "128Mi")),
+    restart(liveVm(3, "1Gi")),
     "CPU sockets updated in template spec to a value higher than what's available",
   );
+  // KubeVirt's validation comes first: past maxGuest is "not supported", not "not available".
   assert.equal(
-    restart(liveVm(1, "512Mi")),
-    "memory updated in template spec to a value higher than what's available",
+    restart(liveVm(1, "3Gi")),
+    "memory hotplug not supported, Guest memory is greater than the configured maxGuest memory",
   );
+  const big = liveVmi();
+  big.spec.domain.memory = { guest: "1536Mi", maxGuest: "2Gi" };
+  big.status!.memory = { guestAtBoot: "1536Mi", guestCurrent: "1536Mi" };
   assert.equal(
-    restart(liveVm(1, "64Mi")),
+    restart(liveVm(1, "1Gi"), big),
     "memory updated in template spec to a value lower than what the VM started with",
   );
   const pinned = liveVmi();
   pinned.status!.conditions = [{ type: "LiveMigratable", status: "False" }] as VmiCondition[];
-  assert.match(restart(liveVm(1, "192Mi"), pinned)!, /only available for migratable VMs/);
+  assert.match(restart(liveVm(1, "1152Mi"), pinned)!, /only available for migratable VMs/);
   const failed = liveVmi([{ type: "HotMemoryChange", status: "False" }]);
-  assert.match(restart(liveVm(1, "192Mi"), failed)!, /Memory-hotplug failed/);
+  assert.match(restart(liveVm(1, "1152Mi"), failed)!, /Memory-hotplug failed/);
 });
 
 Deno.test("liveUpdate(): a change waits while another hot-plug or a migration runs", () => {
-  const busy = liveUpdate(liveVm(2, "128Mi"), liveVmi([{ type: "HotVCPUChange", status: "True" }]));
+  const busy = liveUpdate(liveVm(2, "1Gi"), liveVmi([{ type: "HotVCPUChange", status: "True" }]));
   assert.deepEqual(busy.error, {
     reason: "HotPlugCPUError",
     message:
@@ -402,6 +408,69 @@ Deno.test("liveUpdate(): a change waits while another hot-plug or a migration ru
   });
   const moving = liveVmi();
   moving.status!.migrationState = { startTimestamp: "t" };
-  assert.match(liveUpdate(liveVm(1, "192Mi"), moving).error!.message, /while VMI is migrating/);
-  assert.equal(liveUpdate(liveVm(1, "192Mi"), moving).error!.reason, "HotPlugMemoryError");
+  assert.match(liveUpdate(liveVm(1, "1152Mi"), moving).error!.message, /while VMI is migrating/);
+  assert.equal(liveUpdate(liveVm(1, "1152Mi"), moving).error!.reason, "HotPlugMemoryError");
+});
+
+Deno.test("liveUpdateMemoryRefusal(): KubeVirt's rules for memory hot-plug, each in its words", () => {
+  const spec = (memory: Record<string, unknown>, more: Record<string, unknown> = {}) =>
+    ({ architecture: "amd64", domain: { devices: {}, memory, ...more } }) as never;
+  assert.equal(liveUpdateMemoryRefusal(spec({ guest: "1Gi" }), "2Gi"), undefined);
+  assert.equal(
+    liveUpdateMemoryRefusal(spec({ guest: "512Mi" }), "2Gi"),
+    "Memory hotplug is only available for VMs with at least 1Gi of guest memory",
+  );
+  assert.equal(
+    liveUpdateMemoryRefusal(spec({ guest: "1025Mi" }), "2Gi"),
+    "Guest memory must be 2Mi aligned",
+  );
+  assert.equal(
+    liveUpdateMemoryRefusal(spec({ guest: "1Gi" }), "2049Mi"),
+    "MaxGuest must be 2Mi aligned",
+  );
+  assert.equal(
+    liveUpdateMemoryRefusal(spec({ guest: "3Gi" }), "2Gi"),
+    "Guest memory is greater than the configured maxGuest memory",
+  );
+  assert.equal(
+    liveUpdateMemoryRefusal(spec({ guest: "2Gi", hugepages: { pageSize: "1Gi" } }), "3Gi"),
+    undefined,
+  );
+  assert.equal(
+    liveUpdateMemoryRefusal(spec({ guest: "1026Mi", hugepages: { pageSize: "1Gi" } }), "3Gi"),
+    "Guest memory must be 1Gi aligned",
+  );
+  assert.equal(
+    liveUpdateMemoryRefusal(spec({ guest: "1Gi" }, { cpu: { realtime: {} } }), "2Gi"),
+    "Memory hotplug is not compatible with realtime VMs",
+  );
+  assert.equal(
+    liveUpdateMemoryRefusal(
+      spec({ guest: "1Gi" }, { cpu: { numa: { guestMappingPassthrough: {} } } }),
+      "2Gi",
+    ),
+    "Memory hotplug is not compatible with guest mapping passthrough",
+  );
+  assert.equal(
+    liveUpdateMemoryRefusal(spec({ guest: "1Gi" }, { launchSecurity: {} }), "2Gi"),
+    "Memory hotplug is not compatible with encrypted VMs",
+  );
+  assert.equal(
+    liveUpdateMemoryRefusal({ domain: { devices: {}, memory: { guest: "1Gi" } } } as never, "2Gi"),
+    "Memory hotplug is only available for x86_64 VMs",
+  );
+  assert.equal(
+    liveUpdateMemoryRefusal(spec({}), "2Gi"),
+    "Guest memory must be configured when memory hotplug is enabled",
+  );
+  // Through the VM controller: the VM's RestartRequired says it.
+  const small = liveVm(1, "768Mi");
+  small.spec.template.spec.domain.memory!.maxGuest = "1Gi";
+  const running = liveVmi();
+  running.spec.domain.memory = { guest: "512Mi", maxGuest: "1Gi" };
+  running.status!.memory = { guestAtBoot: "512Mi", guestCurrent: "512Mi" };
+  assert.equal(
+    liveUpdate(small, running).restartRequired,
+    "memory hotplug not supported, Memory hotplug is only available for VMs with at least 1Gi of guest memory",
+  );
 });

@@ -14,6 +14,7 @@
  */
 import {
   parseQuantity,
+  type Quantity,
   type VirtualMachine,
   type VirtualMachineInstance,
   type VmiCondition,
@@ -119,6 +120,8 @@ function memoryChange(vm: VirtualMachine, vmi: VirtualMachineInstance, result: L
     return void fail("another memory hotplug is in progress");
   }
   if (isMigrating(vmi)) return void fail("memory hotplug is not allowed while VMI is migrating");
+  const unsupported = liveUpdateMemoryRefusal(vm.spec.template.spec, running.maxGuest);
+  if (unsupported) return restart(`memory hotplug not supported, ${unsupported}`);
   if (
     status.guestAtBoot !== undefined && parseQuantity(wanted) < parseQuantity(status.guestAtBoot)
   ) {
@@ -133,4 +136,50 @@ function memoryChange(vm: VirtualMachine, vmi: VirtualMachineInstance, result: L
     { op: "test", path: "/spec/domain/memory/guest", value: running.guest },
     { op: "replace", path: "/spec/domain/memory/guest", value: wanted },
   );
+}
+
+/** virtio-mem's block: 2 MiB, a transparent huge page (KubeVirt's hot-plug alignment). */
+const HOTPLUG_BLOCK_BYTES = 2 * 1024 ** 2;
+/** The block under 1Gi huge pages. */
+const HOTPLUG_1G_BLOCK_BYTES = 1024 ** 3;
+/** The least guest memory memory hot-plug is offered for (KubeVirt's 1Gi). */
+const MIN_HOTPLUG_GUEST_BYTES = 1024 ** 3;
+
+/**
+ * Why a VMI spec cannot have its memory plugged live up to `maxGuest`, in KubeVirt v1.7.0's
+ * words (`liveupdate/memory.ValidateLiveUpdateMemory`, which virt-api, virt-controller and
+ * the VMI defaults ask); undefined when it can.
+ */
+export function liveUpdateMemoryRefusal(
+  spec: VirtualMachineInstance["spec"],
+  maxGuest: Quantity | undefined,
+): string | undefined {
+  const domain = spec.domain;
+  if (domain.cpu?.realtime != null) return "Memory hotplug is not compatible with realtime VMs";
+  if (
+    (domain.cpu?.numa as { guestMappingPassthrough?: unknown } | undefined)
+      ?.guestMappingPassthrough != null
+  ) {
+    return "Memory hotplug is not compatible with guest mapping passthrough";
+  }
+  if (domain.launchSecurity != null) return "Memory hotplug is not compatible with encrypted VMs";
+  const block = domain.memory?.hugepages?.pageSize === "1Gi"
+    ? HOTPLUG_1G_BLOCK_BYTES
+    : HOTPLUG_BLOCK_BYTES;
+  const guest = domain.memory?.guest;
+  if (guest === undefined) return "Guest memory must be configured when memory hotplug is enabled";
+  if (maxGuest === undefined) {
+    return "Max guest memory must be configured when memory hotplug is enabled";
+  }
+  const guestBytes = parseQuantity(guest);
+  const maxBytes = parseQuantity(maxGuest);
+  if (guestBytes > maxBytes) return "Guest memory is greater than the configured maxGuest memory";
+  const aligned = block === HOTPLUG_BLOCK_BYTES ? "2Mi" : "1Gi";
+  if (guestBytes % block !== 0) return `Guest memory must be ${aligned} aligned`;
+  if (maxBytes % block !== 0) return `MaxGuest must be ${aligned} aligned`;
+  if (spec.architecture !== "amd64") return "Memory hotplug is only available for x86_64 VMs";
+  if (guestBytes < MIN_HOTPLUG_GUEST_BYTES) {
+    return "Memory hotplug is only available for VMs with at least 1Gi of guest memory";
+  }
+  return undefined;
 }

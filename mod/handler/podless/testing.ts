@@ -12,7 +12,7 @@ export { PodlessProber, type ProbeLauncher, runProbe } from "./prober.ts";
 export { findLauncherByUid, LauncherSpawner, type LauncherSpawnerOptions } from "./spawner.ts";
 export { ownsVm } from "./vms.ts";
 export { memoryDumpActions, nextMemoryDumpRequest } from "./memory_dump.ts";
-export { liveUpdate } from "./live_update.ts";
+export { liveUpdate, liveUpdateMemoryRefusal } from "./live_update.ts";
 export {
   decideVm,
   firmwareUuid,
