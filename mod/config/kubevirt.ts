@@ -45,13 +45,14 @@
  * | `permittedHostDevices` | none | PCI, mediated and USB devices: a device plugin per resource | I3 |
  * | `mediatedDevicesConfiguration` | none: every mediated device not externally provided is removed | mediated devices created and removed to match | U8, I4 |
  * | `developerConfiguration.featureGates: DisableMDEVConfiguration` | off (Alpha) | mediated devices left as they are | U8 |
+ * | `network.binding.<plugin>.computeResourceOverhead.requests.memory` | none | KubeVirt mode: a migration target's memory hot-plug counts it | U11 |
  *
  * Tests: U1 tests/unit/kubevirt_config_test.ts (parsing and checks), U2 the same file
  * (launcher options), U3 tests/unit/container_disk_image_volume_test.ts, U4
  * tests/unit/handler_device_ownership_test.ts, U5 tests/unit/handler_status_test.ts, U6
  * tests/unit/kube_rate_limit_test.ts, U7 tests/unit/converter_volumes_test.ts, U8
  * tests/unit/mdev_types_test.ts, U9 tests/unit/migration_network_test.ts, U10
- * tests/unit/guest_agent_support_test.ts, I3 tests/integration/node_device_plugins_test.ts, I1 and I2
+ * tests/unit/guest_agent_support_test.ts, U11 tests/unit/migration_target_hotplug_test.ts, I3 tests/integration/node_device_plugins_test.ts, I1 and I2
  * tests/integration/kubevirt_cr_config_test.ts (a running handler; the labeller), I4
  * tests/integration/node_apiserver_test.ts (the heartbeat hands on the node's labels), E1
  * tests/e2e/migration_qemu_test.ts (pod-less bandwidth), N1 tests/node/image_volume_node_test.ts
@@ -144,6 +145,8 @@ export interface KubevirtConfig {
   permittedHostDevices: Record<string, unknown> | undefined;
   /** `mediatedDevicesConfiguration`, as the CR has it. */
   mediatedDevicesConfiguration: Record<string, unknown> | undefined;
+  /** The memory each network binding plugin's sidecar asks for, by plugin name. */
+  bindingMemoryOverheads: Readonly<Record<string, string>>;
 }
 
 /** KubeVirt v1.7.0's configuration when no CR says otherwise. */
@@ -169,6 +172,7 @@ export const KUBEVIRT_DEFAULTS: Readonly<KubevirtConfig> = Object.freeze({
   minCpuModel: "",
   permittedHostDevices: undefined,
   mediatedDevicesConfiguration: undefined,
+  bindingMemoryOverheads: {},
 });
 
 /** The KubeVirt CR's annotation that gives EFI guests VGA instead of Bochs. */
@@ -315,6 +319,12 @@ export const KUBEVIRT_KEYS: readonly KubevirtKey[] = Object.freeze([
     virtnode: "mediated devices left as they are",
     tests: "U8",
   },
+  {
+    key: "network.binding.<plugin>.computeResourceOverhead.requests.memory",
+    kubevirtDefault: "none",
+    virtnode: "KubeVirt mode: a migration target's memory hot-plug counts it",
+    tests: "U11",
+  },
 ]);
 
 /** Why a configuration was refused, in KubeVirt's words. */
@@ -435,6 +445,13 @@ export function parseKubevirtConfiguration(
       c.supportedGuestAgentVersions.length > 0
     ? c.supportedGuestAgentVersions.filter((v): v is string => typeof v === "string")
     : KUBEVIRT_DEFAULTS.supportedGuestAgentVersions;
+  const bindingMemory: Record<string, string> = {};
+  for (const [name, plugin] of Object.entries(object(network.binding) ?? {})) {
+    const memory = object(object(object(plugin)?.computeResourceOverhead)?.requests)?.memory;
+    if (typeof memory === "string" || typeof memory === "number") {
+      bindingMemory[name] = String(memory);
+    }
+  }
   const obsolete = object(c.obsoleteCPUModels);
   const obsoleteModels = obsolete ? Object.keys(obsolete).sort() : [];
 
@@ -480,6 +497,7 @@ export function parseKubevirtConfiguration(
     minCpuModel: text(c.minCPUModel, ""),
     permittedHostDevices: object(c.permittedHostDevices),
     mediatedDevicesConfiguration: object(c.mediatedDevicesConfiguration),
+    bindingMemoryOverheads: bindingMemory,
   };
 }
 

@@ -539,6 +539,9 @@ export class Handler implements Runnable {
       },
       networks: o.networks,
       cleanup: (vmi) => this.#controller.cleanupLocal(vmi),
+      bindingMemoryOverheads: this.#options.kubevirtCr
+        ? () => this.#options.kubevirtCr!.config().bindingMemoryOverheads
+        : undefined,
     });
     const source = new MigrationSourceController({
       ...common,

@@ -13,7 +13,11 @@
  *    `targetNodeDomainReadyTimestamp` once it runs (pod-less: its taps then join the pod's
  *    namespace), then, once the target launcher marks the migration's end, takes the VMI
  *    over (`status.nodeName` and the `kubevirt.io/nodeName` label become this node's);
- * 4. finalizes it (`FinalizeVirtualMachineMigration`, `completed`), and at last drops the
+ * 4. finalizes it: plugs the vCPUs and memory of a live CPU or memory change that
+ *    virt-controller migrated the VMI for (`SyncVirtualMachineCPUs`, `SyncVirtualMachineMemory`,
+ *    `status.currentCPUTopology`, `status.memory.guestRequested`, the `HotVCPUChange` and
+ *    `HotMemoryChange` conditions and the pod-size labels, as virt-handler), then
+ *    `FinalizeVirtualMachineMigration` and `completed`; at last it drops the
  *    target label; a failed migration's target is cleaned up instead (launcher, network,
  *    ghost record: the same cleanup as a deleted VMI's).
  *
@@ -46,6 +50,24 @@ import {
 import { describe, domainUid } from "./_vmi.ts";
 import { DONE, KeyedController, type ReconcileResult, requeueAfter, sooner } from "./_workers.ts";
 import { interfaceDomainAttachment } from "./vm_options.ts";
+import {
+  cpuHotplugRefusal,
+  MEMORY_HOTPLUG_FAILED_REASON,
+  MEMORY_OVERHEAD_RATIO_LABEL,
+  memoryHotplugRefusal,
+  POD_CPU_LIMITS_LABEL,
+  POD_MEMORY_REQUESTS_LABEL,
+} from "./target_hotplug.ts";
+
+function hasCondition(vmi: VirtualMachineInstance, type: string): boolean {
+  return vmi.status?.conditions?.some((c) => c.type === type) ?? false;
+}
+
+function removeCondition(vmi: VirtualMachineInstance, type: string): void {
+  if (vmi.status?.conditions) {
+    vmi.status.conditions = vmi.status.conditions.filter((c) => c.type !== type);
+  }
+}
 
 const log = getLogger("handler", "migration-target");
 
@@ -88,6 +110,8 @@ export interface MigrationTargetDeps {
   networks: PodNetworks;
   /** Removes what the node keeps for a VMI (the VMI controller's cleanup). */
   cleanup(vmi: VirtualMachineInstance): Promise<void>;
+  /** The memory of each network binding plugin (the cluster's configuration); none unless told. */
+  bindingMemoryOverheads?: () => Readonly<Record<string, string>>;
   /** Concurrent syncs. */
   workers?: number;
 }
@@ -199,6 +223,17 @@ export class MigrationTargetController extends KeyedController {
     if (migrationNeedsFinalization(state)) {
       const client = await this.#client(vmi);
       if (!client) throw new Error("failed to finalize migration: the target launcher is gone");
+      await this.#hotplugCpu(vmi, client).catch((error) =>
+        this.#hotplugFailed(vmi, error, "failed to change vCPUs")
+      );
+      await this.#hotplugMemory(vmi, client).catch((error) =>
+        this.#hotplugFailed(vmi, error, "failed to update guest memory")
+      );
+      // The volumes a volume migration moved are moved now.
+      vmi.status!.conditions = vmi.status!.conditions?.filter((c) =>
+        c.type !== ConditionType.VolumesChange
+      );
+      delete vmi.status!.migratedVolumes;
       await client.finalizeVirtualMachineMigration(vmi, { interfaceMigration: {} });
       state.completed = true;
       return DONE;
@@ -235,6 +270,88 @@ export class MigrationTargetController extends KeyedController {
     this.#prepared.set(uid, migrationUid);
     this.record(vmi, "Normal", MigrationEvents.PreparingTarget, MigrationEvents.TargetPrepared);
     return DONE;
+  }
+
+  /**
+   * virt-handler's `hotplugCPU`: with `HotVCPUChange` on the VMI, the target launcher plugs
+   * the vCPUs the spec's topology counts and the status takes that topology; the condition
+   * and the pod's CPU-limit label go whatever happens.
+   */
+  async #hotplugCpu(vmi: VirtualMachineInstance, client: LauncherClient): Promise<void> {
+    try {
+      if (!hasCondition(vmi, ConditionType.HotVCPUChange)) return;
+      const refusal = cpuHotplugRefusal(vmi);
+      if (refusal) throw new Error(refusal);
+      await client.syncVirtualMachineCpus(vmi);
+      const cpu = vmi.spec.domain.cpu ?? {};
+      vmi.status!.currentCPUTopology = {
+        ...vmi.status!.currentCPUTopology,
+        sockets: cpu.sockets,
+        cores: cpu.cores,
+        threads: cpu.threads,
+      };
+      log.info("vCPUs plugged on the migration target", {
+        uid: vmi.metadata.uid,
+        sockets: cpu.sockets,
+        cores: cpu.cores,
+        threads: cpu.threads,
+      });
+    } finally {
+      if (vmi.metadata.labels) delete vmi.metadata.labels[POD_CPU_LIMITS_LABEL];
+      removeCondition(vmi, ConditionType.HotVCPUChange);
+    }
+  }
+
+  /**
+   * virt-handler's `hotplugMemory`: with `HotMemoryChange` on the VMI, and a target pod
+   * whose memory request holds the new size, the target launcher sets the virtio-mem
+   * device's requested size and `status.memory.guestRequested` follows; a plug the
+   * launcher refuses leaves the condition False (virt-controller then asks for a restart).
+   * The pod-size labels go whatever happens.
+   */
+  async #hotplugMemory(vmi: VirtualMachineInstance, client: LauncherClient): Promise<void> {
+    try {
+      if (!hasCondition(vmi, ConditionType.HotMemoryChange)) return;
+      const refusal = memoryHotplugRefusal(vmi, this.#d.bindingMemoryOverheads?.() ?? {});
+      if (refusal) {
+        removeCondition(vmi, ConditionType.HotMemoryChange);
+        throw new Error(refusal);
+      }
+      try {
+        await client.syncVirtualMachineMemory(vmi);
+      } catch (error) {
+        removeCondition(vmi, ConditionType.HotMemoryChange);
+        vmi.status!.conditions = [...vmi.status!.conditions ?? [], {
+          type: ConditionType.HotMemoryChange,
+          status: "False",
+          reason: MEMORY_HOTPLUG_FAILED_REASON,
+          message: "memory hotplug failed, the VM configuration is not supported",
+          lastProbeTime: null,
+          lastTransitionTime: kubeTime(),
+        }];
+        throw error;
+      }
+      removeCondition(vmi, ConditionType.HotMemoryChange);
+      vmi.status!.memory = { ...vmi.status!.memory, guestRequested: vmi.spec.domain.memory?.guest };
+      log.info("Guest memory plugged on the migration target", {
+        uid: vmi.metadata.uid,
+        guest: vmi.spec.domain.memory?.guest,
+      });
+    } finally {
+      if (vmi.metadata.labels) {
+        delete vmi.metadata.labels[POD_MEMORY_REQUESTS_LABEL];
+        delete vmi.metadata.labels[MEMORY_OVERHEAD_RATIO_LABEL];
+      }
+    }
+  }
+
+  /** A failed plug: logged and a Warning Event, as virt-handler (its reason is the error). */
+  #hotplugFailed(vmi: VirtualMachineInstance, error: unknown, message: string): void {
+    log.error("failed to finalize migration: {error}", {
+      uid: vmi.metadata.uid,
+      error: describe(error),
+    });
+    this.record(vmi, "Warning", describe(error), message);
   }
 
   /** The target launcher's client once it answers; undefined while it is starting. */

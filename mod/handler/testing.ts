@@ -18,6 +18,13 @@ export { GhostRecordError } from "./ghost_records.ts";
 export { DownwardMetricsChannels, hasDownwardMetricsDevice } from "./downward_metrics.ts";
 export { guestAgentSupport } from "./guest_agent_support.ts";
 export {
+  bindingPluginsMemory,
+  cpuHotplugRefusal,
+  launcherMemoryOverhead,
+  memoryHotplugRefusal,
+  vcpuCount,
+} from "./target_hotplug.ts";
+export {
   dialDirectly,
   LauncherCallError,
   LauncherClient,
