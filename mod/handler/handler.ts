@@ -70,6 +70,7 @@ import { VmiController } from "./controller.ts";
 import { MigrationProxyManager } from "../migration/mod.ts";
 import { MigrationSourceController } from "./migration_source.ts";
 import { MigrationTargetController } from "./migration_target.ts";
+import { omitEmptyMigrationState } from "./migration_state.ts";
 import { type HealthAnswer, HealthStatus } from "./healthz.ts";
 import { GhostRecordStore } from "./ghost_records.ts";
 import { LauncherClients } from "./launcher_clients.ts";
@@ -461,7 +462,11 @@ export class Handler implements Runnable {
     const launchers = this.#launchers;
     const statusWriter = new StatusWriter<VirtualMachineInstanceStatus, VirtualMachineInstance>(
       client,
-      { groupVersionPath: "/apis/kubevirt.io/v1", plural: VMI_RESOURCE },
+      {
+        groupVersionPath: "/apis/kubevirt.io/v1",
+        plural: VMI_RESOURCE,
+        normalize: omitEmptyMigrationState,
+      },
     );
     this.#migration = options.migration
       ? this.#migrationParts(options.migration, { statusWriter, networks, queue })

@@ -130,3 +130,31 @@ export function migrationOptions(
   if (!limited && !allowPostCopy) options.ParallelMigrationThreads = PARALLEL_MIGRATION_THREADS;
   return options;
 }
+
+/** Drops the members Go's `omitempty` leaves out: false, "", 0, null, empty lists and maps. */
+function dropZeros(o: Record<string, unknown>): void {
+  for (const [key, value] of Object.entries(o)) {
+    const empty = value === undefined || value === null || value === false || value === "" ||
+      value === 0 || (Array.isArray(value) && value.length === 0) ||
+      (typeof value === "object" && value !== null && Object.keys(value).length === 0);
+    if (empty) delete o[key];
+  }
+}
+
+/**
+ * Leaves out of a VMI's `status.migrationState` what KubeVirt's Go types leave out when
+ * they write it (every field there is `omitempty`: `false`, `""`, empty lists and maps, also
+ * the fields of `sourceState` and `targetState`; a map's own entries stay). virt-controller
+ * patches the migration state with a JSON patch that tests the state as Go read and wrote it
+ * back: a `"failed": false` written by the handler fails that test, and the next migration
+ * of the VMI never starts.
+ */
+export function omitEmptyMigrationState(vmi: VirtualMachineInstance): void {
+  const state = vmi.status?.migrationState as Record<string, unknown> | undefined;
+  if (!state) return;
+  for (const side of ["sourceState", "targetState"]) {
+    const struct = state[side];
+    if (struct && typeof struct === "object") dropZeros(struct as Record<string, unknown>);
+  }
+  dropZeros(state);
+}

@@ -47,6 +47,7 @@ export {
   isMigrationTarget,
   migrationNeedsFinalization,
   notMigratable,
+  omitEmptyMigrationState,
 } from "./migration_state.ts";
 export {
   type DomainNotification,

@@ -27,7 +27,7 @@ import { vmiKey } from "../api/mod.ts";
 export type StatusMutation<S> = (status: S) => S | void;
 
 /** Options of {@linkcode StatusWriter}. */
-export interface StatusWriterOptions {
+export interface StatusWriterOptions<T = unknown> {
   /** The collection path, e.g. `/apis/kubevirt.io/v1`, namespaced objects get `/namespaces/<ns>`. */
   groupVersionPath: string;
   /** Plural resource name, e.g. `virtualmachineinstances`. */
@@ -41,6 +41,12 @@ export interface StatusWriterOptions {
    * changes go to `<object>/status`, and only they.
    */
   statusSubresource?: boolean;
+  /**
+   * Brings what is about to be written to the form the object's own controllers write it
+   * in, before it is compared and sent (KubeVirt's JSON patches test values as Go writes
+   * them: a `false` that Go leaves out fails their test).
+   */
+  normalize?: (object: T) => void;
 }
 
 /** Outcome of {@linkcode StatusWriter.update}. */
@@ -112,10 +118,10 @@ export function desiredStatus<S extends object>(
 /** Writes `.status` of objects of one resource; see the module doc. */
 export class StatusWriter<S extends object, T extends KubeObject & { status?: S }> {
   readonly #client: KubeClient;
-  readonly #options: StatusWriterOptions;
+  readonly #options: StatusWriterOptions<T>;
 
   /** Creates a writer for one resource type. */
-  constructor(client: KubeClient, options: StatusWriterOptions) {
+  constructor(client: KubeClient, options: StatusWriterOptions<T>) {
     this.#client = client;
     this.#options = options;
   }
@@ -151,6 +157,7 @@ export class StatusWriter<S extends object, T extends KubeObject & { status?: S 
     for (let attempt = 0;; attempt++) {
       const copy = structuredClone(current);
       const desired = mutate(copy) ?? copy;
+      this.#options.normalize?.(desired);
       if (!changedBeyondSpec(current, desired)) return { written, object: current, requests };
       try {
         requests++;

@@ -12,6 +12,7 @@ import {
   migrationNeedsFinalization,
   migrationOptions,
   notMigratable,
+  omitEmptyMigrationState,
 } from "../../mod/handler/testing.ts";
 
 function vmi(
@@ -178,4 +179,40 @@ Deno.test("notMigratable() gives admission's refusal for LiveMigratable=False, n
     "Cannot migrate VMI, Reason: InterfaceNotLiveMigratable, " +
       "Message: cannot migrate VMI which does not use masquerade",
   );
+});
+
+Deno.test("omitEmptyMigrationState(): the migration state as KubeVirt's Go types write it", () => {
+  const v = {
+    metadata: { name: "vm", namespace: "ns", uid: "u1" },
+    spec: { domain: { devices: {} } },
+    status: {
+      migrationState: {
+        completed: true,
+        failed: false,
+        abortRequested: false,
+        failureReason: "",
+        mode: "PreCopy",
+        targetDirectMigrationNodePorts: { "34909": 0, "38625": 49152 },
+        targetCPUSet: [],
+        migrationConfiguration: { allowPostCopy: false, progressTimeout: 150 },
+        targetState: {
+          domainDetected: false,
+          nodeAddress: "10.0.0.2",
+          directMigrationNodePorts: {},
+        },
+        sourceState: { node: "", pod: "p" },
+      },
+    },
+  } as unknown as VirtualMachineInstance;
+  omitEmptyMigrationState(v);
+  assert.deepEqual(v.status?.migrationState, {
+    completed: true,
+    mode: "PreCopy",
+    // A map's own zero entries stay: only the map as a whole is left out when empty.
+    targetDirectMigrationNodePorts: { "34909": 0, "38625": 49152 },
+    // Pointers in Go: a false there is written.
+    migrationConfiguration: { allowPostCopy: false, progressTimeout: 150 },
+    targetState: { nodeAddress: "10.0.0.2" },
+    sourceState: { pod: "p" },
+  });
 });

@@ -64,7 +64,7 @@ import { KUBEVIRT_DEFAULTS, type KubevirtConfig } from "../../config/mod.ts";
 import { getLogger } from "../../log/mod.ts";
 import type { Runnable } from "../../lifecycle/mod.ts";
 import { DONE, type ReconcileResult, requeueAfter, runWorkers } from "../_workers.ts";
-import { notMigratable } from "../migration_state.ts";
+import { notMigratable, omitEmptyMigrationState } from "../migration_state.ts";
 import { HOSTNAME_LABEL } from "./scheduler.ts";
 
 const log = getLogger("handler", "podless-migrations");
@@ -174,6 +174,7 @@ export class PodlessMigrations implements Runnable {
     this.#vmis = new StatusWriter(options.client, {
       groupVersionPath: "/apis/kubevirt.io/v1",
       plural: VMI_RESOURCE,
+      normalize: omitEmptyMigrationState,
     });
   }
 
