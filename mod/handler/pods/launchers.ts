@@ -332,19 +332,22 @@ export class PodLaunchers implements LauncherProvider {
     } finally {
       share.release();
     }
+    const user = vmi.status?.runtimeUser ?? 0;
     const dir = openDirectoryInRoot(root, `${Paths.VirtShareDir}/migrationproxy`);
-    // A folder the launcher made or may write to is refused: the handler makes it, as
-    // root, and only root may change its entries while the proxy's sockets are there.
+    // Root's folder, or the launcher's own: KubeVirt's launcher makes it as a migration
+    // target and gives it to its QEMU user, so a VMI that migrated here once leaves it so.
+    // Nobody else may write to it. Its entries are never followed (the proxy binds, changes
+    // and removes its sockets beneath the folder opened here), so a launcher that swaps
+    // them reaches nothing of the host's.
     const folder = Deno.statSync(dir.path);
-    if (folder.uid !== 0 || (folder.mode! & 0o022) !== 0) {
+    if ((folder.uid !== 0 && folder.uid !== user) || (folder.mode! & 0o022) !== 0) {
       dir.release();
       throw new Error(
         `Cannot use the launcher's ${Paths.VirtShareDir}/migrationproxy: it belongs to uid ` +
-          `${folder.uid} with mode 0${(folder.mode! & 0o777).toString(8)}, not to root ` +
-          `and writable by root alone`,
+          `${folder.uid} with mode 0${(folder.mode! & 0o777).toString(8)}, not to root or ` +
+          `the launcher's user (${user}), writable by its owner alone`,
       );
     }
-    const user = vmi.status?.runtimeUser ?? 0;
     return {
       baseDir: root + Paths.VirtShareDir,
       socketDir: dir.path,
