@@ -51,12 +51,16 @@ export async function virtnodeDaemonSet(image: string, dirs?: VirtnodeDirs): Pro
   return JSON.stringify(ds);
 }
 
-/** virt-handler's DaemonSet as virt-operator makes it, with `node`'s images and directories. */
+/**
+ * virt-handler's DaemonSet as virt-operator makes it, with this machine's images and `node`'s
+ * directories; without `node`, the host paths as shipped (isolated test nodes have them of
+ * their own).
+ */
 export async function virtHandlerDaemonSet(
   kubevirtDir: string,
   image: string,
   launcherImage: string,
-  node: Node,
+  node?: Node,
 ): Promise<string> {
   const out = await new Deno.Command(join(kubevirtDir, "kubevirt-install"), {
     args: [`--handler-image=${image}`, `--launcher-image=${launcherImage}`],
@@ -68,6 +72,7 @@ export async function virtHandlerDaemonSet(
   const pod = ds.spec.template.spec;
   // deno-lint-ignore no-explicit-any
   for (const c of [...pod.initContainers, ...pod.containers] as any[]) c.imagePullPolicy = "Never";
+  if (!node) return JSON.stringify(ds);
   const hostPaths: Record<string, string> = {
     "libvirt-runtimes": join(node.dir, "kubevirt-libvirt-runtimes"),
     "virt-share-dir": join(node.dir, "kubevirt-run"),

@@ -145,6 +145,10 @@ const ISOLATED_PATHS = {
   "/var/lib/kubelet": "kubelet",
   "/var/run/kubevirt": "kubevirt-run",
   "/var/lib/virtnode": "virtnode-state",
+  // virt-handler's own, for the yardstick on isolated nodes.
+  "/var/run/kubevirt-private": "kubevirt-private",
+  "/var/run/kubevirt-libvirt-runtimes": "kubevirt-libvirt-runtimes",
+  "/var/lib/kubevirt-node-labeller": "kubevirt-node-labeller",
   "/run/containerd/s": "containerd-shims",
 } as const;
 
