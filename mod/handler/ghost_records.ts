@@ -105,7 +105,9 @@ export class GhostRecordStore {
   async load(): Promise<SetAsideFile[]> {
     await Deno.mkdir(this.#dir, { recursive: true, mode: 0o700 });
     const setAside: SetAsideFile[] = [];
-    for await (const entry of Deno.readDir(this.#dir)) {
+    // Read synchronously: Deno 2.9.3 may close a node:net socket's descriptor twice, and a
+    // directory's read on another thread must not fall in between (docs/compatibility.md).
+    for (const entry of Deno.readDirSync(this.#dir)) {
       if (entry.name === SET_ASIDE_DIR) continue;
       const file = join(this.#dir, entry.name);
       if (entry.name.startsWith(TEMP_FILE_PREFIX)) {

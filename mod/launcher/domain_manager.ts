@@ -1614,7 +1614,9 @@ function renderable(element: XmlElement): RenderedElement {
 /** Removes the earlier memory dumps in `dir` (files whose name holds `memory.dump`). */
 async function removePreviousDumps(dir: string): Promise<void> {
   try {
-    for await (const entry of Deno.readDir(dir)) {
+    // Read synchronously: Deno 2.9.3 may close a node:net socket's descriptor twice, and a
+    // directory's read on another thread must not fall in between (docs/compatibility.md).
+    for (const entry of Deno.readDirSync(dir)) {
       if (!entry.name.includes("memory.dump")) continue;
       // A link is removed itself, never what it points at.
       await Deno.remove(join(dir, entry.name)).catch((error) =>

@@ -194,7 +194,9 @@ export class LauncherHost {
   async adoptAll(): Promise<number> {
     await Deno.mkdir(this.#vmDir, { recursive: true, mode: 0o700 });
     const specs: HostedVmSpec[] = [];
-    for await (const entry of Deno.readDir(this.#vmDir)) {
+    // Read synchronously: Deno 2.9.3 may close a node:net socket's descriptor twice, and a
+    // directory's read on another thread must not fall in between (docs/compatibility.md).
+    for (const entry of Deno.readDirSync(this.#vmDir)) {
       if (!entry.isFile || !entry.name.endsWith(".json")) continue;
       const file = join(this.#vmDir, entry.name);
       try {
@@ -475,7 +477,9 @@ export class LauncherHost {
       name === base ||
       (name.startsWith(`${base}.`) && /^\d+(\.gz)?$/.test(name.slice(base.length + 1)));
     try {
-      for await (const entry of Deno.readDir(dir)) {
+      // Read synchronously: Deno 2.9.3 may close a node:net socket's descriptor twice, and a
+      // directory's read on another thread must not fall in between (docs/compatibility.md).
+      for (const entry of Deno.readDirSync(dir)) {
         if (!entry.isFile || !mine(entry.name)) continue;
         await Deno.remove(join(dir, entry.name)).catch((error) =>
           log.warn("Cannot remove the guest's QEMU log: {error}", { file: entry.name, error })

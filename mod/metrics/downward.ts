@@ -56,7 +56,9 @@ export async function readHostFacts(root = ""): Promise<HostFacts> {
   const read = (path: string) => Deno.readTextFile(`${root}${path}`).catch(() => "");
   const cpus: string[] = [];
   try {
-    for await (const entry of Deno.readDir(`${root}/sys/devices/system/cpu`)) {
+    // Read synchronously: Deno 2.9.3 may close a node:net socket's descriptor twice, and a
+    // directory's read on another thread must not fall in between (docs/compatibility.md).
+    for (const entry of Deno.readDirSync(`${root}/sys/devices/system/cpu`)) {
       if (/^cpu\d+$/.test(entry.name)) cpus.push(entry.name);
     }
   } catch { /* no /sys: no CPU count */ }

@@ -176,7 +176,9 @@ export class ContainerDiskStore {
     const removed: string[] = [];
     let entries: Deno.DirEntry[];
     try {
-      entries = await Array.fromAsync(Deno.readDir(this.#o.storeDir));
+      // Read synchronously: Deno 2.9.3 may close a node:net socket's descriptor twice, and a
+      // directory's read on another thread must not fall in between (docs/compatibility.md).
+      entries = [...Deno.readDirSync(this.#o.storeDir)];
     } catch (error) {
       if (error instanceof Deno.errors.NotFound) return removed;
       throw error;

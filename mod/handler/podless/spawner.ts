@@ -46,16 +46,18 @@ const log = getLogger("handler", "launcher-spawner");
  * /proc. Only a hint: signal it through {@linkcode LauncherSpawner.stop}, which checks
  * the process again behind a pidfd.
  */
-export async function findLauncherByUid(
+export function findLauncherByUid(
   uid: string,
   identity: ProcessIdentity = LAUNCHER_IDENTITY,
 ): Promise<number | undefined> {
-  for await (const entry of Deno.readDir("/proc")) {
+  // Read synchronously: Deno 2.9.3 may close a node:net socket's descriptor twice, and a
+  // directory's read on another thread must not fall in between (docs/compatibility.md).
+  for (const entry of Deno.readDirSync("/proc")) {
     if (!/^\d+$/.test(entry.name)) continue;
     const pid = Number(entry.name);
-    if (isLauncherProcess(pid, uid, undefined, identity)) return pid;
+    if (isLauncherProcess(pid, uid, undefined, identity)) return Promise.resolve(pid);
   }
-  return undefined;
+  return Promise.resolve(undefined);
 }
 
 /** How a spawned process is recognised in /proc: its subcommand and the flag of its key. */
