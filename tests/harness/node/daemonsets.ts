@@ -72,7 +72,16 @@ export async function virtHandlerDaemonSet(
   const pod = ds.spec.template.spec;
   // deno-lint-ignore no-explicit-any
   for (const c of [...pod.initContainers, ...pod.containers] as any[]) c.imagePullPolicy = "Never";
-  if (!node) return JSON.stringify(ds);
+  if (!node) {
+    // An isolated node's own paths are mounts of its namespace, where /var/run is a link to
+    // /run: containerd looks a Bidirectional volume's mount up by the path as written, so it
+    // is given as the mount is (else it finds "/", not shared, and refuses the container).
+    for (const volume of pod.volumes) {
+      const path: string | undefined = volume.hostPath?.path;
+      if (path?.startsWith("/var/run/")) volume.hostPath.path = path.slice("/var".length);
+    }
+    return JSON.stringify(ds);
+  }
   const hostPaths: Record<string, string> = {
     "libvirt-runtimes": join(node.dir, "kubevirt-libvirt-runtimes"),
     "virt-share-dir": join(node.dir, "kubevirt-run"),
