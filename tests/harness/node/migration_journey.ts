@@ -255,9 +255,11 @@ export async function migrationJourney(handler: MigrationHandler): Promise<void>
       async () => {
         const v = await vmi();
         const s = v.status;
+        // The pod IP too: a handler may report the new pod's address a sync later.
         return s?.migrationState?.migrationUid !== firstMigration && s?.migrationState?.completed &&
             s.currentCPUTopology?.sockets === 2 &&
-            !s.conditions?.some((c) => c.type === "HotVCPUChange")
+            !s.conditions?.some((c) => c.type === "HotVCPUChange") &&
+            s.interfaces?.[0]?.ipAddress && s.interfaces[0].ipAddress !== newIp
           ? v
           : undefined;
       },
