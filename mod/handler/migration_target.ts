@@ -58,15 +58,15 @@ import {
   POD_CPU_LIMITS_LABEL,
   POD_MEMORY_REQUESTS_LABEL,
 } from "./target_hotplug.ts";
+import { removeCondition, setCondition } from "./status.ts";
 
 function hasCondition(vmi: VirtualMachineInstance, type: string): boolean {
   return vmi.status?.conditions?.some((c) => c.type === type) ?? false;
 }
 
-function removeCondition(vmi: VirtualMachineInstance, type: string): void {
-  if (vmi.status?.conditions) {
-    vmi.status.conditions = vmi.status.conditions.filter((c) => c.type !== type);
-  }
+/** Drops the condition `type` from the VMI's status (status.ts's rule). */
+function dropCondition(vmi: VirtualMachineInstance, type: string): void {
+  if (vmi.status?.conditions) vmi.status.conditions = removeCondition(vmi.status.conditions, type);
 }
 
 const log = getLogger("handler", "migration-target");
@@ -230,9 +230,7 @@ export class MigrationTargetController extends KeyedController {
         this.#hotplugFailed(vmi, error, "failed to update guest memory")
       );
       // The volumes a volume migration moved are moved now.
-      vmi.status!.conditions = vmi.status!.conditions?.filter((c) =>
-        c.type !== ConditionType.VolumesChange
-      );
+      dropCondition(vmi, ConditionType.VolumesChange);
       delete vmi.status!.migratedVolumes;
       await client.finalizeVirtualMachineMigration(vmi, { interfaceMigration: {} });
       state.completed = true;
@@ -298,7 +296,7 @@ export class MigrationTargetController extends KeyedController {
       });
     } finally {
       if (vmi.metadata.labels) delete vmi.metadata.labels[POD_CPU_LIMITS_LABEL];
-      removeCondition(vmi, ConditionType.HotVCPUChange);
+      dropCondition(vmi, ConditionType.HotVCPUChange);
     }
   }
 
@@ -314,24 +312,21 @@ export class MigrationTargetController extends KeyedController {
       if (!hasCondition(vmi, ConditionType.HotMemoryChange)) return;
       const refusal = memoryHotplugRefusal(vmi, this.#d.bindingMemoryOverheads?.() ?? {});
       if (refusal) {
-        removeCondition(vmi, ConditionType.HotMemoryChange);
+        dropCondition(vmi, ConditionType.HotMemoryChange);
         throw new Error(refusal);
       }
       try {
         await client.syncVirtualMachineMemory(vmi);
       } catch (error) {
-        removeCondition(vmi, ConditionType.HotMemoryChange);
-        vmi.status!.conditions = [...vmi.status!.conditions ?? [], {
+        vmi.status!.conditions = setCondition(vmi.status!.conditions ?? [], {
           type: ConditionType.HotMemoryChange,
           status: "False",
           reason: MEMORY_HOTPLUG_FAILED_REASON,
           message: "memory hotplug failed, the VM configuration is not supported",
-          lastProbeTime: null,
-          lastTransitionTime: kubeTime(),
-        }];
+        }, kubeTime());
         throw error;
       }
-      removeCondition(vmi, ConditionType.HotMemoryChange);
+      dropCondition(vmi, ConditionType.HotMemoryChange);
       vmi.status!.memory = { ...vmi.status!.memory, guestRequested: vmi.spec.domain.memory?.guest };
       log.info("Guest memory plugged on the migration target", {
         uid: vmi.metadata.uid,
