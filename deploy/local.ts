@@ -165,14 +165,6 @@ interface HandlerHealth {
   pid?: number;
 }
 
-/** A port on the loopback address that nothing listens on now, for the handler's probes. */
-function freePort(): number {
-  const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
-  const { port } = listener.addr;
-  listener.close();
-  return port;
-}
-
 /** Whether the handler's `/readyz` answers 200. */
 async function handlerReady(port: number): Promise<boolean> {
   try {
@@ -286,7 +278,7 @@ class HandlerSupervisor {
     let backoff = RESTART_BACKOFF_MS;
     let last: Deno.CommandStatus | undefined;
     while (!this.#ending) {
-      const port = freePort();
+      const port = freePorts(1)[0];
       const child = this.#spawn(port);
       this.#child = child;
       this.health.pid = child.pid;

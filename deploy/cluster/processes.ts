@@ -140,15 +140,52 @@ export async function terminate(managed: Managed): Promise<void> {
   }
 }
 
-/** Distinct free loopback ports: all are held open until every one is chosen. */
+/** The lowest port `freePorts` hands out (below it sit well-known and registered services). */
+const PORT_FLOOR = 10_000;
+
+/**
+ * The first port of the kernel's ephemeral range, which outgoing connections draw their
+ * local ports from: a port chosen inside it can be taken by any connect() between the
+ * choice and the server's bind (CI lost kube-controller-manager's port that way).
+ */
+function ephemeralLow(): number {
+  try {
+    const low = Number(
+      Deno.readTextFileSync("/proc/sys/net/ipv4/ip_local_port_range").split(/\s+/)[0],
+    );
+    if (Number.isInteger(low) && low > PORT_FLOOR + 1000) return low;
+  } catch {
+    // No procfs: Linux's default range.
+  }
+  return 32768;
+}
+
+/** Whether nothing is bound to `port` on any address; the probe's socket closes at once. */
+function bindable(port: number): boolean {
+  try {
+    Deno.listen({ hostname: "0.0.0.0", port }).close();
+    return true;
+  } catch (error) {
+    if (error instanceof Deno.errors.AddrInUse) return false;
+    throw error;
+  }
+}
+
+/**
+ * Distinct ports that nothing listens on, drawn at random between 10000 and the start of
+ * the kernel's ephemeral range, so that no outgoing connection takes one before its server
+ * binds it; the random draw keeps test tiers running side by side apart.
+ */
 export function freePorts(count: number): number[] {
-  const listeners = Array.from(
-    { length: count },
-    () => Deno.listen({ hostname: "127.0.0.1", port: 0 }),
-  );
-  const ports = listeners.map((listener) => listener.addr.port);
-  for (const listener of listeners) listener.close();
-  return ports;
+  const low = PORT_FLOOR;
+  const high = ephemeralLow() - 1;
+  const chosen = new Set<number>();
+  for (let tries = 0; chosen.size < count; tries++) {
+    if (tries > 1000) throw new ClusterError(`no free port between ${low} and ${high}`);
+    const port = low + Math.floor(Math.random() * (high - low + 1));
+    if (!chosen.has(port) && bindable(port)) chosen.add(port);
+  }
+  return [...chosen];
 }
 
 /** The last lines of a server's log, for an error message. */

@@ -6,6 +6,7 @@
  * @module
  */
 import { useCluster } from "../../deploy/cluster/cluster.ts";
+import { freePorts } from "../../deploy/cluster/processes.ts";
 import { loadKubeClient } from "../../mod/kube/mod.ts";
 import type { KubeClient } from "../../mod/kube/mod.ts";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
@@ -92,12 +93,9 @@ export interface HandlerProcess {
   kill(signal?: Deno.Signal): Promise<Deno.CommandStatus>;
 }
 
-/** A free TCP port on loopback. */
+/** A TCP port nothing listens on, outside the kernel's ephemeral range (`freePorts`). */
 export function freePort(): number {
-  const l = Deno.listen({ hostname: "127.0.0.1", port: 0 });
-  const port = (l.addr as Deno.NetAddr).port;
-  l.close();
-  return port;
+  return freePorts(1)[0];
 }
 
 /** Polls `fn` until it returns a truthy value or the time is up. */
