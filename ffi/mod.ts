@@ -24,6 +24,7 @@ export * from "./namespaces.ts";
 export * from "./mounts.ts";
 export * from "./mntns.ts";
 export * from "./processes.ts";
+export * from "./scheduling.ts";
 export * from "./sockets.ts";
 export * from "./cgroup_devices.ts";
 export { mountNamespaceChild } from "./mntns_child.ts";

@@ -9,3 +9,4 @@
 export * from "./status.ts";
 export * from "./domain.ts";
 export * from "./phase.ts";
+export * from "./cpu_list.ts";

@@ -15,6 +15,7 @@
 import type { VirtualMachineInstance } from "../api/mod.ts";
 import { featureGateEnabled, KUBEVIRT_DEFAULTS, type KubevirtConfig } from "../config/mod.ts";
 import type { VirtualMachineOptions } from "../proto/mod.ts";
+import { parseCpuList } from "../domain/mod.ts";
 
 /** `kubevirt.cmd.v1.Cell`: one NUMA cell of the host. */
 export interface NumaCell {
@@ -23,20 +24,6 @@ export interface NumaCell {
   pages: { count: string; unit: string; size: number }[];
   distances: { id: number; value: string }[];
   cpus: { id: number; siblings: number[] }[];
-}
-
-/** A Linux CPU list (`0-3,8,10-11`) as numbers. */
-export function parseCpuList(list: string): number[] {
-  const out: number[] = [];
-  for (const part of list.trim().split(",")) {
-    if (!part) continue;
-    const [a, b] = part.split("-").map(Number);
-    if (!Number.isInteger(a) || (b !== undefined && !Number.isInteger(b))) {
-      throw new Error(`Cannot read the CPU list "${list}"`);
-    }
-    for (let n = a; n <= (b ?? a); n++) out.push(n);
-  }
-  return out;
 }
 
 function read(path: string): string | undefined {

@@ -5,7 +5,8 @@
  */
 import assert from "node:assert/strict";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
-import { hostTopology, parseCpuList, virtualMachineOptions } from "../../mod/handler/testing.ts";
+import { hostTopology, virtualMachineOptions } from "../../mod/handler/testing.ts";
+import { parseCpuList } from "../../mod/domain/mod.ts";
 
 async function write(path: string, text: string): Promise<void> {
   await Deno.mkdir(path.slice(0, path.lastIndexOf("/")), { recursive: true });
