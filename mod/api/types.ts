@@ -65,10 +65,16 @@ export interface Cpu {
   dedicatedCpuPlacement?: boolean;
   /** Give QEMU's emulator thread a host CPU of its own (with dedicated placement). */
   isolateEmulatorThread?: boolean;
-  /** How the guest's NUMA topology maps to the host's. */
-  numa?: unknown;
-  /** Real-time tuning of the virtual CPUs. */
-  realtime?: unknown;
+  /**
+   * How the guest's NUMA topology maps to the host's: with `guestMappingPassthrough`, the
+   * guest gets one NUMA node per host node its dedicated CPUs are on.
+   */
+  numa?: { guestMappingPassthrough?: Record<string, never> };
+  /**
+   * Real-time tuning: the vCPUs of `mask` (a libvirt vCPU set such as `0-3,^1`; every
+   * vCPU when empty) run under `SCHED_FIFO`.
+   */
+  realtime?: { mask?: string };
 }
 
 /** `spec.domain.memory`. */

@@ -13,6 +13,7 @@ import { prepareVolumes } from "./converter_volumes.ts";
 import type { PrepareOptions } from "./converter_volumes.ts";
 import { validateVmi } from "./converter_validate.ts";
 import type { PreparedInterface } from "../network/mod.ts";
+import type { HostNumaCell } from "./converter_cpu_tune.ts";
 
 export {
   ConversionError,
@@ -57,6 +58,10 @@ export interface ConvertOptions extends PrepareOptions {
   interfaces?: Record<string, PreparedInterface>;
   /** The cluster's settings the handler sent with the sync. */
   cluster?: DomainClusterOptions;
+  /** The host CPUs a VMI with dedicated CPUs was given (see `DomainXmlOptions`). */
+  dedicatedCpus?: readonly number[];
+  /** The host's NUMA nodes, for NUMA passthrough. */
+  hostNumaCells?: readonly HostNumaCell[];
 }
 
 /** The result of a conversion. */
@@ -92,6 +97,8 @@ export async function convertVmiToDomainXml(
     efi: prepared.efi,
     interfaces: options.interfaces,
     cluster: options.cluster,
+    dedicatedCpus: options.dedicatedCpus,
+    hostNumaCells: options.hostNumaCells,
   });
   return { xml, volumes: prepared.volumes, efi: prepared.efi, created: prepared.created };
 }

@@ -51,6 +51,8 @@ const map = (values: Rule): Rule => ({ kind: "map", values });
 const DNS_LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
 const DNS_SUBDOMAIN = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
 const name: Rule = { kind: "string", pattern: DNS_LABEL };
+/** A realtime vCPU mask: vCPUs and ranges, each possibly negated (`0-3,^1`), or nothing. */
+const REALTIME_MASK = /^$|^\s*\^?\d+(-\d+)?\s*(,\s*\^?\d+(-\d+)?\s*)*$/;
 const featureState = obj({ enabled: bool });
 const timer = (tickPolicies?: readonly string[], tracks?: readonly string[]) =>
   obj({
@@ -164,11 +166,10 @@ const VMI_RULE: Rule = obj({
           name: str(),
           policy: str(["force", "require", "optional", "disable", "forbid"]),
         }, { required: ["name"] })),
-        dedicatedCpuPlacement: {
-          kind: "boolean",
-          only: false,
-          hint: "dedicated CPU placement needs a CPU manager",
-        },
+        dedicatedCpuPlacement: bool,
+        isolateEmulatorThread: bool,
+        realtime: obj({ mask: { kind: "string", pattern: REALTIME_MASK } }),
+        numa: obj({ guestMappingPassthrough: empty }),
       }),
       memory: obj({
         guest: quantity,

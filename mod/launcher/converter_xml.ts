@@ -30,6 +30,12 @@ import {
 } from "../network/mod.ts";
 import { ConversionError, InvalidFieldError, UnsupportedFieldError } from "./converter_errors.ts";
 import { el, renderXml } from "./_xml.ts";
+import {
+  checkCpuPlacement,
+  type CpuPlacement,
+  cpuPlacement,
+  type HostNumaCell,
+} from "./converter_cpu_tune.ts";
 import type { XmlElement } from "./_xml.ts";
 
 /** The file backing one volume, as the preparation step left it. */
@@ -68,6 +74,13 @@ export interface DomainXmlOptions {
   interfaces?: Record<string, PreparedInterface>;
   /** The cluster's settings the handler sent (`VirtualMachineOptions`); none: fields unset. */
   cluster?: DomainClusterOptions;
+  /**
+   * The host CPUs given to a VMI with `dedicatedCpuPlacement`: one per enabled vCPU, then
+   * the emulator thread's with `isolateEmulatorThread`. Such a VMI is refused without them.
+   */
+  dedicatedCpus?: readonly number[];
+  /** The host's NUMA nodes (the handler's `VirtualMachineOptions.topology`), for passthrough. */
+  hostNumaCells?: readonly HostNumaCell[];
 }
 
 /** The cluster's settings a domain follows, from the handler's `VirtualMachineOptions`. */
@@ -491,7 +504,7 @@ function buildInterfaces(
   });
 }
 
-function buildCpu(vmi: VirtualMachineInstance): XmlElement {
+function buildCpu(vmi: VirtualMachineInstance, placement: CpuPlacement | undefined): XmlElement {
   const cpu = vmi.spec.domain.cpu;
   const topology = cpuTopology(vmi);
   // KubeVirt's default; libvirt also offers host-model to software-emulated guests.
@@ -520,8 +533,9 @@ function buildCpu(vmi: VirtualMachineInstance): XmlElement {
     features.map((feature) =>
       el("feature", { policy: feature.policy ?? "require", name: feature.name })
     ),
-    // Memory hot-plug needs a NUMA node; libvirt 9 does not add one itself.
-    maxGuestMemoryBytes(vmi) !== undefined && el(
+    // NUMA passthrough's cells; else memory hot-plug's one node (libvirt 9 adds none itself).
+    placement?.numa && el("numa", {}, placement.numa.cells),
+    !placement?.numa && maxGuestMemoryBytes(vmi) !== undefined && el(
       "numa",
       {},
       el("cell", {
@@ -556,10 +570,11 @@ function buildHotplugVcpus(vmi: VirtualMachineInstance): XmlElement | undefined 
   return el("vcpus", {}, vcpus);
 }
 
-function buildMemoryBacking(vmi: VirtualMachineInstance): XmlElement | undefined {
+/** The huge page size in KiB, when the VMI asks for one; 0 for huge pages of any size. */
+function hugepageKib(vmi: VirtualMachineInstance): number | undefined {
   const hugepages = vmi.spec.domain.memory?.hugepages;
   if (!hugepages) return undefined;
-  if (hugepages.pageSize === undefined) return el("memoryBacking", {}, el("hugepages"));
+  if (hugepages.pageSize === undefined) return 0;
   let kib: number;
   try {
     kib = quantityToInteger(hugepages.pageSize) / 1024;
@@ -578,10 +593,52 @@ function buildMemoryBacking(vmi: VirtualMachineInstance): XmlElement | undefined
       `"${hugepages.pageSize}" is not a page size`,
     );
   }
-  return el(
-    "memoryBacking",
-    {},
-    el("hugepages", {}, el("page", { size: kib, unit: "KiB" })),
+  return kib;
+}
+
+function buildMemoryBacking(
+  vmi: VirtualMachineInstance,
+  placement: CpuPlacement | undefined,
+): XmlElement | undefined {
+  const kib = hugepageKib(vmi);
+  const extra = placement?.memoryBacking ?? [];
+  if (kib === undefined) return extra.length > 0 ? el("memoryBacking", {}, extra) : undefined;
+  const pages = placement?.numa?.pages ??
+    (kib === 0 ? [] : [el("page", { size: kib, unit: "KiB" })]);
+  return el("memoryBacking", {}, el("hugepages", {}, pages), extra);
+}
+
+/**
+ * The domain's parts for dedicated CPUs (converter_cpu_tune.ts), from the CPUs the launcher
+ * was given; undefined for a VMI whose CPUs are not dedicated.
+ */
+function dedicatedPlacement(
+  vmi: VirtualMachineInstance,
+  options: DomainXmlOptions,
+): CpuPlacement | undefined {
+  const cpu = vmi.spec.domain.cpu;
+  if (cpu?.dedicatedCpuPlacement !== true) return undefined;
+  if (options.dedicatedCpus === undefined) {
+    throw new UnsupportedFieldError(
+      vmiKey(vmi),
+      "spec.domain.cpu.dedicatedCpuPlacement",
+      "dedicated CPUs come from the node's CPU manager, and this launcher was given none",
+    );
+  }
+  const topology = cpuTopology(vmi);
+  const kib = hugepageKib(vmi);
+  return cpuPlacement(
+    {
+      key: vmiKey(vmi),
+      cpu,
+      vcpus: topology.sockets * topology.cores * topology.threads,
+      memoryBytes: guestMemoryBytes(vmi),
+      hugepageBytes: kib ? kib * 1024 : undefined,
+      architecture: vmi.spec.architecture,
+      domainType: options.domainType,
+    },
+    options.dedicatedCpus,
+    options.hostNumaCells ?? [],
   );
 }
 
@@ -703,7 +760,10 @@ function buildOs(
   );
 }
 
-function buildFeatures(vmi: VirtualMachineInstance): XmlElement {
+function buildFeatures(
+  vmi: VirtualMachineInstance,
+  placement: CpuPlacement | undefined,
+): XmlElement {
   const features = vmi.spec.domain.features;
   const hyperv = features?.hyperv;
   let hypervElement: XmlElement | undefined;
@@ -750,6 +810,7 @@ function buildFeatures(vmi: VirtualMachineInstance): XmlElement {
     enabled(features?.apic, false) && el("apic"),
     hypervElement,
     features?.smm !== undefined && el("smm", { state: onOff(features.smm) }),
+    placement?.features,
   );
 }
 
@@ -908,6 +969,7 @@ export function checkVmiSemantics(
   if (wantsEfi(vmi) && !enabled(vmi.spec.domain.features?.acpi, true)) {
     throw new InvalidFieldError(key, "spec.domain.features.acpi", "EFI firmware needs ACPI");
   }
+  checkCpuPlacement(key, vmi.spec.domain.cpu, hugepageKib(vmi) !== undefined);
   checkDisks(vmi);
   checkVolumes(vmi);
   buildInterfaces(vmi);
@@ -936,6 +998,7 @@ export function generateDomainXml(vmi: VirtualMachineInstance, options: DomainXm
   const maxGuest = maxGuestMemoryBytes(vmi);
   const sysinfo = buildSysinfo(vmi, options.cluster);
   const uuid = firmwareUuid(vmi);
+  const placement = dedicatedPlacement(vmi, options);
   const domain = el(
     "domain",
     { type: options.domainType },
@@ -944,17 +1007,19 @@ export function generateDomainXml(vmi: VirtualMachineInstance, options: DomainXm
     buildMetadata(vmi),
     maxGuest !== undefined && el("maxMemory", { slots: 1, unit: "b" }, String(maxGuest)),
     el("memory", { unit: "b" }, String(guestMemoryBytes(vmi))),
-    buildMemoryBacking(vmi),
+    buildMemoryBacking(vmi, placement),
     el(
       "vcpu",
       { placement: "static" },
       String(maxCpuSockets(vmi) * topology.cores * topology.threads),
     ),
     buildHotplugVcpus(vmi),
+    placement?.cputune,
+    placement?.numa?.numatune,
     sysinfo,
     buildOs(vmi, options, sysinfo !== undefined),
-    buildFeatures(vmi),
-    buildCpu(vmi),
+    buildFeatures(vmi, placement),
+    buildCpu(vmi, placement),
     buildClock(vmi),
     el(
       "devices",

@@ -58,6 +58,7 @@ export {
 } from "./event_forwarder.ts";
 export { type IsoTool } from "./iso.ts";
 export { ConnectionKeeper } from "./connection_keeper.ts";
+export { CpuPool } from "./cpu_pool.ts";
 export {
   type ConverterSettings,
   DomainManager,

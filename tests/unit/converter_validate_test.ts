@@ -88,10 +88,10 @@ const UNSUPPORTED: [string, (vmi: Json) => void][] = [
     (v) => v.spec.domain.devices.watchdog = { name: "w", i6300esb: {}, diag288: {} },
   ],
   [
-    "spec.domain.cpu.dedicatedCpuPlacement",
-    (v) => v.spec.domain.cpu = { dedicatedCpuPlacement: true },
+    "spec.domain.cpu.numa.guestMappingPassthrough.cells",
+    (v) => v.spec.domain.cpu = { numa: { guestMappingPassthrough: { cells: 2 } } },
   ],
-  ["spec.domain.cpu.numa", (v) => v.spec.domain.cpu = { numa: {} }],
+  ["spec.domain.cpu.realtime.priority", (v) => v.spec.domain.cpu = { realtime: { priority: 2 } }],
   ["spec.domain.features.kvm", (v) => v.spec.domain.features = { kvm: { hidden: true } }],
   ["spec.domain.features.hyperv.evmcs", (v) => v.spec.domain.features = { hyperv: { evmcs: {} } }],
   ["spec.domain.firmware.kernelBoot", (v) => v.spec.domain.firmware = { kernelBoot: {} }],

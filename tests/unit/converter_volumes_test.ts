@@ -544,7 +544,13 @@ Deno.test("generateDomainXml() follows the cluster settings the handler sends, a
   const dedicated = structuredClone(vmi);
   dedicated.spec.domain.cpu = { ...dedicated.spec.domain.cpu, dedicatedCpuPlacement: true };
   assert.match(
-    generateDomainXml(dedicated, { domainType: "qemu", runDir: "/run", volumes, cluster }),
+    generateDomainXml(dedicated, {
+      domainType: "qemu",
+      runDir: "/run",
+      volumes,
+      cluster,
+      dedicatedCpus: [3],
+    }),
     /freePageReporting='off'/,
   );
   // Without the handler's settings (a launcher called directly), as before: period 10.
