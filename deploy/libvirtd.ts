@@ -72,6 +72,28 @@ async function waitForSocket(path: string, timeoutMs: number): Promise<void> {
   }
 }
 
+/** Where {@linkcode prepareLibvirtd} mounts hugetlbfs when none is mounted (systemd's place). */
+const HUGETLBFS_DIR = "/dev/hugepages";
+
+/**
+ * Mounts hugetlbfs on {@linkcode HUGETLBFS_DIR} unless one is mounted (a systemd host has
+ * it; a container or chroot may not); returns whether it mounted one. A mount that fails
+ * is reported and does not stop libvirtd's start.
+ */
+async function ensureHugetlbfs(): Promise<boolean> {
+  const mounts = await Deno.readTextFile("/proc/mounts");
+  if (/^\S+ \S+ hugetlbfs /m.test(mounts)) return false;
+  try {
+    await Deno.mkdir(HUGETLBFS_DIR, { recursive: true });
+    await run("mount", ["-t", "hugetlbfs", "hugetlbfs", HUGETLBFS_DIR]);
+    return true;
+  } catch (error) {
+    // Only VMIs with huge pages need it; libvirt names what is missing when one starts.
+    console.warn(`No hugetlbfs for libvirt: ${error instanceof Error ? error.message : error}`);
+    return false;
+  }
+}
+
 /** What {@linkcode prepareLibvirtd} changed on the host, and how to change it back. */
 export interface PreparedLibvirtd {
   /** The URI to connect to ({@linkcode QEMU_SYSTEM_URI}). */
@@ -115,6 +137,8 @@ export async function prepareLibvirtd(): Promise<PreparedLibvirtd> {
   ) {
     await Deno.mkdir(dir, { recursive: true });
   }
+  // libvirt finds huge page mounts when it starts: VMIs with huge pages need one then.
+  const mountedHugepages = await ensureHugetlbfs();
   const startedLogd = !(await processRunning("virtlogd"));
   if (startedLogd) await run("virtlogd", ["-d"]);
   const logd = startedLogd ? await daemonOf("virtlogd") : undefined;
@@ -129,6 +153,7 @@ export async function prepareLibvirtd(): Promise<PreparedLibvirtd> {
     async restore() {
       if (libvirtd) await stopDaemon(libvirtd);
       if (logd) await stopDaemon(logd);
+      if (mountedHugepages && libvirtd) await run("umount", [HUGETLBFS_DIR], true);
       if (!changedQemuConf) return;
       if (hadConf) await Deno.writeTextFile(QEMU_CONF, conf);
       else await removeIfPresent(QEMU_CONF);

@@ -35,6 +35,7 @@ import {
   isDomainActive,
   LifeCycle,
   newDomain,
+  parseCpuList,
   StateChangeReason,
 } from "../domain/mod.ts";
 import {
@@ -42,7 +43,6 @@ import {
   ConversionError,
   convertVmiToDomainXml,
   cpuTopology,
-  type DomainClusterOptions,
   domainClusterOptions,
   hotplugDiskXml,
   maxCpuSockets,
@@ -51,6 +51,9 @@ import {
   validateVmi,
   virtioMemDevice,
 } from "./converter.ts";
+import { hostNumaCellsOfOptions } from "./converter_cpu_tune.ts";
+import { findQemuPid, placeQemuThreads } from "./thread_placement.ts";
+import { type CpuPool, dedicatedCpuCount, pinnedCpusOfDomainXml } from "./cpu_pool.ts";
 import { el, renderXml, type XmlElement as RenderedElement } from "./_xml.ts";
 import {
   child as xmlChild,
@@ -157,6 +160,11 @@ export interface ConverterSettings extends PrepareOptions {
   network?: Omit<GuestNetworkEnv, "privateDir"> & { privateDir?: string };
   /** The user QEMU runs as, when not root: the VMI's folders are prepared for it. */
   qemuUser?: QemuUser;
+  /**
+   * Where a VMI with `dedicatedCpuPlacement` gets its host CPUs (the launcher host's pool,
+   * shared by its launchers); none: such a VMI is refused.
+   */
+  cpuPool?: CpuPool;
 }
 
 /** Options of {@linkcode DomainManager}. */
@@ -534,17 +542,79 @@ export class DomainManager {
         const state = domainStateFromLibvirt(info.state, info.reason);
         if (isDomainActive(state.status)) {
           await this.#syncHotplugDisks(existing, vmi, state);
+          await this.#placeThreads(existing, vmi);
           return;
         }
         if (isFinalPhase(vmi.status?.phase) || vmi.status?.phase === VmiPhase.Running) return;
       }
-      const xml = await this.#prepareEnvironment(raw, vmi, domainClusterOptions(options));
-      const domain = await this.#conn.defineXML(xml);
-      this.#ownUuid = domain.uuid;
-      this.#stopRequested = false;
-      await domain.start();
+      const xml = await this.#prepareEnvironment(raw, vmi, options);
+      let domain: LibvirtDomain;
+      try {
+        domain = await this.#conn.defineXML(xml);
+        this.#ownUuid = domain.uuid;
+        this.#stopRequested = false;
+        await domain.start();
+      } catch (error) {
+        // No domain runs with them: another VMI may have the CPUs.
+        this.releaseCpus();
+        throw error;
+      }
+      await this.#placeThreads(domain, vmi);
       log.info("Domain started", { ...this.vmi, domain: this.domainName });
     });
+  }
+
+  /**
+   * The host CPUs of a VMI with `dedicatedCpuPlacement`, taken from the pool (the same ones
+   * again for the same VMI); undefined for other VMIs, or without a pool (the converter
+   * then refuses the VMI). Throws {@linkcode DedicatedCpusError} when too few are free.
+   */
+  #claimCpus(vmi: VirtualMachineInstance): number[] | undefined {
+    const count = dedicatedCpuCount(vmi);
+    const pool = this.#converter.cpuPool;
+    if (count === undefined || !pool) return undefined;
+    return pool.claim(this.vmi.uid ?? this.vmiKey, count);
+  }
+
+  /**
+   * A dedicated-CPU VMI's QEMU threads placed as virt-handler places them after the start
+   * (thread_placement.ts): what is no vCPU on the emulator's CPUs with
+   * `isolateEmulatorThread`, the KVM PIT thread beside vCPU 0. Runs on every sync of such a
+   * running domain (it is idempotent), so a failure is tried again.
+   */
+  async #placeThreads(domain: LibvirtDomain, vmi: VirtualMachineInstance): Promise<void> {
+    const cpu = vmi.spec.domain.cpu;
+    if (cpu?.dedicatedCpuPlacement !== true) return;
+    const emulator = /<emulatorpin\b[^>]*\bcpuset=['"]([^'"]+)['"]/.exec(await domain.getXMLDesc());
+    const pid = findQemuPid(this.domainName);
+    if (pid === undefined) {
+      throw new LauncherCommandError("place the threads of", this.vmiKey, "no QEMU process found");
+    }
+    const placed = placeQemuThreads(pid, {
+      housekeeping: cpu.isolateEmulatorThread === true && emulator
+        ? parseCpuList(emulator[1])
+        : undefined,
+      realtime: cpu.realtime !== undefined,
+    });
+    if (placed.moved.length > 0 || placed.pit !== undefined) {
+      log.info("QEMU threads placed", { ...this.vmi, housekeeping: placed.moved, pit: placed.pit });
+    }
+  }
+
+  /** Gives the VMI's dedicated CPUs back to the pool (its domain is gone or never started). */
+  releaseCpus(): void {
+    this.#converter.cpuPool?.release(this.vmi.uid ?? this.vmiKey);
+  }
+
+  /**
+   * Takes back the CPUs the VMI's running domain pins (a launcher host adopting it after a
+   * restart), so that no other VMI is given them.
+   */
+  async holdPinnedCpus(): Promise<void> {
+    const pool = this.#converter.cpuPool;
+    const domain = pool && await this.lookup();
+    if (!domain) return;
+    pool.hold(this.vmi.uid ?? this.vmiKey, pinnedCpusOfDomainXml(await domain.getXMLDesc()));
   }
 
   /**
@@ -554,15 +624,19 @@ export class DomainManager {
   async #prepareEnvironment(
     raw: unknown,
     vmi: VirtualMachineInstance,
-    cluster: DomainClusterOptions | undefined,
+    options: Record<string, unknown> | null | undefined,
   ): Promise<string> {
+    // Dedicated CPUs first: a VMI that cannot have them makes nothing on the node.
+    const dedicated = this.#claimCpus(vmi);
     await this.#prepareDirs();
     const interfaces = await this.#prepareNetwork(vmi);
     const { xml, volumes, efi } = await convertVmiToDomainXml(raw, {
       ...this.#converter,
       domainType: this.#converter.domainType ?? (kvmUsable() ? "kvm" : "qemu"),
       interfaces,
-      cluster,
+      cluster: domainClusterOptions(options),
+      dedicatedCpus: dedicated,
+      hostNumaCells: hostNumaCellsOfOptions(options),
     });
     letQemuReach(this.#converter.qemuUser, [
       ...Object.values(volumes).map((v) => v.path),
@@ -1058,6 +1132,16 @@ export class DomainManager {
             vmi.status?.migrationTransport ? `"${vmi.status.migrationTransport}"` : "TCP"
           }; virtnode's launcher takes migrations over unix sockets only ` +
             `(status.migrationTransport "Unix")`,
+        );
+      }
+      if (vmi.spec.domain.cpu?.dedicatedCpuPlacement === true) {
+        // The domain would arrive pinned to the source's CPUs, which may be another VMI's here.
+        throw new LauncherCommandError(
+          "prepare the migration target of",
+          this.vmiKey,
+          "spec.domain.cpu.dedicatedCpuPlacement: virtnode's launcher does not take VMIs with " +
+            "dedicated CPUs as migration targets yet (their CPUs would have to be chosen here " +
+            "and the domain's pinning rewritten on the way)",
         );
       }
       const existing = await this.lookup();

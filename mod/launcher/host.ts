@@ -35,6 +35,7 @@
  * @module
  */
 
+import { CpuPool } from "./cpu_pool.ts";
 import { join } from "node:path";
 import {
   type Connection,
@@ -123,6 +124,8 @@ export class LauncherHost {
   readonly #netns = new NetnsRunner();
   /** Every guest's DHCP servers, on one wait. */
   readonly #dhcp = new DhcpServers(this.#netns);
+  /** The CPUs the host's VMIs with dedicated CPUs get theirs from (cpu_pool.ts). */
+  readonly #cpuPool = CpuPool.ofThisProcess();
 
   private constructor(
     options: LauncherHostOptions,
@@ -313,6 +316,7 @@ export class LauncherHost {
         ovmfDir: this.#o.ovmfDir,
         containerDisks: spec.containerDisks,
         qemuUser: this.#qemuUser,
+        cpuPool: this.#cpuPool,
         network: spec.netns === undefined ? undefined : {
           runner: this.#netns,
           dhcp: this.#dhcp,
@@ -340,6 +344,8 @@ export class LauncherHost {
         await instance.serve({ replaceReady: adopting });
         if (hosted.status.state === "starting") hosted.status.state = "ready";
         if (adopting) {
+          // The CPUs its domain is pinned to stay its own.
+          await instance.manager.holdPinnedCpus();
           await instance.resync("adopt");
           // A running guest's DHCP servers come back (a guest that reboots asks again).
           await restoreGuestNetwork(spec.uid, { dhcp: this.#dhcp, privateDir: spec.runDir })
@@ -424,6 +430,7 @@ export class LauncherHost {
         // Its last events are handed to the notify client, which outlives the VMI here.
         await instance.shutdownGuest();
         await this.#release(instance);
+        instance.manager.releaseCpus();
       } else {
         await this.#reap(hosted.spec);
       }

@@ -14,6 +14,7 @@
  * @module
  */
 
+import { CpuPool } from "./cpu_pool.ts";
 import { type Connection, NetnsRunner, openLibvirt } from "../../ffi/mod.ts";
 import { Paths } from "../api/mod.ts";
 import { DhcpServers } from "../network/mod.ts";
@@ -91,6 +92,8 @@ export async function runLauncher(
       hostDiskRoot: options.hostDiskRoot,
       domainType: options.domainType,
       ovmfDir: options.ovmfDir,
+      // A VMI with dedicated CPUs gets the pod's (the CPU manager gave its container them).
+      cpuPool: CpuPool.ofThisProcess(),
       // In its pod: its own network namespace, the handler's DHCP facts in the pod's
       // private directory, and the pod's host name for the guest.
       network: { runner: netns, dhcp, privateDir: Paths.VirtPrivateDir, hostname: Deno.hostname() },

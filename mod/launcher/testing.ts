@@ -23,6 +23,21 @@ export {
 } from "./converter.ts";
 export { domainFromXml, parseXml } from "./domain_manager.ts";
 export {
+  checkCpuPlacement,
+  cpuPlacement,
+  hostNumaCellsOfOptions,
+  realtimeVcpus,
+} from "./converter_cpu_tune.ts";
+export { findQemuPid, placeQemuThreads, type ThreadCalls } from "./thread_placement.ts";
+export {
+  CpuPool,
+  dedicatedCpuCount,
+  DedicatedCpusError,
+  ownCpus,
+  pinnedCpusOfDomainXml,
+  threadSiblings,
+} from "./cpu_pool.ts";
+export {
   type AccessCredentialResult,
   AccessCredentials,
   credentialPlan,

@@ -1,0 +1,121 @@
+/**
+ * Where a running QEMU's threads may run, what virt-handler does after a dedicated-CPU VMI's
+ * domain starts (`handleHousekeeping`): libvirt pins the vCPUs and the emulator thread,
+ * and then
+ * - with `isolateEmulatorThread`, every thread that is no vCPU goes to the housekeeping
+ *   CPUs (KubeVirt moves them into its `housekeeping` cgroup): also the threads libvirt
+ *   does not pin, such as the thread context QEMU preallocates huge pages with, which
+ *   starts on every CPU of the memory's NUMA node;
+ * - the KVM PIT's kernel thread (`kvm-pit/<qemu pid>`) takes vCPU 0's CPUs, and with
+ *   `realtime` also `SCHED_FIFO` priority 2, one above the vCPUs.
+ *
+ * vCPU threads are QEMU's `CPU <n>/KVM`, and `CPU <n>/TCG` under software emulation (which
+ * KubeVirt does not run). The process is found by its domain's name (`-name guest=<name>`).
+ *
+ * @module
+ */
+import { getAffinity, SCHED_FIFO, setAffinity, setScheduler } from "../../ffi/mod.ts";
+
+/** What `placeQemuThreads` calls, so that a test can stand in for the kernel. */
+export interface ThreadCalls {
+  procRoot: string;
+  getAffinity(tid: number): number[];
+  setAffinity(tid: number, cpus: readonly number[]): void;
+  setScheduler(tid: number, policy: number, priority: number): void;
+}
+
+const KERNEL: ThreadCalls = {
+  procRoot: "/proc",
+  getAffinity,
+  setAffinity,
+  setScheduler,
+};
+
+const VCPU_THREAD = /^CPU (\d+)\/(KVM|TCG)$/;
+
+function readText(path: string): string | undefined {
+  try {
+    return Deno.readTextFileSync(path);
+  } catch {
+    return undefined;
+  }
+}
+
+/** The PID of the QEMU running domain `name` (its `-name guest=<name>,…`), if any. */
+export function findQemuPid(name: string, procRoot = "/proc"): number | undefined {
+  const wanted = `guest=${name},`;
+  for (const entry of Deno.readDirSync(procRoot)) {
+    if (!/^\d+$/.test(entry.name)) continue;
+    const args = readText(`${procRoot}/${entry.name}/cmdline`)?.split("\0") ?? [];
+    const at = args.indexOf("-name");
+    if (at >= 0 && args[at + 1]?.startsWith(wanted) && /qemu/.test(args[0] ?? "")) {
+      return Number(entry.name);
+    }
+  }
+  return undefined;
+}
+
+/** A process's threads by name: thread ID -> `comm`. */
+function threadsOf(pid: number, procRoot: string): Map<number, string> {
+  const out = new Map<number, string>();
+  for (const entry of Deno.readDirSync(`${procRoot}/${pid}/task`)) {
+    const comm = readText(`${procRoot}/${pid}/task/${entry.name}/comm`);
+    if (comm !== undefined) out.set(Number(entry.name), comm.trim());
+  }
+  return out;
+}
+
+/** The KVM PIT kernel thread of QEMU `pid` (`kvm-pit/<pid>`), if KVM made one. */
+function pitThread(pid: number, procRoot: string): number | undefined {
+  const wanted = `kvm-pit/${pid}`;
+  for (const entry of Deno.readDirSync(procRoot)) {
+    if (!/^\d+$/.test(entry.name)) continue;
+    if (readText(`${procRoot}/${entry.name}/comm`)?.trim() === wanted) return Number(entry.name);
+  }
+  return undefined;
+}
+
+/** What {@linkcode placeQemuThreads} did. */
+export interface ThreadPlacement {
+  /** Threads moved to the housekeeping CPUs (already there: left alone). */
+  moved: number[];
+  /** The PIT thread, when there is one. */
+  pit?: number;
+}
+
+/**
+ * Places QEMU `pid`'s threads as the module doc says; `housekeeping` is the emulator's CPU
+ * set (none: `isolateEmulatorThread` is off). Idempotent. Throws `ErrnoError` when the
+ * kernel refuses a change.
+ */
+export function placeQemuThreads(
+  pid: number,
+  plan: { housekeeping?: readonly number[]; realtime: boolean },
+  calls: ThreadCalls = KERNEL,
+): ThreadPlacement {
+  const threads = threadsOf(pid, calls.procRoot);
+  const moved: number[] = [];
+  let vcpu0: number | undefined;
+  for (const [tid, comm] of threads) {
+    const vcpu = VCPU_THREAD.exec(comm);
+    if (vcpu) {
+      if (vcpu[1] === "0") vcpu0 = tid;
+      continue;
+    }
+    if (!plan.housekeeping) continue;
+    const now = calls.getAffinity(tid);
+    if (
+      now.length === plan.housekeeping.length && now.every((c, i) => c === plan.housekeeping![i])
+    ) {
+      continue;
+    }
+    calls.setAffinity(tid, plan.housekeeping);
+    moved.push(tid);
+  }
+  const pit = pitThread(pid, calls.procRoot);
+  if (pit !== undefined) {
+    if (plan.realtime) calls.setScheduler(pit, SCHED_FIFO, 2);
+    if (vcpu0 !== undefined) calls.setAffinity(pit, calls.getAffinity(vcpu0));
+  }
+  return { moved, ...(pit !== undefined ? { pit } : {}) };
+}
