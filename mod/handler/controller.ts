@@ -838,8 +838,13 @@ export class VmiController extends KeyedController {
       }
     }
     if (alive && this.#d.standIn) await this.#hotplugInPlace(vmi, client);
-    if (alive && this.#synced.get(uid) === spec) return DONE;
+    if (alive && this.#synced.get(uid) === spec) {
+      // virt-handler's housekeeping runs after every sync, the spec's unchanged ones too.
+      await this.#d.provider.placeThreads?.(vmi);
+      return DONE;
+    }
     await client.syncVirtualMachine(forLauncher, options);
+    await this.#d.provider.placeThreads?.(vmi);
     // The launcher detached what left the spec: its mounts can go.
     if (alive) await this.#d.provider.unplug(vmi);
     await this.#afterStart(vmi, network);

@@ -118,6 +118,11 @@ export interface LauncherVolumes {
   hotplugMounted(uid: string): Promise<ReadonlySet<string>>;
   /** Takes back the hotplugged volumes gone from the spec, once the launcher detached them. */
   unplug(vmi: VirtualMachineInstance): Promise<void>;
+  /**
+   * After a sync of a running dedicated-CPU VMI, places its QEMU's threads as virt-handler's
+   * housekeeping does (mod/cpus); none: the launcher does it (virtnode's, pod-less).
+   */
+  placeThreads?(vmi: VirtualMachineInstance): Promise<void>;
 }
 
 /** Where a VMI's pod network lives on this node. */

@@ -17,6 +17,7 @@
  */
 import type { Cpu } from "../api/mod.ts";
 import { formatCpuList } from "../domain/mod.ts";
+import { realtimeMask, RealtimeMaskError } from "../cpus/mod.ts";
 import { InvalidFieldError } from "./converter_errors.ts";
 import { el } from "./_xml.ts";
 import type { XmlElement } from "./_xml.ts";
@@ -103,30 +104,16 @@ export function checkCpuPlacement(key: string, cpu: Cpu | undefined, hugepages: 
   }
 }
 
-/**
- * The vCPUs below `count` a realtime mask selects, as virt-handler reads it: ranges and
- * single vCPUs add, `^n` takes one out whatever its place; an empty mask selects all.
- */
+/** The vCPUs below `count` the realtime mask selects (mod/cpus); a bad mask names the field. */
 export function realtimeVcpus(key: string, mask: string | undefined, count: number): number[] {
-  const all = Array.from({ length: count }, (_, i) => i);
-  if (mask === undefined || mask.trim() === "") return all;
-  const added = new Set<number>();
-  const removed = new Set<number>();
-  for (const raw of mask.split(",")) {
-    const part = raw.trim();
-    const m = /^(\^)?(\d+)(?:-(\d+))?$/.exec(part);
-    if (!m || (m[1] && m[3] !== undefined) || (m[3] !== undefined && Number(m[3]) < Number(m[2]))) {
-      throw new InvalidFieldError(
-        key,
-        "spec.domain.cpu.realtime.mask",
-        `invalid mask value '${part}' in '${mask}'`,
-      );
-    }
-    const first = Number(m[2]);
-    const last = m[3] === undefined ? first : Number(m[3]);
-    for (let id = first; id <= last; id++) (m[1] ? removed : added).add(id);
+  let selects: (vcpu: number) => boolean;
+  try {
+    selects = realtimeMask(mask);
+  } catch (error) {
+    if (!(error instanceof RealtimeMaskError)) throw error;
+    throw new InvalidFieldError(key, "spec.domain.cpu.realtime.mask", error.message);
   }
-  return all.filter((id) => added.has(id) && !removed.has(id));
+  return Array.from({ length: count }, (_, i) => i).filter(selects);
 }
 
 /**

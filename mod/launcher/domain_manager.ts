@@ -52,7 +52,7 @@ import {
   virtioMemDevice,
 } from "./converter.ts";
 import { hostNumaCellsOfOptions } from "./converter_cpu_tune.ts";
-import { findQemuPid, placeQemuThreads } from "./thread_placement.ts";
+import { findQemuPid, placeQemuThreads } from "../cpus/mod.ts";
 import { type CpuPool, dedicatedCpuCount, pinnedCpusOfDomainXml } from "./cpu_pool.ts";
 import { el, renderXml, type XmlElement as RenderedElement } from "./_xml.ts";
 import {

@@ -28,7 +28,6 @@ export {
   hostNumaCellsOfOptions,
   realtimeVcpus,
 } from "./converter_cpu_tune.ts";
-export { findQemuPid, placeQemuThreads, type ThreadCalls } from "./thread_placement.ts";
 export {
   CpuPool,
   dedicatedCpuCount,

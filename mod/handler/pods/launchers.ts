@@ -27,10 +27,13 @@ import {
   vmiPrivateDir,
 } from "../../api/mod.ts";
 import type { PodNetworkTarget } from "../../network/mod.ts";
+import { findQemuPid, placeQemuThreads, realtimeMask } from "../../cpus/mod.ts";
+import { domainNameOf } from "../../domain/mod.ts";
 import { aborted } from "../../lifecycle/mod.ts";
 import { getLogger } from "../../log/mod.ts";
 import {
   type BeneathSocket,
+  getAffinity,
   NotASocketError,
   openDirectoryInRoot,
   openRegularFileBeneath,
@@ -108,6 +111,8 @@ export class PodLaunchers implements LauncherProvider {
   readonly #pipes: NotifyPipes;
   /** The launcher socket whose devices were handed to the runtime user, per VMI. */
   readonly #claimed = new Map<string, string>();
+  /** VMIs whose QEMU threads were placed at least once (their first placement is logged). */
+  readonly #threadsPlaced = new Set<string>();
   readonly #disks: ContainerDiskMounts;
   readonly #hotplug: HotplugMounts;
 
@@ -362,6 +367,51 @@ export class PodLaunchers implements LauncherProvider {
     return socket ? `/proc/${await this.#pipes.launcherPid(socket)}/root` : undefined;
   }
 
+  /**
+   * virt-handler's housekeeping beside KubeVirt's launcher, which pins the vCPUs and the
+   * emulator thread and sets no scheduling policy: the realtime mask's vCPU threads get
+   * `SCHED_FIFO` 1, every other thread the emulator's CPUs (`isolateEmulatorThread`), the KVM
+   * PIT thread vCPU 0's CPUs. Only QEMU processes in the launcher's PID namespace count.
+   */
+  async placeThreads(vmi: VirtualMachineInstance): Promise<void> {
+    const cpu = vmi.spec.domain.cpu;
+    if (cpu?.dedicatedCpuPlacement !== true) return;
+    const socket = await this.socketOf(vmi);
+    if (!socket) return;
+    const launcher = await this.#pipes.launcherPid(socket);
+    const pidNs = (pid: number) => {
+      try {
+        return Deno.readLinkSync(`/proc/${pid}/ns/pid`);
+      } catch {
+        return undefined;
+      }
+    };
+    const own = pidNs(launcher);
+    if (own === undefined) return;
+    const pid = findQemuPid(domainNameOf(vmi.metadata.namespace!, vmi.metadata.name), {
+      accept: (candidate) => pidNs(candidate) === own,
+    });
+    // No QEMU yet: the domain starts with a later sync, which comes here again.
+    if (pid === undefined) return;
+    const realtime = cpu.realtime !== undefined;
+    const placed = placeQemuThreads(pid, {
+      // libvirt pinned QEMU's main thread to the emulator's CPUs.
+      housekeeping: cpu.isolateEmulatorThread === true ? getAffinity(pid) : undefined,
+      realtime,
+      fifo: realtime ? realtimeMask(cpu.realtime?.mask) : undefined,
+    });
+    if (placed.moved.length > 0 || !this.#threadsPlaced.has(vmi.metadata.uid!)) {
+      this.#threadsPlaced.add(vmi.metadata.uid!);
+      log.info("QEMU threads placed", {
+        namespace: vmi.metadata.namespace,
+        name: vmi.metadata.name,
+        qemu: pid,
+        housekeeping: placed.moved,
+        pit: placed.pit,
+      });
+    }
+  }
+
   /** The VMI's hotplugged volumes mounted into its launcher. */
   hotplugMounted(uid: string): Promise<ReadonlySet<string>> {
     return this.#hotplug.mounted(uid);
@@ -463,6 +513,7 @@ export class PodLaunchers implements LauncherProvider {
   /** Closes the pod's notify pipe; the pod ends with the VMI, by virt-controller and the kubelet. */
   async stop(vmi: VirtualMachineInstance): Promise<void> {
     this.#claimed.delete(vmi.metadata.uid!);
+    this.#threadsPlaced.delete(vmi.metadata.uid!);
     // What stands in for an unreadable mount record: the sockets of the spec's containerDisks.
     const socket = this.#o.ghosts.get(vmi.metadata.uid!)?.socketFile;
     const podDir = socket?.startsWith(`${this.#o.podsDir}/`) ? this.#podDir(socket) : undefined;

@@ -2,6 +2,8 @@
  * Where a running QEMU's threads may run, what virt-handler does after a dedicated-CPU VMI's
  * domain starts (`handleHousekeeping`): libvirt pins the vCPUs and the emulator thread,
  * and then
+ * - with `realtime`, the mask's vCPU threads run under `SCHED_FIFO` priority 1 (pod-less,
+ *   libvirt set it already from the domain's `<vcpusched>`; KubeVirt's launcher writes none);
  * - with `isolateEmulatorThread`, every thread that is no vCPU goes to the housekeeping
  *   CPUs (KubeVirt moves them into its `housekeeping` cgroup): also the threads libvirt
  *   does not pin, such as the thread context QEMU preallocates huge pages with, which
@@ -18,9 +20,13 @@ import { getAffinity, SCHED_FIFO, setAffinity, setScheduler } from "../../ffi/mo
 
 /** What `placeQemuThreads` calls, so that a test can stand in for the kernel. */
 export interface ThreadCalls {
+  /** Where procfs is: `/proc`. */
   procRoot: string;
+  /** The CPUs a thread may run on (`sched_getaffinity`). */
   getAffinity(tid: number): number[];
+  /** Lets a thread run on `cpus` only (`sched_setaffinity`). */
   setAffinity(tid: number, cpus: readonly number[]): void;
+  /** Sets a thread's policy and priority (`sched_setscheduler`). */
   setScheduler(tid: number, policy: number, priority: number): void;
 }
 
@@ -41,11 +47,20 @@ function readText(path: string): string | undefined {
   }
 }
 
-/** The PID of the QEMU running domain `name` (its `-name guest=<name>,…`), if any. */
-export function findQemuPid(name: string, procRoot = "/proc"): number | undefined {
+/**
+ * The PID of the QEMU running domain `name` (its `-name guest=<name>,…`), if any; only
+ * processes `accept` takes count (a launcher pod's own, where another pod could start a
+ * process of that name).
+ */
+export function findQemuPid(
+  name: string,
+  options: { procRoot?: string; accept?: (pid: number) => boolean } = {},
+): number | undefined {
+  const procRoot = options.procRoot ?? "/proc";
   const wanted = `guest=${name},`;
   for (const entry of Deno.readDirSync(procRoot)) {
     if (!/^\d+$/.test(entry.name)) continue;
+    if (options.accept && !options.accept(Number(entry.name))) continue;
     const args = readText(`${procRoot}/${entry.name}/cmdline`)?.split("\0") ?? [];
     const at = args.indexOf("-name");
     if (at >= 0 && args[at + 1]?.startsWith(wanted) && /qemu/.test(args[0] ?? "")) {
@@ -75,6 +90,16 @@ function pitThread(pid: number, procRoot: string): number | undefined {
   return undefined;
 }
 
+/** How {@linkcode placeQemuThreads} places a QEMU's threads. */
+export interface ThreadPlan {
+  /** The housekeeping CPUs (the emulator's), with `isolateEmulatorThread`; none: left alone. */
+  housekeeping?: readonly number[];
+  /** Whether the VMI is realtime (the PIT thread then gets FIFO 2). */
+  realtime: boolean;
+  /** Which vCPUs run under FIFO priority 1 (the realtime mask's); none: left alone. */
+  fifo?: (vcpu: number) => boolean;
+}
+
 /** What {@linkcode placeQemuThreads} did. */
 export interface ThreadPlacement {
   /** Threads moved to the housekeeping CPUs (already there: left alone). */
@@ -90,7 +115,7 @@ export interface ThreadPlacement {
  */
 export function placeQemuThreads(
   pid: number,
-  plan: { housekeeping?: readonly number[]; realtime: boolean },
+  plan: ThreadPlan,
   calls: ThreadCalls = KERNEL,
 ): ThreadPlacement {
   const threads = threadsOf(pid, calls.procRoot);
@@ -100,6 +125,7 @@ export function placeQemuThreads(
     const vcpu = VCPU_THREAD.exec(comm);
     if (vcpu) {
       if (vcpu[1] === "0") vcpu0 = tid;
+      if (plan.fifo?.(Number(vcpu[1]))) calls.setScheduler(tid, SCHED_FIFO, 1);
       continue;
     }
     if (!plan.housekeeping) continue;

@@ -1,11 +1,16 @@
 /**
  * The QEMU threads of a dedicated-CPU VMI placed after its start, against a /proc tree of
- * a KVM host (this machine may have no KVM, so no PIT thread of its own): what is no vCPU
- * goes to the housekeeping CPU, the PIT thread takes vCPU 0's CPUs and, for realtime,
- * SCHED_FIFO priority 2.
+ * a KVM host (this machine may have no KVM, so no PIT thread of its own): the realtime
+ * mask's vCPUs under SCHED_FIFO 1, what is no vCPU on the housekeeping CPU, the PIT thread
+ * on vCPU 0's CPUs and, for realtime, under SCHED_FIFO 2.
  */
 import assert from "node:assert/strict";
-import { findQemuPid, placeQemuThreads, type ThreadCalls } from "../../mod/launcher/testing.ts";
+import {
+  findQemuPid,
+  placeQemuThreads,
+  realtimeMask,
+  type ThreadCalls,
+} from "../../mod/cpus/mod.ts";
 
 async function write(path: string, text: string): Promise<void> {
   await Deno.mkdir(path.slice(0, path.lastIndexOf("/")), { recursive: true });
@@ -51,12 +56,14 @@ function kernel(proc: string, affinity: Record<number, number[]>) {
   return { k, calls };
 }
 
-Deno.test("findQemuPid() finds the QEMU of a domain by its -name, not another's or a shell's", async () => {
+Deno.test("findQemuPid() finds the QEMU of a domain by its -name, not another's, a shell's or an unaccepted one", async () => {
   const proc = await procTree();
   try {
-    assert.equal(findQemuPid("ns_vm", proc), 100);
-    assert.equal(findQemuPid("ns_vm2", proc), 300);
-    assert.equal(findQemuPid("ns_v", proc), undefined);
+    assert.equal(findQemuPid("ns_vm", { procRoot: proc }), 100);
+    assert.equal(findQemuPid("ns_vm2", { procRoot: proc }), 300);
+    assert.equal(findQemuPid("ns_v", { procRoot: proc }), undefined);
+    // Only the processes a caller accepts (its launcher pod's) count.
+    assert.equal(findQemuPid("ns_vm", { procRoot: proc, accept: (pid) => pid !== 100 }), undefined);
   } finally {
     await Deno.remove(proc, { recursive: true });
   }
@@ -67,9 +74,19 @@ Deno.test("placeQemuThreads(): housekeeping for what is no vCPU, the PIT beside 
   try {
     // libvirt pinned the vCPUs (1 and 2) and the emulator (3); the thread context is not.
     const { k, calls } = kernel(proc, { 100: [3], 101: [1], 102: [2], 104: [3] });
-    const placed = placeQemuThreads(100, { housekeeping: [3], realtime: true }, k);
+    // KubeVirt's launcher writes no <vcpusched>: the realtime mask's vCPU 1 gets FIFO here.
+    const placed = placeQemuThreads(
+      100,
+      { housekeeping: [3], realtime: true, fifo: realtimeMask("0-1,^0") },
+      k,
+    );
     assert.deepEqual(placed, { moved: [103], pit: 200 });
-    assert.deepEqual(calls, ["affinity 103 3", "scheduler 200 1 2", "affinity 200 1"]);
+    assert.deepEqual(calls.toSorted(), [
+      "affinity 103 3",
+      "affinity 200 1",
+      "scheduler 102 1 1",
+      "scheduler 200 1 2",
+    ]);
     // Idempotent: nothing left to move; the PIT is set again (cheap, and as virt-handler).
     calls.length = 0;
     assert.deepEqual(placeQemuThreads(100, { housekeeping: [3], realtime: true }, k).moved, []);
