@@ -60,6 +60,8 @@ export interface StartKubevirtOptions {
    * subresources), as a pod-less handler, which plays virt-controller's part, wants.
    */
   controller?: boolean;
+  /** Feature gates beside the three every node test has. */
+  featureGates?: string[];
 }
 
 /**
@@ -80,7 +82,12 @@ export async function startKubevirt(
     // DownwardMetrics: the downwardMetrics device of the network guests.
     developerConfiguration: {
       ...(useEmulation ? { useEmulation: true } : {}),
-      featureGates: ["HostDisk", "HotplugVolumes", "DownwardMetrics"],
+      featureGates: [
+        "HostDisk",
+        "HotplugVolumes",
+        "DownwardMetrics",
+        ...(options.featureGates ?? []),
+      ],
     },
     // No CPU model is obsolete: where KVM is only kvm-pvm, KubeVirt's labeller reads the
     // KVM capabilities, which offer no named model and a host model (kvm64) on the
