@@ -673,6 +673,10 @@ export interface MigrationState {
   targetNodeDomainReadyTimestamp?: string | null;
   /** The ports opened on the target node for the migration. */
   targetDirectMigrationNodePorts?: Record<string, number>;
+  /** The CPUs of the target's launcher pod, for a VMI with dedicated CPUs. */
+  targetCPUSet?: number[];
+  /** The target host's NUMA topology (`cmd.v1.Topology` as JSON), for dedicated CPUs. */
+  targetNodeTopology?: string;
   /** The migration's settings, as virt-controller chose them (the cluster's defaults otherwise). */
   migrationConfiguration?: MigrationConfiguration;
   /** What the target side reports (KubeVirt 1.6+ keeps it beside the flat fields). */

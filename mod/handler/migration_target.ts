@@ -33,7 +33,7 @@ import {
   type VirtualMachineInstanceStatus,
   vmiKey,
 } from "../api/mod.ts";
-import { type Domain, isDomainAlive } from "../domain/mod.ts";
+import { type Domain, isDomainAlive, parseCpuList } from "../domain/mod.ts";
 import type { EventRecorder, Informer, StatusWriter, WorkQueue } from "../kube/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import type { MigrationProxyManager } from "../migration/mod.ts";
@@ -49,7 +49,12 @@ import {
 } from "./migration_state.ts";
 import { describe, domainUid } from "./_vmi.ts";
 import { DONE, KeyedController, type ReconcileResult, requeueAfter, sooner } from "./_workers.ts";
-import { interfaceDomainAttachment } from "./vm_options.ts";
+import {
+  hostTopology,
+  interfaceDomainAttachment,
+  type NumaCell,
+  topologyJson,
+} from "./vm_options.ts";
 import {
   cpuHotplugRefusal,
   MEMORY_HOTPLUG_FAILED_REASON,
@@ -127,6 +132,8 @@ export class MigrationTargetController extends KeyedController {
   readonly #tapsMoved = new Set<string>();
   /** The last copy of VMIs that left the target informer, until looked at. */
   readonly #left = new Map<string, VirtualMachineInstance>();
+  /** This host's NUMA topology, read once (for dedicated-CPU migrations). */
+  #topology?: NumaCell[];
 
   /** Creates the controller and subscribes it to its informer. */
   constructor(deps: MigrationTargetDeps) {
@@ -411,7 +418,30 @@ export class MigrationTargetController extends KeyedController {
         state.targetState.directMigrationNodePorts = ports;
       }
     }
+    // Dedicated CPUs: the source's launcher pins the migrating domain to the target pod's
+    // CPUs over this host's topology, which the target reports (KubeVirt's
+    // reportDedicatedCPUSetForMigratingVMI and reportTargetTopologyForMigratingVMI).
+    if (vmi.spec.domain.cpu?.dedicatedCpuPlacement === true) {
+      const cpus = await this.#launcherCpus(vmi);
+      if (cpus) {
+        state.targetCPUSet = cpus;
+        state.targetNodeTopology = topologyJson(this.#topology ??= hostTopology());
+      }
+    }
     return DONE;
+  }
+
+  /**
+   * The CPUs the target's launcher may run on: its container's cpuset, as the kernel
+   * applies it to the launcher process (`Cpus_allowed_list`); none without a launcher of
+   * its own (pod-less).
+   */
+  async #launcherCpus(vmi: VirtualMachineInstance): Promise<number[] | undefined> {
+    const pid = /^\/proc\/(\d+)\/root$/.exec(await this.#d.provider.launcherRoot(vmi) ?? "")?.[1];
+    if (pid === undefined) return undefined;
+    const status = await Deno.readTextFile(`/proc/${pid}/status`);
+    const list = /^Cpus_allowed_list:\s*(\S+)/m.exec(status)?.[1];
+    return list === undefined ? undefined : parseCpuList(list);
   }
 
   /** The migration ended here: the VMI becomes this node's (KubeVirt's `ackMigrationCompletion`). */

@@ -65,4 +65,4 @@ export {
   SYNC_FAILED_REASON,
   volumePhaseEvents,
 } from "./status.ts";
-export { hostTopology, virtualMachineOptions } from "./vm_options.ts";
+export { hostTopology, topologyJson, virtualMachineOptions } from "./vm_options.ts";

@@ -126,3 +126,27 @@ export function virtualMachineOptions(
     interfaceDomainAttachment: interfaceDomainAttachment(vmi),
   };
 }
+
+/**
+ * The host's topology as virt-handler writes it into a migration's
+ * `status.migrationState.targetNodeTopology`: `cmd.v1.Topology` through Go's JSON encoder,
+ * numbers as numbers and zero values left out (`omitempty`), which the source's launcher
+ * reads back to pin the domain to the target's CPUs.
+ */
+export function topologyJson(cells: readonly NumaCell[]): string {
+  const num = (v: string | number) => Number(v) || undefined;
+  const some = <T>(list: T[]) => list.length > 0 ? list : undefined;
+  return JSON.stringify({
+    numa_cells: some(cells.map((cell) => ({
+      id: num(cell.id),
+      memory: { amount: num(cell.memory.amount), unit: cell.memory.unit || undefined },
+      pages: some(cell.pages.map((p) => ({
+        count: num(p.count),
+        unit: p.unit || undefined,
+        size: num(p.size),
+      }))),
+      distances: some(cell.distances.map((d) => ({ id: num(d.id), value: num(d.value) }))),
+      cpus: some(cell.cpus.map((c) => ({ id: num(c.id), siblings: some(c.siblings) }))),
+    }))),
+  });
+}

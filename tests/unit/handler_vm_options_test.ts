@@ -5,7 +5,7 @@
  */
 import assert from "node:assert/strict";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
-import { hostTopology, virtualMachineOptions } from "../../mod/handler/testing.ts";
+import { hostTopology, topologyJson, virtualMachineOptions } from "../../mod/handler/testing.ts";
 import { parseCpuList } from "../../mod/domain/mod.ts";
 
 async function write(path: string, text: string): Promise<void> {
@@ -92,4 +92,37 @@ Deno.test("virtualMachineOptions() carries KubeVirt's defaults and a tap attachm
     SerialConsoleLogDisabled: false,
   });
   assert.deepEqual(options.topology, { numa_cells: [] });
+});
+
+Deno.test("topologyJson() writes the host's topology as Go's encoder writes cmd.v1.Topology for targetNodeTopology", () => {
+  const json = topologyJson([
+    {
+      id: 0,
+      memory: { amount: "2097152", unit: "KiB" },
+      pages: [{ count: "0", unit: "KiB", size: 1048576 }, {
+        count: "256",
+        unit: "KiB",
+        size: 2048,
+      }],
+      distances: [{ id: 0, value: "10" }, { id: 1, value: "21" }],
+      cpus: [{ id: 0, siblings: [0, 1] }, { id: 1, siblings: [0, 1] }],
+    },
+    {
+      id: 1,
+      memory: { amount: "1048576", unit: "KiB" },
+      pages: [],
+      distances: [],
+      cpus: [{ id: 2, siblings: [] }],
+    },
+  ]);
+  // Numbers as numbers; zero values and empty lists left out (omitempty), as in Go.
+  assert.equal(
+    json,
+    '{"numa_cells":[{"memory":{"amount":2097152,"unit":"KiB"},' +
+      '"pages":[{"unit":"KiB","size":1048576},{"count":256,"unit":"KiB","size":2048}],' +
+      '"distances":[{"value":10},{"id":1,"value":21}],' +
+      '"cpus":[{"siblings":[0,1]},{"id":1,"siblings":[0,1]}]},' +
+      '{"id":1,"memory":{"amount":1048576,"unit":"KiB"},"cpus":[{"id":2}]}]}',
+  );
+  assert.equal(topologyJson([]), "{}");
 });
