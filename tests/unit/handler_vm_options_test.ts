@@ -94,7 +94,7 @@ Deno.test("virtualMachineOptions() carries KubeVirt's defaults and a tap attachm
   assert.deepEqual(options.topology, { numa_cells: [] });
 });
 
-Deno.test("topologyJson() writes the host's topology as Go's encoder writes cmd.v1.Topology for targetNodeTopology", () => {
+Deno.test("topologyJson(): the host's topology as Go's encoder writes cmd.v1.Topology, for targetNodeTopology", () => {
   const json = topologyJson([
     {
       id: 0,
