@@ -65,6 +65,7 @@ import {
   VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED,
   VIR_DOMAIN_EVENT_ID_IO_ERROR_REASON,
   VIR_DOMAIN_EVENT_ID_LIFECYCLE,
+  VIR_DOMAIN_EVENT_ID_MEMORY_DEVICE_SIZE_CHANGE,
   VIR_DOMAIN_EVENT_ID_REBOOT,
   VIR_DOMAIN_SHUTDOWN_ACPI_POWER_BTN,
   VIR_DOMAIN_START_PAUSED,
@@ -225,6 +226,18 @@ export interface DeviceAddedEvent {
   devAlias: string;
 }
 
+/** A memory device's size changed: the guest plugged or unplugged virtio-mem blocks. */
+export interface MemoryDeviceSizeChangeEvent {
+  /** Discriminator. */
+  type: "memoryDeviceSizeChange";
+  /** The domain. */
+  domain: DomainRef;
+  /** Device alias. */
+  devAlias: string;
+  /** The device's new size, KiB. */
+  sizeKib: number;
+}
+
 /** Any domain event this module delivers. */
 export type DomainEvent =
   | LifecycleEvent
@@ -232,7 +245,8 @@ export type DomainEvent =
   | IOErrorEvent
   | AgentLifecycleEvent
   | DeviceRemovedEvent
-  | DeviceAddedEvent;
+  | DeviceAddedEvent
+  | MemoryDeviceSizeChangeEvent;
 
 /** Why a connection closed under us (`virConnectCloseReason`). */
 export interface CloseEvent {
@@ -579,6 +593,7 @@ const IO_ERROR_REASON_CB = { parameters: [P, P, P, P, I, P, P], result: "void" }
 const AGENT_CB = { parameters: [P, P, I, I, P], result: "void" } as const;
 /** The callback of device added and removed events: (conn, dom, alias, opaque). */
 const DEVICE_REMOVED_CB = { parameters: [P, P, P, P], result: "void" } as const;
+const MEMORY_SIZE_CB = { parameters: [P, P, P, "u64", P], result: "void" } as const;
 const CLOSE_CB = { parameters: [P, I, P], result: "void" } as const;
 
 const mainLibraries = new Map<string, LibvirtLibrary>();
@@ -788,6 +803,17 @@ export class Connection {
           type: "deviceAdded",
           domain: this.#ref(dom),
           devAlias: readCString(devAlias) ?? "",
+        });
+      })),
+    ]);
+    this.#eventCallbacks.push([
+      VIR_DOMAIN_EVENT_ID_MEMORY_DEVICE_SIZE_CHANGE,
+      add(Deno.UnsafeCallback.threadSafe(MEMORY_SIZE_CB, (_c, dom, devAlias, size) => {
+        this.#emit({
+          type: "memoryDeviceSizeChange",
+          domain: this.#ref(dom),
+          devAlias: readCString(devAlias) ?? "",
+          sizeKib: Number(size),
         });
       })),
     ]);

@@ -63,6 +63,8 @@ export const VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED = 15;
 export const VIR_DOMAIN_EVENT_ID_DEVICE_ADDED = 19;
 /** `virDomainEventID`: guest agent lifecycle. */
 export const VIR_DOMAIN_EVENT_ID_AGENT_LIFECYCLE = 18;
+/** `virDomainEventID`: a memory device's size changed (virtio-mem plugged or unplugged). */
+export const VIR_DOMAIN_EVENT_ID_MEMORY_DEVICE_SIZE_CHANGE = 26;
 
 /** `virDomainCreateFlags`: start paused. */
 export const VIR_DOMAIN_START_PAUSED = 1 << 0;

@@ -80,13 +80,14 @@ function stateFromEvent(event: DomainEvent): DomainState | undefined {
  * Whether a libvirt event changes what the handler sees of the domain, so the domain is
  * sent again: its lifecycle, a reboot, the guest agent (dis)connecting, which flips the
  * agent channel's state that the handler's AgentConnected condition follows (as KubeVirt's
- * launcher sends the domain on agent lifecycle events), and a device added or removed (a
- * hotplugged disk's target comes and goes with it).
+ * launcher sends the domain on agent lifecycle events), a device added or removed (a
+ * hotplugged disk's target comes and goes with it), and a memory device's new size (the
+ * guest's current memory, which the handler reports as `status.memory.guestCurrent`).
  */
 export function updatesDomain(event: DomainEvent): boolean {
   return event.type === "lifecycle" || event.type === "reboot" ||
     event.type === "agentLifecycle" || event.type === "deviceAdded" ||
-    event.type === "deviceRemoved";
+    event.type === "deviceRemoved" || event.type === "memoryDeviceSizeChange";
 }
 
 function eventLabel(event: DomainEvent): string {

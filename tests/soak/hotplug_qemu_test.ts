@@ -5,8 +5,8 @@
  * rollout). The node's VM controller changes the VMI's spec, the handler has the launcher
  * plug a vCPU (SyncVirtualMachineCPUs) and 128 MiB (SyncVirtualMachineMemory, KubeVirt's
  * virtio-mem device) in place, and the guest brings both online (as a distribution's udev
- * rules do; read through its agent past virtnode). The VMI's status shows the topology and
- * the memory asked for; fewer sockets then need a restart (the VM's RestartRequired, as
+ * rules do; read through its agent past virtnode). The VMI's status shows the topology, the
+ * memory asked for and the memory the guest has; fewer sockets then need a restart (the VM's RestartRequired, as
  * KubeVirt v1.7.0 has it), and the guest keeps its two vCPUs.
  *
  * In the soak tier, beside the others: it mostly waits for a guest's boot under software
@@ -105,9 +105,18 @@ Deno.test("hot-plug (pod-less): a VM's new socket and memory reach its running g
     )?.[0] ?? "";
     assert.match(device, /<requested unit='KiB'>131072<\/requested>/);
     assert.match(device, /<current unit='KiB'>131072<\/current>/);
+    // The guest's current memory follows the plugged blocks: libvirt's memory device size
+    // event makes the launcher send the domain again, with its new current memory.
+    const current = await waitFor("status.memory.guestCurrent to reach 1152Mi", async () => {
+      const v = await getVmi(client, ns, "vm1");
+      return v?.status?.memory?.guestCurrent === "1152Mi" ? v.status.memory : undefined;
+    }, 60_000).catch(async (error) => {
+      const v = await getVmi(client, ns, "vm1");
+      throw new Error(`${error.message}; status.memory ${JSON.stringify(v?.status?.memory)}`);
+    });
     console.log(
       `hot-plug: vCPUs 1 -> 2, MemTotal ${before.memoryKib} -> ${grown.memoryKib} KiB; ` +
-        `guestCurrent ${vmi.status?.memory?.guestCurrent}`,
+        `guestCurrent ${current.guestCurrent}`,
     );
 
     // Fewer sockets cannot go live in KubeVirt v1.7.0: the VM says a restart is needed.
