@@ -118,6 +118,10 @@ function script(volumes: string, image: string, args: string[]): string {
     "mount -t devpts -o newinstance,ptmxmode=0666 devpts /run/pod-dev/pts",
     "ln -s pts/ptmx /run/pod-dev/ptmx",
     "mount -t tmpfs -o mode=1777 tmpfs /run/pod-dev/shm",
+    // The host's huge page mounts (libvirtd's set-up makes /dev/hugepages) are no pod's: a
+    // container sees none unless it asks for huge pages, and the pod's libvirtd, which reads
+    // every hugetlbfs of the mount table, would not start on one hidden below the new /dev.
+    'awk \'$3 == "hugetlbfs" { print $2 }\' /proc/mounts | while read -r m; do umount -l "$m"; done',
     "mount --move /run/pod-dev /dev",
   ];
   // Parents before children: public before sockets and container-disks.
