@@ -142,6 +142,8 @@ export async function terminate(managed: Managed): Promise<void> {
 
 /** The lowest port `freePorts` hands out (below it sit well-known and registered services). */
 const PORT_FLOOR = 10_000;
+/** The first port of Kubernetes' default NodePort range. */
+const NODE_PORT_LOW = 30_000;
 
 /**
  * The first port of the kernel's ephemeral range, which outgoing connections draw their
@@ -172,13 +174,15 @@ function bindable(port: number): boolean {
 }
 
 /**
- * Distinct ports that nothing listens on, drawn at random between 10000 and the start of
- * the kernel's ephemeral range, so that no outgoing connection takes one before its server
- * binds it; the random draw keeps test tiers running side by side apart.
+ * Distinct ports that nothing listens on, drawn at random from 10000 up to the kernel's
+ * ephemeral range and Kubernetes' NodePort range, so that no outgoing connection takes one
+ * before its server binds it; the random draw keeps test tiers running side by side apart.
  */
 export function freePorts(count: number): number[] {
   const low = PORT_FLOOR;
-  const high = ephemeralLow() - 1;
+  // Below the kernel's ephemeral range and below Kubernetes' NodePort range (30000-32767),
+  // whose ports kube-proxy's rules send elsewhere on a test node's address.
+  const high = Math.min(ephemeralLow(), NODE_PORT_LOW) - 1;
   const chosen = new Set<number>();
   for (let tries = 0; chosen.size < count; tries++) {
     if (tries > 1000) throw new ClusterError(`no free port between ${low} and ${high}`);
