@@ -8,6 +8,7 @@
 export {
   findQemuPid,
   placeQemuThreads,
+  QemuLocator,
   type ThreadCalls,
   type ThreadPlacement,
   type ThreadPlan,

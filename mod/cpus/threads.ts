@@ -16,7 +16,13 @@
  *
  * @module
  */
-import { getAffinity, SCHED_FIFO, setAffinity, setScheduler } from "../../ffi/mod.ts";
+import {
+  getAffinity,
+  processStartTime,
+  SCHED_FIFO,
+  setAffinity,
+  setScheduler,
+} from "../../ffi/mod.ts";
 
 /** What `placeQemuThreads` calls, so that a test can stand in for the kernel. */
 export interface ThreadCalls {
@@ -70,6 +76,42 @@ export function findQemuPid(
   return undefined;
 }
 
+/**
+ * Finds a domain's QEMU once and keeps it while that process lives (its PID and start time),
+ * so that placing its threads on every sync does not read every process's command line.
+ */
+export class QemuLocator {
+  readonly #known = new Map<string, { pid: number; start: string }>();
+
+  /**
+   * The QEMU of domain `name` for `key` (a VMI), and whether it is another process than the
+   * one the last call for `key` found; undefined while none runs.
+   */
+  locate(
+    key: string,
+    name: string,
+    accept?: (pid: number) => boolean,
+  ): { pid: number; fresh: boolean } | undefined {
+    const known = this.#known.get(key);
+    if (known && processStartTime(known.pid) === known.start) {
+      return { pid: known.pid, fresh: false };
+    }
+    const pid = findQemuPid(name, { accept });
+    const start = pid === undefined ? undefined : processStartTime(pid);
+    if (pid === undefined || start === undefined) {
+      this.#known.delete(key);
+      return undefined;
+    }
+    this.#known.set(key, { pid, start });
+    return { pid, fresh: true };
+  }
+
+  /** Forgets `key`'s QEMU (its VMI is gone). */
+  forget(key: string): void {
+    this.#known.delete(key);
+  }
+}
+
 /** A process's threads by name: thread ID -> `comm`. */
 function threadsOf(pid: number, procRoot: string): Map<number, string> {
   const out = new Map<number, string>();
@@ -98,6 +140,11 @@ export interface ThreadPlan {
   realtime: boolean;
   /** Which vCPUs run under FIFO priority 1 (the realtime mask's); none: left alone. */
   fifo?: (vcpu: number) => boolean;
+  /**
+   * Whether to look for the PIT thread (every process is read for it): true unless told,
+   * false once it was placed for this QEMU (virt-handler places it once, before Running).
+   */
+  pit?: boolean;
 }
 
 /** What {@linkcode placeQemuThreads} did. */
@@ -138,7 +185,7 @@ export function placeQemuThreads(
     calls.setAffinity(tid, plan.housekeeping);
     moved.push(tid);
   }
-  const pit = pitThread(pid, calls.procRoot);
+  const pit = plan.pit === false ? undefined : pitThread(pid, calls.procRoot);
   if (pit !== undefined) {
     if (plan.realtime) calls.setScheduler(pit, SCHED_FIFO, 2);
     if (vcpu0 !== undefined) calls.setAffinity(pit, calls.getAffinity(vcpu0));

@@ -33,7 +33,8 @@ import {
   type VirtualMachineInstanceStatus,
   vmiKey,
 } from "../api/mod.ts";
-import { type Domain, isDomainAlive, parseCpuList } from "../domain/mod.ts";
+import { type Domain, isDomainAlive } from "../domain/mod.ts";
+import { getAffinity } from "../../ffi/mod.ts";
 import type { EventRecorder, Informer, StatusWriter, WorkQueue } from "../kube/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import type { MigrationProxyManager } from "../migration/mod.ts";
@@ -433,15 +434,12 @@ export class MigrationTargetController extends KeyedController {
 
   /**
    * The CPUs the target's launcher may run on: its container's cpuset, as the kernel
-   * applies it to the launcher process (`Cpus_allowed_list`); none without a launcher of
+   * applies it to the launcher process (`sched_getaffinity`); none without a launcher of
    * its own (pod-less).
    */
   async #launcherCpus(vmi: VirtualMachineInstance): Promise<number[] | undefined> {
     const pid = /^\/proc\/(\d+)\/root$/.exec(await this.#d.provider.launcherRoot(vmi) ?? "")?.[1];
-    if (pid === undefined) return undefined;
-    const status = await Deno.readTextFile(`/proc/${pid}/status`);
-    const list = /^Cpus_allowed_list:\s*(\S+)/m.exec(status)?.[1];
-    return list === undefined ? undefined : parseCpuList(list);
+    return pid === undefined ? undefined : getAffinity(Number(pid));
   }
 
   /** The migration ended here: the VMI becomes this node's (KubeVirt's `ackMigrationCompletion`). */

@@ -52,7 +52,7 @@ import {
   virtioMemDevice,
 } from "./converter.ts";
 import { hostNumaCellsOfOptions } from "./converter_cpu_tune.ts";
-import { findQemuPid, placeQemuThreads } from "../cpus/mod.ts";
+import { placeQemuThreads, QemuLocator } from "../cpus/mod.ts";
 import { type CpuPool, dedicatedCpuCount, pinnedCpusOfDomainXml } from "./cpu_pool.ts";
 import { el, renderXml, type XmlElement as RenderedElement } from "./_xml.ts";
 import {
@@ -278,6 +278,8 @@ export class DomainManager {
   readonly #migrationSocketDir: string;
   /** The libvirt UUID of the domain found to be this VMI's (see `#find`). */
   #ownUuid: string | undefined;
+  /** The domain's QEMU, found once while it lives (for a dedicated-CPU VMI's threads). */
+  readonly #qemu = new QemuLocator();
   /** The libvirt UUIDs of domains of our name found to be another's. */
   readonly #foreignUuids = new Set<string>();
 
@@ -578,7 +580,7 @@ export class DomainManager {
 
   /**
    * A dedicated-CPU VMI's QEMU threads placed as virt-handler places them after the start
-   * (thread_placement.ts): what is no vCPU on the emulator's CPUs with
+   * (mod/cpus): what is no vCPU on the emulator's CPUs with
    * `isolateEmulatorThread`, the KVM PIT thread beside vCPU 0. Runs on every sync of such a
    * running domain (it is idempotent), so a failure is tried again.
    */
@@ -586,15 +588,16 @@ export class DomainManager {
     const cpu = vmi.spec.domain.cpu;
     if (cpu?.dedicatedCpuPlacement !== true) return;
     const emulator = /<emulatorpin\b[^>]*\bcpuset=['"]([^'"]+)['"]/.exec(await domain.getXMLDesc());
-    const pid = findQemuPid(this.domainName);
-    if (pid === undefined) {
+    const qemu = this.#qemu.locate(this.domainName, this.domainName);
+    if (!qemu) {
       throw new LauncherCommandError("place the threads of", this.vmiKey, "no QEMU process found");
     }
-    const placed = placeQemuThreads(pid, {
+    const placed = placeQemuThreads(qemu.pid, {
       housekeeping: cpu.isolateEmulatorThread === true && emulator
         ? parseCpuList(emulator[1])
         : undefined,
       realtime: cpu.realtime !== undefined,
+      pit: qemu.fresh,
     });
     if (placed.moved.length > 0 || placed.pit !== undefined) {
       log.info("QEMU threads placed", { ...this.vmi, housekeeping: placed.moved, pit: placed.pit });

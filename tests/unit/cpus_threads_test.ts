@@ -8,6 +8,7 @@ import assert from "node:assert/strict";
 import {
   findQemuPid,
   placeQemuThreads,
+  QemuLocator,
   realtimeMask,
   type ThreadCalls,
 } from "../../mod/cpus/mod.ts";
@@ -110,3 +111,42 @@ Deno.test("placeQemuThreads(): housekeeping for what is no vCPU, the PIT beside 
     await Deno.remove(proc, { recursive: true });
   }
 });
+
+Deno.test("QemuLocator finds a domain's QEMU once, then again only when another process runs it", async () => {
+  // A stand-in QEMU on this host: argv[0] and -name as QEMU's, a shell behind them that
+  // waits on its standard input (no child of its own is left when it is killed).
+  const start = () =>
+    new Deno.Command("bash", {
+      args: [
+        "-c",
+        'exec -a qemu-system-stand-in bash -c "read -r _; :" -name guest=ns_locate,debug-threads=on',
+      ],
+      stdin: "piped",
+    }).spawn();
+  const locator = new QemuLocator();
+  let child = start();
+  try {
+    const first = await waitFound(locator);
+    assert.deepEqual(first, { pid: child.pid, fresh: true });
+    assert.deepEqual(locator.locate("vmi", "ns_locate"), { pid: child.pid, fresh: false });
+    child.kill("SIGKILL");
+    await child.status;
+    child = start();
+    assert.deepEqual(await waitFound(locator), { pid: child.pid, fresh: true });
+    locator.forget("vmi");
+    assert.deepEqual(locator.locate("vmi", "ns_locate"), { pid: child.pid, fresh: true });
+    assert.equal(locator.locate("other", "ns_absent"), undefined);
+  } finally {
+    child.kill("SIGKILL");
+    await child.status;
+  }
+});
+
+async function waitFound(locator: QemuLocator) {
+  for (let i = 0; i < 100; i++) {
+    const found = locator.locate("vmi", "ns_locate");
+    if (found) return found;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  return undefined;
+}

@@ -27,7 +27,7 @@ import {
   vmiPrivateDir,
 } from "../../api/mod.ts";
 import type { PodNetworkTarget } from "../../network/mod.ts";
-import { findQemuPid, placeQemuThreads, realtimeMask } from "../../cpus/mod.ts";
+import { placeQemuThreads, QemuLocator, realtimeMask } from "../../cpus/mod.ts";
 import { domainNameOf } from "../../domain/mod.ts";
 import { aborted } from "../../lifecycle/mod.ts";
 import { getLogger } from "../../log/mod.ts";
@@ -111,8 +111,8 @@ export class PodLaunchers implements LauncherProvider {
   readonly #pipes: NotifyPipes;
   /** The launcher socket whose devices were handed to the runtime user, per VMI. */
   readonly #claimed = new Map<string, string>();
-  /** VMIs whose QEMU threads were placed at least once (their first placement is logged). */
-  readonly #threadsPlaced = new Set<string>();
+  /** Each dedicated-CPU VMI's QEMU, found once (mod/cpus). */
+  readonly #qemus = new QemuLocator();
   readonly #disks: ContainerDiskMounts;
   readonly #hotplug: HotplugMounts;
 
@@ -388,20 +388,23 @@ export class PodLaunchers implements LauncherProvider {
     };
     const own = pidNs(launcher);
     if (own === undefined) return;
-    const pid = findQemuPid(domainNameOf(vmi.metadata.namespace!, vmi.metadata.name), {
-      accept: (candidate) => pidNs(candidate) === own,
-    });
+    const qemu = this.#qemus.locate(
+      vmi.metadata.uid!,
+      domainNameOf(vmi.metadata.namespace!, vmi.metadata.name),
+      (candidate) => pidNs(candidate) === own,
+    );
     // No QEMU yet: the domain starts with a later sync, which comes here again.
-    if (pid === undefined) return;
+    if (!qemu) return;
+    const { pid, fresh } = qemu;
     const realtime = cpu.realtime !== undefined;
     const placed = placeQemuThreads(pid, {
       // libvirt pinned QEMU's main thread to the emulator's CPUs.
       housekeeping: cpu.isolateEmulatorThread === true ? getAffinity(pid) : undefined,
       realtime,
       fifo: realtime ? realtimeMask(cpu.realtime?.mask) : undefined,
+      pit: fresh,
     });
-    if (placed.moved.length > 0 || !this.#threadsPlaced.has(vmi.metadata.uid!)) {
-      this.#threadsPlaced.add(vmi.metadata.uid!);
+    if (placed.moved.length > 0 || fresh) {
       log.info("QEMU threads placed", {
         namespace: vmi.metadata.namespace,
         name: vmi.metadata.name,
@@ -513,7 +516,7 @@ export class PodLaunchers implements LauncherProvider {
   /** Closes the pod's notify pipe; the pod ends with the VMI, by virt-controller and the kubelet. */
   async stop(vmi: VirtualMachineInstance): Promise<void> {
     this.#claimed.delete(vmi.metadata.uid!);
-    this.#threadsPlaced.delete(vmi.metadata.uid!);
+    this.#qemus.forget(vmi.metadata.uid!);
     // What stands in for an unreadable mount record: the sockets of the spec's containerDisks.
     const socket = this.#o.ghosts.get(vmi.metadata.uid!)?.socketFile;
     const podDir = socket?.startsWith(`${this.#o.podsDir}/`) ? this.#podDir(socket) : undefined;
