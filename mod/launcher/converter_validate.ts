@@ -268,6 +268,7 @@ const VMI_RULE: Rule = obj({
           hostDevices: HOST_DEVICE_HINT,
           tpm: "a virtual TPM needs swtpm and per-VM state, which virtnode does not keep yet",
           filesystems: "virtiofs shares need virtiofsd beside the guest; not supported yet",
+          autoattachVSOCK: "vsock devices and the vsock route are not supported yet",
         },
       }),
     }, { required: ["devices"] }),

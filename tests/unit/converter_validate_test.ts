@@ -42,6 +42,7 @@ const UNSUPPORTED: [string, (vmi: Json) => void][] = [
   ["spec.domain.devices.hostDevices", (v) => v.spec.domain.devices.hostDevices = []],
   ["spec.domain.devices.filesystems", (v) => v.spec.domain.devices.filesystems = []],
   ["spec.domain.devices.inputs", (v) => v.spec.domain.devices.inputs = []],
+  ["spec.domain.devices.autoattachVSOCK", (v) => v.spec.domain.devices.autoattachVSOCK = true],
   ["spec.domain.devices.tpm", (v) => v.spec.domain.devices.tpm = {}],
   ["spec.domain.devices.blockMultiQueue", (v) => v.spec.domain.devices.blockMultiQueue = true],
   [
