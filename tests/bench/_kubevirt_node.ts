@@ -286,7 +286,7 @@ async function measureAgent(
       await kubectl(
         kc,
         ["apply", "-f", "-"],
-        await virtnodeDaemonSet(images.agent, virtnodeDirs(node)),
+        await virtnodeDaemonSet(images.agent, images.launcher, virtnodeDirs(node)),
       );
     } else {
       await kubectl(

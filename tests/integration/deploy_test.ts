@@ -93,6 +93,7 @@ Deno.test("every manifest in deploy/ passes a server-side dry run", async () => 
 });
 
 interface Container {
+  image: string;
   args: string[];
   resources?: { requests?: Record<string, string>; limits?: Record<string, string> };
   volumeMounts: {
@@ -105,6 +106,7 @@ interface Container {
 
 interface PodSpec {
   hostNetwork?: boolean;
+  initContainers: Container[];
   containers: Container[];
   volumes: { name: string; hostPath?: { path: string }; secret?: { secretName: string } }[];
 }
@@ -136,13 +138,19 @@ Deno.test("the DaemonSet propagates no mount back to the host and mounts only wh
   assert.deepEqual(hostPaths, [
     "/var/lib/kubelet/device-plugins",
     "/var/lib/kubelet/pods",
+    "/var/lib/kubevirt-node-labeller",
     "/var/lib/virtnode",
     "/var/run/kubevirt",
-    "/var/run/libvirt",
   ]);
-  // Only the labeller connects to libvirt: a socket needs no writable mount.
-  const libvirt = handler.volumeMounts.find((m) => m.mountPath === "/var/run/libvirt");
-  assert.equal(libvirt?.readOnly, true);
+  // No host libvirtd: KubeVirt's node-labeller init container writes what the launcher
+  // image's libvirt offers, as under virt-operator, and the handler only reads it.
+  const [labeller] = pod.initContainers;
+  assert.match(labeller.image, /\/virt-launcher:v1\.7\.0$/);
+  assert.deepEqual(labeller.volumeMounts.map((m) => m.mountPath), [
+    "/var/lib/kubevirt-node-labeller",
+  ]);
+  const files = handler.volumeMounts.find((m) => m.mountPath === "/var/lib/kubevirt-node-labeller");
+  assert.equal(files?.readOnly, true);
 });
 
 Deno.test("the DaemonSet requests and limits CPU and memory and says why its health port is not loopback", () => {

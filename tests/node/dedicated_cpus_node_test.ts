@@ -96,7 +96,9 @@ Deno.test("node: the static CPU manager gives a dedicatedCpuPlacement VMI's vCPU
     await kubectl(kc, ["apply", "-f", join(REPO, "deploy/rbac.yaml")]);
     // The kubelet's root is below the node's folder here: virtnode is told where its state is
     // (through the host's root, which its hostPID pod reaches as /proc/1/root).
-    const ds = JSON.parse(await virtnodeDaemonSet(handlerImage.name, virtnodeDirs(node)));
+    const ds = JSON.parse(
+      await virtnodeDaemonSet(handlerImage.name, launcher.name, virtnodeDirs(node)),
+    );
     ds.spec.template.spec.containers[0].args.push(`--cpu-manager-state=/proc/1/root${statePath}`);
     await kubectl(kc, ["apply", "-f", "-"], JSON.stringify(ds));
     await waitFor("virtnode's pod Ready", async () => {

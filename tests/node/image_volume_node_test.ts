@@ -61,7 +61,7 @@ Deno.test("node: ImageVolume turned on in the CR while virtnode runs: the guest 
     await kubectl(
       kc,
       ["apply", "-f", "-"],
-      await virtnodeDaemonSet(handlerImage.name, virtnodeDirs(node)),
+      await virtnodeDaemonSet(handlerImage.name, launcher.name, virtnodeDirs(node)),
     );
     const [handlerPod] = await waitFor("virtnode's pod Ready", async () => {
       const found = await handlerPods();

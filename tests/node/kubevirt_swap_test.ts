@@ -174,7 +174,7 @@ async function installHandler(
     await kubectl(
       kc,
       ["apply", "-f", "-"],
-      await virtnodeDaemonSet(handlerImage, virtnodeDirs(node)),
+      await virtnodeDaemonSet(handlerImage, launcherImage, virtnodeDirs(node)),
     );
   } else {
     await kubectl(

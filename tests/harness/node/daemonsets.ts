@@ -21,6 +21,7 @@ export interface VirtnodeDirs {
   kubeletPods: string;
   state: string;
   run: string;
+  nodeLabeller: string;
 }
 
 /** The directories of `node` virtnode's DaemonSet uses (beside virt-handler's `kubevirt-run`). */
@@ -29,23 +30,38 @@ export function virtnodeDirs(node: Node): VirtnodeDirs {
     kubeletPods: join(node.kubeletDir, "pods"),
     state: join(node.dir, "virtnode-state"),
     run: join(node.dir, "kubevirt-run"),
+    nodeLabeller: join(node.dir, "kubevirt-node-labeller"),
   };
 }
 
 /**
- * deploy/daemonset.yaml with `image` and `dirs`, as JSON for `kubectl apply -f -`; without
+ * deploy/daemonset.yaml with virtnode's `image`, KubeVirt's `launcherImage` (its
+ * node-labeller init container) and `dirs`, as JSON for `kubectl apply -f -`; without
  * `dirs`, the host paths as shipped (isolated test nodes have them of their own).
  */
-export async function virtnodeDaemonSet(image: string, dirs?: VirtnodeDirs): Promise<string> {
+export async function virtnodeDaemonSet(
+  image: string,
+  launcherImage: string,
+  dirs?: VirtnodeDirs,
+): Promise<string> {
   // deno-lint-ignore no-explicit-any
   const ds = load(await Deno.readTextFile(join(REPO, "deploy/daemonset.yaml"))) as any;
-  const container = ds.spec.template.spec.containers[0];
+  const pod = ds.spec.template.spec;
+  const [container] = pod.containers;
   container.image = image;
   container.imagePullPolicy = "Never";
+  const [labeller] = pod.initContainers;
+  labeller.image = launcherImage;
+  labeller.imagePullPolicy = "Never";
   const hostPaths: Record<string, string> = dirs
-    ? { "kubelet-pods": dirs.kubeletPods, "state-dir": dirs.state, "virt-share-dir": dirs.run }
+    ? {
+      "kubelet-pods": dirs.kubeletPods,
+      "state-dir": dirs.state,
+      "virt-share-dir": dirs.run,
+      "node-labeller": dirs.nodeLabeller,
+    }
     : {};
-  for (const volume of ds.spec.template.spec.volumes) {
+  for (const volume of pod.volumes) {
     if (hostPaths[volume.name]) volume.hostPath.path = hostPaths[volume.name];
   }
   return JSON.stringify(ds);

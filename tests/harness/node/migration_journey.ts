@@ -104,7 +104,11 @@ export async function migrationJourney(handler: MigrationHandler): Promise<void>
     ]);
     if (handler === "virtnode") {
       await kubectl(kc, ["apply", "-f", join(REPO, "deploy/rbac.yaml")]);
-      await kubectl(kc, ["apply", "-f", "-"], await virtnodeDaemonSet(handlerImage.name));
+      await kubectl(
+        kc,
+        ["apply", "-f", "-"],
+        await virtnodeDaemonSet(handlerImage.name, launcher.name),
+      );
     } else {
       await kubectl(
         kc,
