@@ -7,6 +7,6 @@
  */
 import { migrationJourney } from "../harness/node/migration_journey.ts";
 
-Deno.test("yardstick: virt-handler migrates a VM between two nodes, then plugs a vCPU", async () => {
+Deno.test("yardstick: virt-handler migrates a VM between two nodes, then plugs a vCPU and memory", async () => {
   await migrationJourney("virt-handler");
 });

@@ -1,14 +1,14 @@
 /**
- * Live migration, and a live CPU change carried by one, on a cluster of two real
+ * Live migration, and a live CPU and memory change carried by one, on a cluster of two real
  * nodes with virtnode's DaemonSet applied as shipped (only its image is this machine's):
  * tests/harness/node/migration_journey.ts. virtnode's handlers prepare the target, carry the
  * migration through their mutual-TLS proxy between the two handler pods, hand the VMI over,
- * and on the target of the change's migration plug the new vCPU. The same journey
+ * and on the target of the change's migration plug the new vCPU and memory. The same journey
  * with KubeVirt's own virt-handler, the yardstick, is in the conformance tier
  * (tests/conformance/migration_yardstick_test.ts), whose latest result docs/conformance.md keeps.
  */
 import { migrationJourney } from "../harness/node/migration_journey.ts";
 
-Deno.test("node: virt-controller migrates a VM between two kubelets' nodes, then plugs a vCPU", async () => {
+Deno.test("node: virt-controller migrates a VM between two kubelets' nodes, then plugs a vCPU and memory", async () => {
   await migrationJourney("virtnode");
 });

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the root filesystem of the test node's launcher image from a minimal Debian 12
 # (debootstrap; deploy/build_lib.sh's debian_root) and Debian's packages: KubeVirt's
-# launcher image, with libvirt's daemon and QEMU, KubeVirt's own virt-launcher,
+# launcher image, with libvirt's daemon and QEMU (bookworm-backports'), KubeVirt's own virt-launcher,
 # virt-launcher-monitor and helpers (virt-tail, virt-probe, virt-freezer, container-disk,
 # node-labeller.sh) and the /etc files KubeVirt's image carries (build_peers.sh's)
 # where virt-controller's pods expect them. Debian 12 has no modular daemons:
@@ -33,13 +33,20 @@ launcher_bin=(virt-launcher virt-launcher-monitor virt-tail virt-probe virt-free
 # nftables: KubeVirt's virt-handler image, built on this root, runs nft for masquerade.
 # xorriso: the launcher writes a VMI's cloud-init disk with xorrisofs, as KubeVirt's
 # image has it.
-PACKAGES=(libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86
-  qemu-utils ovmf procps nftables xorriso)
+PACKAGES=(procps nftables xorriso)
+# libvirt and QEMU from bookworm-backports (libvirt 11.3, QEMU 10.0), the versions KubeVirt
+# v1.7.0's launcher is made for: Debian 12's libvirt 9.0 refuses the domain KubeVirt writes
+# for a VMI with room for memory hot-plug (`<maxMemory slots='0'>`: "both maximum memory
+# size and memory slot count must be specified") and a block migration's
+# `migrate_disks_detect_zeroes`. virt-launcher was built against 9.0's headers; the newer
+# library keeps every call it makes.
+BACKPORTS=(libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86
+  qemu-utils ovmf)
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 key=$(
   {
-    echo "$image $SUITE $MIRROR ${PACKAGES[*]}"
+    echo "$image $SUITE $MIRROR ${PACKAGES[*]} backports ${BACKPORTS[*]}"
     cat "$here/images.sh"
     declare -f debian_root
     sha256sum "${launcher_bin[@]/#/$kubevirt/}" "$kubevirt"/launcher-files/* | cut -d' ' -f1
@@ -53,6 +60,23 @@ cache_enter "$cache_root" built
 cache_stage "$cache_root"
 root=$staging/root
 debian_root "$staging" "$cache_root/apt-archives" "$SUITE" "$MIRROR" "${PACKAGES[@]}"
+log "apt-get install -t $SUITE-backports ${BACKPORTS[*]}"
+echo "deb $MIRROR $SUITE-backports main" >"$root/etc/apt/sources.list.d/backports.list"
+printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
+chmod 755 "$root/usr/sbin/policy-rc.d"
+unshare --mount --fork -- bash -c "
+  mount -t proc proc '$root/proc'
+  chroot '$root' apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive chroot '$root' apt-get install -y -qq \\
+    --no-install-recommends -t '$SUITE-backports' ${BACKPORTS[*]}
+  chroot '$root' apt-get clean
+" >"$staging/apt-backports.log" 2>&1 || {
+  tail -20 "$staging/apt-backports.log" >&2
+  exit 1
+}
+rm -f "$root/usr/sbin/policy-rc.d"
+rm -rf "$root/var/lib/apt/lists"/* "$root/var/cache/apt"/*.bin
+chroot "$root" dpkg-query -W libvirt-daemon qemu-system-x86 | sed 's/^/  /' >&2
 install -m 0755 "${launcher_bin[@]/#/$kubevirt/}" "$kubevirt/launcher-files/node-labeller.sh" \
   "$root/usr/bin/"
 # As KubeVirt's image: the monitor starts a non-root launcher with NET_BIND_SERVICE as an
