@@ -94,13 +94,23 @@ fi
 exec /usr/sbin/libvirtd "$@"
 EOF
 chmod 755 "$root/usr/sbin/virtqemud"
-# KubeVirt's launcher runs QEMU as qemu (107); it panics without the user.
-chroot "$root" groupadd -g 107 qemu
-chroot "$root" useradd -u 107 -g 107 -d /home/qemu -s /bin/bash qemu
+# KubeVirt's launcher runs QEMU as qemu (107); it panics without the user. (Backports'
+# packages may have made a qemu group or user already: they get KubeVirt's IDs.)
+if chroot "$root" getent group qemu >/dev/null; then
+  chroot "$root" groupmod -g 107 qemu
+else
+  chroot "$root" groupadd -g 107 qemu
+fi
+if chroot "$root" getent passwd qemu >/dev/null; then
+  chroot "$root" usermod -u 107 -g 107 -d /home/qemu -s /bin/bash qemu
+else
+  chroot "$root" useradd -u 107 -g 107 -d /home/qemu -s /bin/bash qemu
+fi
 # Debian's libvirt resolves its built-in default user before reading qemu.conf
 # (libvirt-daemon-system creates it on a host; this image has no such package).
-chroot "$root" groupadd --system libvirt-qemu
-chroot "$root" useradd --system -g libvirt-qemu -d /var/lib/libvirt -s /usr/sbin/nologin libvirt-qemu
+chroot "$root" getent group libvirt-qemu >/dev/null || chroot "$root" groupadd --system libvirt-qemu
+chroot "$root" getent passwd libvirt-qemu >/dev/null ||
+  chroot "$root" useradd --system -g libvirt-qemu -d /var/lib/libvirt -s /usr/sbin/nologin libvirt-qemu
 # What KubeVirt's image adds: its libvirt settings, the qemu hook, nsswitch.conf.
 files=$kubevirt/launcher-files
 install -m 0644 "$files/qemu.conf" "$files/virtqemud.conf" "$root/etc/libvirt/"
