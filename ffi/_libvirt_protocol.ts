@@ -91,6 +91,7 @@ export interface WorkerOps {
   domainAttachDevice(uuid: string, xml: string, flags: number): void;
   domainUpdateDevice(uuid: string, xml: string, flags: number): void;
   domainSetVcpus(uuid: string, count: number, flags: number): void;
+  domainPinVcpu(uuid: string, vcpu: number, cpus: number[], flags: number): void;
   domainCoreDump(uuid: string, path: string, format: number, flags: number): void;
   domainSetTime(uuid: string, seconds: number, nanoseconds: number): void;
   domainDetachDevice(uuid: string, xml: string, flags: number): void;

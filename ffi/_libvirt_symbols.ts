@@ -78,6 +78,7 @@ export const LIBVIRT_SYMBOLS = {
   virDomainDetachDeviceFlags: { parameters: [P, B, U], result: I },
   virDomainUpdateDeviceFlags: { parameters: [P, B, U], result: I },
   virDomainSetVcpusFlags: { parameters: [P, U, U], result: I },
+  virDomainPinVcpuFlags: { parameters: [P, U, B, I, U], result: I },
   virDomainCoreDumpWithFormat: { parameters: [P, B, U, U], result: I },
   virDomainSetTime: { parameters: [P, "i64", U, U], result: I },
   virDomainFSFreeze: { parameters: [P, P, U, U], result: I },

@@ -431,6 +431,15 @@ const ops: WorkerOps = {
   domainSetVcpus(uuid, count, flags) {
     withDomain(uuid, (d) => checkInt(vir().virDomainSetVcpusFlags(d, count, flags)));
   },
+  domainPinVcpu(uuid, vcpu, cpus, flags) {
+    // libvirt's CPU map: one bit per host CPU, the lowest bit of the first byte CPU 0.
+    const map = new Uint8Array(Math.floor(Math.max(0, ...cpus) / 8) + 1);
+    for (const cpu of cpus) map[cpu >> 3] |= 1 << (cpu & 7);
+    withDomain(
+      uuid,
+      (d) => checkInt(vir().virDomainPinVcpuFlags(d, vcpu, map, map.length, flags)),
+    );
+  },
   domainSetTime(uuid, seconds, nanoseconds) {
     withDomain(
       uuid,

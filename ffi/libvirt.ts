@@ -410,6 +410,22 @@ export class Domain {
   }
 
   /**
+   * Pins vCPU `vcpu` to the host CPUs `cpus` (`virDomainPinVcpuFlags`), live and in the
+   * definition unless told: the domain's `<vcpupin>` then names them.
+   */
+  async pinVcpu(
+    vcpu: number,
+    cpus: readonly number[],
+    flags = VIR_DOMAIN_AFFECT_LIVE | VIR_DOMAIN_AFFECT_CONFIG,
+  ) {
+    await this.#call(
+      "domainPinVcpu",
+      [this.uuid, vcpu, [...cpus], flags],
+      this.#action("pin a vCPU of"),
+    );
+  }
+
+  /**
    * Writes the guest's memory to `path` (`virDomainCoreDumpWithFormat`): raw and memory
    * only unless told, an ELF core, as KubeVirt's launcher dumps it. Holds its call worker
    * until QEMU has written the whole file.

@@ -125,12 +125,37 @@ export class CpuPool {
     const free = this.free();
     if (free.length < count) {
       if (had) this.#owners.set(owner, had);
-      throw new DedicatedCpusError(
-        `dedicated CPU placement needs ${count} CPU${count === 1 ? "" : "s"} of this node's own; ` +
-          `${free.length} of its ${this.#cpus.length} (${this.#cpus.join(",")}) are not ` +
-          `dedicated to other VMIs`,
-      );
+      throw this.#tooFew(`${count}`, count, free.length);
     }
+    const chosen = this.#choose(free, count);
+    this.#owners.set(owner, chosen);
+    return [...chosen];
+  }
+
+  /**
+   * `count` more CPUs for `owner`, beside the ones it holds (a running VMI's plugged vCPUs:
+   * its pinned CPUs stay as they are), whole free cores first; returns only the new ones.
+   * Throws {@linkcode DedicatedCpusError} when too few are free, and then holds nothing more.
+   */
+  grow(owner: string, count: number): number[] {
+    if (count <= 0) return [];
+    const free = this.free();
+    if (free.length < count) throw this.#tooFew(`${count} more`, count, free.length);
+    const chosen = this.#choose(free, count);
+    this.#owners.set(owner, [...this.#owners.get(owner) ?? [], ...chosen].sort((a, b) => a - b));
+    return chosen;
+  }
+
+  #tooFew(what: string, count: number, free: number): DedicatedCpusError {
+    return new DedicatedCpusError(
+      `dedicated CPU placement needs ${what} CPU${count === 1 ? "" : "s"} of this node's own; ` +
+        `${free} of its ${this.#cpus.length} (${this.#cpus.join(",")}) are not ` +
+        `dedicated to other VMIs`,
+    );
+  }
+
+  /** `count` of the `free` CPUs, whole free cores first, ascending. */
+  #choose(free: readonly number[], count: number): number[] {
     const freeSet = new Set(free);
     const wholeCores: number[] = [];
     const rest: number[] = [];
@@ -138,9 +163,7 @@ export class CpuPool {
       const core = this.#siblings.get(cpu) ?? [cpu];
       (core.every((c) => freeSet.has(c) || !this.#cpus.includes(c)) ? wholeCores : rest).push(cpu);
     }
-    const chosen = [...wholeCores, ...rest].slice(0, count).sort((a, b) => a - b);
-    this.#owners.set(owner, chosen);
-    return [...chosen];
+    return [...wholeCores, ...rest].slice(0, count).sort((a, b) => a - b);
   }
 
   /** Records that `owner` holds `cpus` (a running domain adopted); CPUs outside the pool too. */

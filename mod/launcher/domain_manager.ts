@@ -52,7 +52,7 @@ import {
   virtioMemDevice,
 } from "./converter.ts";
 import { hostNumaCellsOfOptions } from "./converter_cpu_tune.ts";
-import { placeQemuThreads, QemuLocator } from "../cpus/mod.ts";
+import { placeQemuThreads, QemuLocator, realtimeMask } from "../cpus/mod.ts";
 import { type CpuPool, dedicatedCpuCount, pinnedCpusOfDomainXml } from "./cpu_pool.ts";
 import { el, renderXml, type XmlElement as RenderedElement } from "./_xml.ts";
 import {
@@ -597,6 +597,8 @@ export class DomainManager {
         ? parseCpuList(emulator[1])
         : undefined,
       realtime: cpu.realtime !== undefined,
+      // libvirt's <vcpusched> covers the vCPUs the domain started with; plugged ones too.
+      fifo: cpu.realtime !== undefined ? realtimeMask(cpu.realtime.mask) : undefined,
       pit: qemu.fresh,
     });
     if (placed.moved.length > 0 || placed.pit !== undefined) {
@@ -780,9 +782,45 @@ export class DomainManager {
           } when it started)`,
         );
       }
+      const pinned = await this.#pinPluggedVcpus(domain, vmi, count);
       await domain.setVcpus(count);
-      log.info("vCPUs set", { ...this.vmi, vcpus: count, sockets: topology.sockets });
+      log.info("vCPUs set", { ...this.vmi, vcpus: count, sockets: topology.sockets, pinned });
+      await this.#placeThreads(domain, vmi);
     });
+  }
+
+  /**
+   * A dedicated-CPU VMI's vCPUs below `count` that no `<vcpupin>` pins yet (the ones a plug
+   * brings) each get a free CPU of the pool, pinned before they are plugged, so they never
+   * run beside another VMI's; the CPUs pinned already stay. Returns the new pins. Throws
+   * {@linkcode DedicatedCpusError} when the pool has too few, before anything is plugged.
+   */
+  async #pinPluggedVcpus(
+    domain: LibvirtDomain,
+    vmi: VirtualMachineInstance,
+    count: number,
+  ): Promise<Record<number, number>> {
+    const pool = this.#converter.cpuPool;
+    if (vmi.spec.domain.cpu?.dedicatedCpuPlacement !== true || !pool) return {};
+    const xml = await domain.getXMLDesc();
+    const pins = new Set(
+      [...xml.matchAll(/<vcpupin\b[^>]*\bvcpu=['"](\d+)['"]/g)].map((m) => Number(m[1])),
+    );
+    const unpinned = Array.from({ length: count }, (_, i) => i).filter((v) => !pins.has(v));
+    const owner = this.vmi.uid ?? this.vmiKey;
+    const cpus = pool.grow(owner, unpinned.length);
+    const placed: Record<number, number> = {};
+    try {
+      for (const [i, vcpu] of unpinned.entries()) {
+        await domain.pinVcpu(vcpu, [cpus[i]]);
+        placed[vcpu] = cpus[i];
+      }
+    } catch (error) {
+      // The pool holds what the domain pins, no more: a retry takes the rest again.
+      pool.hold(owner, pinnedCpusOfDomainXml(await domain.getXMLDesc()));
+      throw error;
+    }
+    return placed;
   }
 
   /**

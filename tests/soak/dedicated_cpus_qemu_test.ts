@@ -7,7 +7,9 @@
  * `/proc/<qemu>/task/*` (`Cpus_allowed_list`, and the policy and priority of `stat`). Its
  * memory comes from the huge pages of the host's NUMA node. A second dedicated VMI finds no
  * CPU free and says so in its `Synchronized` condition, without disturbing the first, and
- * gets the CPUs once the first is gone.
+ * gets the CPUs once the first is gone. A VM with a dedicated CPU then gets a second socket
+ * in its template (LiveUpdate): the node plugs it in place, its new vCPU pinned to the CPU
+ * left, the first vCPU where it was.
  *
  * The VMIs have no disk: SeaBIOS finds nothing to boot and waits, so a realtime vCPU under
  * software emulation costs the machine little while the test reads it. In the soak tier,
@@ -146,8 +148,10 @@ async function onPodlessNode(uri: string, fn: (node: TestNode) => Promise<void>)
     if (h) console.error((await Deno.readTextFile(h.logFile).catch(() => "")).slice(-8000));
     throw error;
   } finally {
+    await client.request("DELETE", `/apis/kubevirt.io/v1/namespaces/${ns}/virtualmachines/plug`)
+      .catch(() => {});
     for (const name of ["rt", "second"]) await deleteVmi(client, ns, name).catch(() => {});
-    for (const name of ["rt", "second"]) {
+    for (const name of ["rt", "second", "plug"]) {
       await waitFor(`${name} to go`, async () => !(await getVmi(client, ns, name)), 60_000)
         .catch((e) => console.error(e.message));
     }
@@ -258,6 +262,66 @@ async function check({ client, ns, node }: TestNode, cpus: number[]): Promise<vo
     await virsh("dumpxml", `${ns}_second`),
   );
   assert.ok(pinned && cpus.includes(Number(pinned[1])), String(running.status?.phase));
+  await deleteVmi(client, ns, "second");
+  await waitFor("second to go", async () => !(await getVmi(client, ns, "second")), 60_000);
+  await plugInPlace({ client, ns, node }, cpus);
+}
+
+/**
+ * A VM with dedicated CPUs gets one more socket in its template (`kubectl patch vm`): the
+ * node plugs it in place, the launcher first pins the new vCPU to a free CPU of its own, and
+ * the first vCPU stays where it was.
+ */
+async function plugInPlace({ client, ns, node }: TestNode, cpus: number[]): Promise<void> {
+  const template = testVmi("plug", node, { namespace: ns });
+  template.spec.domain.cpu = {
+    ...template.spec.domain.cpu,
+    sockets: 1,
+    maxSockets: 2,
+    dedicatedCpuPlacement: true,
+  };
+  const vmPath = `/apis/kubevirt.io/v1/namespaces/${ns}/virtualmachines/plug`;
+  await client.request("POST", `/apis/kubevirt.io/v1/namespaces/${ns}/virtualmachines`, {
+    apiVersion: "kubevirt.io/v1",
+    kind: "VirtualMachine",
+    metadata: { name: "plug", namespace: ns },
+    spec: { runStrategy: "Always", template: { spec: template.spec } },
+  });
+  await waitForPhase(client, ns, "plug", "Running", 120_000);
+  const domain = `${ns}_plug`;
+  const pinsOf = (xml: string) =>
+    [...xml.matchAll(/<vcpupin vcpu='(\d+)' cpuset='(\d+)'\/>/g)].map((m) => [
+      Number(m[1]),
+      Number(m[2]),
+    ]);
+  const before = pinsOf(await virsh("dumpxml", domain));
+  assert.equal(before.length, 1, JSON.stringify(before));
+  await client.request("PATCH", vmPath, {
+    spec: { template: { spec: { domain: { cpu: { sockets: 2 } } } } },
+  }, { contentType: "application/merge-patch+json" });
+  const vmi = await waitFor("the plugged socket in the VMI's status", async () => {
+    const v = await getVmi(client, ns, "plug");
+    return v?.status?.currentCPUTopology?.sockets === 2 ? v : undefined;
+  }, 60_000);
+  const xml = await virsh("dumpxml", domain);
+  const after = pinsOf(xml);
+  assert.deepEqual(after[0], before[0], xml);
+  assert.equal(after.length, 2, xml);
+  assert.notEqual(after[1][1], after[0][1], xml);
+  assert.ok(cpus.includes(after[1][1]), xml);
+  const pid = Number((await Deno.readTextFile(`/run/libvirt/qemu/${domain}.pid`)).trim());
+  const vcpu1 = await waitFor(
+    "the plugged vCPU's thread",
+    () => threadsOf(pid).find((t) => /^CPU 1\/(KVM|TCG)$/.test(t.comm)),
+    30_000,
+  );
+  assert.deepEqual(vcpu1.cpus, [after[1][1]]);
+  console.log(
+    `plugged in place: vCPU pins ${JSON.stringify(before)} -> ${JSON.stringify(after)}, ` +
+      `sockets ${vmi.status?.currentCPUTopology?.sockets}`,
+  );
+  await client.request("DELETE", vmPath);
+  await waitFor("plug to go", async () => !(await getVmi(client, ns, "plug")), 60_000);
 }
 
 /** Runs a create, showing the admission's refusal in full when it refuses. */

@@ -235,6 +235,32 @@ Deno.test("CpuPool: whole cores first, the same CPUs again for the same VMI, a c
   }
 });
 
+Deno.test("CpuPool.grow(): plugged vCPUs get free CPUs beside the held ones, or a refusal that takes none", async () => {
+  const sys = await twoNodeSysfs();
+  try {
+    const cpus = [0, 1, 2, 3];
+    const pool = new CpuPool(cpus, threadSiblings(cpus, sys));
+    assert.deepEqual(pool.claim("a", 1), [0]);
+    pool.hold("b", [3]);
+    // The held CPU stays, and a new one comes beside it (no core is wholly free).
+    assert.deepEqual(pool.grow("a", 1), [1]);
+    assert.deepEqual(pool.held("a"), [0, 1]);
+    assert.deepEqual(pool.grow("a", 0), []);
+    assert.throws(
+      () => pool.grow("a", 2),
+      (e: unknown) =>
+        e instanceof DedicatedCpusError &&
+        e.message ===
+          "dedicated CPU placement needs 2 more CPUs of this node's own; 1 of its 4 (0,1,2,3) are not dedicated to other VMIs",
+    );
+    assert.deepEqual(pool.held("a"), [0, 1]);
+    assert.deepEqual(pool.grow("a", 1), [2]);
+    assert.deepEqual(pool.free(), []);
+  } finally {
+    await Deno.remove(sys, { recursive: true });
+  }
+});
+
 Deno.test("pinnedCpusOfDomainXml() and ownCpus() read libvirt's and the kernel's CPU lists", () => {
   assert.deepEqual(
     pinnedCpusOfDomainXml(

@@ -83,13 +83,8 @@ function cpuChange(vm: VirtualMachine, vmi: VirtualMachineInstance, result: Live
     result.restartRequired ??= "Reduction of CPU socket count requires a restart";
     return;
   }
-  if (running.dedicatedCpuPlacement === true) {
-    // KubeVirt moves such a VMI to a pod given more CPUs; in place, the new vCPUs would
-    // need CPUs of their own beside the pinned ones, which the launcher does not pin yet.
-    result.restartRequired ??=
-      "CPU sockets updated in template spec. A VM with dedicated CPUs gets more of them at its restart on a pod-less node";
-    return;
-  }
+  // With dedicated CPUs the launcher pins each plugged vCPU to a free CPU of its own first
+  // (KubeVirt moves such a VMI to a pod given more CPUs); too few free fails the plug.
   result.patch.push(
     { op: "test", path: "/spec/domain/cpu/sockets", value: running.sockets },
     { op: "replace", path: "/spec/domain/cpu/sockets", value: sockets },
