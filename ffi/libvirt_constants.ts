@@ -92,6 +92,8 @@ export const VIR_DOMAIN_SHUTDOWN_GUEST_AGENT = 1 << 1;
 export const VIR_DOMAIN_XML_SECURE = 1 << 0;
 /** `virDomainXMLFlags`: the persistent (inactive) definition. */
 export const VIR_DOMAIN_XML_INACTIVE = 1 << 1;
+/** `virDomainXMLFlags`: what another host can define (a migration's destination XML). */
+export const VIR_DOMAIN_XML_MIGRATABLE = 1 << 3;
 
 /** `virConnectListAllDomainsFlags`: active domains. */
 export const VIR_CONNECT_LIST_DOMAINS_ACTIVE = 1 << 0;

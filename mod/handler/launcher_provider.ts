@@ -162,6 +162,12 @@ export interface MigrationEndpoints {
    * sockets are closed and removed.
    */
   migrationSourceDir(vmi: VirtualMachineInstance): Promise<MigrationSourceDir>;
+  /**
+   * The host CPUs a dedicated-CPU VMI's target launcher has, which the source pins the
+   * migrating domain to: its container's cpuset (KubeVirt mode), or what the launcher
+   * host's pool gave it (pod-less); none while unknown.
+   */
+  dedicatedCpus(vmi: VirtualMachineInstance): Promise<number[] | undefined>;
 }
 
 /** How the handler as a whole reaches launchers: dialling, adopting, their sockets. */

@@ -34,7 +34,6 @@ import {
   vmiKey,
 } from "../api/mod.ts";
 import { type Domain, isDomainAlive } from "../domain/mod.ts";
-import { getAffinity } from "../../ffi/mod.ts";
 import type { EventRecorder, Informer, StatusWriter, WorkQueue } from "../kube/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import type { MigrationProxyManager } from "../migration/mod.ts";
@@ -403,6 +402,17 @@ export class MigrationTargetController extends KeyedController {
       });
       return requeueAfter(TARGET_REQUEUE_MS, "the target's listeners are not up");
     }
+    // Dedicated CPUs: the source's launcher pins the migrating domain to the target's CPUs
+    // over this host's topology, which the target reports with its address, in the same
+    // write (KubeVirt's reportDedicatedCPUSetForMigratingVMI and
+    // reportTargetTopologyForMigratingVMI): without them the source is not told to go.
+    let dedicatedCpus: number[] | undefined;
+    if (vmi.spec.domain.cpu?.dedicatedCpuPlacement === true) {
+      dedicatedCpus = await this.#d.provider.dedicatedCpus(vmi);
+      if (!dedicatedCpus?.length) {
+        return requeueAfter(TARGET_REQUEUE_MS, "the target's dedicated CPUs are not known yet");
+      }
+    }
     if (state.targetNodeAddress !== this.#d.migrationAddress) {
       this.record(
         vmi,
@@ -419,27 +429,11 @@ export class MigrationTargetController extends KeyedController {
         state.targetState.directMigrationNodePorts = ports;
       }
     }
-    // Dedicated CPUs: the source's launcher pins the migrating domain to the target pod's
-    // CPUs over this host's topology, which the target reports (KubeVirt's
-    // reportDedicatedCPUSetForMigratingVMI and reportTargetTopologyForMigratingVMI).
-    if (vmi.spec.domain.cpu?.dedicatedCpuPlacement === true) {
-      const cpus = await this.#launcherCpus(vmi);
-      if (cpus) {
-        state.targetCPUSet = cpus;
-        state.targetNodeTopology = topologyJson(this.#topology ??= hostTopology());
-      }
+    if (dedicatedCpus) {
+      state.targetCPUSet = dedicatedCpus;
+      state.targetNodeTopology = topologyJson(this.#topology ??= hostTopology());
     }
     return DONE;
-  }
-
-  /**
-   * The CPUs the target's launcher may run on: its container's cpuset, as the kernel
-   * applies it to the launcher process (`sched_getaffinity`); none without a launcher of
-   * its own (pod-less).
-   */
-  async #launcherCpus(vmi: VirtualMachineInstance): Promise<number[] | undefined> {
-    const pid = /^\/proc\/(\d+)\/root$/.exec(await this.#d.provider.launcherRoot(vmi) ?? "")?.[1];
-    return pid === undefined ? undefined : getAffinity(Number(pid));
   }
 
   /** The migration ended here: the VMI becomes this node's (KubeVirt's `ackMigrationCompletion`). */

@@ -32,6 +32,7 @@ export {
   guestMemoryBytes,
   hotplugDiskXml,
   maxCpuSockets,
+  pinnedForTarget,
   virtioMemDevice,
 } from "./converter_xml.ts";
 export type {

@@ -614,7 +614,7 @@ function buildMemoryBacking(
  */
 function dedicatedPlacement(
   vmi: VirtualMachineInstance,
-  options: DomainXmlOptions,
+  options: Pick<DomainXmlOptions, "domainType" | "dedicatedCpus" | "hostNumaCells">,
 ): CpuPlacement | undefined {
   const cpu = vmi.spec.domain.cpu;
   if (cpu?.dedicatedCpuPlacement !== true) return undefined;
@@ -640,6 +640,34 @@ function dedicatedPlacement(
     options.dedicatedCpus,
     options.hostNumaCells ?? [],
   );
+}
+
+/**
+ * A dedicated-CPU VMI's migratable domain `xml` pinned to the target's `cpus` over its NUMA
+ * `cells`, as KubeVirt's source launcher rewrites it for the target it migrates to: the
+ * `<cputune>` and `<numatune>` made for those CPUs replace the source's (the guest's own
+ * NUMA cells stay as they are). Throws a converter error naming the field when `cpus` are
+ * not as many as the VMI needs.
+ */
+export function pinnedForTarget(
+  vmi: VirtualMachineInstance,
+  xml: string,
+  domainType: "kvm" | "qemu",
+  cpus: readonly number[],
+  cells: readonly HostNumaCell[],
+): string {
+  const placement = dedicatedPlacement(vmi, {
+    domainType,
+    dedicatedCpus: cpus,
+    hostNumaCells: cells,
+  });
+  if (!placement) return xml;
+  const swap = (text: string, name: string, replacement: XmlElement | undefined) => {
+    const re = new RegExp(`<${name}\\b[^>]*>[\\s\\S]*?</${name}>|<${name}\\b[^>]*/>`);
+    if (!re.test(text)) return text;
+    return text.replace(re, replacement ? renderXml(replacement) : "");
+  };
+  return swap(swap(xml, "cputune", placement.cputune), "numatune", placement.numa?.numatune);
 }
 
 function firmwareUuid(vmi: VirtualMachineInstance): string | undefined {

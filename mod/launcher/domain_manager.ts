@@ -18,6 +18,7 @@ import {
   VIR_DOMAIN_AFFECT_LIVE,
   VIR_DOMAIN_DIRTYRATE_MEASURED,
   VIR_DOMAIN_STATS_DIRTYRATE,
+  VIR_DOMAIN_XML_MIGRATABLE,
 } from "../../ffi/mod.ts";
 import {
   type GuestOsInfo,
@@ -46,6 +47,7 @@ import {
   domainClusterOptions,
   hotplugDiskXml,
   maxCpuSockets,
+  pinnedForTarget,
   type PrepareOptions,
   prepareVolume,
   validateVmi,
@@ -1138,6 +1140,7 @@ export class DomainManager {
           `domain is ${state.status}, not Running`,
         );
       }
+      const destinationXml = await this.#pinnedForTarget(domain, vmi);
       log.info("Starting live migration", { ...this.vmi, migration: migrationUid });
       this.#migration = new SourceMigration(domain, {
         vmiUid: vmi.metadata.uid ?? this.vmi.uid ?? "",
@@ -1145,10 +1148,56 @@ export class DomainManager {
         options,
         dataGiB: migrationDataGiB(vmi),
         socketDir: this.#migrationSocketDir,
+        destinationXml,
         onChange: () => this.#onChange(),
       });
       this.#onChange();
     }, false);
+  }
+
+  /**
+   * A dedicated-CPU VMI's domain as the target is to define it, pinned to the CPUs the
+   * target reported (`status.migrationState.targetCPUSet`, over `targetNodeTopology`), as
+   * KubeVirt's source launcher sends it; undefined for other VMIs (the domain goes as it is).
+   */
+  async #pinnedForTarget(
+    domain: LibvirtDomain,
+    vmi: VirtualMachineInstance,
+  ): Promise<string | undefined> {
+    if (vmi.spec.domain.cpu?.dedicatedCpuPlacement !== true) return undefined;
+    const state = vmi.status?.migrationState;
+    if (!state?.targetCPUSet?.length) {
+      throw new LauncherCommandError(
+        "migrate",
+        this.vmiKey,
+        "the VMI has dedicated CPUs and its target reported none " +
+          "(status.migrationState.targetCPUSet)",
+      );
+    }
+    let cells: ReturnType<typeof hostNumaCellsOfOptions> = [];
+    try {
+      cells = state.targetNodeTopology
+        ? hostNumaCellsOfOptions({ topology: JSON.parse(state.targetNodeTopology) })
+        : [];
+    } catch (error) {
+      throw new LauncherCommandError(
+        "migrate",
+        this.vmiKey,
+        `status.migrationState.targetNodeTopology is not JSON: ${detail(error)}`,
+      );
+    }
+    const xml = await domain.getXMLDesc(VIR_DOMAIN_XML_MIGRATABLE);
+    try {
+      return pinnedForTarget(
+        vmi,
+        xml,
+        this.#converter.domainType ?? (kvmUsable() ? "kvm" : "qemu"),
+        state.targetCPUSet,
+        cells,
+      );
+    } catch (error) {
+      throw new LauncherCommandError("migrate", this.vmiKey, detail(error));
+    }
   }
 
   /**
@@ -1175,21 +1224,15 @@ export class DomainManager {
             `(status.migrationTransport "Unix")`,
         );
       }
-      if (vmi.spec.domain.cpu?.dedicatedCpuPlacement === true) {
-        // The domain would arrive pinned to the source's CPUs, which may be another VMI's here.
-        throw new LauncherCommandError(
-          "prepare the migration target of",
-          this.vmiKey,
-          "spec.domain.cpu.dedicatedCpuPlacement: virtnode's launcher does not take VMIs with " +
-            "dedicated CPUs as migration targets yet (their CPUs would have to be chosen here " +
-            "and the domain's pinning rewritten on the way)",
-        );
-      }
       const existing = await this.lookup();
       if (existing) {
         const info = await existing.getState();
         if (isDomainActive(domainStateFromLibvirt(info.state, info.reason).status)) return;
       }
+      // Dedicated CPUs are chosen here, before anything else is made; the handler reports
+      // them (targetCPUSet) and the source pins the domain it sends to them. They go back
+      // to the pool when this launcher is stopped (a migration that failed or was aborted).
+      this.#claimCpus(vmi);
       const migrationUid = vmi.status?.migrationState?.migrationUid ?? "";
       if (this.#incoming?.uid !== migrationUid) {
         this.#incoming = new IncomingMigration(migrationUid, {

@@ -190,7 +190,10 @@ export class LauncherHost {
 
   /** Every hosted VMI. */
   list(): HostedVmStatus[] {
-    return [...this.#vms.values()].map((h) => ({ ...h.status }));
+    return [...this.#vms.entries()].map(([uid, h]) => {
+      const cpus = this.#cpuPool.held(uid);
+      return { ...h.status, ...(cpus ? { dedicatedCpus: [...cpus] } : {}) };
+    });
   }
 
   /** Takes back every VMI of `<dir>/vms` (after a crash or restart); returns how many. */

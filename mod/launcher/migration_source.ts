@@ -238,6 +238,8 @@ export class SourceMigration {
       options: MigrationOptions;
       dataGiB: number;
       socketDir: string;
+      /** The domain as the target defines it (a dedicated-CPU VMI's, pinned there). */
+      destinationXml?: string;
       onChange: () => void;
     },
   ) {
@@ -245,9 +247,11 @@ export class SourceMigration {
     this.#onChange = spec.onChange;
     this.#metadata = { uid: spec.migrationUid, startTimestamp: now(), mode: "PreCopy" };
     this.#monitor = new MigrationMonitor(spec.options, spec.dataGiB, Date.now());
+    const params = migrationParams(spec.vmiUid, spec.socketDir, spec.options);
+    if (spec.destinationXml !== undefined) params.push(["destination_xml", spec.destinationXml]);
     const call = domain.migrateToURI3(
       migrationDestinationUri(spec.vmiUid, spec.socketDir),
-      migrationParams(spec.vmiUid, spec.socketDir, spec.options),
+      params,
       migrationFlags(spec.options),
     );
     this.#done = call.then(

@@ -14,6 +14,7 @@ export {
   convertVmiToDomainXml,
   domainClusterOptions,
   generateDomainXml,
+  pinnedForTarget,
   hotplugDiskXml,
   InvalidFieldError,
   UnsupportedFieldError,

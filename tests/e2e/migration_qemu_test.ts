@@ -10,7 +10,8 @@
  * migration Failed with a reason: a source whose client certificate is another CA's, a
  * target handler killed while the migration runs, a target node that never gets ready, a
  * target node that never takes VMIs; and KubeVirt's admission refuses to migrate a VMI that
- * is not LiveMigratable.
+ * is not LiveMigratable. Last, a VMI with a dedicated CPU moves to a node where another VMI
+ * holds that CPU and arrives pinned to a CPU of its own there.
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
@@ -27,6 +28,7 @@ import {
   killLaunchers,
   kubeClient,
   startHandlerProcess,
+  testVmi,
   waitFor,
   waitForPhase,
 } from "../helpers/handler_process.ts";
@@ -88,6 +90,18 @@ async function eventMessages(client: KubeClient, ns: string, uid: string): Promi
     }`,
   );
   return list.items.map((e) => `${e.reason}: ${e.message}`);
+}
+
+/** The CPU the domain `name` on `node` pins its vCPU 0 to. */
+async function vcpu0Pin(node: NodeHost, name: string): Promise<number> {
+  const out = await new Deno.Command("virsh", {
+    args: ["-c", node.libvirtd.uri, "dumpxml", name],
+    stdout: "piped",
+    stderr: "null",
+  }).output();
+  const pin = /<vcpupin vcpu='0' cpuset='(\d+)'\/>/.exec(new TextDecoder().decode(out.stdout));
+  if (!pin) throw new Error(`${name} on ${node.name} has no pinned vCPU 0`);
+  return Number(pin[1]);
 }
 
 async function domainsOf(node: NodeHost): Promise<string[]> {
@@ -454,6 +468,45 @@ Deno.test("migration (QEMU, two pod-less nodes): a guest moves through the handl
     assert.equal(last.status?.nodeName, b.name);
     assert.equal((await guestBoot(ipB))?.bootId, before.bootId, "the guest ran on throughout");
     await client.request("DELETE", `/api/v1/nodes/${ghost}`);
+
+    // 7. A VMI with a dedicated CPU moves to a node where another VMI holds the CPU it has:
+    // the target's launcher host gives it one of its own there, the target reports it
+    // (status.migrationState.targetCPUSet), and the source sends the domain pinned to it.
+    const dedicated = (name: string, node: string) => {
+      const v = testVmi(name, node, { namespace: ns });
+      v.spec.domain.cpu = { ...v.spec.domain.cpu, dedicatedCpuPlacement: true };
+      return v;
+    };
+    await createVmi(client, dedicated("holder", a.name));
+    await createVmi(client, dedicated("pinned", b.name));
+    await waitForPhase(client, ns, "holder", "Running", BOOT_MS);
+    await waitForPhase(client, ns, "pinned", "Running", BOOT_MS);
+    const held = await vcpu0Pin(a, `${ns}_holder`);
+    const from = await vcpu0Pin(b, `${ns}_pinned`);
+    assert.equal(held, from, "each node's pool gives its first VMI the same first CPU");
+    await createVmim(client, ns, "move-pinned", "pinned");
+    const pinnedMove = await vmimEnds(client, ns, "move-pinned");
+    assert.equal(
+      pinnedMove.status?.phase,
+      "Succeeded",
+      JSON.stringify(pinnedMove.status?.migrationState),
+    );
+    const to = await vcpu0Pin(a, `${ns}_pinned`);
+    assert.notEqual(to, held, "the moved VMI's CPU is not the holder's");
+    const pinnedVmi = await getVmi(client, ns, "pinned");
+    assert.equal(pinnedVmi?.status?.nodeName, a.name);
+    assert.deepEqual(pinnedVmi?.status?.migrationState?.targetCPUSet, [to]);
+    await waitFor(
+      "the moved VMI's domain on node b to go",
+      async () => !(await domainsOf(b)).includes(`${ns}_pinned`),
+      60_000,
+      500,
+    );
+    console.log(`  dedicated CPU: ${from} on node b -> ${to} on node a (the holder's is ${held})`);
+    for (const name of ["holder", "pinned"]) await deleteVmi(client, ns, name);
+    for (const name of ["holder", "pinned"]) {
+      await waitFor(`${name} to go`, async () => !(await getVmi(client, ns, name)), 90_000, 500);
+    }
 
     // Deleting the VMI leaves nothing on either node, libvirt's log of its QEMU included,
     // rotated ones too (another guest's stays).

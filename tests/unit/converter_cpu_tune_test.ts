@@ -17,6 +17,7 @@ import {
   InvalidFieldError,
   ownCpus,
   pinnedCpusOfDomainXml,
+  pinnedForTarget,
   realtimeVcpus,
   threadSiblings,
   UnsupportedFieldError,
@@ -128,6 +129,58 @@ Deno.test("converter: dedicated, isolated, realtime CPUs with NUMA passthrough o
     assert.doesNotMatch(plainXml, /emulatorpin|vcpusched|pmu|hint-dedicated|numatune/);
     const validatedPlain = await virtXmlValidate(plainXml);
     assert.ok(validatedPlain.ok, validatedPlain.output);
+  } finally {
+    await Deno.remove(sys, { recursive: true });
+  }
+});
+
+Deno.test("pinnedForTarget(): a migrating domain's cputune and numatune for the target's CPUs", async () => {
+  const sys = await twoNodeSysfs();
+  try {
+    const v = vmi(
+      {
+        cores: 3,
+        dedicatedCpuPlacement: true,
+        isolateEmulatorThread: true,
+        numa: { guestMappingPassthrough: {} },
+      },
+      { hugepages: { pageSize: "2Mi" } },
+    );
+    const cells = hostNumaCellsOfOptions(virtualMachineOptions(v, hostTopology(sys)));
+    const options = { domainType: "kvm" as const, runDir: "/run/x", volumes: {} };
+    const source = generateDomainXml(v, {
+      ...options,
+      dedicatedCpus: [2, 3, 4, 6],
+      hostNumaCells: cells,
+    });
+    // On the target every vCPU is on node 1, the emulator too.
+    const target = flat(pinnedForTarget(v, source, "kvm", [4, 5, 6, 7], cells));
+    assert.match(
+      target,
+      /<cputune><vcpupin vcpu='0' cpuset='4'\/><vcpupin vcpu='1' cpuset='5'\/><vcpupin vcpu='2' cpuset='6'\/><emulatorpin cpuset='7'\/><\/cputune>/,
+    );
+    assert.match(
+      target,
+      /<numatune><memory mode='strict' nodeset='1'\/><memnode cellid='0' mode='strict' nodeset='1'\/><\/numatune>/,
+    );
+    // The guest's own cells and everything else stay as the source has them (KubeVirt's
+    // source launcher, too, replaces only the tuning: a guest's NUMA cells cannot change
+    // while it runs).
+    const strip = (xml: string) =>
+      flat(xml).replace(/<cputune>.*<\/cputune>|<numatune>.*<\/numatune>/g, "");
+    assert.equal(strip(target), strip(source));
+    const validated = await virtXmlValidate(target);
+    assert.ok(validated.ok, validated.output);
+    // The target's CPUs must be as many as the VMI needs.
+    assert.throws(
+      () => pinnedForTarget(v, source, "kvm", [5, 7], cells),
+      (e: unknown) =>
+        e instanceof InvalidFieldError && /needs 4 dedicated CPUs and was given 2/.test(e.message),
+    );
+    // A VMI without dedicated CPUs goes as it is.
+    const plain = vmi({ cores: 1 });
+    const plainXml = generateDomainXml(plain, options);
+    assert.equal(pinnedForTarget(plain, plainXml, "kvm", [1], cells), plainXml);
   } finally {
     await Deno.remove(sys, { recursive: true });
   }

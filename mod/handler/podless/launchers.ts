@@ -403,6 +403,13 @@ export class PodlessLaunchers implements LauncherProvider {
     ]);
   }
 
+  /** What the launcher host's CPU pool gave the VMI (its target launcher's claim). */
+  async dedicatedCpus(vmi: VirtualMachineInstance): Promise<number[] | undefined> {
+    const client = await this.#whenConnected(5_000);
+    const hosted = (await client?.list())?.find((v) => v.uid === vmi.metadata.uid);
+    return hosted?.dedicatedCpus;
+  }
+
   /** The migration socket folder; the proxy makes `migrationproxy/` in it. */
   migrationSourceDir(): Promise<MigrationSourceDir> {
     return Promise.resolve({ baseDir: this.#migration().socketDir, release() {} });

@@ -361,6 +361,15 @@ export class PodLaunchers implements LauncherProvider {
     };
   }
 
+  /**
+   * The CPUs the target's launcher may run on: its container's cpuset, as the kernel
+   * applies it to the launcher process (`sched_getaffinity`).
+   */
+  async dedicatedCpus(vmi: VirtualMachineInstance): Promise<number[] | undefined> {
+    const socket = await this.socketOf(vmi);
+    return socket ? getAffinity(await this.#pipes.launcherPid(socket)) : undefined;
+  }
+
   /** The launcher's root, found from its socket's peer. */
   async launcherRoot(vmi: VirtualMachineInstance): Promise<string | undefined> {
     const socket = await this.socketOf(vmi);

@@ -46,6 +46,8 @@ export interface HostedVmStatus {
   why?: string;
   /** The stored containerDisk files the VMI's domain reads (pod-less mode's store). */
   containerDisks?: string[];
+  /** The host CPUs the host's pool gave the VMI (`dedicatedCpuPlacement`), ascending. */
+  dedicatedCpus?: number[];
 }
 
 /** Options of `runLauncherHost`. */
