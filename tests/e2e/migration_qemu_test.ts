@@ -25,6 +25,7 @@ import {
   getVmi,
   type HandlerProcess,
   hostedUids,
+  hostLogOf,
   killLaunchers,
   kubeClient,
   startHandlerProcess,
@@ -530,6 +531,21 @@ Deno.test("migration (QEMU, two pod-less nodes): a guest moves through the handl
       [`${ns}_other.log`],
       "the guest's QEMU logs are gone",
     );
+  } catch (error) {
+    // What each node's handler and launcher host said last: a stalled step shows there.
+    for (const [name, h] of handlers) {
+      const tail = async (file: string) =>
+        (await Deno.readTextFile(file).catch(() => "")).split("\n").slice(-80).join("\n");
+      console.error(`--- ${name}: handler log (tail)\n${await tail(h.logFile)}`);
+      let hostLog = "";
+      try {
+        hostLog = hostLogOf(h.stateDir);
+      } catch {
+        // No launcher host started on this node.
+      }
+      if (hostLog) console.error(`--- ${name}: launcher host log (tail)\n${await tail(hostLog)}`);
+    }
+    throw error;
   } finally {
     for (const h of handlers.values()) {
       await h.kill();
