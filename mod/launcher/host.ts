@@ -467,6 +467,7 @@ export class LauncherHost {
     if (!valid) throw new HostedVmSpecError("secrets is not an object of string maps");
     const hosted = this.#vms.get(uid);
     if (!hosted || hosted.stopping) throw new HostedVmSpecError(`no launcher serves UID ${uid}`);
+    // A start that failed was answered to its own caller; here it only means no instance.
     await hosted.started.catch(() => {});
     if (!hosted.instance) throw new HostedVmSpecError(`the launcher of UID ${uid} did not start`);
     hosted.instance.manager.setAccessCredentials(
