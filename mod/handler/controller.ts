@@ -52,6 +52,7 @@ import {
 } from "./launcher_clients.ts";
 import type {
   ControllerStandIn,
+  LauncherHousekeeping,
   LauncherLocator,
   LauncherPodNetwork,
   LauncherVolumes,
@@ -113,7 +114,7 @@ export interface ControllerDeps {
   /** This node's name. */
   nodeName: string;
   /** Where launchers come from (pod-less or launcher pods): the parts a sync uses. */
-  provider: LauncherLocator & LauncherVolumes & LauncherPodNetwork;
+  provider: LauncherLocator & LauncherVolumes & LauncherHousekeeping & LauncherPodNetwork;
   /** virt-controller's part, where the handler plays it (pod-less mode only). */
   standIn?: ControllerStandIn;
   /** The VMIs of this node. */

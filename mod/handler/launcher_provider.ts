@@ -118,6 +118,10 @@ export interface LauncherVolumes {
   hotplugMounted(uid: string): Promise<ReadonlySet<string>>;
   /** Takes back the hotplugged volumes gone from the spec, once the launcher detached them. */
   unplug(vmi: VirtualMachineInstance): Promise<void>;
+}
+
+/** What the node does beside a running launcher after each sync. */
+export interface LauncherHousekeeping {
   /**
    * After a sync of a running dedicated-CPU VMI, places its QEMU's threads as virt-handler's
    * housekeeping does (mod/cpus); none: the launcher does it (virtnode's, pod-less).
@@ -242,6 +246,7 @@ export interface LauncherProvider
     Runnable,
     LauncherLocator,
     LauncherVolumes,
+    LauncherHousekeeping,
     LauncherPodNetwork,
     MigrationEndpoints,
     LauncherAccess {
