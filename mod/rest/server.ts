@@ -512,11 +512,7 @@ export class RestServer implements Runnable {
     }
     let target: Socket;
     try {
-      target = await new Promise<Socket>((resolve, reject) => {
-        const s = connect({ path: opened.path });
-        s.once("connect", () => resolve(s));
-        s.once("error", reject);
-      });
+      target = await connectRetrying(opened.path);
     } catch (error) {
       socket.end(refusalResponse(500, `Cannot connect to the VMI's ${name}: ${errorText(error)}`));
       return undefined;
@@ -594,4 +590,33 @@ async function readBody(req: IncomingMessage): Promise<string> {
     at += c.length;
   }
   return new TextDecoder().decode(all);
+}
+
+/** How long a connect to a VMI's socket keeps trying while its listener's backlog is full. */
+const CONNECT_BACKLOG_MS = 5_000;
+
+/**
+ * Connects to the unix socket `path` (giving up after `timeoutMs`). QEMU's chardev sockets listen with a backlog of one: a
+ * connect that comes while the one before is still waiting to be accepted (a session that
+ * just ended and one that starts) is answered EAGAIN at once, and is tried again, backing
+ * off, for up to {@linkcode CONNECT_BACKLOG_MS}, as ffi's `connectUnix` does.
+ */
+export async function connectRetrying(
+  path: string,
+  timeoutMs = CONNECT_BACKLOG_MS,
+): Promise<Socket> {
+  const deadline = performance.now() + timeoutMs;
+  for (let pause = 5;; pause = Math.min(pause * 2, 200)) {
+    try {
+      return await new Promise<Socket>((resolve, reject) => {
+        const s = connect({ path });
+        s.once("connect", () => resolve(s));
+        s.once("error", reject);
+      });
+    } catch (error) {
+      const left = deadline - performance.now();
+      if ((error as { code?: string }).code !== "EAGAIN" || left <= 0) throw error;
+      await new Promise((resolve) => setTimeout(resolve, Math.min(pause, left)));
+    }
+  }
 }

@@ -7,5 +7,6 @@
  */
 export * from "./mod.ts";
 export { bridge } from "./bridge.ts";
+export { connectRetrying } from "./server.ts";
 export { TLS_POLL_MS } from "./tls.ts";
 export { CloseCode, MAX_FRAME_PAYLOAD } from "./websocket.ts";
