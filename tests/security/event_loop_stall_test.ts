@@ -14,6 +14,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { close, listenerPid, O_CLOEXEC, O_RDWR, open } from "../../ffi/mod.ts";
+import { withFullListener } from "../helpers/full_listener.ts";
 
 const REPO = new URL("../../", import.meta.url);
 const CONFIG = new URL("deno.json", REPO).pathname;
@@ -73,40 +74,6 @@ Deno.exit(0);
     }
   } finally {
     clearTimeout(timer);
-  }
-}
-
-/** A unix listener (`listen(fd, 0)`) that never accepts, its backlog full; ends with `fn`. */
-async function withFullListener(fn: (path: string) => Promise<void>): Promise<void> {
-  const dir = await Deno.makeTempDir({ prefix: "vn-backlog-" });
-  const path = join(dir, "cmd.sock");
-  const server = new Deno.Command("/usr/bin/python3", {
-    args: [
-      "-c",
-      `import socket, sys, time
-s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(0)
-waiting = socket.socket(socket.AF_UNIX); waiting.setblocking(False); waiting.connect(sys.argv[1])
-probe = socket.socket(socket.AF_UNIX); probe.setblocking(False)
-try:
-    probe.connect(sys.argv[1]); print("room left", flush=True)
-except BlockingIOError:
-    print("full", flush=True)
-time.sleep(120)`,
-      path,
-    ],
-    stdin: "null",
-    stdout: "piped",
-    stderr: "inherit",
-  }).spawn();
-  const reader = server.stdout.pipeThrough(new TextDecoderStream()).getReader();
-  try {
-    assert.equal((await reader.read()).value?.trim(), "full", "the listener's backlog is full");
-    await fn(path);
-  } finally {
-    server.kill("SIGKILL");
-    await reader.cancel();
-    await server.status;
-    await Deno.remove(dir, { recursive: true });
   }
 }
 
