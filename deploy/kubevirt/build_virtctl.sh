@@ -40,16 +40,23 @@ cache_enter "$cache_root" built
 log "building with $go_version (key $key) into $out"
 cache_stage "$cache_root"
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
+# Stamped with the module's version as KubeVirt's release builds are (hack/version.sh): an
+# unstamped virtctl that fails checks its version against the server's, cannot parse its own
+# placeholder and prints that instead of a version mismatch, above the real error.
+kubevirt_version=$(awk '$1 == "kubevirt.io/kubevirt" && $2 ~ /^v/ { print $2; exit }' go.mod)
+[[ -n $kubevirt_version ]] || { log "go.mod names no kubevirt.io/kubevirt version"; exit 1; }
+version_flags="-s -w -X kubevirt.io/client-go/version.gitVersion=$kubevirt_version"
+version_flags+=" -X kubevirt.io/client-go/version.gitTreeState=clean"
 log "go build kubevirt-install"
 "$GO" build -trimpath -ldflags "-s -w" -o "$staging/kubevirt-install" ./cmd/kubevirt-install
 log "go build kubevirt.io/kubevirt/cmd/virt-api"
-"$GO" build -trimpath -ldflags "-s -w" -o "$staging/virt-api" kubevirt.io/kubevirt/cmd/virt-api
+"$GO" build -trimpath -ldflags "$version_flags" -o "$staging/virt-api" kubevirt.io/kubevirt/cmd/virt-api
 mkdir "$staging/module"
 cp go.mod go.sum "$staging/module/"
 log "go build kubevirt.io/kubevirt/cmd/virtctl"
 (
   cd "$staging/module"
-  "$GO" build -trimpath -ldflags "-s -w" -o "$staging/virtctl" kubevirt.io/kubevirt/cmd/virtctl
+  "$GO" build -trimpath -ldflags "$version_flags" -o "$staging/virtctl" kubevirt.io/kubevirt/cmd/virtctl
 )
 rm -rf "$staging/module"
 cache_done

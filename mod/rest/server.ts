@@ -596,8 +596,8 @@ async function readBody(req: IncomingMessage): Promise<string> {
 const CONNECT_BACKLOG_MS = 5_000;
 
 /**
- * Connects to the unix socket `path` (giving up after `timeoutMs`). QEMU's chardev sockets listen with a backlog of one: a
- * connect that comes while the one before is still waiting to be accepted (a session that
+ * Connects to the unix socket `path`, giving up after `timeoutMs`. QEMU's chardev sockets
+ * listen with a backlog of one: a connect that comes while the one before is still waiting to be accepted (a session that
  * just ended and one that starts) is answered EAGAIN at once, and is tried again, backing
  * off, for up to {@linkcode CONNECT_BACKLOG_MS}, as ffi's `connectUnix` does.
  */

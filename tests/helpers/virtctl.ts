@@ -93,7 +93,9 @@ export async function consoleAnswers(
   } catch (error) {
     killQuietly(child);
     await child.status;
-    throw new Error(`virtctl console: ${await stderr}; output ${JSON.stringify(seen)}`, {
+    // One line: a failed run's summary shows an error's first line only.
+    const printed = (await stderr).trim().replaceAll("\n", " | ");
+    throw new Error(`virtctl console: ${printed}; output ${JSON.stringify(seen)}`, {
       cause: error,
     });
   }
