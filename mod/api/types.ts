@@ -479,8 +479,12 @@ export interface Network {
   name: string;
   /** The pod network; the CIDRs of the guest's side under masquerade. */
   pod?: { vmNetworkCIDR?: string; vmIPv6NetworkCIDR?: string };
-  /** A secondary network through Multus. */
-  multus?: unknown;
+  /**
+   * A network through Multus: `networkName` names its NetworkAttachmentDefinition
+   * (`<name>` in the VMI's namespace, or `<namespace>/<name>`); `default` makes it the
+   * pod's default network in place of the pod network.
+   */
+  multus?: { networkName?: string; default?: boolean };
 }
 
 /** `spec` of a VirtualMachineInstance. */

@@ -234,24 +234,40 @@ function stripAlias(name: string | undefined): string | undefined {
 
 /** What {@linkcode interfacesFromDomain} adds to the domain's view. */
 export interface InterfaceSources {
-  /** The pod IPs of the VMI's pod networks, by network name. */
+  /** The pod IPs of the VMI's pod and secondary networks, by network name. */
   podAddresses?: ReadonlyMap<string, PodAddresses>;
   /** The VMI's current `status.interfaces` (virt-controller's `podInterfaceName` is kept). */
   previous?: VmiNetworkInterface[];
   /** Pod-less mode: the handler names the pod interface, as virt-controller would (`eth0`). */
   podInterfaceName?: string;
+  /** The name of the VMI's pod network (`spec.networks[].pod`), whose interface goes first. */
+  primary?: string;
+  /** The names of the VMI's interfaces in its spec (Multus-reported ones outside it are not kept). */
+  specNames?: readonly string[];
 }
 
 function familyOfAddress(address: string): 4 | 6 {
   return address.includes(":") ? 6 : 4;
 }
 
+/** KubeVirt's `infoSource` tag of an interface that Multus reported on the launcher pod. */
+export const INFO_SOURCE_MULTUS = "multus-status";
+
+/** `infoSource` with `tag` added once (KubeVirt's tags are joined with ", "). */
+function addInfoSource(infoSource: string | undefined, tag: string): string {
+  const tags = infoSource ? infoSource.split(", ") : [];
+  return (tags.includes(tag) ? tags : [...tags, tag]).join(", ");
+}
+
 /**
  * `status.interfaces` as KubeVirt's handler reports them: one entry per interface of the
  * domain (MAC, queues, link state), the pod's IP for an interface on the pod network
- * (bridge or masquerade: the address the pod has, which the guest's is reached by), the
- * guest agent's name and addresses where it reports the interface (its addresses only for
- * a family the pod gave none), and the pod network's interface first.
+ * (bridge or masquerade: the address the pod has, which the guest's is reached by) or a
+ * secondary network's pod IP where its attachment has one, the guest agent's name and
+ * addresses where it reports the interface (its addresses only for a family the pod gave
+ * none), the pod network's interface first, and `multus-status` kept in `infoSource` of
+ * each interface virt-controller found in the pod's network-status (an interface of the
+ * spec that the domain does not have yet keeps an entry of that tag alone).
  */
 export function interfacesFromDomain(
   domain: Domain,
@@ -285,12 +301,26 @@ export function interfacesFromDomain(
     // Neither multiqueue nor a link state is converted: one queue, link up.
     entry.queueCount = 1;
     entry.linkState = "up";
+    const primary = "primary" in sources ? name === sources.primary : pod !== undefined;
     const podInterfaceName = sources.previous?.find((p) => p.name === name)?.podInterfaceName ??
-      (pod ? sources.podInterfaceName : undefined);
+      (primary ? sources.podInterfaceName : undefined);
     if (podInterfaceName) entry.podInterfaceName = podInterfaceName;
-    return { entry, onPod: pod !== undefined };
+    return { entry, primary };
   });
-  return [...out.filter((o) => o.onPod), ...out.filter((o) => !o.onPod)].map((o) => o.entry);
+  const ordered = [...out.filter((o) => o.primary), ...out.filter((o) => !o.primary)]
+    .map((o) => o.entry);
+  for (const reported of sources.previous ?? []) {
+    if (!reported.name || !reported.infoSource?.split(", ").includes(INFO_SOURCE_MULTUS)) continue;
+    const entry = ordered.find((e) => e.name === reported.name);
+    if (entry) {
+      entry.infoSource = addInfoSource(entry.infoSource, INFO_SOURCE_MULTUS);
+    } else if (sources.specNames === undefined || sources.specNames.includes(reported.name)) {
+      const kept: VmiNetworkInterface = { name: reported.name, infoSource: INFO_SOURCE_MULTUS };
+      if (reported.podInterfaceName) kept.podInterfaceName = reported.podInterfaceName;
+      ordered.push(kept);
+    }
+  }
+  return ordered;
 }
 
 /** Options of {@linkcode volumeStatusFromDomain}. */
@@ -704,6 +734,10 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
       podAddresses: input.podAddresses,
       previous: status.interfaces,
       podInterfaceName: input.standIn?.podInterfaceName,
+      ...(vmi.spec.networks
+        ? { primary: vmi.spec.networks.find((n) => n.pod !== undefined && n.pod !== null)?.name }
+        : {}),
+      specNames: (vmi.spec.domain.devices.interfaces ?? []).map((i) => i.name),
     });
     if (interfaces.length > 0) status.interfaces = interfaces;
     const volumes = volumeStatusFromDomain(vmi, domain, {

@@ -50,6 +50,7 @@ export {
   DEFAULT_VM_CIDR4,
   DEFAULT_VM_CIDR6,
   type ForwardedPort,
+  hashedPodInterfaceName,
   hostTapName,
   libvirtNicModel,
   MASQUERADE_BRIDGE_MAC,

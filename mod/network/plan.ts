@@ -1,20 +1,25 @@
 /**
- * A VMI's pod network as KubeVirt lays it out: which of its interfaces sits on the pod
- * network, with which binding (`bridge` or `masquerade`), and the names of everything the
- * binding builds in the pod's network namespace: the in-pod bridge `k6t-<iface>`, the tap
- * `tap0` the domain uses, the pod interface renamed `<iface>-nic` and the placeholder that
- * keeps its name and addresses (bridge binding). Pure: the handler (which builds the links)
- * and the launcher (which serves DHCP and writes the domain's `<interface>`) read the same
- * plan.
+ * A VMI's networks as KubeVirt lays them out in its pod: which of its interfaces sits on
+ * the pod network or on a secondary (Multus) network, with which binding (`bridge` or
+ * `masquerade`; secondaries `bridge` only), and the names of everything the binding builds
+ * in the pod's network namespace: the in-pod bridge `k6t-<iface>`, the tap the domain uses
+ * (`tap0` for `eth0`, `tap<hash>` for `pod<hash>`), the pod interface renamed
+ * `<iface>-nic` and the placeholder that keeps its name and addresses (bridge binding). A
+ * secondary network's pod interface is named as KubeVirt names it: `pod` and the first 11
+ * hex digits of the SHA-256 of the network's name, unless virt-controller reported another
+ * (`status.interfaces[].podInterfaceName`, e.g. Multus's ordinal `net1`). Pure: the handler
+ * (which builds the links) and the launcher (which serves DHCP and writes the domain's
+ * `<interface>`) read the same plan.
  *
  * Every interface and network the node cannot serve is refused here with
  * {@linkcode NetworkSpecError} naming the field: virt-api refuses most bad specs already,
- * but not SR-IOV or binding plugins on the pod network, Multus networks (which need
- * Multus on the node) or masquerade CIDRs that leave no room for the guest.
+ * but not SR-IOV or binding plugins on the pod network, a Multus default network, or
+ * masquerade CIDRs that leave no room for the guest.
  *
  * @module
  */
 
+import { createHash } from "node:crypto";
 import type { Interface, Network, VirtualMachineInstance } from "../api/mod.ts";
 import { vmiKey } from "../api/mod.ts";
 
@@ -29,15 +34,22 @@ export interface ForwardedPort {
   port: number;
 }
 
-/** One interface on the pod network and the names its binding uses. */
+/** One interface on the pod network or a secondary network and the names its binding uses. */
 export interface PodInterfacePlan {
   /** Its position in `spec.domain.devices.interfaces`. */
   index: number;
   /** The interface's (and its network's) name. */
   name: string;
+  /** `pod`: the pod network; `multus`: a secondary network. */
+  source: "pod" | "multus";
+  /** A secondary network's NetworkAttachmentDefinition: `<name>` or `<namespace>/<name>`. */
+  networkName?: string;
   /** How the guest reaches the pod network. */
   binding: PodBinding;
-  /** The pod's interface the binding uses: `eth0` (or `status.interfaces[].podInterfaceName`). */
+  /**
+   * The pod's interface the binding uses: `eth0`, or `pod<hash>` for a secondary network
+   * (or `status.interfaces[].podInterfaceName`).
+   */
   podInterface: string;
   /** The in-pod bridge: `k6t-eth0`. */
   bridge: string;
@@ -96,6 +108,14 @@ const UNSUPPORTED_BINDINGS: Record<string, string> = {
   binding: "network binding plugins are not supported; " + SUPPORTED,
 };
 const BINDING_KEYS = ["bridge", "masquerade", "slirp", ...Object.keys(UNSUPPORTED_BINDINGS)];
+
+/**
+ * KubeVirt's name of a secondary network's interface in the pod: `pod` and the first 11 hex
+ * digits of the SHA-256 of the network's name (within the kernel's 15 characters).
+ */
+export function hashedPodInterfaceName(networkName: string): string {
+  return `pod${createHash("sha256").update(networkName).digest("hex").slice(0, 11)}`;
+}
 
 /** `<pod interface>` without KubeVirt's `pod` prefix, as its generated names use it. */
 function shortName(podInterface: string): string {
@@ -175,15 +195,36 @@ export function podNetworkPlan(vmi: VirtualMachineInstance): PodInterfacePlan[] 
   let podNetwork: string | undefined;
   networks.forEach((network, i) => {
     const path = `spec.networks[${i}]`;
-    if (network.multus !== undefined && network.multus !== null) {
-      throw new NetworkSpecError(
-        key,
-        `${path}.multus`,
-        "Multus networks need Multus on the node; virtnode connects guests to the pod network only",
-      );
+    const multus = network.multus;
+    if (networks.findIndex((n) => n.name === network.name) !== i) {
+      throw new NetworkSpecError(key, `${path}.name`, `duplicate network name "${network.name}"`);
+    }
+    if (!interfaces.some((nic) => nic.name === network.name)) {
+      throw new NetworkSpecError(key, `${path}.name`, `no interface named "${network.name}"`);
+    }
+    if (multus !== undefined && multus !== null) {
+      if (network.pod !== undefined && network.pod !== null) {
+        throw new NetworkSpecError(key, path, "has two sources (pod and multus)");
+      }
+      if (multus.default === true) {
+        throw new NetworkSpecError(
+          key,
+          `${path}.multus.default`,
+          "a Multus default network in place of the pod network is not supported; " +
+            "give the pod network (pod: {}) and this network as a secondary one",
+        );
+      }
+      if (typeof multus.networkName !== "string" || multus.networkName === "") {
+        throw new NetworkSpecError(
+          key,
+          `${path}.multus.networkName`,
+          "names no NetworkAttachmentDefinition",
+        );
+      }
+      return;
     }
     if (network.pod === undefined || network.pod === null) {
-      throw new NetworkSpecError(key, path, "needs a source (pod: {})");
+      throw new NetworkSpecError(key, path, "needs a source (pod: {} or multus: {...})");
     }
     if (podNetwork !== undefined) {
       throw new NetworkSpecError(
@@ -193,12 +234,6 @@ export function podNetworkPlan(vmi: VirtualMachineInstance): PodInterfacePlan[] 
       );
     }
     podNetwork = network.name;
-    if (networks.findIndex((n) => n.name === network.name) !== i) {
-      throw new NetworkSpecError(key, `${path}.name`, `duplicate network name "${network.name}"`);
-    }
-    if (!interfaces.some((nic) => nic.name === network.name)) {
-      throw new NetworkSpecError(key, `${path}.name`, `no interface named "${network.name}"`);
-    }
   });
   const plans: PodInterfacePlan[] = [];
   interfaces.forEach((iface, index) => {
@@ -212,11 +247,21 @@ export function podNetworkPlan(vmi: VirtualMachineInstance): PodInterfacePlan[] 
     }
     const binding = bindingOf(key, iface, path);
     if (binding === "slirp") return;
+    const secondary = network.multus !== undefined && network.multus !== null;
     if (binding === undefined) {
       throw new NetworkSpecError(
         key,
         path,
-        "has no binding: give it bridge: {} or masquerade: {} on the pod network",
+        secondary
+          ? "has no binding: give it bridge: {} on a secondary network"
+          : "has no binding: give it bridge: {} or masquerade: {} on the pod network",
+      );
+    }
+    if (secondary && binding !== "bridge") {
+      throw new NetworkSpecError(
+        key,
+        `${path}.${binding}`,
+        `a secondary (Multus) network takes the bridge binding only, as in KubeVirt`,
       );
     }
     const ports = portsOf(key, iface, path);
@@ -251,10 +296,12 @@ export function podNetworkPlan(vmi: VirtualMachineInstance): PodInterfacePlan[] 
       }
     }
     const podInterface = vmi.status?.interfaces?.find((s) => s.name === iface.name)
-      ?.podInterfaceName || "eth0";
+      ?.podInterfaceName || (secondary ? hashedPodInterfaceName(network.name) : "eth0");
     plans.push({
       index,
       name: iface.name,
+      source: secondary ? "multus" : "pod",
+      ...(secondary ? { networkName: network.multus!.networkName } : {}),
       binding: binding as PodBinding,
       podInterface,
       bridge: bridgeName(podInterface),

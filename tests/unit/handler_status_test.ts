@@ -367,6 +367,61 @@ Deno.test("computeStatus() lists the pod's IP first on the pod network's interfa
   assert.equal(kubevirt.status.interfaces![0].podInterfaceName, "pod123");
 });
 
+Deno.test("computeStatus() keeps multus-status in infoSource of the secondary networks' interfaces", () => {
+  // virt-controller tags what the pod's network-status reported; a plugged interface not in
+  // the domain yet keeps its entry; the pod network's interface goes first.
+  const i = input(LifeCycle.Running, StateChangeReason.Unknown, {
+    podAddresses: new Map([
+      ["red", { podIPs: [] }],
+      ["default", { podIP: "10.244.1.5", podIPs: ["10.244.1.5"] }],
+    ]),
+  });
+  i.domain!.spec.devices.interfaces = [
+    { type: "ethernet", mac: "02:00:00:00:00:0a", alias: { name: "red", userDefined: true } },
+    { type: "ethernet", mac: "0a:58:0a:f4:01:05", alias: { name: "default", userDefined: true } },
+  ];
+  const base = vmi("Running");
+  const v = {
+    ...base,
+    spec: {
+      ...base.spec,
+      domain: {
+        ...base.spec.domain,
+        devices: {
+          interfaces: [
+            { name: "default", masquerade: {} },
+            { name: "red", bridge: {} },
+            { name: "blue", bridge: {} },
+          ],
+        },
+      },
+      networks: [
+        { name: "default", pod: {} },
+        { name: "red", multus: { networkName: "red" } },
+        { name: "blue", multus: { networkName: "blue" } },
+      ],
+    },
+    status: {
+      phase: "Running",
+      interfaces: [
+        { name: "default", podInterfaceName: "eth0", infoSource: "domain, multus-status" },
+        { name: "red", podInterfaceName: "podb1f51a511f1", infoSource: "multus-status" },
+        { name: "blue", podInterfaceName: "pod16477688c0e", infoSource: "multus-status" },
+        { name: "gone", podInterfaceName: "pod1", infoSource: "multus-status" },
+      ],
+    },
+  } as VirtualMachineInstance;
+  const { status } = computeStatus(v, { ...i, standIn: undefined });
+  assert.deepEqual(
+    status.interfaces!.map((x) => [x.name, x.infoSource, x.podInterfaceName, x.ipAddress]),
+    [
+      ["default", "domain, multus-status", "eth0", "10.244.1.5"],
+      ["red", "domain, multus-status", "podb1f51a511f1", undefined],
+      ["blue", "multus-status", "pod16477688c0e", undefined],
+    ],
+  );
+});
+
 Deno.test("computeStatus() fills each volume's target into virt-controller's volumeStatus", () => {
   // The claim info and hotplug phase virt-controller wrote are kept.
   const claim = {

@@ -104,8 +104,23 @@ Deno.test("podNetworkPlan() refuses what the node cannot serve, naming the field
     ],
     [
       vmi({ masquerade: {} }, { multus: { networkName: "x" }, pod: undefined }),
-      "spec.networks[0].multus",
-      /Multus/,
+      "spec.domain.devices.interfaces[0].masquerade",
+      /secondary \(Multus\) network takes the bridge binding only/,
+    ],
+    [
+      vmi({ bridge: {} }, { multus: { networkName: "x", default: true }, pod: undefined }),
+      "spec.networks[0].multus.default",
+      /Multus default network .* not supported/,
+    ],
+    [
+      vmi({ bridge: {} }, { multus: {}, pod: undefined }),
+      "spec.networks[0].multus.networkName",
+      /names no NetworkAttachmentDefinition/,
+    ],
+    [
+      vmi({ bridge: {} }, { multus: { networkName: "x" } }),
+      "spec.networks[0]",
+      /two sources/,
     ],
     [
       vmi({ masquerade: {} }, { pod: { vmNetworkCIDR: "10.0.2.0/31" } }),
@@ -128,6 +143,52 @@ Deno.test("podNetworkPlan() refuses what the node cannot serve, naming the field
   assert.throws(
     () => podNetworkPlan(two),
     /spec\.networks\[1\]\.pod: more than one network is the pod network/,
+  );
+});
+
+Deno.test("podNetworkPlan() names a secondary network's pod links from its name's hash, as KubeVirt", () => {
+  const spec = vmi({ masquerade: {} });
+  spec.spec.domain.devices.interfaces!.push(
+    { name: "red", bridge: {}, macAddress: "02:00:00:00:00:0A" },
+    { name: "network1", bridge: {} },
+  );
+  spec.spec.networks!.push(
+    { name: "red", multus: { networkName: "other/red-nad" } },
+    { name: "network1", multus: { networkName: "nad1" } },
+  );
+  const plans = podNetworkPlan(spec);
+  assert.deepEqual(
+    plans.map((p) => [p.name, p.source, p.networkName, p.binding, p.podInterface, p.tap, p.bridge]),
+    [
+      ["default", "pod", undefined, "masquerade", "eth0", "tap0", "k6t-eth0"],
+      // KubeVirt's own namescheme test: "red" is podb1f51a511f1, "network1" poda7662f44d65.
+      [
+        "red",
+        "multus",
+        "other/red-nad",
+        "bridge",
+        "podb1f51a511f1",
+        "tapb1f51a511f1",
+        "k6t-b1f51a511f1",
+      ],
+      [
+        "network1",
+        "multus",
+        "nad1",
+        "bridge",
+        "poda7662f44d65",
+        "tapa7662f44d65",
+        "k6t-a7662f44d65",
+      ],
+    ],
+  );
+  assert.equal(plans[1].renamedPodInterface, "b1f51a511f1-nic");
+  assert.equal(plans[1].macAddress, "02:00:00:00:00:0a");
+  // Multus's ordinal names, as virt-controller reports them from the pod's network-status.
+  spec.status = { interfaces: [{ name: "red", podInterfaceName: "net1" }] };
+  assert.deepEqual(
+    podNetworkPlan(spec).slice(1).map((p) => [p.podInterface, p.tap, p.bridge]),
+    [["net1", "tap1", "k6t-net1"], ["poda7662f44d65", "tapa7662f44d65", "k6t-a7662f44d65"]],
   );
 });
 
@@ -168,6 +229,46 @@ Deno.test("bridge binding: the pod interface becomes eth0-nic on k6t-eth0 behind
   ]);
   assert.deepEqual(steps.txChecksumOff, ["k6t-eth0"]);
   assert.equal(steps.nft, undefined);
+});
+
+Deno.test("bridge binding on a secondary network without IPAM: its pod<hash> links, no address", () => {
+  const spec = vmi({ masquerade: {} });
+  spec.spec.domain.devices.interfaces!.push({ name: "red", bridge: {} });
+  spec.spec.networks!.push({ name: "red", multus: { networkName: "red-nad" } });
+  const plan = podNetworkPlan(spec)[1];
+  const eth0 = podState().links.get("eth0")!;
+  const state = podState();
+  state.links.set("podb1f51a511f1", { ...eth0, name: "podb1f51a511f1", index: 7, addresses: [] });
+  const d: PodDiscovery = {
+    podInterface: "podb1f51a511f1",
+    index: 7,
+    mac: "0e:00:00:00:00:07",
+    mtu: 1500,
+    ipv4: [],
+    ipv6: [],
+    routes4: [],
+    bridgeMac: "02:aa:bb:cc:dd:01",
+  };
+  const steps = bindingSteps(plan, d, state, { tapOwner: 107 });
+  assert.deepEqual(steps.ip, [
+    "link add name k6t-b1f51a511f1 type bridge",
+    "link set dev k6t-b1f51a511f1 address 02:aa:bb:cc:dd:01 mtu 1500",
+    "link set dev podb1f51a511f1 down",
+    "link set dev podb1f51a511f1 name b1f51a511f1-nic",
+    "link set dev b1f51a511f1-nic address 02:aa:bb:cc:dd:01",
+    "address flush dev b1f51a511f1-nic",
+    "link set dev b1f51a511f1-nic master k6t-b1f51a511f1",
+    "link set dev b1f51a511f1-nic type bridge_slave learning off",
+    "link set dev b1f51a511f1-nic up",
+    "tuntap add dev tapb1f51a511f1 mode tap user 107 group 107",
+    "link set dev tapb1f51a511f1 mtu 1500 master k6t-b1f51a511f1 up",
+    "link add name podb1f51a511f1 type bridge",
+    "link set dev podb1f51a511f1 address 0e:00:00:00:00:07 mtu 1500",
+    "link set dev k6t-b1f51a511f1 up",
+  ]);
+  assert.deepEqual(steps.sysctls, [["ipv6/conf/b1f51a511f1-nic/disable_ipv6", "1"]]);
+  // No IPv4 on the attachment: the launcher serves no DHCP on it, as KubeVirt's.
+  assert.equal(JSON.parse(bridgeDhcpCache(d, d.mac)).IPAMDisabled, true);
 });
 
 Deno.test("bridge binding resumed after a restart: nothing is made twice, the rename is not repeated", () => {

@@ -39,6 +39,7 @@ import {
 } from "../../storage/mod.ts";
 import {
   hostTapName,
+  NetworkSpecError,
   POD_INTERFACE,
   type PodlessNetworks,
   podNetworkPlan,
@@ -625,6 +626,14 @@ export class PodlessLaunchers implements LauncherProvider {
     if (!networks) {
       throw new Error(
         "this host has no pod network for the VMI's interfaces (the handler runs without --pod-network-cidr)",
+      );
+    }
+    const secondary = (vmi.spec.networks ?? []).findIndex((n) => n.multus);
+    if (secondary >= 0) {
+      throw new NetworkSpecError(
+        vmiKey(vmi.metadata),
+        `spec.networks[${secondary}].multus`,
+        "pod-less mode has no secondary networks yet; they need a node with KubeVirt's launcher pods and Multus",
       );
     }
     if (!this.#o.ghosts.get(uid)) {
