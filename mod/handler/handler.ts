@@ -84,6 +84,7 @@ import {
 } from "./notify_server.ts";
 import { PodLaunchers } from "./pods/mod.ts";
 import {
+  networkAttachmentConfig,
   PodlessLaunchers,
   PodlessMigrations,
   PodlessScheduler,
@@ -434,6 +435,7 @@ export class Handler implements Runnable {
             use,
           ),
         secrets: client,
+        networkAttachments: (namespace, name) => networkAttachmentConfig(client, namespace, name),
         migration: options.migration
           ? {
             socketDir: options.migration.socketDir,

@@ -296,13 +296,8 @@ const VMI_RULE: Rule = obj({
     networks: arr(obj({
       name: name,
       pod: obj({ vmNetworkCIDR: str(), vmIPv6NetworkCIDR: str() }),
-    }, {
-      required: ["name"],
-      hints: {
-        multus: "Multus networks need Multus on the node; virtnode connects guests to the pod " +
-          "network only",
-      },
-    })),
+      multus: obj({ networkName: str(), default: bool }, { required: ["networkName"] }),
+    }, { required: ["name"] })),
     subdomain: { kind: "string", pattern: DNS_LABEL },
     terminationGracePeriodSeconds: int(0),
     // Scheduling fields: the scheduler consumes them before the VMI reaches a node, and

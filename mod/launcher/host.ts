@@ -48,7 +48,7 @@ import {
 } from "../../ffi/mod.ts";
 import { isJsonObject } from "../api/mod.ts";
 import { domainNameOf } from "../domain/mod.ts";
-import { DhcpServers, hostTapName, restoreGuestNetwork } from "../network/mod.ts";
+import { DhcpServers, hostTapFor, restoreGuestNetwork } from "../network/mod.ts";
 import { getLogger } from "../log/mod.ts";
 import { ConnectionKeeper } from "./connection_keeper.ts";
 import { launcherSocketPath } from "./cmd_server.ts";
@@ -324,7 +324,7 @@ export class LauncherHost {
           runner: this.#netns,
           dhcp: this.#dhcp,
           netns: spec.netns,
-          hostTap: () => hostTapName(spec.uid),
+          hostTap: (plan) => hostTapFor(spec.uid, plan),
         },
       },
     });

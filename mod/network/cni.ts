@@ -9,8 +9,16 @@
  * runtime calls them: `CNI_COMMAND=ADD|DEL`, `CNI_CONTAINERID`, `CNI_NETNS`, `CNI_IFNAME`,
  * `CNI_PATH` and the network's configuration on stdin.
  *
+ * Secondary networks are attached as Multus attaches them in a launcher pod: the
+ * configuration of the network's NetworkAttachmentDefinition (`spec.config`, one plugin or a
+ * list of them, chained with `prevResult`) is called with the interface named as KubeVirt
+ * names it (`pod<hash>`). Only plugins of the CNI directory run: a `type` that is not a
+ * plain file name is refused.
+ *
  * After that the VM's namespace is like a launcher pod's, and the same bindings build on
- * it. Each ADD that succeeded is recorded (`<vmi uid>.json` beside the namespace); an ADD
+ * it. Each ADD that succeeded is recorded beside the namespace (`<vmi uid>.json`, and
+ * `<vmi uid>.<pod interface>.json` with the configuration it was made with for a secondary
+ * network, so that it is deleted as it was made even once its definition is gone); an ADD
  * cut short by a restart is undone with DEL before it is tried again, so no address leaks.
  *
  * @module
@@ -43,6 +51,72 @@ export interface PodlessNetworksOptions extends PodlessNetworkConfig {
   netnsDir: string;
   /** `host-local`'s lease directory. */
   ipamDir: string;
+}
+
+/** A secondary network to attach to a pod-less VM's namespace. */
+export interface SecondaryAttachment {
+  /** The VMI's network name. */
+  network: string;
+  /** The interface's name in the namespace (KubeVirt's `pod<hash>`). */
+  podInterface: string;
+  /** The NetworkAttachmentDefinition's `spec.config`: one plugin's configuration or a list. */
+  config: string;
+  /** The host's tap of the interface (made and moved by the binding), removed on release. */
+  hostTap: string;
+}
+
+/** What is recorded of an attached secondary network. */
+interface SecondaryRecord extends SecondaryAttachment {
+  /** The last plugin's ADD result. */
+  result: unknown;
+}
+
+/** One plugin of a network configuration, with the list's name and version. */
+export interface PluginConfig {
+  /** The plugin's file name in the CNI directory. */
+  type: string;
+  /** The network's name (the list's, for a plugin of a list). */
+  name: string;
+  /** The configuration's CNI version (the list's). */
+  cniVersion: string;
+  /** The plugin's own fields. */
+  [field: string]: unknown;
+}
+
+/**
+ * The plugins of a NetworkAttachmentDefinition's configuration, in order: a list's
+ * `plugins`, or the one plugin. Throws naming what is wrong (not JSON, no name, no plugin,
+ * a `type` that is not a plain file name).
+ */
+export function parseNetworkConfig(config: string): PluginConfig[] {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(config);
+  } catch {
+    throw new Error("its config is not JSON");
+  }
+  if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) {
+    throw new Error("its config is not a JSON object");
+  }
+  const c = parsed as Record<string, unknown>;
+  const version = typeof c.cniVersion === "string" ? c.cniVersion : "0.3.1";
+  if (typeof c.name !== "string" || c.name === "") throw new Error("its config has no name");
+  const plugins = Array.isArray(c.plugins) ? c.plugins as unknown[] : [c];
+  if (plugins.length === 0) throw new Error("its config lists no plugins");
+  return plugins.map((p, i) => {
+    if (typeof p !== "object" || p === null || Array.isArray(p)) {
+      throw new Error(`its plugin ${i} is not a JSON object`);
+    }
+    const plugin = p as Record<string, unknown>;
+    const type = plugin.type;
+    if (typeof type !== "string" || !/^[A-Za-z0-9][A-Za-z0-9_.-]*$/.test(type)) {
+      throw new Error(
+        `its plugin ${i} has type ${JSON.stringify(type)}, not the file name of a CNI plugin`,
+      );
+    }
+    const { plugins: _, ...rest } = plugin;
+    return { ...rest, type, name: c.name as string, cniVersion: version };
+  });
 }
 
 /** A CNI plugin that failed. */
@@ -120,11 +194,29 @@ export class PodlessNetworks {
     });
   }
 
-  async #plugin(
+  #plugin(
     command: "ADD" | "DEL",
     type: "bridge" | "loopback",
     uid: string,
     netns: string | undefined,
+  ): Promise<unknown> {
+    return this.#exec(
+      command,
+      type,
+      this.#config(type),
+      uid,
+      netns,
+      type === "loopback" ? "lo" : POD_INTERFACE,
+    );
+  }
+
+  async #exec(
+    command: "ADD" | "DEL",
+    type: string,
+    config: string,
+    uid: string,
+    netns: string | undefined,
+    ifname: string,
   ): Promise<unknown> {
     const binDir = this.#o.binDir ?? "/usr/lib/cni";
     const child = new Deno.Command(join(binDir, type), {
@@ -132,7 +224,7 @@ export class PodlessNetworks {
         CNI_COMMAND: command,
         CNI_CONTAINERID: uid,
         CNI_NETNS: netns ?? "",
-        CNI_IFNAME: type === "loopback" ? "lo" : POD_INTERFACE,
+        CNI_IFNAME: ifname,
         CNI_PATH: binDir,
         PATH: Deno.env.get("PATH") ?? "/usr/sbin:/usr/bin:/sbin:/bin",
       },
@@ -143,7 +235,7 @@ export class PodlessNetworks {
       signal: AbortSignal.timeout(CNI_TIMEOUT_MS),
     }).spawn();
     const writer = child.stdin.getWriter();
-    await writer.write(new TextEncoder().encode(this.#config(type)));
+    await writer.write(new TextEncoder().encode(config));
     await writer.close();
     const out = await child.output();
     const stdout = new TextDecoder().decode(out.stdout);
@@ -164,11 +256,85 @@ export class PodlessNetworks {
     return stdout.trim() === "" ? undefined : JSON.parse(stdout);
   }
 
+  /** Runs a secondary network's plugins: ADD in order with each result passed on, DEL backwards. */
+  async #chain(
+    command: "ADD" | "DEL",
+    attachment: SecondaryAttachment,
+    uid: string,
+    netns: string | undefined,
+  ): Promise<unknown> {
+    const plugins = parseNetworkConfig(attachment.config);
+    let result: unknown;
+    for (const plugin of command === "ADD" ? plugins : [...plugins].reverse()) {
+      const config = command === "ADD" && result !== undefined
+        ? { ...plugin, prevResult: result }
+        : plugin;
+      const out = await this.#exec(
+        command,
+        plugin.type,
+        JSON.stringify(config),
+        uid,
+        netns,
+        attachment.podInterface,
+      );
+      if (command === "ADD") result = out ?? result;
+    }
+    return result;
+  }
+
+  /** Whether a VMI's secondary network of that pod interface is attached (recorded). */
+  attached(uid: string, podInterface: string): Promise<boolean> {
+    return Deno.stat(this.#secondaryFile(uid, podInterface)).then(() => true, () => false);
+  }
+
+  #secondaryFile(uid: string, podInterface: string): string {
+    return join(this.#o.netnsDir, `${uid}.${podInterface}.json`);
+  }
+
+  /** The secondary networks recorded for a VMI. */
+  async #secondaries(uid: string): Promise<SecondaryRecord[]> {
+    const records: SecondaryRecord[] = [];
+    const prefix = `${uid}.`;
+    const entries = await Array.fromAsync(Deno.readDir(this.#o.netnsDir)).catch((error) => {
+      if (error instanceof Deno.errors.NotFound) return [];
+      throw error;
+    });
+    for (const entry of entries) {
+      const secondary = entry.isFile && entry.name.startsWith(prefix) &&
+        entry.name.endsWith(".json") && entry.name !== `${uid}.json`;
+      if (!secondary) continue;
+      const text = await Deno.readTextFile(join(this.#o.netnsDir, entry.name));
+      records.push(JSON.parse(text) as SecondaryRecord);
+    }
+    return records;
+  }
+
   /**
-   * Gives the VMI its pod network namespace with `lo` and `eth0` (idempotent) and returns
-   * the namespace file.
+   * Gives the VMI its pod network namespace with `lo` and `eth0`, and an interface on each
+   * of `secondaries` (idempotent), and returns the namespace file.
    */
-  async ensure(uid: string): Promise<string> {
+  async ensure(uid: string, secondaries: SecondaryAttachment[] = []): Promise<string> {
+    const netns = await this.#ensurePod(uid);
+    for (const attachment of secondaries) {
+      const file = this.#secondaryFile(uid, attachment.podInterface);
+      if (await Deno.stat(file).then(() => true, () => false)) continue;
+      // An ADD a restart cut short may hold what it made: undone first.
+      await this.#chain("DEL", attachment, uid, netns).catch(() => {});
+      const started = performance.now();
+      const result = await this.#chain("ADD", attachment, uid, netns);
+      const record: SecondaryRecord = { ...attachment, result: result ?? {} };
+      await writeFileDurably(file, JSON.stringify(record), { mode: 0o600 });
+      log.info("Secondary network attached", {
+        uid,
+        network: attachment.network,
+        podInterface: attachment.podInterface,
+        ms: Math.round(performance.now() - started),
+      });
+    }
+    return netns;
+  }
+
+  async #ensurePod(uid: string): Promise<string> {
     const netns = this.netnsPath(uid);
     const recorded = await Deno.stat(this.#resultFile(uid)).then(() => true, () => false);
     const pinned = await isPinned(netns);
@@ -200,7 +366,10 @@ export class PodlessNetworks {
    * took none of them into the pod). Idempotent.
    */
   async release(uid: string, hostTaps: string[] = []): Promise<void> {
-    for (const tap of hostTaps) {
+    const netns = this.netnsPath(uid);
+    const pinned = await isPinned(netns);
+    const secondaries = await this.#secondaries(uid);
+    for (const tap of [...hostTaps, ...secondaries.map((s) => s.hostTap)]) {
       if (!hostLinkExists(tap)) continue;
       const out = await new Deno.Command("ip", {
         args: ["link", "delete", "dev", tap],
@@ -213,8 +382,10 @@ export class PodlessNetworks {
         );
       }
     }
-    const netns = this.netnsPath(uid);
-    const pinned = await isPinned(netns);
+    for (const secondary of secondaries) {
+      await this.#chain("DEL", secondary, uid, pinned ? netns : undefined);
+      await removeIfPresent(this.#secondaryFile(uid, secondary.podInterface));
+    }
     await this.#plugin("DEL", "bridge", uid, pinned ? netns : undefined);
     // The loopback plugin holds nothing outside the namespace, which goes next.
     if (pinned) await this.#plugin("DEL", "loopback", uid, netns).catch(() => {});

@@ -51,6 +51,7 @@ export {
   DEFAULT_VM_CIDR6,
   type ForwardedPort,
   hashedPodInterfaceName,
+  hostTapFor,
   hostTapName,
   libvirtNicModel,
   MASQUERADE_BRIDGE_MAC,
@@ -105,9 +106,12 @@ export {
 export {
   checkPodlessNetwork,
   CniError,
+  parseNetworkConfig,
+  type PluginConfig,
   POD_INTERFACE,
   PODLESS_NETWORK_NAME,
   type PodlessNetworkConfig,
   PodlessNetworks,
   type PodlessNetworksOptions,
+  type SecondaryAttachment,
 } from "./cni.ts";

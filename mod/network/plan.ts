@@ -196,12 +196,6 @@ export function podNetworkPlan(vmi: VirtualMachineInstance): PodInterfacePlan[] 
   networks.forEach((network, i) => {
     const path = `spec.networks[${i}]`;
     const multus = network.multus;
-    if (networks.findIndex((n) => n.name === network.name) !== i) {
-      throw new NetworkSpecError(key, `${path}.name`, `duplicate network name "${network.name}"`);
-    }
-    if (!interfaces.some((nic) => nic.name === network.name)) {
-      throw new NetworkSpecError(key, `${path}.name`, `no interface named "${network.name}"`);
-    }
     if (multus !== undefined && multus !== null) {
       if (network.pod !== undefined && network.pod !== null) {
         throw new NetworkSpecError(key, path, "has two sources (pod and multus)");
@@ -221,19 +215,23 @@ export function podNetworkPlan(vmi: VirtualMachineInstance): PodInterfacePlan[] 
           "names no NetworkAttachmentDefinition",
         );
       }
-      return;
-    }
-    if (network.pod === undefined || network.pod === null) {
+    } else if (network.pod === undefined || network.pod === null) {
       throw new NetworkSpecError(key, path, "needs a source (pod: {} or multus: {...})");
-    }
-    if (podNetwork !== undefined) {
+    } else if (podNetwork !== undefined) {
       throw new NetworkSpecError(
         key,
         `${path}.pod`,
         `more than one network is the pod network ("${podNetwork}" and "${network.name}")`,
       );
+    } else {
+      podNetwork = network.name;
     }
-    podNetwork = network.name;
+    if (networks.findIndex((n) => n.name === network.name) !== i) {
+      throw new NetworkSpecError(key, `${path}.name`, `duplicate network name "${network.name}"`);
+    }
+    if (!interfaces.some((nic) => nic.name === network.name)) {
+      throw new NetworkSpecError(key, `${path}.name`, `no interface named "${network.name}"`);
+    }
   });
   const plans: PodInterfacePlan[] = [];
   interfaces.forEach((iface, index) => {
@@ -328,7 +326,8 @@ export function specInterface(vmi: VirtualMachineInstance, plan: PodInterfacePla
  * before it joins the VM's pod namespace as `tap0`: `vn` and 12 hex digits of a hash
  * (FNV-1a, 64 bits) of the VMI's UID, within the kernel's 15 characters. A VMI has one
  * interface on the pod network at most, so its UID names the tap: the handler, the launcher
- * host and a cleanup that no longer knows the VMI's spec all find it.
+ * host and a cleanup that no longer knows the VMI's spec all find it. A secondary network's
+ * tap is named by the UID and its pod interface ({@linkcode hostTapFor}).
  */
 export function hostTapName(uid: string): string {
   let hash = 0xcbf29ce484222325n;
@@ -336,4 +335,9 @@ export function hostTapName(uid: string): string {
     hash = BigInt.asUintN(64, (hash ^ BigInt(byte)) * 0x100000001b3n);
   }
   return `vn${hash.toString(16).padStart(16, "0").slice(0, 12)}`;
+}
+
+/** Pod-less mode: the host's name of the tap of one of a VMI's interfaces (see {@linkcode hostTapName}). */
+export function hostTapFor(uid: string, plan: PodInterfacePlan): string {
+  return plan.source === "pod" ? hostTapName(uid) : hostTapName(`${uid}/${plan.podInterface}`);
 }

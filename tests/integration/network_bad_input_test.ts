@@ -66,13 +66,13 @@ const CASES: { what: string; spec: Spec; refusedBy: "virt-api" | "handler"; mess
     message: /spec\.domain\.devices\.interfaces\[0\]\.sriov.*SR-IOV/,
   },
   {
-    what: "a Multus secondary network",
+    what: "a secondary network whose NetworkAttachmentDefinition does not exist",
     spec: {
       interfaces: [{ name: "default", masquerade: {} }, { name: "sec", bridge: {} }],
       networks: [{ name: "default", pod: {} }, { name: "sec", multus: { networkName: "nad1" } }],
     },
     refusedBy: "handler",
-    message: /spec\.networks\[1\]\.multus.*Multus/,
+    message: /NetworkAttachmentDefinition "default\/nad1" of network "sec"/,
   },
   {
     what: "a network binding plugin",

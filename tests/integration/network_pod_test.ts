@@ -11,9 +11,12 @@ import { NetnsRunner, type NetnsStep } from "../../ffi/mod.ts";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
 import {
   DhcpServers,
+  hashedPodInterfaceName,
+  hostTapFor,
   NetworkState,
   PodlessNetworks,
   PodNetworkError,
+  podNetworkPlan,
   PodNetworks,
   type PodNetworkTarget,
   prepareGuestNetwork,
@@ -96,15 +99,23 @@ async function podIpOf(dir: string, uid: string): Promise<string> {
   return (await readNetworkState(`${dir}/cache/${uid}/default`)).podIP!;
 }
 
-/** A runner that acts as a handler killed after `lines` lines of its `ip -batch`. */
+/**
+ * A runner that acts as a handler killed after `lines` lines of its `ip -batch` (the first
+ * one, or the first that names `only`).
+ */
 class DyingRunner extends NetnsRunner {
   #lines: number;
-  constructor(lines: number) {
+  #only?: string;
+  constructor(lines: number, only?: string) {
     super();
     this.#lines = lines;
+    this.#only = only;
   }
   override async run(netns: string | undefined, steps: NetnsStep[]) {
-    const batch = steps.find((s) => s.op === "exec" && s.args[0] === "-batch");
+    const batch = steps.find((s) =>
+      s.op === "exec" && s.args[0] === "-batch" &&
+      (this.#only === undefined || s.stdin?.includes(this.#only))
+    );
     if (netns && batch && batch.op === "exec") {
       const cut = batch.stdin!.split("\n").slice(0, this.#lines).join("\n") + "\n";
       await super.run(netns, [{ ...batch, stdin: cut }]);
@@ -198,6 +209,106 @@ for (const binding of ["bridge", "masquerade"] as const) {
     });
   });
 }
+
+Deno.test("secondary network: a bridge NAD's pod<hash>, its binding finished after a kill at any step, DEL on release", async () => {
+  // As the pod network's: a handler killed anywhere in the secondary network's binding is
+  // finished by the next as one pass builds it; release gives the attachment back (DEL).
+  await withPods(async ({ runner, pods, dir }) => {
+    const nadBridge = `vnsb${crypto.randomUUID().slice(0, 8)}`;
+    const config = JSON.stringify({
+      cniVersion: "0.3.1",
+      name: "red",
+      type: "bridge",
+      bridge: nadBridge,
+    });
+    const vmiOf = (uid: string) => {
+      const vmi = vmiFor(uid, { masquerade: {} });
+      vmi.spec.domain.devices.interfaces!.push({ name: "red", bridge: {} });
+      vmi.spec.networks!.push({ name: "red", multus: { networkName: "red" } });
+      return vmi;
+    };
+    const podOf = async (uid: string) => {
+      const plan = podNetworkPlan(vmiOf(uid))[1];
+      assert.equal(plan.podInterface, hashedPodInterfaceName("red"));
+      const netns = await pods.ensure(uid, [{
+        network: "red",
+        podInterface: plan.podInterface,
+        config,
+        hostTap: hostTapFor(uid, plan),
+      }]);
+      await inNs(netns, "sh", "-c", "echo 0 >/proc/sys/net/ipv4/ip_forward");
+      return { netns, plan };
+    };
+    try {
+      const cleanUid = crypto.randomUUID();
+      const clean = await podOf(cleanUid);
+      const networks = new PodNetworks({ runner, cacheDir: `${dir}/cache` });
+      await networks.setup(vmiOf(cleanUid), target(clean.netns, `${dir}/private/${cleanUid}`));
+      const reference = await snapshot(clean.netns, await podIpOf(dir, cleanUid));
+      const names = (reference as { links: { name: string; master?: string; kind?: string }[] })
+        .links;
+      const hash = clean.plan.podInterface.slice(3);
+      assert.ok(names.some((l) => l.name === `${hash}-nic` && l.master === `k6t-${hash}`));
+      assert.ok(names.some((l) => l.name === `tap${hash}` && l.master === `k6t-${hash}`));
+      assert.ok(names.some((l) => l.name === clean.plan.podInterface && l.kind === "bridge"));
+      // No IPAM on the attachment: the launcher serves it no DHCP.
+      const cache = JSON.parse(
+        await Deno.readTextFile(
+          `${dir}/private/${cleanUid}/vif-cache-${clean.plan.podInterface}.json`,
+        ),
+      );
+      assert.equal(cache.IPAMDisabled, true);
+      for (let cut = 0; cut <= 14; cut++) {
+        const uid = crypto.randomUUID();
+        const { netns } = await podOf(uid);
+        const vmi = vmiOf(uid);
+        const where = target(netns, `${dir}/private/${uid}`);
+        const dying = new PodNetworks({
+          runner: new DyingRunner(cut, `k6t-${hash}`),
+          cacheDir: `${dir}/cache`,
+        });
+        await assert.rejects(dying.setup(vmi, where), /killed/);
+        const started = await readNetworkState(`${dir}/cache/${uid}/red`);
+        assert.equal(started.networkState, NetworkState.Started);
+        const again = new PodNetworks({ runner, cacheDir: `${dir}/cache` });
+        await again.setup(vmi, where);
+        assert.deepEqual(
+          await snapshot(netns, await podIpOf(dir, uid)),
+          reference,
+          `killed after ${cut} lines`,
+        );
+        assert.equal(
+          (await readNetworkState(`${dir}/cache/${uid}/red`)).networkState,
+          NetworkState.Finished,
+        );
+        await pods.release(uid);
+        await again.teardown(uid);
+      }
+      // Released: the attachment's host side goes with the namespace (the kernel frees a
+      // namespace, and the veth pairs in it, a moment after its last reference).
+      await pods.release(cleanUid);
+      const ports = async () =>
+        new TextDecoder().decode(
+          (await new Deno.Command("ip", {
+            args: ["-o", "link", "show", "master", nadBridge],
+            stdout: "piped",
+          }).output()).stdout,
+        ).trim();
+      const deadline = Date.now() + 15_000;
+      while ((await ports()) !== "" && Date.now() < deadline) {
+        await new Promise((r) => setTimeout(r, 200));
+      }
+      assert.equal(await ports(), "");
+      assert.deepEqual(
+        [...Deno.readDirSync(`${dir}/netns`)].filter((e) => e.name.startsWith(cleanUid)),
+        [],
+      );
+    } finally {
+      await new Deno.Command("ip", { args: ["link", "delete", nadBridge], stderr: "null" })
+        .output();
+    }
+  });
+});
 
 Deno.test("pod network: another handler's setup without a record is refused; one it finished is taken", async () => {
   // The refusal says clearly why; a setup the other handler finished is taken as finished.

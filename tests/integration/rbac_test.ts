@@ -83,6 +83,7 @@ const PODLESS_ONLY_CALLS = [
   "patch /persistentvolumeclaims", // ... which the VM controller sets (virtctl memory-dump)
   "patch kubevirt.io/virtualmachineinstances", // a memory dump volume into and out of a VMI
   "get /persistentvolumes", // ... and the volume bound to it
+  "get k8s.cni.cncf.io/network-attachment-definitions", // a secondary network's CNI config
   "get kubevirt.io/virtualmachineinstancemigrations", // the status writer re-reads after a 409
   "list /nodes", // migrations: nodes that take VMIs
   "list kubevirt.io/virtualmachineinstancemigrations", // the migration informer

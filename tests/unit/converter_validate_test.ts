@@ -130,10 +130,6 @@ const UNSUPPORTED: [string, (vmi: Json) => void][] = [
         hostDisk: { path: "/x", type: "Disk", shared: true },
       },
   ],
-  [
-    "spec.networks[0].multus",
-    (v) => v.spec.networks[0] = { name: "default", multus: { networkName: "n" } },
-  ],
   // Probes run beside the domain (prober.ts); a handler kind KubeVirt's VMIs lack is refused.
   ["spec.readinessProbe.grpc", (v) => v.spec.readinessProbe = { grpc: { port: 22 } }],
   // Access credentials reach the guest through its agent only, not through cloud-init.
@@ -191,12 +187,16 @@ Deno.test("validateVmi() takes bridge and masquerade on the pod network, with po
   }
 });
 
-Deno.test("validateVmi() says why SR-IOV, Multus and binding plugins are refused", () => {
+Deno.test("validateVmi() says why SR-IOV and binding plugins are refused; a Multus bridge passes", () => {
+  const secondary = baseVmi();
+  secondary.spec.domain.devices.interfaces.push({ name: "red", bridge: {} });
+  secondary.spec.networks.push({ name: "red", multus: { networkName: "other/red" } });
+  check(secondary);
   const cases: [(v: Json) => void, RegExp][] = [
     [(v) => v.spec.domain.devices.interfaces[0] = { name: "default", sriov: {} }, /SR-IOV needs/],
     [
-      (v) => v.spec.networks[0] = { name: "default", multus: { networkName: "n" } },
-      /need Multus on the node/,
+      (v) => v.spec.networks[0] = { name: "default", multus: {} },
+      /networkName.*is required|is required.*networkName/,
     ],
     [
       (v) => v.spec.domain.devices.interfaces[0] = { name: "default", binding: { name: "x" } },

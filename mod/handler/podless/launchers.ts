@@ -18,6 +18,7 @@
 import { PodlessProber, type ProberOptions } from "./prober.ts";
 import type { VirtualMachineOptions } from "../../proto/mod.ts";
 import { join } from "node:path";
+import { errorText } from "../../../ffi/mod.ts";
 import {
   type ClaimInfo,
   DOWNWARD_METRICS_VMI_SOCKET,
@@ -38,12 +39,14 @@ import {
   VolumeError,
 } from "../../storage/mod.ts";
 import {
+  hostTapFor,
   hostTapName,
-  NetworkSpecError,
+  parseNetworkConfig,
   POD_INTERFACE,
   type PodlessNetworks,
   podNetworkPlan,
   type PodNetworkTarget,
+  type SecondaryAttachment,
 } from "../../network/mod.ts";
 import { scheduledStatus } from "./scheduler.ts";
 import {
@@ -116,6 +119,11 @@ export interface PodlessLaunchersOptions {
   restartBackoffMs?: number;
   /** The VMs' pod networks (namespaces from the CNI plugins); none: no pod network on this host. */
   networks?: PodlessNetworks;
+  /**
+   * Reads a NetworkAttachmentDefinition's CNI configuration (`spec.config`) for a secondary
+   * network (the handler's client); none: a VMI with a secondary network fails its sync.
+   */
+  networkAttachments?: (namespace: string, name: string) => Promise<string>;
   /** containerDisks from OCI images on this host; none: only the launcher's image directory. */
   containerDisks?: ContainerDiskStore;
   /**
@@ -628,14 +636,6 @@ export class PodlessLaunchers implements LauncherProvider {
         "this host has no pod network for the VMI's interfaces (the handler runs without --pod-network-cidr)",
       );
     }
-    const secondary = (vmi.spec.networks ?? []).findIndex((n) => n.multus);
-    if (secondary >= 0) {
-      throw new NetworkSpecError(
-        vmiKey(vmi.metadata),
-        `spec.networks[${secondary}].multus`,
-        "pod-less mode has no secondary networks yet; they need a node with KubeVirt's launcher pods and Multus",
-      );
-    }
     if (!this.#o.ghosts.get(uid)) {
       await this.#o.ghosts.add({
         name: vmi.metadata.name,
@@ -644,7 +644,17 @@ export class PodlessLaunchers implements LauncherProvider {
         uid,
       });
     }
-    const netns = await networks.ensure(uid);
+    const secondaries: SecondaryAttachment[] = [];
+    for (const plan of podNetworkPlan(vmi)) {
+      if (plan.source !== "multus" || await networks.attached(uid, plan.podInterface)) continue;
+      secondaries.push({
+        network: plan.name,
+        podInterface: plan.podInterface,
+        config: await this.#attachmentConfig(vmi, plan.name, plan.networkName!),
+        hostTap: hostTapFor(uid, plan),
+      });
+    }
+    const netns = await networks.ensure(uid, secondaries);
     const runDir = join(this.#o.runRoot, uid);
     return {
       netns,
@@ -653,8 +663,38 @@ export class PodlessLaunchers implements LauncherProvider {
         Deno.mkdirSync(runDir, { recursive: true, mode: 0o750 });
         return { path: runDir, release() {} };
       },
-      hostTap: () => hostTapName(uid),
+      hostTap: (plan) => hostTapFor(uid, plan),
     };
+  }
+
+  /**
+   * The CNI configuration of a secondary network's NetworkAttachmentDefinition
+   * (`<name>` in the VMI's namespace, or `<namespace>/<name>`), checked as the CNI calls
+   * will read it; throws naming the definition and the network.
+   */
+  async #attachmentConfig(
+    vmi: VirtualMachineInstance,
+    network: string,
+    networkName: string,
+  ): Promise<string> {
+    const [namespace, name] = networkName.includes("/")
+      ? networkName.split("/", 2)
+      : [vmi.metadata.namespace!, networkName];
+    const what = `NetworkAttachmentDefinition "${namespace}/${name}" of network "${network}"`;
+    const read = this.#o.networkAttachments;
+    if (!read) throw new Error(`${what}: this handler reads no NetworkAttachmentDefinitions`);
+    let config: string;
+    try {
+      config = await read(namespace, name);
+    } catch (error) {
+      throw new Error(`Cannot read ${what}: ${errorText(error)}`, { cause: error });
+    }
+    try {
+      parseNetworkConfig(config);
+    } catch (error) {
+      throw new Error(`${what}: ${errorText(error)}`, { cause: error });
+    }
+    return config;
   }
 
   /** The VMI's pod network, as {@linkcode PodlessLaunchers.podNetwork} gives it. */
@@ -667,6 +707,7 @@ export class PodlessLaunchers implements LauncherProvider {
     const networks = this.#o.networks;
     if (!networks) return;
     const uid = vmi.metadata.uid!;
+    // The pod network's tap; the secondary networks' taps are in their records.
     await networks.release(uid, [hostTapName(uid)]);
   }
 

@@ -9,6 +9,7 @@
  */
 export { type HostSettings, PodlessLaunchers, type PodlessLaunchersOptions } from "./launchers.ts";
 export { PodlessMigrations, type PodlessMigrationsOptions } from "./migrations.ts";
+export { networkAttachmentConfig } from "./network_attachments.ts";
 export { PodlessScheduler } from "./scheduler.ts";
 export { PodlessVms, type PodlessVmsOptions } from "./vms.ts";
 export { CredentialSecretError, type CredentialSecrets, type SecretReader } from "./credentials.ts";

@@ -25,7 +25,7 @@ export interface HostedVmSpec {
   /**
    * The VM's pod network namespace (a pinned namespace file), when the VMI has a
    * pod-network interface: its DHCP servers listen there, and its taps, made in the host's
-   * namespace, are named by `hostTapName`.
+   * namespace, are named by `hostTapFor`.
    */
   netns?: string;
   /** containerDisk base images the handler stored (pod-less mode's OCI images), by volume name. */
