@@ -30,6 +30,7 @@ import {
 } from "../api/mod.ts";
 import {
   type Domain,
+  type DomainInterfaceStatus,
   domainNameOf,
   type DomainState,
   domainStateFromLibvirt,
@@ -75,6 +76,7 @@ import {
   guestExecPid,
   guestExecStatus,
   guestFilesystemsFromAgent,
+  guestInterfacesFromAgent,
   guestOsInfoFromAgent,
   guestUsersFromAgent,
 } from "./guest_agent.ts";
@@ -258,7 +260,11 @@ export class DomainManager {
    * carried in the domain's status (the handler's `status.guestOSInfo` and
    * `status.fsFreezeStatus` follow it), as KubeVirt's launcher carries its agent poller's.
    */
-  #agentInfo: { osInfo?: GuestOsInfo; fsFreezeStatus?: string } = {};
+  #agentInfo: {
+    osInfo?: GuestOsInfo;
+    fsFreezeStatus?: string;
+    interfaces?: DomainInterfaceStatus[];
+  } = {};
   /** The VMI's access credentials in its guest, once the handler handed any over. */
   #credentials: AccessCredentials | undefined;
   /** Their last result, carried in the domain's metadata as KubeVirt's launcher carries it. */
@@ -304,10 +310,11 @@ export class DomainManager {
   }
 
   /**
-   * Asks the guest agent for the guest OS and the filesystems' freeze state (`all`: on the
-   * agent connecting or a launcher taking a running domain back), or one of them (the
-   * poller's rounds); returns whether what it knew changed. No agent, or one that does not
-   * answer, changes nothing.
+   * Asks the guest agent for the guest OS with its interfaces, and the filesystems' freeze
+   * state (`all`: on the agent connecting or a launcher taking a running domain back), or
+   * one of them (the poller's rounds: `os` asks what KubeVirt's launcher asks at its
+   * `--qemu-agent-sys-interval`, the OS and the interfaces); returns whether what it knew
+   * changed. No agent, or one that does not answer, changes nothing.
    */
   async refreshAgentInfo(which: "all" | "os" | "freeze" = "all"): Promise<boolean> {
     const domain = await this.#agentDomain();
@@ -315,12 +322,16 @@ export class DomainManager {
     const osInfo = which === "freeze"
       ? {}
       : guestOsInfoFromAgent(await this.#askAgent(domain, "guest-get-osinfo"));
+    const interfaces = which === "freeze"
+      ? undefined
+      : guestInterfacesFromAgent(await this.#askAgent(domain, "guest-network-get-interfaces"));
     const freeze = which === "os"
       ? undefined
       : fsFreezeStatusFromAgent(await this.#askAgent(domain, "guest-fsfreeze-status"));
     const next = {
       osInfo: osInfo.name ? osInfo : this.#agentInfo.osInfo,
       fsFreezeStatus: freeze ?? this.#agentInfo.fsFreezeStatus,
+      interfaces: interfaces ?? this.#agentInfo.interfaces,
     };
     const changed = JSON.stringify(next) !== JSON.stringify(this.#agentInfo);
     this.#agentInfo = next;
@@ -1411,8 +1422,9 @@ export class DomainManager {
           domainStateFromLibvirt(info.state, info.reason),
         );
         if (found.holderUid !== OURS) return domain;
-        const { osInfo, fsFreezeStatus } = this.#agentInfo;
+        const { osInfo, fsFreezeStatus, interfaces } = this.#agentInfo;
         if (osInfo) domain.status.osInfo = { ...osInfo };
+        if (interfaces) domain.status.interfaces = interfaces.map((i) => ({ ...i }));
         if (fsFreezeStatus) domain.status.fsFreezeStatus = { status: fsFreezeStatus };
         if (this.#memoryDump) domain.spec.metadata.kubevirt.memoryDump = { ...this.#memoryDump };
         if (this.#accessCredential) {

@@ -17,6 +17,7 @@
  */
 
 import { type GuestOsInfo, isJsonObject } from "../api/mod.ts";
+import type { DomainInterfaceStatus } from "../domain/mod.ts";
 
 /** A command the guest agent supports (`GuestAgentCommandInfo`). */
 export interface GuestAgentCommandInfo {
@@ -186,6 +187,34 @@ export function guestOsInfoFromAgent(reply: string | undefined): GuestOsInfo {
     kernelVersion: text(os["kernel-version"]),
     machine: text(os.machine),
     id: text(os.id),
+  });
+}
+
+/**
+ * The guest's interfaces from a `guest-network-get-interfaces` reply, as KubeVirt's
+ * launcher reports them: loopback left out, each with its MAC, its name in the guest, every
+ * address and the first IPv4 one as its IP (else the first). Undefined when it is not such
+ * a reply.
+ */
+export function guestInterfacesFromAgent(
+  reply: string | undefined,
+): DomainInterfaceStatus[] | undefined {
+  const list = agentReturn(reply);
+  if (!Array.isArray(list)) return undefined;
+  return list.filter(isJsonObject).filter((i) => i.name !== "lo").map((i) => {
+    const addresses = (Array.isArray(i["ip-addresses"]) ? i["ip-addresses"] : [])
+      .filter(isJsonObject)
+      .filter((a) => typeof a["ip-address"] === "string");
+    const ips = addresses.map((a) => a["ip-address"] as string);
+    const v4 = addresses.find((a) => a["ip-address-type"] === "ipv4")?.["ip-address"] as
+      | string
+      | undefined;
+    return compact({
+      mac: text(i["hardware-address"]),
+      ip: v4 ?? ips[0],
+      ips: ips.length > 0 ? ips : undefined,
+      interfaceName: text(i.name),
+    }) as DomainInterfaceStatus;
   });
 }
 

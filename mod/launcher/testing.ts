@@ -51,6 +51,7 @@ export {
   guestExecPid,
   guestExecStatus,
   guestFilesystemsFromAgent,
+  guestInterfacesFromAgent,
   guestOsInfoFromAgent,
   guestUsersFromAgent,
 } from "./guest_agent.ts";

@@ -8,6 +8,7 @@ import {
   guestExecPid,
   guestExecStatus,
   guestFilesystemsFromAgent,
+  guestInterfacesFromAgent,
   guestOsInfoFromAgent,
   guestUsersFromAgent,
 } from "../../mod/launcher/testing.ts";
@@ -213,4 +214,37 @@ Deno.test("guest-exec-status: output past the limit and answers that are not one
   for (const reply of ['{"return":{}}', '{"error":{"class":"GenericError"}}', "[]", undefined]) {
     assert.equal(guestExecStatus(reply, 10), undefined, String(reply));
   }
+});
+
+Deno.test("guestInterfacesFromAgent() reports interfaces as KubeVirt's launcher: no lo, IPv4 first", () => {
+  const reply = JSON.stringify({
+    return: [
+      {
+        name: "lo",
+        "hardware-address": "00:00:00:00:00:00",
+        "ip-addresses": [{ "ip-address-type": "ipv4", "ip-address": "127.0.0.1", prefix: 8 }],
+      },
+      {
+        name: "eth1",
+        "hardware-address": "02:00:00:0a:96:0a",
+        "ip-addresses": [
+          { "ip-address-type": "ipv6", "ip-address": "fe80::ff:fe0a:960a", prefix: 64 },
+          { "ip-address-type": "ipv4", "ip-address": "172.30.1.10", prefix: 24 },
+        ],
+        statistics: { "rx-bytes": 1 },
+      },
+      { name: "eth2", "hardware-address": "02:00:00:0a:97:0a" },
+    ],
+  });
+  assert.deepEqual(guestInterfacesFromAgent(reply), [
+    {
+      mac: "02:00:00:0a:96:0a",
+      ip: "172.30.1.10",
+      ips: ["fe80::ff:fe0a:960a", "172.30.1.10"],
+      interfaceName: "eth1",
+    },
+    { mac: "02:00:00:0a:97:0a", interfaceName: "eth2" },
+  ]);
+  assert.equal(guestInterfacesFromAgent(JSON.stringify({ error: { class: "x" } })), undefined);
+  assert.equal(guestInterfacesFromAgent(undefined), undefined);
 });
