@@ -11,6 +11,10 @@
 #                 busybox's udhcpc and applies it (address, routes, MTU, DNS, search
 #                 list, host name; classless routes too),
 #               - writes what the lease said to /www/dhcp (key=value lines),
+#               - gives its other interfaces the static addresses of a cloud-init NoCloud
+#                 disk (ISO 9660, label cidata): network-config version 1, each
+#                 `physical` entry matched by mac_address, its `static` subnets'
+#                 addresses (secondary networks have no DHCP, as in KubeVirt),
 #               - counts its boots on each blank or counted data disk (vdb, ...) in
 #                 the disk's first sector and lists the disks in /www/disks,
 #               - serves /www with busybox httpd on ports 80 and 8080, and answers
@@ -67,6 +71,8 @@ MODULES=(
   crypto/crc32c_generic.ko
   fs/ext4/ext4.ko
   drivers/block/brd.ko
+  drivers/cdrom/cdrom.ko
+  fs/isofs/isofs.ko
 )
 
 # QEMU's guest agent and the packages whose libraries it links (checked below: every
@@ -158,15 +164,40 @@ else
   # Ask until answered, once a second: the guest's tap may join its bridge after boot.
   udhcpc -i "$iface" -s /etc/lease -t 0 -T 1 -A 1 -b -O search -O staticroutes -O mtu -O hostname -O domain
 fi
+# Static addresses from a cloud-init NoCloud disk's network-config (version 1): an entry's
+# mac_address, then its subnets' address lines, as "<mac> <address/prefix>" pairs.
+mkdir -p /cidata
+for dir in /sys/block/vd*; do
+  [ -e "$dir" ] || continue
+  mount -t iso9660 -o ro "/dev/${dir##*/}" /cidata 2>/dev/null || continue
+  if [ -f /cidata/network-config ]; then
+    awk '/mac_address:/ { mac = tolower($2); gsub(/["\047]/, "", mac) }
+      /address:/ && $1 != "mac_address:" { a = $2; gsub(/["\047]/, "", a); print mac, a }' \
+      /cidata/network-config >/tmp/static
+    while read -r mac address; do
+      for link in /sys/class/net/*; do
+        [ "$(cat "$link/address")" = "$mac" ] || continue
+        ip link set "${link##*/}" up
+        ip addr add "$address" dev "${link##*/}" &&
+          echo "virtnode-guest: ${link##*/} $address (cloud-init)"
+      done
+    done </tmp/static
+  fi
+  umount /cidata
+  break
+done
 # Data disks: a virtio disk whose first sector is blank, or starts "virtnode-data <n>", gets
-# "virtnode-data <n+1>" written there and flushed; any other content (the boot disk) is left
-# alone. /www/disks lists each disk: "<name> <512-byte sectors> <n, - or readonly>".
+# "virtnode-data <n+1>" written there and flushed; any other content (the boot disk, an ISO
+# 9660 disk such as cloud-init's) is left alone. /www/disks lists each disk: "<name>
+# <512-byte sectors> <n, - or readonly>".
 : >/www/disks
 for dir in /sys/block/vd*; do
   [ -e "$dir" ] || continue
   dev=${dir##*/}
   count=-
   head=$(dd if="/dev/$dev" bs=512 count=1 2>/dev/null | tr -d '\000')
+  iso=$(dd if="/dev/$dev" bs=1 skip=32769 count=5 2>/dev/null)
+  [ "$iso" = CD001 ] && head=iso9660
   case "$head" in
     "") count=1 ;;
     "virtnode-data "*) n=${head#virtnode-data }; n=${n%%[!0-9]*}; count=$((n + 1)) ;;
