@@ -5,14 +5,24 @@
  * image directory, stored once for all of them) under QEMU asking for its address by DHCP and
  * answering HTTP: through masquerade (every port, or only the listed ones) and with bridge
  * binding on the pod's own address. Deleting the VMIs leaves no tap, namespace, address
- * lease or network state behind.
+ * lease or network state behind. And secondary networks: two bridge
+ * NetworkAttachmentDefinitions whose CNI plugins the handler calls itself.
  */
 import assert from "node:assert/strict";
 import { useCluster } from "../../deploy/cluster/cluster.ts";
-import { hostTapName } from "../../mod/network/mod.ts";
+import { hashedPodInterfaceName, hostTapName } from "../../mod/network/mod.ts";
+import { applyNetworkAttachmentCrd } from "../harness/node/multus.ts";
+import {
+  echoedCaller,
+  guestMac,
+  networkAttachment,
+  nodeBridges,
+  secondaryNetworks,
+  withSecondaryNetworks,
+} from "../helpers/secondary_networks.ts";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
 import { ensureLibvirtd } from "../helpers/libvirtd.ts";
-import { guestVmi, httpGet, installTestGuest, parseLease } from "../helpers/guest.ts";
+import { guestVmi, httpGet, inGuest, installTestGuest, parseLease } from "../helpers/guest.ts";
 import {
   createVmi,
   deleteVmi,
@@ -229,6 +239,156 @@ Deno.test("network+QEMU (pod-less): guests get DHCP addresses and answer HTTP vi
       .catch((e) => console.error(e.message));
     await h.kill("SIGTERM");
     killLaunchers(h.stateDir);
+    await removeTestPodNetwork(network);
+    await client.request("DELETE", `/api/v1/namespaces/${ns}`).catch(() => {});
+    client.close();
+    await Deno.remove(dir, { recursive: true }).catch(() => {});
+    await cluster.stop();
+  }
+});
+
+Deno.test("network+QEMU (pod-less): two bridge NADs: each guest reaches the node and the other guest", async () => {
+  // No Multus on a pod-less node: the handler reads the definitions and calls their CNI
+  // plugins itself. The guests take static addresses from cloud-init, as in KubeVirt.
+  const uri = await ensureLibvirtd();
+  const cluster = await useCluster();
+  const client = await kubeClient(cluster.kubeconfigPath);
+  await applyNetworkAttachmentCrd(cluster.kubeconfigPath);
+  const id = crypto.randomUUID().slice(0, 6);
+  const ns = `sec-${id}`;
+  const node = `sec-node-${id}`;
+  const network = testPodNetwork();
+  const nets = secondaryNetworks(id);
+  await client.request("POST", "/api/v1/namespaces", { metadata: { name: ns } });
+  const bridges = await nodeBridges(nets);
+  const dir = await Deno.makeTempDir({ prefix: "virtnode-sec-" });
+  await installTestGuest(`${dir}/state/images`);
+  const h = await startHandlerProcess({
+    kubeconfig: cluster.handlerKubeconfigPath,
+    nodeName: node,
+    libvirtUri: uri,
+    dir,
+    podNetwork: network,
+  });
+  let ok = false;
+  try {
+    for (const n of nets) {
+      await client.request(
+        "POST",
+        `/apis/k8s.cni.cncf.io/v1/namespaces/${ns}/network-attachment-definitions`,
+        networkAttachment(n, ns),
+      );
+    }
+    const guests = [{ name: "sec-a", host: 10 }, { name: "sec-b", host: 11 }];
+    for (const g of guests) {
+      const base = guestVmi(g.name, node, { namespace: ns, binding: "masquerade" });
+      await createVmi(client, {
+        ...base,
+        spec: withSecondaryNetworks(
+          base.spec as unknown as Parameters<typeof withSecondaryNetworks>[0],
+          nets,
+          g.host,
+        ) as unknown as VirtualMachineInstance["spec"],
+      });
+    }
+    const uids: string[] = [];
+    for (const g of guests) {
+      uids.push((await waitForPhase(client, ns, g.name, "Running", 90_000)).metadata.uid!);
+    }
+    // The node reaches each guest on each network, from the node's address.
+    for (const g of guests) {
+      for (const n of nets) {
+        const answer = await waitFor(
+          `${g.name} answering HTTP on ${n.subnet}.${g.host}`,
+          () => httpGet(`http://${n.subnet}.${g.host}/cgi-bin/echo`),
+          BOOT_MS,
+          1_000,
+        ).catch(async (error) => {
+          // What the guest made of its cloud-init disk, through its agent.
+          const seen = await inGuest(
+            `${ns}_${g.name}`,
+            "ip -o addr; cat /tmp/static; ls /sys/block; grep -c iso /proc/modules",
+          ).catch((e) => `(no agent: ${e.message})`);
+          throw new Error(`${error.message}; the guest: ${seen}`, { cause: error });
+        });
+        assert.match(answer, echoedCaller(n.subnet, 1));
+      }
+    }
+    // The first guest reaches the node's server and the other guest on each network (its
+    // agent runs the requests once it is connected).
+    const [a, b] = guests;
+    const inA = (script: string) =>
+      waitFor(
+        `${a.name}'s agent to run ${script}`,
+        () => inGuest(`${ns}_${a.name}`, script).catch(() => undefined),
+        120_000,
+        1_000,
+      );
+    for (const n of nets) {
+      const fromNode = await inA(`wget -qO- http://${n.subnet}.1:${bridges.ports.get(n.name)}/`);
+      assert.equal(fromNode.trim(), `node-${n.name}`);
+      const fromGuest = await inA(`wget -qO- http://${n.subnet}.${b.host}/cgi-bin/echo`);
+      assert.match(
+        fromGuest,
+        echoedCaller(n.subnet, a.host),
+      );
+    }
+    // status.interfaces: the pod network first, each secondary under its pod<hash> name
+    // (the handler stands in for virt-controller), with the agent's address.
+    let seen: unknown;
+    const reported = await waitFor(
+      "the secondary interfaces with the agent's addresses",
+      async () => {
+        const v = await getVmi(client, ns, a.name);
+        const ifaces = v?.status?.interfaces ?? [];
+        seen = ifaces;
+        return nets.every((n) =>
+            ifaces.find((i) => i.name === n.name)?.ipAddresses?.includes(`${n.subnet}.${a.host}`)
+          )
+          ? ifaces
+          : undefined;
+      },
+      120_000,
+    ).catch((error) => {
+      throw new Error(`${error.message}: ${JSON.stringify(seen)}`, { cause: error });
+    });
+    assert.equal(reported[0].name, "default");
+    for (const n of nets) {
+      const entry = reported.find((i) => i.name === n.name)!;
+      assert.equal(entry.podInterfaceName, hashedPodInterfaceName(n.name));
+      assert.equal(entry.mac, guestMac(n, a.host));
+    }
+    // Deleting the VMIs gives every attachment back: no tap, namespace or record is left,
+    // and the secondary bridges lose their ports.
+    for (const g of guests) await deleteVmi(client, ns, g.name);
+    for (const g of guests) {
+      await waitFor(
+        `${g.name} to be gone`,
+        async () => !(await getVmi(client, ns, g.name)),
+        90_000,
+      );
+    }
+    await waitFor("the secondary networks to be released", () => {
+      const links = hostLinks();
+      const taps = uids.flatMap((u) =>
+        nets.map((n) => hostTapName(`${u}/${hashedPodInterfaceName(n.name)}`))
+      ).filter((t) => links.includes(t));
+      const records = listDir(`${h.runDir}/netns`);
+      const ports = nets.flatMap((n) => listDir(`/sys/class/net/${n.bridge}/brif`));
+      return taps.length + records.length + ports.length === 0;
+    }, 60_000);
+    ok = true;
+  } finally {
+    if (!ok) console.error(`handler log:\n${(await Deno.readTextFile(h.logFile)).slice(-8000)}`);
+    for (const g of ["sec-a", "sec-b"]) await deleteVmi(client, ns, g).catch(() => {});
+    await waitFor(
+      "ghost records to be cleaned up",
+      () => listDir(`${h.stateDir}/ghost-records`).filter((f) => !f.startsWith(".")).length === 0,
+      60_000,
+    ).catch((e) => console.error(e.message));
+    await h.kill("SIGTERM");
+    killLaunchers(h.stateDir);
+    await bridges.remove();
     await removeTestPodNetwork(network);
     await client.request("DELETE", `/api/v1/namespaces/${ns}`).catch(() => {});
     client.close();
