@@ -38,7 +38,7 @@ import {
   vmiPhaseFromDomain,
 } from "../domain/mod.ts";
 import { isHotplugVolume, LAUNCHER_HOTPLUG_DIR } from "../storage/mod.ts";
-import type { PodAddresses } from "../network/mod.ts";
+import { hashedPodInterfaceName, type PodAddresses } from "../network/mod.ts";
 import type { AgentSupport } from "./guest_agent_support.ts";
 import type { StandInFacts } from "./launcher_provider.ts";
 
@@ -240,6 +240,8 @@ export interface InterfaceSources {
   previous?: VmiNetworkInterface[];
   /** Pod-less mode: the handler names the pod interface, as virt-controller would (`eth0`). */
   podInterfaceName?: string;
+  /** Pod-less mode: the secondary networks' pod interfaces by network, as virt-controller names them. */
+  secondaryPodInterfaces?: ReadonlyMap<string, string>;
   /** The name of the VMI's pod network (`spec.networks[].pod`), whose interface goes first. */
   primary?: string;
   /** The names of the VMI's interfaces in its spec (Multus-reported ones outside it are not kept). */
@@ -303,7 +305,11 @@ export function interfacesFromDomain(
     entry.linkState = "up";
     const primary = "primary" in sources ? name === sources.primary : pod !== undefined;
     const podInterfaceName = sources.previous?.find((p) => p.name === name)?.podInterfaceName ??
-      (primary ? sources.podInterfaceName : undefined);
+      (primary
+        ? sources.podInterfaceName
+        : name !== undefined
+        ? sources.secondaryPodInterfaces?.get(name)
+        : undefined);
     if (podInterfaceName) entry.podInterfaceName = podInterfaceName;
     return { entry, primary };
   });
@@ -734,6 +740,13 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
       podAddresses: input.podAddresses,
       previous: status.interfaces,
       podInterfaceName: input.standIn?.podInterfaceName,
+      secondaryPodInterfaces: input.standIn
+        ? new Map(
+          (vmi.spec.networks ?? []).filter((n) => n.multus).map((
+            n,
+          ) => [n.name, hashedPodInterfaceName(n.name)]),
+        )
+        : undefined,
       ...(vmi.spec.networks
         ? { primary: vmi.spec.networks.find((n) => n.pod !== undefined && n.pod !== null)?.name }
         : {}),

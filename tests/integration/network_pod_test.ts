@@ -210,7 +210,7 @@ for (const binding of ["bridge", "masquerade"] as const) {
   });
 }
 
-Deno.test("secondary network: a bridge NAD's pod<hash>, its binding finished after a kill at any step, DEL on release", async () => {
+Deno.test("secondary network: a NAD's pod<hash> binding finished after a kill at any step; DEL on release", async () => {
   // As the pod network's: a handler killed anywhere in the secondary network's binding is
   // finished by the next as one pass builds it; release gives the attachment back (DEL).
   await withPods(async ({ runner, pods, dir }) => {
