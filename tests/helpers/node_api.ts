@@ -10,7 +10,12 @@ import { GUEST_IMAGE } from "./guest.ts";
 
 /** The fields of a Pod the node tests read. */
 export interface Pod {
-  metadata: { name: string; uid: string; labels?: Record<string, string> };
+  metadata: {
+    name: string;
+    uid: string;
+    labels?: Record<string, string>;
+    annotations?: Record<string, string>;
+  };
   spec: { nodeName?: string };
   status?: {
     phase?: string;
@@ -24,7 +29,14 @@ export interface Vmi {
   metadata: { name: string; uid: string; labels?: Record<string, string> };
   status?: {
     phase?: string;
-    interfaces?: { ipAddress?: string }[];
+    interfaces?: {
+      name?: string;
+      mac?: string;
+      ipAddress?: string;
+      ipAddresses?: string[];
+      podInterfaceName?: string;
+      infoSource?: string;
+    }[];
     nodeName?: string;
     activePods?: Record<string, string>;
     phaseTransitionTimestamps?: { phase: string }[];

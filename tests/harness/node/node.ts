@@ -30,6 +30,7 @@
 import { buildKubevirtPeers } from "../kubevirt/peers.ts";
 import { join } from "node:path";
 import type { Cluster } from "../../../deploy/cluster/cluster.ts";
+import { applyNetworkAttachmentCrd, buildMultus } from "./multus.ts";
 import { buildImageArchive } from "../../../deploy/image/oci.ts";
 import { cachedImage, ContentHash } from "../../../deploy/image/image.ts";
 import {
@@ -135,6 +136,13 @@ export interface StartNodeOptions {
    * unless told.
    */
   cpuManager?: "none" | "static";
+  /**
+   * Chain the pod network through Multus's thin plugin (tests/harness/node/build_multus.sh),
+   * as a cluster with Multus does: the pod network stays each pod's default network, and a
+   * pod's `k8s.v1.cni.cncf.io/networks` annotation adds the NetworkAttachmentDefinitions it
+   * names (the CRD is applied as the node starts). Default false.
+   */
+  multus?: boolean;
 }
 
 /** Builds containerd 2 (cached by key) and gives the directory of its programs. */
@@ -278,6 +286,12 @@ interface NodeLayout {
   bin: string;
   /** containerd 2's directory, when the node runs it instead of Debian's 1.6. */
   containerdV2?: string;
+  /** build_multus.sh's output, when the pod network is chained through Multus. */
+  multus?: string;
+  /** Where containerd and Multus find the CNI plugins. */
+  cniBinDir: string;
+  /** The cluster's kubeconfig (Multus reads the pods and their networks with it). */
+  kubeconfig: string;
   /** The loopback ports of the kubelet and the cluster services, picked together. */
   ports: {
     kubelet: number;
@@ -320,6 +334,7 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
     const kubelet = await startKubelet(layout, state, cluster, options);
     if (options.clusterServices ?? true) await startClusterServices(layout, state, cluster);
     await waitNodeReady(layout, state, cluster, kubelet);
+    if (layout.multus) await applyNetworkAttachmentCrd(cluster.kubeconfigPath);
   } catch (error) {
     await stop();
     throw error;
@@ -331,6 +346,7 @@ export async function startNode(cluster: Cluster, options: StartNodeOptions = {}
 async function nodeLayout(cluster: Cluster, options: StartNodeOptions): Promise<NodeLayout> {
   const bin = await buildNodeBinaries();
   const containerdV2 = options.containerd === "v2" ? await buildContainerdV2() : undefined;
+  const multus = options.multus ? await buildMultus() : undefined;
   const id = crypto.randomUUID().slice(0, 6);
   const dir = await Deno.makeTempDir({ prefix: "virtnode-node-" });
   const ctrDir = join(dir, "containerd");
@@ -353,6 +369,10 @@ async function nodeLayout(cluster: Cluster, options: StartNodeOptions): Promise<
     isolated: options.isolated ?? false,
     bin,
     containerdV2,
+    multus,
+    // With Multus, the node's own folder: Debian's plugins linked beside Multus's.
+    cniBinDir: multus ? join(dir, "cni", "bin") : CNI_BIN_DIR,
+    kubeconfig: cluster.kubeconfigPath,
     ports: { kubelet, scheduler, controllerManager, proxyHealth, proxyMetrics },
   };
 }
@@ -532,26 +552,54 @@ async function writeNodeConfigs(layout: NodeLayout): Promise<string> {
     pauseArchive,
   );
 
-  await Deno.writeTextFile(
-    join(cniDir, "net.d", "10-virtnode-test.conflist"),
-    JSON.stringify({
-      cniVersion: "0.4.0",
-      name: "virtnode-test",
-      plugins: [{
-        type: "bridge",
-        bridge,
-        isGateway: true,
-        ipMasq: false,
-        hairpinMode: true,
-        ipam: {
-          type: "host-local",
-          dataDir: join(cniDir, "ipam"),
-          ranges: [[{ subnet: podCidr }]],
-          routes: [{ dst: "0.0.0.0/0" }],
-        },
-      }],
-    }),
-  );
+  const podNetwork = {
+    cniVersion: "0.4.0",
+    name: "virtnode-test",
+    plugins: [{
+      type: "bridge",
+      bridge,
+      isGateway: true,
+      ipMasq: false,
+      hairpinMode: true,
+      ipam: {
+        type: "host-local",
+        dataDir: join(cniDir, "ipam"),
+        ranges: [[{ subnet: podCidr }]],
+        routes: [{ dst: "0.0.0.0/0" }],
+      },
+    }],
+  };
+  if (layout.multus) {
+    // Multus's thin plugin first in the configuration directory, the pod network its one
+    // delegate (each pod's default network, eth0), the plugins in the node's own folder.
+    await Deno.mkdir(layout.cniBinDir, { recursive: true });
+    for await (const plugin of Deno.readDir(CNI_BIN_DIR)) {
+      await Deno.symlink(join(CNI_BIN_DIR, plugin.name), join(layout.cniBinDir, plugin.name));
+    }
+    await Deno.copyFile(join(layout.multus, "multus"), join(layout.cniBinDir, "multus"));
+    await Deno.chmod(join(layout.cniBinDir, "multus"), 0o755);
+    await Deno.writeTextFile(
+      join(cniDir, "net.d", "00-multus.conf"),
+      JSON.stringify({
+        cniVersion: "0.4.0",
+        name: "multus-cni-network",
+        type: "multus",
+        kubeconfig: layout.kubeconfig,
+        confDir: join(cniDir, "multus.d"),
+        cniDir: join(cniDir, "multus"),
+        binDir: layout.cniBinDir,
+        logFile: join(dir, "logs", "multus.log"),
+        logLevel: "verbose",
+        logToStderr: false,
+        delegates: [podNetwork],
+      }),
+    );
+  } else {
+    await Deno.writeTextFile(
+      join(cniDir, "net.d", "10-virtnode-test.conflist"),
+      JSON.stringify(podNetwork),
+    );
+  }
   await Deno.writeTextFile(
     join(ctrDir, "config.toml"),
     [
@@ -568,7 +616,7 @@ async function writeNodeConfigs(layout: NodeLayout): Promise<string> {
       // root lacks: the pods keep at least the node's own score.
       "  restrict_oom_score_adj = true",
       '[plugins."io.containerd.grpc.v1.cri".cni]',
-      `  bin_dir = "${CNI_BIN_DIR}"`,
+      `  bin_dir = "${layout.cniBinDir}"`,
       `  conf_dir = "${join(cniDir, "net.d")}"`,
       '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]',
       '  runtime_type = "io.containerd.runc.v2"',
@@ -786,6 +834,11 @@ function nodeHandle(layout: NodeLayout, state: NodeState, stop: () => Promise<vo
         const lines = (await Deno.readTextFile(p.logPath).catch(() => "")).split("\n")
           .filter((l) => /^[EW]\d{4}|level=(error|warning)|"level":"(error|warn)/.test(l));
         parts.push(`--- ${p.name}:\n${lines.slice(-15).join("\n")}`);
+      }
+      if (layout.multus) {
+        const multusLog = (await Deno.readTextFile(join(dir, "logs", "multus.log")).catch(() => ""))
+          .split("\n").filter((l) => /\[(error|panic)\]/.test(l));
+        parts.push(`--- multus:\n${multusLog.slice(-15).join("\n")}`);
       }
       const podLogs = await run("bash", [
         "-c",
