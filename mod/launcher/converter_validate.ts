@@ -75,8 +75,8 @@ export const SUPPORTED_NIC_MODELS = [
 ] as const;
 
 // Bindings the node does not build; the network plan says why (mod/network/plan.ts).
-const BINDING_HINT = "virtnode connects guests to the pod network with the bridge or " +
-  "masquerade binding only";
+const BINDING_HINT = "virtnode connects guests with the bridge binding (pod and secondary " +
+  "networks) or masquerade (the pod network) only";
 
 // Why a field without a hint of its own is refused rather than ignored.
 const NOT_CONVERTED = "virtnode does not turn this field into the domain yet, and leaving it " +

@@ -97,8 +97,8 @@ export class NetworkSpecError extends Error {
   }
 }
 
-const SUPPORTED = "virtnode connects guests to the pod network with the bridge or masquerade " +
-  "binding only";
+const SUPPORTED = "virtnode connects guests with the bridge binding (pod and secondary " +
+  "networks) or masquerade (the pod network) only";
 /** Why each binding virtnode does not build is refused. */
 const UNSUPPORTED_BINDINGS: Record<string, string> = {
   sriov: "SR-IOV needs a virtual function passed through with its device plugin; " + SUPPORTED,
