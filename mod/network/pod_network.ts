@@ -259,7 +259,13 @@ export class PodNetworks {
   #discover(plan: PodInterfacePlan, state: NamespaceState): PodDiscovery {
     const link = state.links.get(plan.podInterface);
     if (!link) {
-      throw new PodNetworkError(plan.name, `the pod has no interface "${plan.podInterface}"`);
+      throw new PodNetworkError(
+        plan.name,
+        `the pod has no interface "${plan.podInterface}"` +
+          (plan.source === "multus"
+            ? ` for NetworkAttachmentDefinition "${plan.networkName}" (is Multus on the node?)`
+            : ""),
+      );
     }
     return {
       podInterface: link.name,
