@@ -310,6 +310,28 @@ Deno.test("secondary network: a NAD's pod<hash> binding finished after a kill at
   });
 });
 
+Deno.test("secondary network: a pod Multus did not attach it to is refused, naming the definition", async () => {
+  await withPods(async ({ runner, pods, dir }) => {
+    const uid = crypto.randomUUID();
+    const netns = await plainPod(pods, uid);
+    const vmi = vmiFor(uid, { masquerade: {} });
+    vmi.spec.domain.devices.interfaces!.push({ name: "red", bridge: {} });
+    vmi.spec.networks!.push({ name: "red", multus: { networkName: "other/red" } });
+    const networks = new PodNetworks({ runner, cacheDir: `${dir}/cache` });
+    await assert.rejects(
+      networks.setup(vmi, target(netns, `${dir}/private/${uid}`)),
+      /"red": the pod has no interface "podb1f51a511f1" for NetworkAttachmentDefinition "other\/red" \(is Multus on the node\?\)/,
+    );
+    // The pod network before it was built; nothing of the secondary's.
+    assert.equal(
+      (await readNetworkState(`${dir}/cache/${uid}/default`)).networkState,
+      NetworkState.Finished,
+    );
+    await pods.release(uid);
+    await networks.teardown(uid);
+  });
+});
+
 Deno.test("pod network: another handler's setup without a record is refused; one it finished is taken", async () => {
   // The refusal says clearly why; a setup the other handler finished is taken as finished.
   await withPods(async ({ runner, pods, dir }) => {
