@@ -64,7 +64,8 @@ steps=("Debian packages" "npm" "Deno" "npm dependencies" "Go" "control plane and
   "KubeVirt's CRDs and admission")
 if [[ $plan == all ]]; then
   steps+=("virtctl" "KubeVirt's programs as test peers" "promtool" "KubeVirt's monitoring rules"
-    "the test node's programs" "containerd 2" "the launcher image" "the virtnode image's Debian layer"
+    "the test node's programs" "containerd 2" "Multus" "the launcher image"
+    "the virtnode image's Debian layer"
     "the test guest")
 fi
 steps+=("kubectl on PATH")
@@ -216,6 +217,8 @@ if [[ $plan == all ]]; then
   bash tests/harness/node/build.sh
   step "containerd 2 for the node test of KubeVirt's ImageVolume gate (tests/harness/node/build_containerd.sh; cached)"
   bash tests/harness/node/build_containerd.sh
+  step "Multus's thin plugin and the NetworkAttachmentDefinition CRD for the secondary-network tests (tests/harness/node/build_multus.sh; cached)"
+  bash tests/harness/node/build_multus.sh
   step "the launcher image's root: Debian 12, libvirt, QEMU, KubeVirt's virt-launcher (tests/harness/node/images.sh; cached)"
   bash tests/harness/node/images.sh launcher "$kubevirt_bin"
   step "the virtnode image's Debian layer: libvirt0 (deploy/image/base.sh; cached)"
