@@ -117,6 +117,9 @@ export function hashedPodInterfaceName(networkName: string): string {
   return `pod${createHash("sha256").update(networkName).digest("hex").slice(0, 11)}`;
 }
 
+/** A link name the kernel takes and no path can be made of: not `.` or `..`, no `/`. */
+const LINK_NAME = /^(?!\.\.?$)[A-Za-z0-9_.-]{1,15}$/;
+
 /** `<pod interface>` without KubeVirt's `pod` prefix, as its generated names use it. */
 function shortName(podInterface: string): string {
   return podInterface.startsWith("pod") ? podInterface.slice(3) : podInterface;
@@ -293,8 +296,18 @@ export function podNetworkPlan(vmi: VirtualMachineInstance): PodInterfacePlan[] 
         );
       }
     }
-    const podInterface = vmi.status?.interfaces?.find((s) => s.name === iface.name)
-      ?.podInterfaceName || (secondary ? hashedPodInterfaceName(network.name) : "eth0");
+    const statusIndex = (vmi.status?.interfaces ?? []).findIndex((s) => s.name === iface.name);
+    const reported = vmi.status?.interfaces?.[statusIndex]?.podInterfaceName;
+    // The name goes into `ip` commands and file names: a link name of the kernel's, or refused.
+    if (reported && !LINK_NAME.test(reported)) {
+      throw new NetworkSpecError(
+        key,
+        `status.interfaces[${statusIndex}].podInterfaceName`,
+        `${JSON.stringify(reported)} is not a network interface name (1 to 15 letters, ` +
+          "digits, '-', '_' or '.')",
+      );
+    }
+    const podInterface = reported || (secondary ? hashedPodInterfaceName(network.name) : "eth0");
     plans.push({
       index,
       name: iface.name,

@@ -190,6 +190,15 @@ Deno.test("podNetworkPlan() names a secondary network's pod links from its name'
     podNetworkPlan(spec).slice(1).map((p) => [p.podInterface, p.tap, p.bridge]),
     [["net1", "tap1", "k6t-net1"], ["poda7662f44d65", "tapa7662f44d65", "k6t-a7662f44d65"]],
   );
+  // A reported name that is no link name (it would reach `ip` and file names) is refused.
+  for (const bad of ["../../x", "..", "a/b", "pod0123456789abcdef"]) {
+    spec.status = { interfaces: [{ name: "red", podInterfaceName: bad }] };
+    assert.throws(() => podNetworkPlan(spec), (error: unknown) => {
+      assert.ok(error instanceof NetworkSpecError);
+      assert.equal(error.path, "status.interfaces[0].podInterfaceName");
+      return true;
+    });
+  }
 });
 
 Deno.test("hostTapName() is short enough for the kernel and the same for the same VMI", () => {
