@@ -60,13 +60,13 @@ case ${1:-} in
   *) plan=all ;;
 esac
 # The steps of this run, in order: their names, for the "left" of each progress line.
-steps=("Debian packages" "npm" "Deno" "npm dependencies" "Go" "control plane and kubectl"
-  "KubeVirt's CRDs and admission")
+steps=("Debian packages" "npm" "Deno" "npm dependencies" "Go")
+[[ $plan == all ]] && steps+=("downloads in the background")
+steps+=("control plane and kubectl" "KubeVirt's CRDs and admission")
 if [[ $plan == all ]]; then
-  steps+=("virtctl" "KubeVirt's programs as test peers" "promtool" "KubeVirt's monitoring rules"
-    "the test node's programs" "containerd 2" "Multus" "the launcher image"
-    "the virtnode image's Debian layer"
-    "the test guest")
+  steps+=("virtctl" "KubeVirt's programs as test peers"
+    "KubeVirt's monitoring rules" "the test node's programs" "containerd 2" "Multus"
+    "the launcher image" "the downloads' end")
 fi
 steps+=("kubectl on PATH")
 started=${EPOCHREALTIME/./}
@@ -197,6 +197,24 @@ fi
 # build.sh (also run by the tests) finds the same Go; GO makes it explicit here.
 export GO=$go_bin GOTOOLCHAIN=auto
 
+# The builds that mostly wait on Debian's archive (promtool, the virtnode image's Debian layer,
+# the test guest's kernel and busybox) run beside the Go builds, which keep both cores busy.
+# Their output goes to a log that is printed when they are waited for.
+background_log=""
+background_pid=""
+if [[ $plan == all ]]; then
+  step "downloads in the background: promtool from Debian's prometheus package (tests/harness/promtool.sh), the virtnode image's Debian layer (deploy/image/base.sh), the test guest (tests/harness/guest/build.sh); all cached"
+  background_log=$(mktemp /tmp/virtnode-setup-background.XXXXXX)
+  (
+    set -e
+    bash tests/harness/promtool.sh
+    bash deploy/image/base.sh
+    bash tests/harness/guest/build.sh
+  ) >"$background_log" 2>&1 &
+  background_pid=$!
+  echo "started (pid $background_pid, log $background_log)"
+fi
+
 step "control plane and kubectl (built from Go modules by deploy/cluster/build.sh; cached)"
 cluster_bin=$(bash deploy/cluster/build.sh)
 echo "$cluster_bin"
@@ -209,8 +227,6 @@ if [[ $plan == all ]]; then
   step "KubeVirt's programs as test peers: launcher, handler, controller, clients (tests/harness/kubevirt/build_peers.sh; cached)"
   kubevirt_bin=$(bash tests/harness/kubevirt/build_peers.sh)
   echo "$kubevirt_bin"
-  step "promtool from Debian's prometheus package, which checks the handler's metrics (tests/harness/promtool.sh; cached)"
-  bash tests/harness/promtool.sh
   step "KubeVirt's alerts, recording rules and virt-handler's metric families (tests/harness/kubevirt/build_monitoring.sh; cached)"
   bash tests/harness/kubevirt/build_monitoring.sh
   step "the test node's programs: kubelet, scheduler, controller manager, kube-proxy (tests/harness/node/build.sh; cached)"
@@ -221,10 +237,15 @@ if [[ $plan == all ]]; then
   bash tests/harness/node/build_multus.sh
   step "the launcher image's root: Debian 12, libvirt, QEMU, KubeVirt's virt-launcher (tests/harness/node/images.sh; cached)"
   bash tests/harness/node/images.sh launcher "$kubevirt_bin"
-  step "the virtnode image's Debian layer: libvirt0 (deploy/image/base.sh; cached)"
-  bash deploy/image/base.sh
-  step "the test guest: Debian's kernel and busybox with a DHCP client and an HTTP server (tests/harness/guest/build.sh; cached)"
-  bash tests/harness/guest/build.sh
+  step "the downloads' end: promtool, the virtnode image's Debian layer, the test guest"
+  background_status=0
+  wait "$background_pid" || background_status=$?
+  cat "$background_log"
+  rm -f "$background_log"
+  if [[ $background_status -ne 0 ]]; then
+    echo "setup.sh: a background build failed (exit $background_status); its log is above" >&2
+    exit 1
+  fi
 fi
 
 step "kubectl on PATH"
