@@ -330,6 +330,12 @@ export class VmiController extends KeyedController {
     }
     const cached = this.#d.informer.get(key);
     const vmiExists = cached !== undefined;
+    // A VMI that left this node by migration and is back as a later migration's target is
+    // this node's again; one that is gone is no one's. Either way its mark goes, before any
+    // early return can keep it.
+    if (!vmiExists || cached.status?.migrationState?.targetNode === this.#d.nodeName) {
+      this.#migratedAway.delete(key);
+    }
     if (!vmiExists && this.#d.handledElsewhere?.(key)) return DONE;
     if (vmiExists && !this.#d.expectations.satisfied(key)) return DONE;
     if (vmiExists) this.#deleted.delete(key);
@@ -377,7 +383,6 @@ export class VmiController extends KeyedController {
     domain: Domain | undefined,
   ): Promise<ReconcileResult | undefined> {
     const uid = vmi.metadata.uid!;
-    if (!vmiExists) this.#migratedAway.delete(key);
     if (domainMigrated(domain) && domainUid(domain) === uid) {
       log.info("The domain migrated away: removing what is left of it here", { key, uid });
       await this.#deleteVm(vmi);

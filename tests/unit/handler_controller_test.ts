@@ -238,6 +238,46 @@ Deno.test("reconcile() keeps the finalizer while the VMI is not final", async ()
   s.queue.shutDown();
 });
 
+Deno.test("reconcile() syncs a VMI again once it is back on this node by a later migration", async () => {
+  const s = doubles(false);
+  const away = vmi("Running");
+  away.status = {
+    phase: "Running",
+    nodeName: "node1",
+    migrationState: { sourceNode: "node1", targetNode: "node2" },
+  } as typeof away.status;
+  s.cache.set(KEY, away);
+  s.controller.domainEvent(
+    "MODIFIED",
+    newDomain({ namespace: "default", name: "vm1", uid: UID }, {
+      status: LifeCycle.Shutoff,
+      reason: StateChangeReason.Migrated,
+    }),
+  );
+  assert.deepEqual(await s.controller.reconcile(KEY), { kind: "done" });
+  assert.ok(s.calls.includes("networks.teardown"), "the source cleans up after the migration");
+  // Until the VMI names its new node, this node leaves it alone: no status write.
+  s.calls.length = 0;
+  assert.deepEqual(await s.controller.reconcile(KEY), { kind: "done" });
+  assert.equal(s.calls.join(", "), "");
+
+  // Migrated back (the VMI never left this node's cache in between): this node owns it again.
+  const back = structuredClone(away);
+  back.status!.migrationState = { sourceNode: "node2", targetNode: "node1", completed: true };
+  back.metadata.resourceVersion = "2";
+  s.cache.set(KEY, back);
+  s.controller.domainEvent(
+    "MODIFIED",
+    newDomain({ namespace: "default", name: "vm1", uid: UID }, {
+      status: LifeCycle.Running,
+      reason: StateChangeReason.Unknown,
+    }),
+  );
+  await s.controller.reconcile(KEY);
+  assert.ok(s.calls.includes("status.update"), `the VMI is synced again: ${s.calls.join(", ")}`);
+  s.queue.shutDown();
+});
+
 Deno.test("domainEvent() counts a domain with a deletion timestamp as gone (a launcher's final event)", () => {
   const s = doubles();
   const running = newDomain({ namespace: "default", name: "vm1", uid: UID }, {
