@@ -32,6 +32,7 @@ const LIBC_SYMBOLS = {
   getsockopt: { parameters: [I, I, I, B, B], result: I },
   close_range: { parameters: [U, U, I], result: I },
   pidfd_open: { parameters: [I, U], result: I },
+  prlimit64: { parameters: [I, I, B, B], result: I },
   sched_setscheduler: { parameters: [I, I, B], result: I },
   sched_getaffinity: { parameters: [I, "u64", B], result: I },
   sched_setaffinity: { parameters: [I, "u64", B], result: I },

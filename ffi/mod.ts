@@ -8,7 +8,7 @@
  * - `mounts.ts`: the agent's bind mounts, and mounts attached beneath a process's root;
  * - `mntns.ts` and `netns.ts`: work inside a mount namespace (in a child process) or a
  *   network namespace (on a worker thread), the agent's own threads never moved;
- * - `processes.ts`: pidfds, signals, start times, close-on-exec;
+ * - `processes.ts`: pidfds, signals, start times, close-on-exec, locked-memory limits;
  * - `sockets.ts`: unix and UDP sockets; `datagram.ts`: one wait over many UDP sockets;
  * - `cgroup_devices.ts`: cgroup v2 device programs (eBPF);
  * - `durable_file.ts`: the agent's own state files, written whole and durably.

@@ -2,7 +2,8 @@
  * Processes: naming one with a pidfd (`pidfd_open(2)`), which no later process that reuses
  * its PID answers to, signalling it through that pidfd and telling whether it has exited;
  * a process's start time, which tells it from a later one with its PID; and keeping the
- * agent's descriptors from the processes it starts (close-on-exec). Failures throw
+ * agent's descriptors from the processes it starts (close-on-exec); and setting another
+ * process's locked-memory limit (`prlimit(2)`). Failures throw
  * {@linkcode ErrnoError}.
  *
  * @module
@@ -24,6 +25,22 @@ export function closeOnExecFrom(first = 3): void {
   if (c().close_range(first, 0xffffffff, CLOSE_RANGE_CLOEXEC) !== 0) {
     throw errnoError(`Cannot mark descriptors from ${first} on close-on-exec`);
   }
+}
+
+/** `RLIMIT_MEMLOCK`: the bytes a process may lock in memory (VFIO pins the guest's). */
+const RLIMIT_MEMLOCK = 8;
+
+/**
+ * Sets both the soft and the hard `RLIMIT_MEMLOCK` of process `pid` to `bytes`
+ * (`prlimit(2)`, which needs `CAP_SYS_RESOURCE` to raise a hard limit). Throws
+ * {@linkcode ErrnoError} (`ESRCH` when no such process exists).
+ */
+export function setMemlockLimit(pid: number, bytes: number): void {
+  const limit = new BigUint64Array([BigInt(bytes), BigInt(bytes)]);
+  check(
+    c().prlimit64(pid, RLIMIT_MEMLOCK, new Uint8Array(limit.buffer), null),
+    `Cannot set the locked-memory limit of process ${pid} to ${bytes} bytes`,
+  );
 }
 
 /** Signal number of `SIGKILL`, for {@linkcode pidfdSendSignal}. */

@@ -46,13 +46,15 @@
  * | `mediatedDevicesConfiguration` | none: every mediated device not externally provided is removed | mediated devices created and removed to match | U8, I4 |
  * | `developerConfiguration.featureGates: DisableMDEVConfiguration` | off (Alpha) | mediated devices left as they are | U8 |
  * | `network.binding.<plugin>.computeResourceOverhead.requests.memory` | none | KubeVirt mode: a migration target's memory hot-plug counts it | U11 |
+ * | `additionalGuestMemoryOverheadRatio` | none | KubeVirt mode: the locked-memory limits of a VFIO, realtime or SEV VMI's virtqemud and QEMU | U12 |
  *
  * Tests: U1 tests/unit/kubevirt_config_test.ts (parsing and checks), U2 the same file
  * (launcher options), U3 tests/unit/container_disk_image_volume_test.ts, U4
  * tests/unit/handler_device_ownership_test.ts, U5 tests/unit/handler_status_test.ts, U6
  * tests/unit/kube_rate_limit_test.ts, U7 tests/unit/converter_volumes_test.ts, U8
  * tests/unit/mdev_types_test.ts, U9 tests/unit/migration_network_test.ts, U10
- * tests/unit/guest_agent_support_test.ts, U11 tests/unit/migration_target_hotplug_test.ts, I3 tests/integration/node_device_plugins_test.ts, I1 and I2
+ * tests/unit/guest_agent_support_test.ts, U11 tests/unit/migration_target_hotplug_test.ts, U12
+ * tests/unit/launcher_memlock_test.ts, I3 tests/integration/node_device_plugins_test.ts, I1 and I2
  * tests/integration/kubevirt_cr_config_test.ts (a running handler; the labeller), I4
  * tests/integration/node_apiserver_test.ts (the heartbeat hands on the node's labels), E1
  * tests/e2e/migration_qemu_test.ts (pod-less bandwidth), N1 tests/node/image_volume_node_test.ts
@@ -147,6 +149,8 @@ export interface KubevirtConfig {
   mediatedDevicesConfiguration: Record<string, unknown> | undefined;
   /** The memory each network binding plugin's sidecar asks for, by plugin name. */
   bindingMemoryOverheads: Readonly<Record<string, string>>;
+  /** `additionalGuestMemoryOverheadRatio`: scales the launcher's memory overhead. */
+  additionalGuestMemoryOverheadRatio: string | undefined;
 }
 
 /** KubeVirt v1.7.0's configuration when no CR says otherwise. */
@@ -173,6 +177,7 @@ export const KUBEVIRT_DEFAULTS: Readonly<KubevirtConfig> = Object.freeze({
   permittedHostDevices: undefined,
   mediatedDevicesConfiguration: undefined,
   bindingMemoryOverheads: {},
+  additionalGuestMemoryOverheadRatio: undefined,
 });
 
 /** The KubeVirt CR's annotation that gives EFI guests VGA instead of Bochs. */
@@ -324,6 +329,13 @@ export const KUBEVIRT_KEYS: readonly KubevirtKey[] = Object.freeze([
     kubevirtDefault: "none",
     virtnode: "KubeVirt mode: a migration target's memory hot-plug counts it",
     tests: "U11",
+  },
+  {
+    key: "additionalGuestMemoryOverheadRatio",
+    kubevirtDefault: "none",
+    virtnode:
+      "KubeVirt mode: the locked-memory limits of a VFIO, realtime or SEV VMI's virtqemud and QEMU",
+    tests: "U12",
   },
 ]);
 
@@ -498,6 +510,10 @@ export function parseKubevirtConfiguration(
     permittedHostDevices: object(c.permittedHostDevices),
     mediatedDevicesConfiguration: object(c.mediatedDevicesConfiguration),
     bindingMemoryOverheads: bindingMemory,
+    additionalGuestMemoryOverheadRatio: typeof c.additionalGuestMemoryOverheadRatio === "string" &&
+        c.additionalGuestMemoryOverheadRatio !== ""
+      ? c.additionalGuestMemoryOverheadRatio
+      : undefined,
   };
 }
 

@@ -55,6 +55,14 @@ export interface DomainInterface {
   alias?: DomainAlias;
 }
 
+/** A host device of the domain spec (a PCI device passed through, an SR-IOV VF among them). */
+export interface DomainHostDevice {
+  /** The device type, e.g. `pci`. */
+  type: string;
+  /** The device alias (KubeVirt's launcher names an SR-IOV interface's `sriov-<name>`). */
+  alias?: DomainAlias;
+}
+
 /** A disk of the domain spec. */
 export interface DomainDisk {
   /** What the guest sees, e.g. `disk` or `cdrom`. */
@@ -147,7 +155,12 @@ export interface DomainSpecSummary {
   /** The guest's memory now (lower than `memory` while the balloon is inflated). */
   currentMemory?: DomainMemory;
   /** The network interfaces, disks and channels. */
-  devices: { interfaces: DomainInterface[]; disks: DomainDisk[]; channels: DomainChannel[] };
+  devices: {
+    interfaces: DomainInterface[];
+    disks: DomainDisk[];
+    channels: DomainChannel[];
+    hostDevices?: DomainHostDevice[];
+  };
 }
 
 /** A domain's status: lifecycle, reason, and what the guest agent reported. */
@@ -332,6 +345,9 @@ export function domainToWire(domain: Domain): Json {
             Target: compact({ Bus: disk.target.bus, Device: disk.target.dev }),
             Alias: aliasToWire(disk.alias),
           })
+        ),
+        HostDevices: domain.spec.devices.hostDevices?.map((device) =>
+          compact({ Type: device.type, Alias: aliasToWire(device.alias) })
         ),
         Channels: domain.spec.devices.channels.map((channel) =>
           compact({
@@ -579,6 +595,16 @@ export function domainFromWire(raw: unknown): Domain {
             }),
             alias: aliasFromWire(disk.Alias, `${path}.Alias`),
           });
+        }),
+        ...(devices.HostDevices === undefined || devices.HostDevices === null ? {} : {
+          hostDevices: array(devices.HostDevices, "Spec.Devices.HostDevices").map((value, i) => {
+            const path = `Spec.Devices.HostDevices[${i}]`;
+            const device = object(value, path);
+            return compact({
+              type: optString(device.Type, `${path}.Type`) ?? "",
+              alias: aliasFromWire(device.Alias, `${path}.Alias`),
+            });
+          }),
         }),
         channels: array(devices.Channels, "Spec.Devices.Channels").map((value, i) =>
           channelFromWire(value, `Spec.Devices.Channels[${i}]`)

@@ -451,6 +451,9 @@ export class Handler implements Runnable {
         mountRecordDir: join(config.runDir, "container-disk-mounts"),
         hotplugRecordDir: join(config.runDir, "hotplug-volume-mounts"),
         emulation: options.kubevirtCr ? () => options.kubevirtCr!.config().useEmulation : undefined,
+        memoryOverheadRatio: options.kubevirtCr
+          ? () => options.kubevirtCr!.config().additionalGuestMemoryOverheadRatio
+          : undefined,
         imageVolume: options.kubevirtCr
           ? () => featureGateEnabled(options.kubevirtCr!.config(), "ImageVolume")
           : undefined,

@@ -127,6 +127,13 @@ export interface LauncherHousekeeping {
    * housekeeping does (mod/cpus); none: the launcher does it (virtnode's, pod-less).
    */
   placeThreads?(vmi: VirtualMachineInstance): Promise<void>;
+  /**
+   * KubeVirt mode: on a migration target, once the domain arrived, QEMU gets the
+   * locked-memory limit for the most memory a VMI that pins its memory (VFIO, realtime,
+   * SEV) may grow to, as virt-handler sets it; undefined when the VMI pins none. Throws when
+   * QEMU cannot be found. None: virtnode's launcher needs no limit from the node.
+   */
+  lockQemuMemory?(vmi: VirtualMachineInstance): Promise<{ pid: number; bytes: number } | undefined>;
 }
 
 /** Where a VMI's pod network lives on this node. */

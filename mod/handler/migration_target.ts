@@ -378,6 +378,24 @@ export class MigrationTargetController extends KeyedController {
       log.info("The target node received the migrated domain", { uid: vmi.metadata.uid });
       state.targetNodeDomainDetected = true;
       if (state.targetState) state.targetState.domainDetected = true;
+      // So that a device can be plugged into the migrated guest later; a failure is told,
+      // not fatal, as in virt-handler (whose Event has the error as its reason).
+      try {
+        const set = await this.#d.provider.lockQemuMemory?.(vmi);
+        if (set) {
+          log.info("Locked-memory limit set for the target's QEMU", {
+            uid: vmi.metadata.uid,
+            ...set,
+          });
+        }
+      } catch (error) {
+        this.record(
+          vmi,
+          "Warning",
+          (error as Error).message,
+          "Failed to update target node qemu memory limits during live migration",
+        );
+      }
     }
     if (domainActiveOnTarget(domain)) {
       await this.#moveTaps(vmi);

@@ -246,7 +246,12 @@ export interface InterfaceSources {
   primary?: string;
   /** The names of the VMI's interfaces in its spec (Multus-reported ones outside it are not kept). */
   specNames?: readonly string[];
+  /** The MACs the spec gives its interfaces, by name (an SR-IOV interface's status has it). */
+  specMacs?: ReadonlyMap<string, string>;
 }
+
+/** The alias prefix of an SR-IOV interface's host device in KubeVirt's domain. */
+export const SRIOV_ALIAS_PREFIX = "sriov-";
 
 function familyOfAddress(address: string): 4 | 6 {
   return address.includes(":") ? 6 : 4;
@@ -276,16 +281,10 @@ export function interfacesFromDomain(
   sources: InterfaceSources = {},
 ): VmiNetworkInterface[] {
   const guest = domain.status.interfaces ?? [];
-  const out = domain.spec.devices.interfaces.map((iface) => {
-    const name = stripAlias(iface.alias?.name);
-    const entry: VmiNetworkInterface = { name, mac: iface.mac };
-    const pod = name !== undefined ? sources.podAddresses?.get(name) : undefined;
-    if (pod?.podIP) {
-      entry.ipAddress = pod.podIP;
-      entry.ipAddresses = [...pod.podIPs];
-    }
+  // The guest agent's view of the interface with the entry's MAC, where it reports one.
+  const fromAgent = (entry: VmiNetworkInterface) => {
     const g = guest.find((x) =>
-      x.mac && iface.mac && x.mac.toLowerCase() === iface.mac.toLowerCase()
+      x.mac && entry.mac && x.mac.toLowerCase() === entry.mac.toLowerCase()
     );
     if (g) {
       const agentIps = g.ips?.length ? g.ips : g.ip ? [g.ip] : [];
@@ -300,6 +299,16 @@ export function interfacesFromDomain(
     } else {
       entry.infoSource = "domain";
     }
+  };
+  const out = domain.spec.devices.interfaces.map((iface) => {
+    const name = stripAlias(iface.alias?.name);
+    const entry: VmiNetworkInterface = { name, mac: iface.mac };
+    const pod = name !== undefined ? sources.podAddresses?.get(name) : undefined;
+    if (pod?.podIP) {
+      entry.ipAddress = pod.podIP;
+      entry.ipAddresses = [...pod.podIPs];
+    }
+    fromAgent(entry);
     // Neither multiqueue nor a link state is converted: one queue, link up.
     entry.queueCount = 1;
     entry.linkState = "up";
@@ -313,6 +322,20 @@ export function interfacesFromDomain(
     if (podInterfaceName) entry.podInterfaceName = podInterfaceName;
     return { entry, primary };
   });
+  // SR-IOV interfaces are host devices of the domain, aliased `sriov-<name>` by KubeVirt's
+  // launcher: the name, and the MAC the spec gives (the VF's own is not in the domain).
+  for (const device of domain.spec.devices.hostDevices ?? []) {
+    const alias = stripAlias(device.alias?.name);
+    if (!alias?.startsWith(SRIOV_ALIAS_PREFIX)) continue;
+    const name = alias.slice(SRIOV_ALIAS_PREFIX.length);
+    const entry: VmiNetworkInterface = { name };
+    const mac = sources.specMacs?.get(name);
+    if (mac) entry.mac = mac;
+    fromAgent(entry);
+    const podInterfaceName = sources.previous?.find((p) => p.name === name)?.podInterfaceName;
+    if (podInterfaceName) entry.podInterfaceName = podInterfaceName;
+    out.push({ entry, primary: false });
+  }
   const ordered = [...out.filter((o) => o.primary), ...out.filter((o) => !o.primary)]
     .map((o) => o.entry);
   for (const reported of sources.previous ?? []) {
@@ -751,6 +774,11 @@ export function computeStatus(vmi: VirtualMachineInstance, input: StatusInput): 
         ? { primary: vmi.spec.networks.find((n) => n.pod !== undefined && n.pod !== null)?.name }
         : {}),
       specNames: (vmi.spec.domain.devices.interfaces ?? []).map((i) => i.name),
+      specMacs: new Map(
+        (vmi.spec.domain.devices.interfaces ?? []).flatMap((i) =>
+          i.macAddress ? [[i.name, i.macAddress] as const] : []
+        ),
+      ),
     });
     if (interfaces.length > 0) status.interfaces = interfaces;
     const volumes = volumeStatusFromDomain(vmi, domain, {

@@ -101,13 +101,18 @@ const SUPPORTED = "virtnode connects guests with the bridge binding (pod and sec
   "networks) or masquerade (the pod network) only";
 /** Why each binding virtnode does not build is refused. */
 const UNSUPPORTED_BINDINGS: Record<string, string> = {
-  sriov: "SR-IOV needs a virtual function passed through with its device plugin; " + SUPPORTED,
   passt: "the passt binding was discontinued in KubeVirt v1.3; " + SUPPORTED,
   passtBinding: "the passt binding needs its binding plugin; " + SUPPORTED,
   macvtap: "macvtap needs Multus and its device plugin; " + SUPPORTED,
   binding: "network binding plugins are not supported; " + SUPPORTED,
 };
-const BINDING_KEYS = ["bridge", "masquerade", "slirp", ...Object.keys(UNSUPPORTED_BINDINGS)];
+const BINDING_KEYS = [
+  "bridge",
+  "masquerade",
+  "slirp",
+  "sriov",
+  ...Object.keys(UNSUPPORTED_BINDINGS),
+];
 
 /**
  * KubeVirt's name of a secondary network's interface in the pod: `pod` and the first 11 hex
@@ -249,6 +254,19 @@ export function podNetworkPlan(vmi: VirtualMachineInstance): PodInterfacePlan[] 
     const binding = bindingOf(key, iface, path);
     if (binding === "slirp") return;
     const secondary = network.multus !== undefined && network.multus !== null;
+    if (binding === "sriov") {
+      // The SR-IOV device plugin gives the pod a virtual function and KubeVirt's launcher
+      // passes it through (KubeVirt mode): nothing of the pod's network is built for it.
+      if (!secondary) {
+        throw new NetworkSpecError(
+          key,
+          `${path}.sriov`,
+          "SR-IOV needs a virtual function from a secondary (Multus) network's device plugin, " +
+            "not the pod network",
+        );
+      }
+      return;
+    }
     if (binding === undefined) {
       throw new NetworkSpecError(
         key,

@@ -60,6 +60,19 @@ const KUBEVIRT_DOMAIN_JSON = JSON.stringify({
         Target: { Bus: "virtio", Device: "vda" },
         Alias: { Name: "rootdisk", UserDefined: true },
       }],
+      HostDevices: [{
+        XMLName: { Space: "", Local: "" },
+        Source: {
+          Address: { Type: "", Domain: "0x0000", Bus: "0x65", Slot: "0x00", Function: "0x1" },
+        },
+        Type: "pci",
+        BootOrder: null,
+        Managed: "no",
+        Mode: "",
+        Model: "",
+        Address: null,
+        Alias: { Name: "sriov-fast", UserDefined: true },
+      }],
       Channels: [{
         Type: "unix",
         Source: null,
@@ -112,6 +125,11 @@ Deno.test("decodeDomainJson() reads the JSON KubeVirt's launcher sends", () => {
     model: "virtio",
     alias: { name: "default", userDefined: true },
   });
+  // An SR-IOV interface's VF, as KubeVirt's launcher passes it through.
+  assert.deepEqual(domain.spec.devices.hostDevices, [{
+    type: "pci",
+    alias: { name: "sriov-fast", userDefined: true },
+  }]);
   assert.equal(domain.spec.devices.disks[0].target.dev, "vda");
   assert.deepEqual(domain.spec.os, { machine: "pc-q35-rhel9.6.0" });
   assert.deepEqual(domain.spec.memory, { value: 134217728, unit: "b" });
@@ -149,8 +167,16 @@ Deno.test("encodeDomainJson() writes KubeVirt's field names and decodes back to 
     { type: "pty", target: { type: "virtio" } },
     { type: "unix" },
   ];
+  domain.spec.devices.hostDevices = [
+    { type: "pci", alias: { name: "sriov-red", userDefined: true } },
+    { type: "pci" },
+  ];
   const text = encodeDomainJson(domain);
   const wire = JSON.parse(text);
+  assert.deepEqual(wire.Spec.Devices.HostDevices[0], {
+    Type: "pci",
+    Alias: { Name: "sriov-red", UserDefined: true },
+  });
   assert.equal(wire.kind, "Domain");
   assert.equal(wire.ObjectMeta.name, "vm2");
   assert.equal(wire.Spec.Name, "ns1_vm2");

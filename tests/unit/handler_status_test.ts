@@ -422,6 +422,69 @@ Deno.test("computeStatus() keeps multus-status in infoSource of the secondary ne
   );
 });
 
+Deno.test("computeStatus() reports an SR-IOV interface from the domain's host device, as virt-handler", () => {
+  // KubeVirt's launcher passes the VF through as a host device aliased ua-sriov-<name>: the
+  // status has the name, the spec's MAC, the agent's addresses for that MAC and Multus' tag.
+  const i = input(LifeCycle.Running, StateChangeReason.Unknown, {
+    podAddresses: new Map([["default", { podIP: "10.244.1.5", podIPs: ["10.244.1.5"] }]]),
+  });
+  i.domain!.spec.devices.interfaces = [
+    { type: "ethernet", mac: "0a:58:0a:f4:01:05", alias: { name: "default", userDefined: true } },
+  ];
+  i.domain!.spec.devices.hostDevices = [
+    { type: "pci", alias: { name: "sriov-fast", userDefined: true } },
+    { type: "pci", alias: { name: "sriov-slow", userDefined: true } },
+    { type: "pci", alias: { name: "hostdevice-gpu0", userDefined: true } },
+    { type: "pci" },
+  ];
+  i.domain!.status.interfaces = [
+    { mac: "02:00:00:00:00:f1", ip: "192.0.2.10", ips: ["192.0.2.10"], interfaceName: "eth1" },
+  ];
+  const base = vmi("Running");
+  const v = {
+    ...base,
+    spec: {
+      ...base.spec,
+      domain: {
+        ...base.spec.domain,
+        devices: {
+          interfaces: [
+            { name: "default", masquerade: {} },
+            { name: "fast", sriov: {}, macAddress: "02:00:00:00:00:F1" },
+            { name: "slow", sriov: {} },
+          ],
+        },
+      },
+      networks: [
+        { name: "default", pod: {} },
+        { name: "fast", multus: { networkName: "sriov-a" } },
+        { name: "slow", multus: { networkName: "sriov-b" } },
+      ],
+    },
+    status: {
+      phase: "Running",
+      interfaces: [
+        { name: "fast", podInterfaceName: "net1", infoSource: "multus-status" },
+        { name: "slow", podInterfaceName: "net2", infoSource: "multus-status" },
+      ],
+    },
+  } as VirtualMachineInstance;
+  const { status } = computeStatus(v, { ...i, standIn: undefined });
+  assert.deepEqual(status.interfaces!.slice(1), [
+    {
+      name: "fast",
+      mac: "02:00:00:00:00:F1",
+      ipAddress: "192.0.2.10",
+      ipAddresses: ["192.0.2.10"],
+      interfaceName: "eth1",
+      infoSource: "domain, guest-agent, multus-status",
+      podInterfaceName: "net1",
+    },
+    { name: "slow", infoSource: "domain, multus-status", podInterfaceName: "net2" },
+  ]);
+  assert.equal(status.interfaces![0].name, "default");
+});
+
 Deno.test("computeStatus() fills each volume's target into virt-controller's volumeStatus", () => {
   // The claim info and hotplug phase virt-controller wrote are kept.
   const claim = {

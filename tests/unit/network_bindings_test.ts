@@ -83,6 +83,20 @@ Deno.test("podNetworkPlan() names what KubeVirt names: k6t-eth0, tap0, eth0-nic;
   assert.deepEqual(podNetworkPlan(vmi({ slirp: {} })), [], "slirp needs no pod network");
 });
 
+Deno.test("podNetworkPlan() builds nothing for SR-IOV on a secondary network; the pod network refuses it", () => {
+  // The VF comes from the SR-IOV device plugin and KubeVirt's launcher passes it through.
+  const v = vmi({ masquerade: {} });
+  v.spec.domain.devices.interfaces!.push({ name: "fast", sriov: {} });
+  v.spec.networks!.push({ name: "fast", multus: { networkName: "sriov-net" } });
+  assert.deepEqual(podNetworkPlan(v).map((p) => p.name), ["default"]);
+  assert.throws(
+    () => podNetworkPlan(vmi({ sriov: {} })),
+    (e: Error) =>
+      e instanceof NetworkSpecError && e.path === "spec.domain.devices.interfaces[0].sriov" &&
+      /secondary \(Multus\) network/.test(e.message),
+  );
+});
+
 Deno.test("podNetworkPlan() refuses what the node cannot serve, naming the field", () => {
   const cases: [VirtualMachineInstance, string, RegExp][] = [
     [vmi({ sriov: {} }), "spec.domain.devices.interfaces[0].sriov", /SR-IOV/],

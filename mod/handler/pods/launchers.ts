@@ -44,6 +44,13 @@ import type { NotifyHandlers } from "../notify_server.ts";
 import { ContainerDiskMounts } from "./container_disk_mounts.ts";
 import { HotplugMounts } from "./hotplug_mounts.ts";
 import { claimLauncherDevices } from "./device_ownership.ts";
+import {
+  adjustQemuMemlock,
+  adjustVirtqemudMemlock,
+  type MemlockOptions,
+  type MemlockSet,
+  needsLockedMemory,
+} from "./memlock.ts";
 import type { GhostRecordStore } from "../ghost_records.ts";
 import type { DialResolver } from "../launcher_clients.ts";
 import {
@@ -96,6 +103,12 @@ export interface PodLaunchersOptions {
   emulation?: () => boolean;
   /** KubeVirt's `ImageVolume` gate, read at each use: containerDisks come as image volumes. */
   imageVolume?: () => boolean;
+  /** The CR's `additionalGuestMemoryOverheadRatio`, read at each use (see memlock.ts). */
+  memoryOverheadRatio?: () => string | undefined;
+  /** Where the host's process table is (default `/proc`; tests give a fixture). */
+  procRoot?: string;
+  /** Sets a process's locked-memory limit (default `prlimit(2)`; tests record it). */
+  setMemlockLimit?: (pid: number, bytes: number) => void;
 }
 
 /** Launchers as the pods virt-controller creates. */
@@ -111,6 +124,8 @@ export class PodLaunchers implements LauncherProvider {
   readonly #pipes: NotifyPipes;
   /** The launcher socket whose devices were handed to the runtime user, per VMI. */
   readonly #claimed = new Map<string, string>();
+  /** The launcher socket whose virtqemud got its locked-memory limit, per VMI. */
+  readonly #memlocked = new Map<string, string>();
   /** Each dedicated-CPU VMI's QEMU, found once (mod/cpus). */
   readonly #qemus = new QemuLocator();
   readonly #disks: ContainerDiskMounts;
@@ -203,6 +218,23 @@ export class PodLaunchers implements LauncherProvider {
       });
       this.#claimed.set(uid, socket);
       log.debug("Launcher devices handed to the runtime user", { uid, pid, runtimeUser, devices });
+    }
+    if (needsLockedMemory(vmi) && this.#memlocked.get(uid) !== socket) {
+      // Before the domain is defined: virtqemud hands its limit to the QEMU it starts. A
+      // failure is the sync's (it retries), as virt-handler's "failed to adjust resources".
+      const pid = await this.#pipes.launcherPid(socket);
+      let set;
+      try {
+        set = await adjustVirtqemudMemlock(vmi, pid, this.#memlockOptions());
+      } catch (error) {
+        throw new Error(`failed to adjust resources: ${(error as Error).message}`, {
+          cause: error,
+        });
+      }
+      if (set) {
+        this.#memlocked.set(uid, socket);
+        log.info("Locked-memory limit set for the launcher's virtqemud", { uid, ...set });
+      }
     }
     if (!this.#pipes.has(uid, socket)) {
       try {
@@ -382,6 +414,30 @@ export class PodLaunchers implements LauncherProvider {
    * `SCHED_FIFO` 1, every other thread the emulator's CPUs (`isolateEmulatorThread`), the KVM
    * PIT thread vCPU 0's CPUs. Only QEMU processes in the launcher's PID namespace count.
    */
+  #memlockOptions(): MemlockOptions {
+    return {
+      ratio: this.#o.memoryOverheadRatio?.(),
+      procRoot: this.#o.procRoot,
+      setLimit: this.#o.setMemlockLimit,
+    };
+  }
+
+  /**
+   * A migration target's QEMU, once the domain arrived, gets the locked-memory limit for the
+   * most memory its guest may grow to, so a device can be plugged into it later (see
+   * memlock.ts); undefined when the VMI pins no memory. Throws when QEMU cannot be found.
+   */
+  async lockQemuMemory(vmi: VirtualMachineInstance): Promise<MemlockSet | undefined> {
+    if (!needsLockedMemory(vmi)) return undefined;
+    const socket = await this.socketOf(vmi);
+    if (!socket) throw new Error("the VMI has no launcher on this node yet");
+    return await adjustQemuMemlock(
+      vmi,
+      await this.#pipes.launcherPid(socket),
+      this.#memlockOptions(),
+    );
+  }
+
   async placeThreads(vmi: VirtualMachineInstance): Promise<void> {
     const cpu = vmi.spec.domain.cpu;
     if (cpu?.dedicatedCpuPlacement !== true) return;
@@ -525,6 +581,7 @@ export class PodLaunchers implements LauncherProvider {
   /** Closes the pod's notify pipe; the pod ends with the VMI, by virt-controller and the kubelet. */
   async stop(vmi: VirtualMachineInstance): Promise<void> {
     this.#claimed.delete(vmi.metadata.uid!);
+    this.#memlocked.delete(vmi.metadata.uid!);
     this.#qemus.forget(vmi.metadata.uid!);
     // What stands in for an unreadable mount record: the sockets of the spec's containerDisks.
     const socket = this.#o.ghosts.get(vmi.metadata.uid!)?.socketFile;
