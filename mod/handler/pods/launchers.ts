@@ -48,7 +48,6 @@ import {
   adjustQemuMemlock,
   adjustVirtqemudMemlock,
   type MemlockOptions,
-  type MemlockSet,
   needsLockedMemory,
 } from "./memlock.ts";
 import type { GhostRecordStore } from "../ghost_records.ts";
@@ -408,12 +407,6 @@ export class PodLaunchers implements LauncherProvider {
     return socket ? `/proc/${await this.#pipes.launcherPid(socket)}/root` : undefined;
   }
 
-  /**
-   * virt-handler's housekeeping beside KubeVirt's launcher, which pins the vCPUs and the
-   * emulator thread and sets no scheduling policy: the realtime mask's vCPU threads get
-   * `SCHED_FIFO` 1, every other thread the emulator's CPUs (`isolateEmulatorThread`), the KVM
-   * PIT thread vCPU 0's CPUs. Only QEMU processes in the launcher's PID namespace count.
-   */
   #memlockOptions(): MemlockOptions {
     return {
       ratio: this.#o.memoryOverheadRatio?.(),
@@ -427,7 +420,9 @@ export class PodLaunchers implements LauncherProvider {
    * most memory its guest may grow to, so a device can be plugged into it later (see
    * memlock.ts); undefined when the VMI pins no memory. Throws when QEMU cannot be found.
    */
-  async lockQemuMemory(vmi: VirtualMachineInstance): Promise<MemlockSet | undefined> {
+  async lockQemuMemory(
+    vmi: VirtualMachineInstance,
+  ): Promise<{ pid: number; command: string; bytes: number } | undefined> {
     if (!needsLockedMemory(vmi)) return undefined;
     const socket = await this.socketOf(vmi);
     if (!socket) throw new Error("the VMI has no launcher on this node yet");
@@ -438,6 +433,12 @@ export class PodLaunchers implements LauncherProvider {
     );
   }
 
+  /**
+   * virt-handler's housekeeping beside KubeVirt's launcher, which pins the vCPUs and the
+   * emulator thread and sets no scheduling policy: the realtime mask's vCPU threads get
+   * `SCHED_FIFO` 1, every other thread the emulator's CPUs (`isolateEmulatorThread`), the KVM
+   * PIT thread vCPU 0's CPUs. Only QEMU processes in the launcher's PID namespace count.
+   */
   async placeThreads(vmi: VirtualMachineInstance): Promise<void> {
     const cpu = vmi.spec.domain.cpu;
     if (cpu?.dedicatedCpuPlacement !== true) return;
