@@ -6,15 +6,16 @@
  */
 import assert from "node:assert/strict";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
-import { GhostRecordStore, PodLaunchers } from "../../mod/handler/testing.ts";
 import {
   adjustQemuMemlock,
   adjustVirtqemudMemlock,
+  GhostRecordStore,
   needsLockedMemory,
   parseProcStat,
+  PodLaunchers,
   qemuMemlockBytes,
   virtqemudMemlockBytes,
-} from "../../mod/handler/pods/memlock.ts";
+} from "../../mod/handler/testing.ts";
 import { setMemlockLimit } from "../../ffi/mod.ts";
 
 function vmi(extra: Record<string, unknown> = {}): VirtualMachineInstance {
