@@ -274,7 +274,8 @@ function addInfoSource(infoSource: string | undefined, tag: string): string {
  * addresses where it reports the interface (its addresses only for a family the pod gave
  * none), the pod network's interface first, and `multus-status` kept in `infoSource` of
  * each interface virt-controller found in the pod's network-status (an interface of the
- * spec that the domain does not have yet keeps an entry of that tag alone).
+ * spec that the domain does not have yet keeps an entry of that tag alone). An interface the
+ * agent reports with a MAC no entry has is added with `infoSource: guest-agent` and no name.
  */
 export function interfacesFromDomain(
   domain: Domain,
@@ -338,6 +339,20 @@ export function interfacesFromDomain(
   }
   const ordered = [...out.filter((o) => o.primary), ...out.filter((o) => !o.primary)]
     .map((o) => o.entry);
+  // An interface the guest agent reports that no entry has the MAC of (one the guest made
+  // itself, a VLAN, a bond) gets an entry of the agent's alone, as virt-handler adds it.
+  for (const g of guest) {
+    const mac = g.mac?.toLowerCase();
+    if (mac && ordered.some((e) => e.mac?.toLowerCase() === mac)) continue;
+    const ips = g.ips?.length ? g.ips : g.ip ? [g.ip] : [];
+    const entry: VmiNetworkInterface = {};
+    if (g.mac) entry.mac = g.mac;
+    if (g.ip ?? ips[0]) entry.ipAddress = g.ip ?? ips[0];
+    if (ips.length > 0) entry.ipAddresses = [...ips];
+    if (g.interfaceName) entry.interfaceName = g.interfaceName;
+    entry.infoSource = "guest-agent";
+    ordered.push(entry);
+  }
   for (const reported of sources.previous ?? []) {
     if (!reported.name || !reported.infoSource?.split(", ").includes(INFO_SOURCE_MULTUS)) continue;
     const entry = ordered.find((e) => e.name === reported.name);

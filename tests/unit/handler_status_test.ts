@@ -485,6 +485,40 @@ Deno.test("computeStatus() reports an SR-IOV interface from the domain's host de
   assert.equal(status.interfaces![0].name, "default");
 });
 
+Deno.test("computeStatus() adds an interface only the guest agent reports, named by nothing, as virt-handler", () => {
+  const i = input(LifeCycle.Running, StateChangeReason.Unknown, {
+    podAddresses: new Map([["default", { podIP: "10.244.1.5", podIPs: ["10.244.1.5"] }]]),
+  });
+  i.domain!.spec.devices.interfaces = [
+    { type: "ethernet", mac: "0a:58:0a:f4:01:05", alias: { name: "default", userDefined: true } },
+  ];
+  i.domain!.status.interfaces = [
+    { mac: "0A:58:0A:F4:01:05", ip: "10.0.2.2", ips: ["10.0.2.2"], interfaceName: "eth0" },
+    // A VLAN the guest made on eth0 (another MAC), and a bridge of its own.
+    {
+      mac: "0a:58:0a:f4:01:06",
+      ip: "192.0.2.7",
+      ips: ["192.0.2.7", "fe80::1"],
+      interfaceName: "eth0.7",
+    },
+    { mac: "02:42:ac:11:00:01", interfaceName: "docker0" },
+  ];
+  const v = vmi("Running");
+  v.spec.domain.devices.interfaces = [{ name: "default", masquerade: {} }];
+  v.spec.networks = [{ name: "default", pod: {} }];
+  const { status } = computeStatus(v, { ...i, standIn: undefined });
+  assert.deepEqual(
+    status.interfaces!.map((x) => [x.name, x.interfaceName, x.infoSource, x.ipAddress]),
+    [
+      ["default", "eth0", "domain, guest-agent", "10.244.1.5"],
+      [undefined, "eth0.7", "guest-agent", "192.0.2.7"],
+      [undefined, "docker0", "guest-agent", undefined],
+    ],
+  );
+  assert.deepEqual(status.interfaces![1].ipAddresses, ["192.0.2.7", "fe80::1"]);
+  assert.equal(status.interfaces![1].mac, "0a:58:0a:f4:01:06");
+});
+
 Deno.test("computeStatus() fills each volume's target into virt-controller's volumeStatus", () => {
   // The claim info and hotplug phase virt-controller wrote are kept.
   const claim = {
