@@ -60,6 +60,7 @@ import type {
 import { type HostCpuSource, usesHostModel } from "./migratable.ts";
 import { podNetworkPlan, type PodNetworks, type PodNetworkTarget } from "../network/mod.ts";
 import { FailRetryManager } from "./retry_manager.ts";
+import { SriovHotplugs } from "./sriov_hotplug.ts";
 import { launcherSelinuxContext, selinuxEnabled } from "../host/mod.ts";
 import {
   computeStatus,
@@ -146,6 +147,8 @@ export interface ControllerDeps {
   hostCpu?: HostCpuSource;
   /** {@linkcode HOST_CPU_WAIT_MS} unless told (tests). */
   hostCpuWaitMs?: number;
+  /** The clock of the SR-IOV plugs' backoff (tests give their own). */
+  sriovClock?: () => number;
   /**
    * Whether another controller handles the key's VMI on this node (a migration's target
    * here: the VMI is another node's until the migration ends).
@@ -210,6 +213,8 @@ export class VmiController extends KeyedController {
   /** What pod-less mode plugged into each running guest in place, by VMI UID. */
   readonly #plugged = new Map<string, Hotplugged>();
   readonly #ioRetry = new FailRetryManager();
+  /** The SR-IOV plugs of running VMIs, each with virt-handler's backoff (KubeVirt mode). */
+  readonly #sriov: SriovHotplugs;
   /** VMIs whose domain left this node by migration and was cleaned up here, by key. */
   readonly #migratedAway = new Map<string, string>();
 
@@ -236,6 +241,7 @@ export class VmiController extends KeyedController {
     });
     this.syncs = syncs;
     this.#d = deps;
+    this.#sriov = new SriovHotplugs(deps.sriovClock);
     deps.informer.addHandlers({
       onAdd: (vmi) => this.#vmiEvent(vmi),
       onUpdate: (_old, vmi) => this.#vmiEvent(vmi),
@@ -844,6 +850,7 @@ export class VmiController extends KeyedController {
       }
     }
     if (alive && this.#d.standIn) await this.#hotplugInPlace(vmi, client);
+    if (alive && !this.#d.standIn) await this.#hotplugSriov(vmi, client);
     if (alive && this.#synced.get(uid) === spec) {
       // virt-handler's housekeeping runs after every sync, the spec's unchanged ones too.
       await this.#d.provider.placeThreads?.(vmi);
@@ -859,6 +866,31 @@ export class VmiController extends KeyedController {
     }
     this.#synced.set(uid, spec);
     return DONE;
+  }
+
+  /**
+   * KubeVirt mode: SR-IOV interfaces Multus put into the running VMI's pod (a migration
+   * target's) that its domain lacks are plugged, as virt-handler does (sriov_hotplug.ts):
+   * QEMU's locked-memory limit first (a failure is a Warning Event whose reason is the
+   * error, as there), then the launcher's `HotplugHostDevices`.
+   */
+  async #hotplugSriov(vmi: VirtualMachineInstance, client: LauncherClient): Promise<void> {
+    const prefix = "failed to hot-plug SR-IOV interfaces";
+    await this.#sriov.sync(vmi, async () => {
+      try {
+        await this.#d.provider.lockQemuMemory?.(vmi);
+      } catch (error) {
+        const text = describe(error);
+        this.record(vmi, "Warning", text, text);
+        throw new Error(`${prefix}: ${text}`, { cause: error });
+      }
+      try {
+        await client.hotplugHostDevices(vmi);
+      } catch (error) {
+        throw new Error(`${prefix}: ${describe(error)}`, { cause: error });
+      }
+      log.info("SR-IOV interfaces plugged", { key: vmiKey(vmi.metadata), uid: vmi.metadata.uid });
+    });
   }
 
   /**
@@ -989,6 +1021,7 @@ export class VmiController extends KeyedController {
     this.#synced.delete(uid);
     this.#plugged.delete(uid);
     this.#ioRetry.forget(uid);
+    this.#sriov.forget(uid);
     this.#deleted.delete(key);
     for (const [k, d] of this.#domains) if (domainUid(d) === uid) this.#domains.delete(k);
     if (!this.#d.informer.get(key)) this.#d.expectations.delete(key);

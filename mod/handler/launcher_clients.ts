@@ -361,6 +361,10 @@ export class LauncherClient {
   syncVirtualMachineMemory(vmi: VirtualMachineInstance): Promise<void> {
     return this.#vmiCall("SyncVirtualMachineMemory", vmi, LAUNCHER_TIMEOUTS.short);
   }
+  /** Plugs the host devices the launcher's pod has that the domain lacks (SR-IOV VFs). */
+  hotplugHostDevices(vmi: VirtualMachineInstance): Promise<void> {
+    return this.#vmiCall("HotplugHostDevices", vmi, LAUNCHER_TIMEOUTS.short);
+  }
   /** Resumes a paused domain. */
   unpauseVirtualMachine(vmi: VirtualMachineInstance): Promise<void> {
     return this.#vmiCall("UnpauseVirtualMachine", vmi, LAUNCHER_TIMEOUTS.short);
