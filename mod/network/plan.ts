@@ -106,6 +106,8 @@ const UNSUPPORTED_BINDINGS: Record<string, string> = {
   macvtap: "macvtap needs Multus and its device plugin; " + SUPPORTED,
   binding: "network binding plugins are not supported; " + SUPPORTED,
 };
+/** The states an interface may ask for (KubeVirt's; `up` and `down` are link states). */
+const INTERFACE_STATES = ["absent", "up", "down"];
 const BINDING_KEYS = [
   "bridge",
   "masquerade",
@@ -193,7 +195,8 @@ function portsOf(key: string, iface: Interface, path: string): ForwardedPort[] {
 
 /**
  * The interfaces of `vmi` on the pod network with their bindings and names. Interfaces
- * with `slirp` (QEMU's user networking, which needs no pod network) are left out. Throws
+ * with `slirp` (QEMU's user networking, which needs no pod network), `sriov` (a VF KubeVirt's
+ * launcher passes through) or `state: absent` (unplugged) are left out. Throws
  * {@linkcode NetworkSpecError} for a spec the node cannot serve.
  */
 export function podNetworkPlan(vmi: VirtualMachineInstance): PodInterfacePlan[] {
@@ -275,6 +278,25 @@ export function podNetworkPlan(vmi: VirtualMachineInstance): PodInterfacePlan[] 
           ? "has no binding: give it bridge: {} on a secondary network"
           : "has no binding: give it bridge: {} or masquerade: {} on the pod network",
       );
+    }
+    const state = iface.state;
+    if (state !== undefined && state !== "" && !INTERFACE_STATES.includes(state)) {
+      throw new NetworkSpecError(
+        key,
+        `${path}.state`,
+        `${JSON.stringify(state)} is not an interface state (${INTERFACE_STATES.join(", ")})`,
+      );
+    }
+    if (state === "absent") {
+      // Unplugged (or to be): nothing of it is built, as KubeVirt builds nothing for it.
+      if (binding !== "bridge" || !secondary) {
+        throw new NetworkSpecError(
+          key,
+          `${path}.state`,
+          "only a bridge interface on a secondary (Multus) network can be absent, as in KubeVirt",
+        );
+      }
+      return;
     }
     if (secondary && binding !== "bridge") {
       throw new NetworkSpecError(

@@ -97,6 +97,25 @@ Deno.test("podNetworkPlan() builds nothing for SR-IOV on a secondary network; th
   );
 });
 
+Deno.test("podNetworkPlan() builds nothing for an absent secondary bridge; other absent or bad states are refused", () => {
+  const v = vmi({ masquerade: {} });
+  v.spec.domain.devices.interfaces!.push({ name: "red", bridge: {}, state: "absent" });
+  v.spec.domain.devices.interfaces!.push({ name: "blue", bridge: {}, state: "down" });
+  v.spec.networks!.push({ name: "red", multus: { networkName: "red" } });
+  v.spec.networks!.push({ name: "blue", multus: { networkName: "blue" } });
+  assert.deepEqual(podNetworkPlan(v).map((p) => p.name), ["default", "blue"]);
+  const refused = (spec: VirtualMachineInstance, pattern: RegExp) =>
+    assert.throws(
+      () => podNetworkPlan(spec),
+      (e: Error) =>
+        e instanceof NetworkSpecError && e.path === "spec.domain.devices.interfaces[0].state" &&
+        pattern.test(e.message),
+    );
+  refused(vmi({ bridge: {}, state: "absent" }), /only a bridge interface on a secondary/);
+  refused(vmi({ masquerade: {}, state: "absent" }), /only a bridge interface on a secondary/);
+  refused(vmi({ bridge: {}, state: "gone" }), /"gone" is not an interface state/);
+});
+
 Deno.test("podNetworkPlan() refuses what the node cannot serve, naming the field", () => {
   const cases: [VirtualMachineInstance, string, RegExp][] = [
     [vmi({ sriov: {} }), "spec.domain.devices.interfaces[0].sriov", /SR-IOV/],
