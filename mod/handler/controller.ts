@@ -61,6 +61,7 @@ import { type HostCpuSource, usesHostModel } from "./migratable.ts";
 import { podNetworkPlan, type PodNetworks, type PodNetworkTarget } from "../network/mod.ts";
 import { FailRetryManager } from "./retry_manager.ts";
 import { SriovHotplugs } from "./sriov_hotplug.ts";
+import { interfacesToPlug } from "./nic_hotplug.ts";
 import { launcherSelinuxContext, selinuxEnabled } from "../host/mod.ts";
 import {
   computeStatus,
@@ -770,6 +771,26 @@ export class VmiController extends KeyedController {
     return target;
   }
 
+  /**
+   * KubeVirt mode: the bindings of the interfaces to plug into the running VMI are built in
+   * its pod (those built already, as on a migration target, are left as they are). A failure
+   * is a Warning Event and the sync goes on, as in virt-handler.
+   */
+  async #plugNetworks(vmi: VirtualMachineInstance, names: string[]): Promise<void> {
+    try {
+      const target = await this.#d.provider.podNetwork(vmi);
+      if (!target) throw new Error("the VMI's launcher pod cannot be looked into yet");
+      await this.#d.networks.setup(vmi, target, new Set(names));
+    } catch (error) {
+      this.record(vmi, "Warning", "NicHotplug", describe(error));
+      log.warn("Cannot build the network of interfaces to plug: {error}", {
+        key: vmiKey(vmi.metadata),
+        interfaces: names,
+        error,
+      });
+    }
+  }
+
   /** Pod-less mode, once the domain runs: its taps join the pod's namespace. */
   async #afterStart(vmi: VirtualMachineInstance, target: PodNetworkTarget | undefined) {
     if (target?.hostTap) await this.#d.networks.afterStart(vmi, target);
@@ -790,7 +811,11 @@ export class VmiController extends KeyedController {
     let network: PodNetworkTarget | undefined;
     // Hotplugged volumes count as the spec does: a volume mounted into the launcher (its
     // phase then MountedToPod) is attached by the next sync.
-    const spec = JSON.stringify(vmi.spec) + hotplugPhases(vmi);
+    // KubeVirt mode: an interface Multus put into the pod that the domain lacks is plugged by
+    // a sync, as a spec change is (nic_hotplug.ts).
+    const toPlug = this.#d.standIn ? [] : interfacesToPlug(vmi);
+    const spec = JSON.stringify(vmi.spec) + hotplugPhases(vmi) +
+      (toPlug.length > 0 ? `\nplug ${toPlug.join(",")}` : "");
     if (alive) await this.#d.provider.hotplug(vmi);
     const forLauncher = this.#d.provider.forLauncher(vmi);
     if (!alive) {
@@ -832,7 +857,7 @@ export class VmiController extends KeyedController {
       if (podNetworkPlan(vmi).length > 0) {
         await this.#afterStart(vmi, await this.#d.provider.adoptedPodNetwork(vmi));
       }
-      if (!hotplugUnsettled(vmi)) return DONE;
+      if (!hotplugUnsettled(vmi) && toPlug.length === 0) return DONE;
       // A volume added or removed while no handler ran is not in the domain yet (or still
       // is): that one change is carried out now.
       this.#synced.set(uid, "");
@@ -848,6 +873,9 @@ export class VmiController extends KeyedController {
         );
         if (path) await client.virtualMachineMemoryDump(vmi, path);
       }
+    }
+    if (alive && toPlug.length > 0 && this.#synced.get(uid) !== spec) {
+      await this.#plugNetworks(vmi, toPlug);
     }
     if (alive && this.#d.standIn) await this.#hotplugInPlace(vmi, client);
     if (alive && !this.#d.standIn) await this.#hotplugSriov(vmi, client);

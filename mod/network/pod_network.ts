@@ -128,13 +128,19 @@ export class PodNetworks {
   }
 
   /**
-   * Builds the binding of every pod-network interface of `vmi` that is not finished yet.
+   * Builds the binding of every pod-network interface of `vmi` (of those named in `only`,
+   * when given) that is not finished yet.
    * Throws `NetworkSpecError` for a spec the node cannot serve, {@linkcode PodNetworkError}
    * for a step that failed (the next call goes on from the last marker).
    */
-  async setup(vmi: VirtualMachineInstance, target: PodNetworkTarget): Promise<void> {
+  async setup(
+    vmi: VirtualMachineInstance,
+    target: PodNetworkTarget,
+    only?: ReadonlySet<string>,
+  ): Promise<void> {
     const uid = vmi.metadata.uid!;
     for (const plan of podNetworkPlan(vmi)) {
+      if (only && !only.has(plan.name)) continue;
       const file = this.#file(uid, plan.name);
       const record = await readNetworkState(file);
       if (record.networkState === NetworkState.Finished) {

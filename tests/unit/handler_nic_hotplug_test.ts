@@ -1,0 +1,167 @@
+/**
+ * Bridge interfaces plugged into a running VMI in KubeVirt mode (mod/handler/nic_hotplug.ts):
+ * which interfaces are to plug, and the controller building their bindings in the pod and
+ * syncing the launcher, which attaches them (after the migration virt-controller starts).
+ */
+import assert from "node:assert/strict";
+import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
+import { LifeCycle, newDomain, StateChangeReason } from "../../mod/domain/mod.ts";
+import { type ControllerDeps, interfacesToPlug, VmiController } from "../../mod/handler/testing.ts";
+import { Expectations, WorkQueue } from "../../mod/kube/mod.ts";
+
+const UID = "5a3c0e1e-0000-4000-8000-0000000000b2";
+
+function vmi(
+  interfaces: { name: string; infoSource?: string }[],
+  redState?: string,
+): VirtualMachineInstance {
+  return {
+    apiVersion: "kubevirt.io/v1",
+    kind: "VirtualMachineInstance",
+    metadata: { namespace: "default", name: "vm1", uid: UID, resourceVersion: "1" },
+    spec: {
+      domain: {
+        devices: {
+          interfaces: [
+            { name: "default", masquerade: {} },
+            { name: "red", bridge: {}, ...(redState ? { state: redState } : {}) },
+          ],
+        },
+      },
+      networks: [{ name: "default", pod: {} }, { name: "red", multus: { networkName: "red" } }],
+    },
+    status: { phase: "Running", nodeName: "node1", interfaces },
+  } as VirtualMachineInstance;
+}
+
+Deno.test("interfacesToPlug(): in the pod (multus-status), not in the domain, not absent", () => {
+  assert.deepEqual(interfacesToPlug(vmi([{ name: "red", infoSource: "multus-status" }])), ["red"]);
+  assert.deepEqual(
+    interfacesToPlug(vmi([{ name: "red", infoSource: "domain, multus-status" }])),
+    [],
+  );
+  assert.deepEqual(interfacesToPlug(vmi([])), [], "Multus has not reported it yet");
+  assert.deepEqual(
+    interfacesToPlug(vmi([{ name: "red", infoSource: "multus-status" }], "absent")),
+    [],
+    "an absent one is unplugged, not plugged",
+  );
+  assert.deepEqual(
+    interfacesToPlug(vmi([{ name: "gone", infoSource: "multus-status" }])),
+    [],
+    "only the spec's interfaces",
+  );
+  const sriov = vmi([{ name: "red", infoSource: "multus-status" }]);
+  sriov.spec.domain.devices.interfaces![1] = { name: "red", sriov: {} };
+  assert.deepEqual(interfacesToPlug(sriov), [], "SR-IOV is plugged as host devices");
+});
+
+Deno.test("reconcile() of a running VMI builds the binding of an interface to plug, then syncs the launcher", async () => {
+  const calls: string[] = [];
+  const cache = new Map<string, VirtualMachineInstance>();
+  const client = {
+    syncVirtualMachine: (v: VirtualMachineInstance) => {
+      calls.push(`sync ${v.status?.interfaces?.map((i) => `${i.name}:${i.infoSource}`).join(" ")}`);
+      return Promise.resolve();
+    },
+  };
+  const target = { netns: "/proc/1/ns/net" };
+  let setupFails = false;
+  const events: string[] = [];
+  const queue = new WorkQueue<string>();
+  const deps = {
+    nodeName: "node1",
+    provider: {
+      notReadyRequeueMs: 1_000,
+      socketOf: () => Promise.resolve("/s"),
+      start: () => Promise.resolve({ socket: "/s" }),
+      prepareDisks: () => Promise.resolve("ready"),
+      forLauncher: (v: VirtualMachineInstance) => v,
+      hotplug: () => Promise.resolve(),
+      hotplugMounted: () => Promise.resolve(new Set<string>()),
+      launcherRoot: () => Promise.resolve(undefined),
+      unplug: () => Promise.resolve(),
+      podNetwork: () => Promise.resolve(target),
+      adoptedPodNetwork: () => Promise.resolve(undefined),
+      releasePodNetwork: () => Promise.resolve(),
+    },
+    informer: {
+      addHandlers: () => {},
+      hasSynced: () => true,
+      waitForSync: () => Promise.resolve(),
+      get: (key: string) => cache.get(key),
+      list: () => [...cache.values()],
+    },
+    queue,
+    expectations: new Expectations(),
+    statusWriter: {
+      update: () => Promise.resolve({ written: false }),
+      removeFinalizer: () => Promise.resolve(false),
+    },
+    recorder: {
+      record: (_o: unknown, type: string, reason: string, message: string) => {
+        events.push(`${type} ${reason} ${message}`);
+        return Promise.resolve();
+      },
+    },
+    ghosts: {
+      get: () => undefined,
+      findByKey: () => [],
+      lastKnownUid: () => undefined,
+      delete: () => Promise.resolve(),
+    },
+    launchers: {
+      get: () => client,
+      getOrCreate: () => client,
+      state: () => Promise.resolve("responsive"),
+      isReady: () => Promise.resolve(true),
+      remove: () => {},
+      forgetMark: () => Promise.resolve(),
+    },
+    networks: {
+      addresses: () => Promise.resolve(new Map()),
+      teardown: () => Promise.resolve(),
+      setup: (_v: VirtualMachineInstance, t: unknown, only?: ReadonlySet<string>) => {
+        calls.push(`setup ${[...(only ?? [])].join(",")} in ${(t as typeof target).netns}`);
+        return setupFails
+          ? Promise.reject(new Error("no pod interface podb1f51a511f1"))
+          : Promise.resolve();
+      },
+    },
+  } as unknown as ControllerDeps;
+  const controller = new VmiController(deps);
+  controller.domainEvent(
+    "ADDED",
+    newDomain({ namespace: "default", name: "vm1", uid: UID }, {
+      status: LifeCycle.Running,
+      reason: StateChangeReason.Unknown,
+    }),
+  );
+  // The migrated domain is adopted; nothing to plug: no sync.
+  cache.set("default/vm1", vmi([{ name: "default", infoSource: "domain" }]));
+  await controller.reconcile("default/vm1");
+  assert.deepEqual(calls, []);
+  // virt-controller reports the new pod's network: the binding, then a sync that plugs it.
+  cache.set(
+    "default/vm1",
+    vmi([{ name: "default", infoSource: "domain" }, { name: "red", infoSource: "multus-status" }]),
+  );
+  await controller.reconcile("default/vm1");
+  assert.deepEqual(calls, ["setup red in /proc/1/ns/net", "sync default:domain red:multus-status"]);
+  // Again with nothing new: no second sync.
+  calls.length = 0;
+  await controller.reconcile("default/vm1");
+  assert.deepEqual(calls, []);
+  // Plugged: the domain has it; the spec as synced last, one sync for the change of state.
+  cache.set("default/vm1", vmi([{ name: "red", infoSource: "domain, multus-status" }]));
+  await controller.reconcile("default/vm1");
+  assert.deepEqual(calls, ["sync red:domain, multus-status"]);
+  // A binding that cannot be built is told and the sync goes on (virt-handler's NicHotplug).
+  calls.length = 0;
+  setupFails = true;
+  cache.set("default/vm1", vmi([{ name: "red", infoSource: "multus-status" }]));
+  await controller.reconcile("default/vm1");
+  assert.deepEqual(calls, ["setup red in /proc/1/ns/net", "sync red:multus-status"]);
+  assert.ok(events.some((e) => e.startsWith("Warning NicHotplug") && /podb1f51a511f1/.test(e)));
+  queue.shutDown();
+});
