@@ -273,12 +273,14 @@ cat >"$root/www/cgi-bin/uptime" <<'CGI'
 #!/bin/sh
 printf 'Content-Type: text/plain\r\n\r\n%s\n' "$(cut -d' ' -f1 /proc/uptime)"
 CGI
-# What the guest has: online vCPUs and MemTotal in KiB ("cpus=2 memory_kib=190000").
+# What the guest has: online vCPUs, MemTotal in KiB and its NICs' MACs
+# ("cpus=2 memory_kib=190000 macs=02:00:00:00:00:01,02:00:00:0a:96:0a").
 cat >"$root/www/cgi-bin/hw" <<'CGI'
 #!/bin/sh
 cpus=$(grep -c '^processor' /proc/cpuinfo)
 memory=$(sed -n 's/^MemTotal: *\([0-9]*\) kB$/\1/p' /proc/meminfo)
-printf 'Content-Type: text/plain\r\n\r\ncpus=%s memory_kib=%s\n' "$cpus" "$memory"
+macs=$(for d in /sys/class/net/eth*; do cat "$d/address"; done 2>/dev/null | tr '\n' ',')
+printf 'Content-Type: text/plain\r\n\r\ncpus=%s memory_kib=%s macs=%s\n' "$cpus" "$memory" "${macs%,}"
 CGI
 chmod 0755 "$root/init" "$root/bin/chpasswd" "$root/bin/getent" "$root/etc/lease" "$root/www/cgi-bin/echo" "$root/www/cgi-bin/uptime" "$root/www/cgi-bin/hw"
 pack_initramfs "$root" "$work/initrd"

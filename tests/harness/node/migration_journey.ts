@@ -1,5 +1,5 @@
 /**
- * Live migration and a live CPU change on a cluster of two real nodes, with
+ * Live migration, a live CPU change and a NIC hot-plug on a cluster of two real nodes, with
  * either handler: two kubelets and containerds on this machine, each node isolated in a
  * mount namespace of its own (`startNode({ isolated: true })`), KubeVirt's virt-api and
  * virt-controller, KubeVirt's own virt-launcher image, and the handler's DaemonSet (virtnode's
@@ -15,6 +15,11 @@
  *    it, and the target's handler plugs the vCPU and the memory (KubeVirt's virtio-mem device)
  *    at the end of the migration. The guest reports two online vCPUs and its memory grown, and
  *    the VMI's status says so as virt-handler writes it.
+ * 3. virtnode's journey (both nodes chain Multus): `kubectl patch vm` adds a bridge interface on
+ *    a secondary network (a NetworkAttachmentDefinition on a Linux bridge of the host);
+ *    virt-controller copies it into the VMI and migrates the VMI to a pod Multus attached the
+ *    network to, where the handler builds the binding and KubeVirt's launcher attaches the NIC.
+ *    The status has it from the domain and Multus, and the guest sees its MAC in the same boot.
  *
  * The guest has 1Gi of memory: virt-api gives a VMI room for memory hot-plug (`maxGuest`) from
  * 1Gi on. KubeVirt's launcher image runs bookworm-backports' libvirt 11.3 and QEMU 10.0
@@ -38,6 +43,13 @@ import { ensureLibvirtd } from "../../helpers/libvirtd.ts";
 import { kubeClient, waitFor } from "../../helpers/handler_process.ts";
 import { nodeApi, type NodeObject, podReady, stepper } from "../../helpers/node_api.ts";
 import { httpGet, TEST_KERNEL_BOOT, testKernelOciArchive } from "../../helpers/guest.ts";
+import {
+  guestMac,
+  networkAttachment,
+  type NodeBridges,
+  nodeBridges,
+  secondaryNetworks,
+} from "../../helpers/secondary_networks.ts";
 
 const REPO = new URL("../../../", import.meta.url).pathname;
 const VMIS = "/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstances";
@@ -52,11 +64,15 @@ async function guestBoot(ip: string): Promise<{ bootId: string; uptime: number }
   return bootId && Number.isFinite(uptime) ? { bootId, uptime } : undefined;
 }
 
-/** What the guest has: online vCPUs and MemTotal in KiB (the test guest's /cgi-bin/hw). */
-async function guestHardware(ip: string): Promise<{ cpus: number; memoryKib: number } | undefined> {
+/** What the guest has: online vCPUs, MemTotal in KiB, its NICs' MACs (the test guest's /cgi-bin/hw). */
+async function guestHardware(
+  ip: string,
+): Promise<{ cpus: number; memoryKib: number; macs: string[] } | undefined> {
   const text = await httpGet(`http://${ip}/cgi-bin/hw`);
-  const match = /cpus=(\d+) memory_kib=(\d+)/.exec(text ?? "");
-  return match ? { cpus: Number(match[1]), memoryKib: Number(match[2]) } : undefined;
+  const match = /cpus=(\d+) memory_kib=(\d+) macs=(\S*)/.exec(text ?? "");
+  return match
+    ? { cpus: Number(match[1]), memoryKib: Number(match[2]), macs: match[3].split(",") }
+    : undefined;
 }
 
 /** Runs the journey of the module doc with `handler`'s DaemonSet on both nodes. */
@@ -69,13 +85,16 @@ export async function migrationJourney(handler: MigrationHandler): Promise<void>
   const admin = await kubeClient(kc);
   const nodes: Node[] = [];
   let kubevirt: Awaited<ReturnType<typeof startKubevirt>> | undefined;
+  let bridges: NodeBridges | undefined;
   let ok = false;
   const step = stepper();
   const { getVmi, pods } = nodeApi(admin);
   const vmi = () => admin.request<VirtualMachineInstance>("GET", `${VMIS}/vm-mig`);
   try {
-    nodes.push(await startNode(cluster, { isolated: true }));
-    nodes.push(await startNode(cluster, { isolated: true, clusterServices: false }));
+    // virtnode's journey plugs a NIC on a secondary network too: both nodes chain Multus.
+    const multus = handler === "virtnode";
+    nodes.push(await startNode(cluster, { isolated: true, multus }));
+    nodes.push(await startNode(cluster, { isolated: true, clusterServices: false, multus }));
     const launcher = await launcherImage();
     const handlerImage = handler === "virtnode" ? await virtnodeImage() : await virtHandlerImage();
     const kernel = await testKernelOciArchive();
@@ -320,6 +339,81 @@ export async function migrationJourney(handler: MigrationHandler): Promise<void>
       `the guest has ${grown.cpus} vCPUs online and MemTotal ${hardware.memoryKib} -> ${grown.memoryKib} KiB, in the same boot`,
     );
 
+    if (handler === "virtnode") {
+      // 3. A NIC plugged into the running VM: a bridge interface on a secondary network added
+      // to its template. virt-controller puts it into the VMI and, with no in-place Multus
+      // plug, migrates the VMI to a pod Multus attached the network to; there the handler
+      // builds the binding and KubeVirt's launcher attaches the NIC. (virt-handler's bridge
+      // binding cannot be built on this kernel: no dummy links, see docs/compatibility.md.)
+      const [red] = secondaryNetworks(crypto.randomUUID().slice(0, 6));
+      bridges = await nodeBridges([red]);
+      await kubectl(kc, ["apply", "-f", "-"], JSON.stringify(networkAttachment(red, "default")));
+      const mac = guestMac(red, 10);
+      const beforePlug = (await vmi()).status?.migrationState?.migrationUid;
+      const plugStarted = performance.now();
+      await kubectl(kc, [
+        "patch",
+        "vm",
+        "vm-mig",
+        "--type=json",
+        "-p",
+        JSON.stringify([
+          {
+            op: "add",
+            path: "/spec/template/spec/domain/devices/interfaces/-",
+            value: { name: red.name, bridge: {}, macAddress: mac },
+          },
+          {
+            op: "add",
+            path: "/spec/template/spec/networks/-",
+            value: { name: red.name, multus: { networkName: red.name } },
+          },
+        ]),
+      ]);
+      const nic = await waitFor(
+        "the NIC in the VMI's status from the domain and Multus, after a migration",
+        async () => {
+          const v = await vmi();
+          const entry = v.status?.interfaces?.find((i) => i.name === red.name);
+          const sources = entry?.infoSource?.split(", ") ?? [];
+          return v.status?.migrationState?.migrationUid !== beforePlug &&
+              v.status?.migrationState?.completed && sources.includes("domain") &&
+              sources.includes("multus-status")
+            ? v
+            : undefined;
+        },
+        300_000,
+        1_000,
+      ).catch(async (error) => {
+        const v = await vmi();
+        throw new Error(
+          `${error.message}; spec interfaces ${
+            JSON.stringify(v.spec.domain.devices.interfaces)
+          }, status ${JSON.stringify(v.status)}`,
+        );
+      });
+      const entry = nic.status!.interfaces!.find((i) => i.name === red.name)!;
+      assert.equal(entry.mac, mac);
+      assert.equal(entry.podInterfaceName, "podb1f51a511f1", "KubeVirt's name for network red");
+      const nicIp = nic.status!.interfaces![0].ipAddress!;
+      const seen = await waitFor(
+        "the guest to see the plugged NIC",
+        async () => {
+          const hw = await guestHardware(nicIp);
+          return hw?.macs.includes(mac) ? hw : undefined;
+        },
+        120_000,
+        1_000,
+      );
+      const sameBoot = await guestBoot(nicIp);
+      assert.equal(sameBoot?.bootId, before.bootId, "the same boot: no restart");
+      step(
+        `NIC ${mac} plugged through migration ${nic.status!.migrationState!.migrationUid} in ${
+          ((performance.now() - plugStarted) / 1000).toFixed(1)
+        } s (patch to status); the guest has ${seen.macs.join(", ")}`,
+      );
+    }
+
     await kubectl(kc, ["delete", "vm", "vm-mig", "--wait=true", "--timeout=120s"]);
     await waitFor("vm-mig's VMI gone", async () => !(await getVmi("vm-mig")), 120_000);
     ok = true;
@@ -348,6 +442,7 @@ export async function migrationJourney(handler: MigrationHandler): Promise<void>
       console.log(logs);
       if (kubevirt) console.log(await kubevirt.complaints());
     }
+    await bridges?.remove();
     await kubevirt?.stop();
     for (const node of nodes.reverse()) await node.stop();
     admin.close();
