@@ -61,7 +61,7 @@ import { type HostCpuSource, usesHostModel } from "./migratable.ts";
 import { podNetworkPlan, type PodNetworks, type PodNetworkTarget } from "../network/mod.ts";
 import { FailRetryManager } from "./retry_manager.ts";
 import { SriovHotplugs } from "./sriov_hotplug.ts";
-import { interfacesToPlug } from "./nic_hotplug.ts";
+import { interfacesToPlug, interfacesToUnplug } from "./nic_hotplug.ts";
 import { launcherSelinuxContext, selinuxEnabled } from "../host/mod.ts";
 import {
   computeStatus,
@@ -791,6 +791,27 @@ export class VmiController extends KeyedController {
     }
   }
 
+  /**
+   * KubeVirt mode: the bindings of absent interfaces the domain let go of are taken down in
+   * the pod (nic_hotplug.ts); a failure is a Warning Event, as in virt-handler.
+   */
+  async #unplugNetworks(vmi: VirtualMachineInstance): Promise<void> {
+    const gone = interfacesToUnplug(vmi);
+    if (gone.length === 0) return;
+    try {
+      const target = await this.#d.provider.podNetwork(vmi);
+      if (!target) throw new Error("the VMI's launcher pod cannot be looked into yet");
+      await this.#d.networks.unplug(vmi, target, gone);
+    } catch (error) {
+      this.record(vmi, "Warning", "NicHotplug", describe(error));
+      log.warn("Cannot take down the network of unplugged interfaces: {error}", {
+        key: vmiKey(vmi.metadata),
+        interfaces: gone.map((g) => g.name),
+        error,
+      });
+    }
+  }
+
   /** Pod-less mode, once the domain runs: its taps join the pod's namespace. */
   async #afterStart(vmi: VirtualMachineInstance, target: PodNetworkTarget | undefined) {
     if (target?.hostTap) await this.#d.networks.afterStart(vmi, target);
@@ -877,6 +898,7 @@ export class VmiController extends KeyedController {
     if (alive && toPlug.length > 0 && this.#synced.get(uid) !== spec) {
       await this.#plugNetworks(vmi, toPlug);
     }
+    if (alive && !this.#d.standIn) await this.#unplugNetworks(vmi);
     if (alive && this.#d.standIn) await this.#hotplugInPlace(vmi, client);
     if (alive && !this.#d.standIn) await this.#hotplugSriov(vmi, client);
     if (alive && this.#synced.get(uid) === spec) {

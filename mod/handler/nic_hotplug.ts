@@ -8,9 +8,15 @@
  * the pod (a migration target's handler built it already) and syncs, and KubeVirt's launcher
  * attaches the NIC (`hotplugVirtioInterface`).
  *
+ * Unplug (`state: absent`): the handler's sync has KubeVirt's launcher detach the NIC in place
+ * (`hotUnplugVirtioInterface`); once the status has the interface no longer from the domain,
+ * the handler takes down the binding it built in the pod (virt-controller then moves the VMI
+ * to a pod without the network, and KubeVirt drops the interface from the VMI and the VM).
+ *
  * @module
  */
 import type { VirtualMachineInstance } from "../api/mod.ts";
+import { hashedPodInterfaceName, isLinkName } from "../network/mod.ts";
 import { INFO_SOURCE_MULTUS } from "./status.ts";
 
 function tags(infoSource: string | undefined): string[] {
@@ -35,5 +41,37 @@ export function interfacesToPlug(vmi: VirtualMachineInstance): string[] {
         t.includes(INFO_SOURCE_MULTUS) && !t.includes("domain")
       ? [s.name]
       : [];
+  });
+}
+
+/** An absent interface whose binding is to be taken down, with its pod interface's name. */
+export interface InterfaceToUnplug {
+  /** The interface's (and network's) name. */
+  name: string;
+  /** Its interface in the pod, as virt-controller reported it or KubeVirt names it. */
+  podInterface: string;
+}
+
+/**
+ * The VMI's `absent` interfaces on secondary networks whose status entry is no longer from the
+ * domain (the launcher detached the NIC): their bindings are taken down.
+ */
+export function interfacesToUnplug(vmi: VirtualMachineInstance): InterfaceToUnplug[] {
+  const absent = new Set(
+    (vmi.spec.domain.devices.interfaces ?? []).filter((i) => i.state === "absent").map((i) =>
+      i.name
+    ),
+  );
+  return (vmi.spec.networks ?? []).flatMap((network) => {
+    if (!absent.has(network.name) || network.multus == null) return [];
+    const entry = (vmi.status?.interfaces ?? []).find((s) => s.name === network.name);
+    if (!entry || tags(entry.infoSource).includes("domain")) return [];
+    const reported = entry.podInterfaceName;
+    return [{
+      name: network.name,
+      podInterface: reported && isLinkName(reported)
+        ? reported
+        : hashedPodInterfaceName(network.name),
+    }];
   });
 }

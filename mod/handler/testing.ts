@@ -14,7 +14,7 @@ export * from "./podless/testing.ts";
 export { cleanUrlPath } from "./handler.ts";
 export { type ControllerDeps, hotplugUnsettled, VmiController } from "./controller.ts";
 export { LimitedBackoff, sriovInterfacesToPlug } from "./sriov_hotplug.ts";
-export { interfacesToPlug } from "./nic_hotplug.ts";
+export { interfacesToPlug, interfacesToUnplug } from "./nic_hotplug.ts";
 export { decideSync, SyncAction, type SyncInput } from "./decide.ts";
 export { GhostRecordError } from "./ghost_records.ts";
 export { DownwardMetricsChannels, hasDownwardMetricsDevice } from "./downward_metrics.ts";

@@ -53,6 +53,7 @@ export {
   hashedPodInterfaceName,
   hostTapFor,
   hostTapName,
+  isLinkName,
   libvirtNicModel,
   MASQUERADE_BRIDGE_MAC,
   NetworkSpecError,

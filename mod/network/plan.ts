@@ -127,6 +127,11 @@ export function hashedPodInterfaceName(networkName: string): string {
 /** A link name the kernel takes and no path can be made of: not `.` or `..`, no `/`. */
 const LINK_NAME = /^(?!\.\.?$)[A-Za-z0-9_.-]{1,15}$/;
 
+/** Whether `name` is a link name the kernel takes and no path can be made of. */
+export function isLinkName(name: string): boolean {
+  return LINK_NAME.test(name);
+}
+
 /** `<pod interface>` without KubeVirt's `pod` prefix, as its generated names use it. */
 function shortName(podInterface: string): string {
   return podInterface.startsWith("pod") ? podInterface.slice(3) : podInterface;

@@ -35,7 +35,13 @@ import {
   parseNamespaceState,
   READ_STATE_COMMANDS,
 } from "./links.ts";
-import { type PodInterfacePlan, podNetworkPlan, specInterface } from "./plan.ts";
+import {
+  bridgeName,
+  type PodInterfacePlan,
+  podNetworkPlan,
+  specInterface,
+  tapName,
+} from "./plan.ts";
 
 const log = getLogger("network");
 
@@ -378,6 +384,48 @@ export class PodNetworks {
   /** The pod IPs known in memory for a VMI (what {@linkcode addresses} read last). */
   knownAddresses(uid: string): Map<string, PodAddresses> | undefined {
     return this.#addresses.get(uid);
+  }
+
+  /**
+   * Takes down what the bridge binding of each of `unplugged` built in the pod once the
+   * domain let go of its NIC, as virt-handler does for an absent interface: the tap, the
+   * in-pod bridge and the placeholder that kept the pod interface's name go (the pod's own
+   * interface, renamed `<hash>-nic`, is left to Multus and the pod), then its state file.
+   * `unplugged` names each network with its pod interface; a network with no state file here
+   * is skipped. Returns the networks taken down.
+   */
+  async unplug(
+    vmi: VirtualMachineInstance,
+    target: PodNetworkTarget,
+    unplugged: { name: string; podInterface: string }[],
+  ): Promise<string[]> {
+    const uid = vmi.metadata.uid!;
+    const done: string[] = [];
+    for (const { name, podInterface } of unplugged) {
+      const file = this.#file(uid, name);
+      if (!(await Deno.stat(file).then(() => true, () => false))) continue;
+      const state = await this.#state(target.netns);
+      const lines: string[] = [];
+      for (const link of [tapName(podInterface), bridgeName(podInterface)]) {
+        if (state.links.has(link)) lines.push(`link delete ${link}`);
+      }
+      // The placeholder is a bridge with no ports; a pod interface never renamed is kept.
+      if (state.links.get(podInterface)?.kind === "bridge") {
+        lines.push(`link delete ${podInterface}`);
+      }
+      try {
+        if (lines.length > 0) await this.#ipBatch(target.netns, "Cannot unplug", lines);
+      } catch (error) {
+        throw new PodNetworkError(name, errorText(error), { cause: error });
+      }
+      await Deno.remove(file).catch((error) => {
+        if (!(error instanceof Deno.errors.NotFound)) throw error;
+      });
+      this.#addresses.get(uid)?.delete(name);
+      log.info("Unplugged interface's network taken down", { uid, network: name, podInterface });
+      done.push(name);
+    }
+    return done;
   }
 
   /** Forgets a VMI's networks: its state files go (KubeVirt's handler teardown). */

@@ -310,6 +310,61 @@ Deno.test("secondary network: a NAD's pod<hash> binding finished after a kill at
   });
 });
 
+Deno.test("secondary network: an unplugged interface's tap, bridge and placeholder go; the pod's own stays", async () => {
+  await withPods(async ({ runner, pods, dir }) => {
+    const nadBridge = `vnsu${crypto.randomUUID().slice(0, 8)}`;
+    const config = JSON.stringify({
+      cniVersion: "0.3.1",
+      name: "red",
+      type: "bridge",
+      bridge: nadBridge,
+    });
+    const uid = crypto.randomUUID();
+    const vmi = vmiFor(uid, { masquerade: {} });
+    vmi.spec.domain.devices.interfaces!.push({ name: "red", bridge: {} });
+    vmi.spec.networks!.push({ name: "red", multus: { networkName: "red" } });
+    const plan = podNetworkPlan(vmi)[1];
+    try {
+      const netns = await pods.ensure(uid, [{
+        network: "red",
+        podInterface: plan.podInterface,
+        config,
+        hostTap: hostTapFor(uid, plan),
+      }]);
+      const networks = new PodNetworks({ runner, cacheDir: `${dir}/cache` });
+      const where = target(netns, `${dir}/private/${uid}`);
+      await networks.setup(vmi, where);
+      const hash = plan.podInterface.slice(3);
+      const links = async () =>
+        (JSON.parse(await inNs(netns, "ip", "-j", "link", "show")) as { ifname: string }[])
+          .map((l) => l.ifname).sort();
+      assert.ok((await links()).includes(`k6t-${hash}`));
+      // Absent now, and the domain let go of it: the binding goes, the pod network stays.
+      vmi.spec.domain.devices.interfaces![1].state = "absent";
+      const unplugged = [{ name: "red", podInterface: plan.podInterface }];
+      assert.deepEqual(await networks.unplug(vmi, where, unplugged), ["red"]);
+      const left = await links();
+      for (const gone of [`k6t-${hash}`, `tap${hash}`, plan.podInterface]) {
+        assert.ok(!left.includes(gone), `${gone} is gone: ${left.join(" ")}`);
+      }
+      assert.ok(left.includes(`${hash}-nic`), "the pod's own interface is left to Multus");
+      assert.ok(left.includes("k6t-eth0"), "the pod network is untouched");
+      await assert.rejects(Deno.stat(`${dir}/cache/${uid}/red`), Deno.errors.NotFound);
+      // Again: nothing left to do.
+      assert.deepEqual(await networks.unplug(vmi, where, unplugged), []);
+      assert.equal(
+        (await readNetworkState(`${dir}/cache/${uid}/default`)).networkState,
+        NetworkState.Finished,
+      );
+      await pods.release(uid);
+      await networks.teardown(uid);
+    } finally {
+      await new Deno.Command("ip", { args: ["link", "delete", nadBridge], stderr: "null" })
+        .output();
+    }
+  });
+});
+
 Deno.test("secondary network: a pod Multus did not attach it to is refused, naming the definition", async () => {
   await withPods(async ({ runner, pods, dir }) => {
     const uid = crypto.randomUUID();

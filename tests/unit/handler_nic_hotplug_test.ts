@@ -6,13 +6,18 @@
 import assert from "node:assert/strict";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
 import { LifeCycle, newDomain, StateChangeReason } from "../../mod/domain/mod.ts";
-import { type ControllerDeps, interfacesToPlug, VmiController } from "../../mod/handler/testing.ts";
+import {
+  type ControllerDeps,
+  interfacesToPlug,
+  interfacesToUnplug,
+  VmiController,
+} from "../../mod/handler/testing.ts";
 import { Expectations, WorkQueue } from "../../mod/kube/mod.ts";
 
 const UID = "5a3c0e1e-0000-4000-8000-0000000000b2";
 
 function vmi(
-  interfaces: { name: string; infoSource?: string }[],
+  interfaces: { name: string; infoSource?: string; podInterfaceName?: string }[],
   redState?: string,
 ): VirtualMachineInstance {
   return {
@@ -54,6 +59,33 @@ Deno.test("interfacesToPlug(): in the pod (multus-status), not in the domain, no
   const sriov = vmi([{ name: "red", infoSource: "multus-status" }]);
   sriov.spec.domain.devices.interfaces![1] = { name: "red", sriov: {} };
   assert.deepEqual(interfacesToPlug(sriov), [], "SR-IOV is plugged as host devices");
+});
+
+Deno.test("interfacesToUnplug(): absent, and no longer from the domain, with its pod interface", () => {
+  assert.deepEqual(
+    interfacesToUnplug(vmi([{ name: "red", infoSource: "multus-status" }], "absent")),
+    [{ name: "red", podInterface: "podb1f51a511f1" }],
+  );
+  assert.deepEqual(
+    interfacesToUnplug(
+      vmi([{ name: "red", infoSource: "multus-status", podInterfaceName: "net1" }], "absent"),
+    ),
+    [{ name: "red", podInterface: "net1" }],
+    "the name virt-controller reported",
+  );
+  assert.deepEqual(
+    interfacesToUnplug(
+      vmi([{ name: "red", infoSource: "multus-status", podInterfaceName: "../x" }], "absent"),
+    ),
+    [{ name: "red", podInterface: "podb1f51a511f1" }],
+    "a reported name that is no link name is not used",
+  );
+  assert.deepEqual(
+    interfacesToUnplug(vmi([{ name: "red", infoSource: "domain, multus-status" }], "absent")),
+    [],
+    "still in the domain: the launcher detaches it first",
+  );
+  assert.deepEqual(interfacesToUnplug(vmi([{ name: "red", infoSource: "multus-status" }])), []);
 });
 
 Deno.test("reconcile() of a running VMI builds the binding of an interface to plug, then syncs the launcher", async () => {
@@ -121,6 +153,18 @@ Deno.test("reconcile() of a running VMI builds the binding of an interface to pl
     networks: {
       addresses: () => Promise.resolve(new Map()),
       teardown: () => Promise.resolve(),
+      unplug: (
+        _v: VirtualMachineInstance,
+        t: unknown,
+        gone: { name: string; podInterface: string }[],
+      ) => {
+        calls.push(
+          `unplug ${gone.map((g) => `${g.name}:${g.podInterface}`).join(",")} in ${
+            (t as typeof target).netns
+          }`,
+        );
+        return Promise.resolve(gone.map((g) => g.name));
+      },
       setup: (_v: VirtualMachineInstance, t: unknown, only?: ReadonlySet<string>) => {
         calls.push(`setup ${[...(only ?? [])].join(",")} in ${(t as typeof target).netns}`);
         return setupFails
@@ -163,5 +207,15 @@ Deno.test("reconcile() of a running VMI builds the binding of an interface to pl
   await controller.reconcile("default/vm1");
   assert.deepEqual(calls, ["setup red in /proc/1/ns/net", "sync red:multus-status"]);
   assert.ok(events.some((e) => e.startsWith("Warning NicHotplug") && /podb1f51a511f1/.test(e)));
+  // Unplugged: the spec says absent (a sync has the launcher detach it), then the status has
+  // it no longer from the domain: its binding is taken down.
+  calls.length = 0;
+  cache.set("default/vm1", vmi([{ name: "red", infoSource: "domain, multus-status" }], "absent"));
+  await controller.reconcile("default/vm1");
+  assert.deepEqual(calls, ["sync red:domain, multus-status"]);
+  calls.length = 0;
+  cache.set("default/vm1", vmi([{ name: "red", infoSource: "multus-status" }], "absent"));
+  await controller.reconcile("default/vm1");
+  assert.deepEqual(calls, ["unplug red:podb1f51a511f1 in /proc/1/ns/net"]);
   queue.shutDown();
 });

@@ -20,6 +20,9 @@
  *    virt-controller copies it into the VMI and migrates the VMI to a pod Multus attached the
  *    network to, where the handler builds the binding and KubeVirt's launcher attaches the NIC.
  *    The status has it from the domain and Multus, and the guest sees its MAC in the same boot.
+ * 4. `state: absent` unplugs it: the launcher detaches it, the handler takes its binding down,
+ *    and once virt-controller has moved the VMI to a pod without the network, KubeVirt drops
+ *    the interface from the VMI and the VM; the guest no longer has the MAC, same boot.
  *
  * The guest has 1Gi of memory: virt-api gives a VMI room for memory hot-plug (`maxGuest`) from
  * 1Gi on. KubeVirt's launcher image runs bookworm-backports' libvirt 11.3 and QEMU 10.0
@@ -411,6 +414,65 @@ export async function migrationJourney(handler: MigrationHandler): Promise<void>
         `NIC ${mac} plugged through migration ${nic.status!.migrationState!.migrationUid} in ${
           ((performance.now() - plugStarted) / 1000).toFixed(1)
         } s (patch to status); the guest has ${seen.macs.join(", ")}`,
+      );
+
+      // 4. The NIC unplugged: `state: absent` in the template. The launcher detaches it in
+      // place, the handler takes its binding down, virt-controller moves the VMI to a pod
+      // without the network, and KubeVirt drops the interface from the VMI and the VM.
+      const beforeUnplug = nic.status?.migrationState?.migrationUid;
+      const unplugStarted = performance.now();
+      await kubectl(kc, [
+        "patch",
+        "vm",
+        "vm-mig",
+        "--type=json",
+        "-p",
+        JSON.stringify([{
+          op: "add",
+          path: "/spec/template/spec/domain/devices/interfaces/1/state",
+          value: "absent",
+        }]),
+      ]);
+      const unplugged = await waitFor(
+        "the NIC gone from the guest, the VMI and the VM",
+        async () => {
+          const v = await vmi();
+          const vm = await admin.request<
+            { spec: { template: { spec: VirtualMachineInstance["spec"] } } }
+          >(
+            "GET",
+            "/apis/kubevirt.io/v1/namespaces/default/virtualmachines/vm-mig",
+          );
+          const ip = v.status?.interfaces?.[0]?.ipAddress;
+          const hw = ip ? await guestHardware(ip) : undefined;
+          const named = (list: { name: string }[] | undefined) =>
+            (list ?? []).some((i) => i.name === red.name);
+          return hw && !hw.macs.includes(mac) && !named(v.spec.domain.devices.interfaces) &&
+              !named(v.spec.networks) && !named(v.status?.interfaces as { name: string }[]) &&
+              !named(vm.spec.template.spec.domain.devices.interfaces)
+            ? { v, hw }
+            : undefined;
+        },
+        300_000,
+        1_000,
+      ).catch(async (error) => {
+        const v = await vmi();
+        throw new Error(
+          `${error.message}; spec interfaces ${
+            JSON.stringify(v.spec.domain.devices.interfaces)
+          }, status ${JSON.stringify(v.status)}`,
+        );
+      });
+      const afterUnplug = await guestBoot(unplugged.v.status!.interfaces![0].ipAddress!);
+      assert.equal(afterUnplug?.bootId, before.bootId, "the same boot: no restart");
+      step(
+        `NIC ${mac} unplugged in ${
+          ((performance.now() - unplugStarted) / 1000).toFixed(1)
+        } s (patch to gone from the VM; migration ${
+          unplugged.v.status?.migrationState?.migrationUid === beforeUnplug
+            ? "none"
+            : unplugged.v.status?.migrationState?.migrationUid
+        }); the guest has ${unplugged.hw.macs.join(", ")}`,
       );
     }
 
