@@ -9,20 +9,20 @@
  * one vCPU socket; virt-api gives it room for 4.
  * 1. A VirtualMachineInstanceMigration, as a user writes one: virt-controller makes the target
  *    launcher pod on the other node and the handlers carry the guest over; it keeps its boot.
- * 2. `kubectl patch vm` asks for a second socket and 128 MiB more memory (KubeVirt's default
+ * 2. virtnode's journey (both nodes chain Multus): `kubectl patch vm` adds a bridge interface on
+ *    a secondary network (a NetworkAttachmentDefinition on a Linux bridge of the host);
+ *    virt-controller copies it into the VMI and migrates the VMI to a pod Multus attached the
+ *    network to, where the handler builds the binding and KubeVirt's launcher attaches the NIC.
+ *    The status has it from the domain and Multus, and the guest sees its MAC in the same boot.
+ * 3. `state: absent` unplugs it: the launcher detaches it, the handler takes its binding down,
+ *    and once virt-controller has moved the VMI to a pod without the network, KubeVirt drops
+ *    the interface from the VMI and the VM; the guest no longer has the MAC, same boot.
+ * 4. `kubectl patch vm` asks for a second socket and 128 MiB more memory (KubeVirt's default
  *    LiveUpdate rollout, the KubeVirt CR's workload updates by live migration, as KubeVirt's
  *    docs set it): virt-controller changes the VMI and migrates it to a target pod sized for
  *    it, and the target's handler plugs the vCPU and the memory (KubeVirt's virtio-mem device)
  *    at the end of the migration. The guest reports two online vCPUs and its memory grown, and
  *    the VMI's status says so as virt-handler writes it.
- * 3. virtnode's journey (both nodes chain Multus): `kubectl patch vm` adds a bridge interface on
- *    a secondary network (a NetworkAttachmentDefinition on a Linux bridge of the host);
- *    virt-controller copies it into the VMI and migrates the VMI to a pod Multus attached the
- *    network to, where the handler builds the binding and KubeVirt's launcher attaches the NIC.
- *    The status has it from the domain and Multus, and the guest sees its MAC in the same boot.
- * 4. `state: absent` unplugs it: the launcher detaches it, the handler takes its binding down,
- *    and once virt-controller has moved the VMI to a pod without the network, KubeVirt drops
- *    the interface from the VMI and the VM; the guest no longer has the MAC, same boot.
  *
  * The guest has 1Gi of memory: virt-api gives a VMI room for memory hot-plug (`maxGuest`) from
  * 1Gi on. KubeVirt's launcher image runs bookworm-backports' libvirt 11.3 and QEMU 10.0
@@ -262,88 +262,10 @@ export async function migrationJourney(handler: MigrationHandler): Promise<void>
     );
     step("the source's launcher pod done, the target's runs the guest");
 
-    // 2. A live CPU and memory change: one more socket, 128 MiB more.
-    const hardware = await waitFor("the guest's hardware", () => guestHardware(newIp), 30_000);
-    assert.equal(hardware.cpus, 1);
-    const firstMigration = (await vmi()).status?.migrationState?.migrationUid;
-    const changed = performance.now();
-    await kubectl(kc, [
-      "patch",
-      "vm",
-      "vm-mig",
-      "--type=merge",
-      "-p",
-      JSON.stringify({
-        spec: {
-          template: { spec: { domain: { cpu: { sockets: 2 }, memory: { guest: "1152Mi" } } } },
-        },
-      }),
-    ]);
-    const plugged = await waitFor(
-      "the VMI migrated for the change, with its status showing it",
-      async () => {
-        const v = await vmi();
-        const s = v.status;
-        // The pod IP too: a handler may report the new pod's address a sync later.
-        return s?.migrationState?.migrationUid !== firstMigration && s?.migrationState?.completed &&
-            s.currentCPUTopology?.sockets === 2 && s.memory?.guestRequested === "1152Mi" &&
-            !s.conditions?.some((c) =>
-              c.type === "HotVCPUChange" || c.type === "HotMemoryChange"
-            ) &&
-            s.interfaces?.[0]?.ipAddress && s.interfaces[0].ipAddress !== newIp
-          ? v
-          : undefined;
-      },
-      300_000,
-      1_000,
-    ).catch(async (error) => {
-      const v = await vmi();
-      throw new Error(
-        `${error.message}; the VMI's spec CPU ${JSON.stringify(v.spec.domain.cpu)}, status ${
-          JSON.stringify(v.status)
-        }`,
-      );
-    });
-    const hotIp = plugged.status!.interfaces![0].ipAddress!;
-    step(
-      `live change carried by migration ${plugged.status!.migrationState!.migrationUid} to ${
-        plugged.status!.nodeName
-      } in ${((performance.now() - changed) / 1000).toFixed(1)} s (patch to status)`,
-    );
-    assert.equal(plugged.spec.domain.cpu?.sockets, 2);
-    assert.equal(plugged.status?.currentCPUTopology?.cores, 1);
-    assert.equal(plugged.status?.currentCPUTopology?.threads, 1);
-    assert.equal(plugged.spec.domain.memory?.guest, "1152Mi");
-    assert.equal(plugged.status?.memory?.guestAtBoot, "1Gi");
-    // The guest's driver plugs 64 blocks of 2 MiB; MemTotal grows by that, less the page
-    // tables the kernel may keep in the new memory.
-    const grown = await waitFor(
-      "the guest's second vCPU and 128 MiB more",
-      async () => {
-        const now = await guestHardware(hotIp);
-        return now?.cpus === 2 && now.memoryKib - hardware.memoryKib >= 120 * 1024
-          ? now
-          : undefined;
-      },
-      120_000,
-      1_000,
-    ).catch(async (error) => {
-      throw new Error(
-        `${error.message}; the guest has ${JSON.stringify(await guestHardware(hotIp))}`,
-      );
-    });
-    assert.ok(
-      grown.memoryKib - hardware.memoryKib <= 128 * 1024,
-      JSON.stringify({ hardware, grown }),
-    );
-    const stillBooted = await guestBoot(hotIp);
-    assert.equal(stillBooted?.bootId, before.bootId, "the same boot: no restart");
-    step(
-      `the guest has ${grown.cpus} vCPUs online and MemTotal ${hardware.memoryKib} -> ${grown.memoryKib} KiB, in the same boot`,
-    );
-
+    // Where the guest answers now (each migration gives it the new pod's address).
+    let guestIp = newIp;
     if (handler === "virtnode") {
-      // 3. A NIC plugged into the running VM: a bridge interface on a secondary network added
+      // 2. A NIC plugged into the running VM: a bridge interface on a secondary network added
       // to its template. virt-controller puts it into the VMI and, with no in-place Multus
       // plug, migrates the VMI to a pod Multus attached the network to; there the handler
       // builds the binding and KubeVirt's launcher attaches the NIC. (virt-handler's bridge
@@ -416,7 +338,7 @@ export async function migrationJourney(handler: MigrationHandler): Promise<void>
         } s (patch to status); the guest has ${seen.macs.join(", ")}`,
       );
 
-      // 4. The NIC unplugged: `state: absent` in the template. The launcher detaches it in
+      // 3. The NIC unplugged: `state: absent` in the template. The launcher detaches it in
       // place, the handler takes its binding down, virt-controller moves the VMI to a pod
       // without the network, and KubeVirt drops the interface from the VMI and the VM.
       const beforeUnplug = nic.status?.migrationState?.migrationUid;
@@ -463,7 +385,8 @@ export async function migrationJourney(handler: MigrationHandler): Promise<void>
           }, status ${JSON.stringify(v.status)}`,
         );
       });
-      const afterUnplug = await guestBoot(unplugged.v.status!.interfaces![0].ipAddress!);
+      guestIp = unplugged.v.status!.interfaces![0].ipAddress!;
+      const afterUnplug = await guestBoot(guestIp);
       assert.equal(afterUnplug?.bootId, before.bootId, "the same boot: no restart");
       step(
         `NIC ${mac} unplugged in ${
@@ -475,6 +398,86 @@ export async function migrationJourney(handler: MigrationHandler): Promise<void>
         }); the guest has ${unplugged.hw.macs.join(", ")}`,
       );
     }
+
+    // 4. A live CPU and memory change: one more socket, 128 MiB more.
+    const hardware = await waitFor("the guest's hardware", () => guestHardware(guestIp), 30_000);
+    assert.equal(hardware.cpus, 1);
+    const firstMigration = (await vmi()).status?.migrationState?.migrationUid;
+    const changed = performance.now();
+    await kubectl(kc, [
+      "patch",
+      "vm",
+      "vm-mig",
+      "--type=merge",
+      "-p",
+      JSON.stringify({
+        spec: {
+          template: { spec: { domain: { cpu: { sockets: 2 }, memory: { guest: "1152Mi" } } } },
+        },
+      }),
+    ]);
+    const plugged = await waitFor(
+      "the VMI migrated for the change, with its status showing it",
+      async () => {
+        const v = await vmi();
+        const s = v.status;
+        // The pod IP too: a handler may report the new pod's address a sync later.
+        return s?.migrationState?.migrationUid !== firstMigration && s?.migrationState?.completed &&
+            s.currentCPUTopology?.sockets === 2 && s.memory?.guestRequested === "1152Mi" &&
+            !s.conditions?.some((c) =>
+              c.type === "HotVCPUChange" || c.type === "HotMemoryChange"
+            ) &&
+            s.interfaces?.[0]?.ipAddress && s.interfaces[0].ipAddress !== guestIp
+          ? v
+          : undefined;
+      },
+      300_000,
+      1_000,
+    ).catch(async (error) => {
+      const v = await vmi();
+      throw new Error(
+        `${error.message}; the VMI's spec CPU ${JSON.stringify(v.spec.domain.cpu)}, status ${
+          JSON.stringify(v.status)
+        }`,
+      );
+    });
+    const hotIp = plugged.status!.interfaces![0].ipAddress!;
+    step(
+      `live change carried by migration ${plugged.status!.migrationState!.migrationUid} to ${
+        plugged.status!.nodeName
+      } in ${((performance.now() - changed) / 1000).toFixed(1)} s (patch to status)`,
+    );
+    assert.equal(plugged.spec.domain.cpu?.sockets, 2);
+    assert.equal(plugged.status?.currentCPUTopology?.cores, 1);
+    assert.equal(plugged.status?.currentCPUTopology?.threads, 1);
+    assert.equal(plugged.spec.domain.memory?.guest, "1152Mi");
+    assert.equal(plugged.status?.memory?.guestAtBoot, "1Gi");
+    // The guest's driver plugs 64 blocks of 2 MiB; MemTotal grows by that, less the page
+    // tables the kernel may keep in the new memory.
+    const grown = await waitFor(
+      "the guest's second vCPU and 128 MiB more",
+      async () => {
+        const now = await guestHardware(hotIp);
+        return now?.cpus === 2 && now.memoryKib - hardware.memoryKib >= 120 * 1024
+          ? now
+          : undefined;
+      },
+      120_000,
+      1_000,
+    ).catch(async (error) => {
+      throw new Error(
+        `${error.message}; the guest has ${JSON.stringify(await guestHardware(hotIp))}`,
+      );
+    });
+    assert.ok(
+      grown.memoryKib - hardware.memoryKib <= 128 * 1024,
+      JSON.stringify({ hardware, grown }),
+    );
+    const stillBooted = await guestBoot(hotIp);
+    assert.equal(stillBooted?.bootId, before.bootId, "the same boot: no restart");
+    step(
+      `the guest has ${grown.cpus} vCPUs online and MemTotal ${hardware.memoryKib} -> ${grown.memoryKib} KiB, in the same boot`,
+    );
 
     await kubectl(kc, ["delete", "vm", "vm-mig", "--wait=true", "--timeout=120s"]);
     await waitFor("vm-mig's VMI gone", async () => !(await getVmi("vm-mig")), 120_000);
