@@ -97,7 +97,7 @@ Deno.test("podNetworkPlan() builds nothing for SR-IOV on a secondary network; th
   );
 });
 
-Deno.test("podNetworkPlan() builds nothing for an absent secondary bridge; other absent or bad states are refused", () => {
+Deno.test("podNetworkPlan() builds nothing for an absent secondary bridge; other absent or bad states refused", () => {
   const v = vmi({ masquerade: {} });
   v.spec.domain.devices.interfaces!.push({ name: "red", bridge: {}, state: "absent" });
   v.spec.domain.devices.interfaces!.push({ name: "blue", bridge: {}, state: "down" });
