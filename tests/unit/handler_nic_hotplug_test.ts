@@ -5,14 +5,8 @@
  */
 import assert from "node:assert/strict";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
-import { LifeCycle, newDomain, StateChangeReason } from "../../mod/domain/mod.ts";
-import {
-  type ControllerDeps,
-  interfacesToPlug,
-  interfacesToUnplug,
-  VmiController,
-} from "../../mod/handler/testing.ts";
-import { Expectations, WorkQueue } from "../../mod/kube/mod.ts";
+import { interfacesToPlug, interfacesToUnplug } from "../../mod/handler/testing.ts";
+import { runningController } from "../helpers/controller_doubles.ts";
 
 const UID = "5a3c0e1e-0000-4000-8000-0000000000b2";
 
@@ -90,7 +84,6 @@ Deno.test("interfacesToUnplug(): absent, and no longer from the domain, with its
 
 Deno.test("reconcile() of a running VMI builds the binding of an interface to plug, then syncs the launcher", async () => {
   const calls: string[] = [];
-  const cache = new Map<string, VirtualMachineInstance>();
   const client = {
     syncVirtualMachine: (v: VirtualMachineInstance) => {
       calls.push(`sync ${v.status?.interfaces?.map((i) => `${i.name}:${i.infoSource}`).join(" ")}`);
@@ -99,60 +92,11 @@ Deno.test("reconcile() of a running VMI builds the binding of an interface to pl
   };
   const target = { netns: "/proc/1/ns/net" };
   let setupFails = false;
-  const events: string[] = [];
-  const queue = new WorkQueue<string>();
-  const deps = {
-    nodeName: "node1",
-    provider: {
-      notReadyRequeueMs: 1_000,
-      socketOf: () => Promise.resolve("/s"),
-      start: () => Promise.resolve({ socket: "/s" }),
-      prepareDisks: () => Promise.resolve("ready"),
-      forLauncher: (v: VirtualMachineInstance) => v,
-      hotplug: () => Promise.resolve(),
-      hotplugMounted: () => Promise.resolve(new Set<string>()),
-      launcherRoot: () => Promise.resolve(undefined),
-      unplug: () => Promise.resolve(),
-      podNetwork: () => Promise.resolve(target),
-      adoptedPodNetwork: () => Promise.resolve(undefined),
-      releasePodNetwork: () => Promise.resolve(),
-    },
-    informer: {
-      addHandlers: () => {},
-      hasSynced: () => true,
-      waitForSync: () => Promise.resolve(),
-      get: (key: string) => cache.get(key),
-      list: () => [...cache.values()],
-    },
-    queue,
-    expectations: new Expectations(),
-    statusWriter: {
-      update: () => Promise.resolve({ written: false }),
-      removeFinalizer: () => Promise.resolve(false),
-    },
-    recorder: {
-      record: (_o: unknown, type: string, reason: string, message: string) => {
-        events.push(`${type} ${reason} ${message}`);
-        return Promise.resolve();
-      },
-    },
-    ghosts: {
-      get: () => undefined,
-      findByKey: () => [],
-      lastKnownUid: () => undefined,
-      delete: () => Promise.resolve(),
-    },
-    launchers: {
-      get: () => client,
-      getOrCreate: () => client,
-      state: () => Promise.resolve("responsive"),
-      isReady: () => Promise.resolve(true),
-      remove: () => {},
-      forgetMark: () => Promise.resolve(),
-    },
+  const { controller, cache, events, stop } = runningController({
+    uid: UID,
+    client,
+    provider: { podNetwork: () => Promise.resolve(target) },
     networks: {
-      addresses: () => Promise.resolve(new Map()),
-      teardown: () => Promise.resolve(),
       unplug: (
         _v: VirtualMachineInstance,
         t: unknown,
@@ -172,15 +116,7 @@ Deno.test("reconcile() of a running VMI builds the binding of an interface to pl
           : Promise.resolve();
       },
     },
-  } as unknown as ControllerDeps;
-  const controller = new VmiController(deps);
-  controller.domainEvent(
-    "ADDED",
-    newDomain({ namespace: "default", name: "vm1", uid: UID }, {
-      status: LifeCycle.Running,
-      reason: StateChangeReason.Unknown,
-    }),
-  );
+  });
   // The migrated domain is adopted; nothing to plug: no sync.
   cache.set("default/vm1", vmi([{ name: "default", infoSource: "domain" }]));
   await controller.reconcile("default/vm1");
@@ -217,5 +153,5 @@ Deno.test("reconcile() of a running VMI builds the binding of an interface to pl
   cache.set("default/vm1", vmi([{ name: "red", infoSource: "multus-status" }], "absent"));
   await controller.reconcile("default/vm1");
   assert.deepEqual(calls, ["unplug red:podb1f51a511f1 in /proc/1/ns/net"]);
-  queue.shutDown();
+  stop();
 });

@@ -5,14 +5,8 @@
  */
 import assert from "node:assert/strict";
 import type { VirtualMachineInstance } from "../../mod/api/mod.ts";
-import { LifeCycle, newDomain, StateChangeReason } from "../../mod/domain/mod.ts";
-import {
-  type ControllerDeps,
-  LimitedBackoff,
-  sriovInterfacesToPlug,
-  VmiController,
-} from "../../mod/handler/testing.ts";
-import { Expectations, WorkQueue } from "../../mod/kube/mod.ts";
+import { LimitedBackoff, sriovInterfacesToPlug } from "../../mod/handler/testing.ts";
+import { runningController } from "../helpers/controller_doubles.ts";
 
 const UID = "5a3c0e1e-0000-4000-8000-0000000000a1";
 
@@ -81,16 +75,8 @@ Deno.test("LimitedBackoff: at once, then 3 s growing by 1.8 up to 10 minutes, no
   assert.equal(b.ready(), false, "never again after 5 hours");
 });
 
-function running() {
-  return newDomain({ namespace: "default", name: "vm1", uid: UID }, {
-    status: LifeCycle.Running,
-    reason: StateChangeReason.Unknown,
-  });
-}
-
 Deno.test("reconcile() of a running VMI raises QEMU's memlock, then asks HotplugHostDevices, with backoff", async () => {
   const calls: string[] = [];
-  const cache = new Map<string, VirtualMachineInstance>();
   let now = 0;
   let lockFails = false;
   const client = {
@@ -103,23 +89,10 @@ Deno.test("reconcile() of a running VMI raises QEMU's memlock, then asks Hotplug
       return Promise.resolve();
     },
   };
-  const events: string[] = [];
-  const queue = new WorkQueue<string>();
-  const deps = {
-    nodeName: "node1",
+  const { controller, cache, events, stop } = runningController({
+    uid: UID,
+    client,
     provider: {
-      notReadyRequeueMs: 1_000,
-      socketOf: () => Promise.resolve("/s"),
-      start: () => Promise.resolve({ socket: "/s" }),
-      prepareDisks: () => Promise.resolve("ready"),
-      forLauncher: (v: VirtualMachineInstance) => v,
-      hotplug: () => Promise.resolve(),
-      hotplugMounted: () => Promise.resolve(new Set<string>()),
-      launcherRoot: () => Promise.resolve(undefined),
-      unplug: () => Promise.resolve(),
-      podNetwork: () => Promise.resolve(undefined),
-      adoptedPodNetwork: () => Promise.resolve(undefined),
-      releasePodNetwork: () => Promise.resolve(),
       lockQemuMemory: () => {
         calls.push("lockQemuMemory");
         return lockFails
@@ -127,48 +100,13 @@ Deno.test("reconcile() of a running VMI raises QEMU's memlock, then asks Hotplug
           : Promise.resolve({ pid: 9, bytes: 1 });
       },
     },
-    informer: {
-      addHandlers: () => {},
-      hasSynced: () => true,
-      waitForSync: () => Promise.resolve(),
-      get: (key: string) => cache.get(key),
-      list: () => [...cache.values()],
-    },
-    queue,
-    expectations: new Expectations(),
-    statusWriter: {
-      update: () => Promise.resolve({ written: false }),
-      removeFinalizer: () => Promise.resolve(false),
-    },
-    recorder: {
-      record: (_o: unknown, type: string, reason: string) => {
-        events.push(`${type} ${reason}`);
-        return Promise.resolve();
-      },
-    },
-    ghosts: {
-      get: () => undefined,
-      findByKey: () => [],
-      lastKnownUid: () => undefined,
-      delete: () => Promise.resolve(),
-    },
-    launchers: {
-      get: () => client,
-      getOrCreate: () => client,
-      state: () => Promise.resolve("responsive"),
-      isReady: () => Promise.resolve(true),
-      remove: () => {},
-      forgetMark: () => Promise.resolve(),
-    },
-    networks: { addresses: () => Promise.resolve(new Map()), teardown: () => Promise.resolve() },
-  } as unknown as ControllerDeps;
-  const controller = new VmiController({ ...deps, sriovClock: () => now });
+    sriovClock: () => now,
+  });
   const v = vmi([
     { name: "default", infoSource: "domain" },
     { name: "fast", infoSource: "multus-status" },
   ]);
   cache.set("default/vm1", v);
-  controller.domainEvent("ADDED", running());
   // The first sync adopts the running domain; the next ones plug.
   await controller.reconcile("default/vm1");
   calls.length = 0;
@@ -194,5 +132,5 @@ Deno.test("reconcile() of a running VMI raises QEMU's memlock, then asks Hotplug
   cache.set("default/vm1", vmi([{ name: "fast", infoSource: "domain, multus-status" }]));
   await controller.reconcile("default/vm1");
   assert.deepEqual(calls, []);
-  queue.shutDown();
+  stop();
 });

@@ -141,47 +141,61 @@ export async function readProcesses(procRoot = "/proc"): Promise<ProcessEntry[]>
 const QEMU_PREFIXES = ["qemu-system", "qemu-kvm"];
 
 /**
+ * Sets the limit `bytesOf` gives on the process `find` picks from the host's, for a VMI that
+ * pins its memory; undefined when it pins none or `find` picks none.
+ */
+async function adjust(
+  vmi: VirtualMachineInstance,
+  options: MemlockOptions,
+  find: (processes: ProcessEntry[]) => ProcessEntry | undefined,
+  bytesOf: (vmi: VirtualMachineInstance, ratio?: string) => number,
+): Promise<MemlockSet | undefined> {
+  if (!needsLockedMemory(vmi)) return undefined;
+  const found = find(await readProcesses(options.procRoot));
+  if (!found) return undefined;
+  const bytes = bytesOf(vmi, options.ratio);
+  setLimit(options, found.pid, bytes);
+  return { pid: found.pid, command: found.command, bytes };
+}
+
+/**
  * Sets virtqemud's limit for a VMI that pins its memory, before its domain is defined;
  * `launcherPid` is the launcher's (the process listening on its socket). Undefined when the
  * VMI does not pin memory or no virtqemud runs under the launcher yet (KubeVirt goes on then).
  */
-export async function adjustVirtqemudMemlock(
+export function adjustVirtqemudMemlock(
   vmi: VirtualMachineInstance,
   launcherPid: number,
   options: MemlockOptions = {},
 ): Promise<MemlockSet | undefined> {
-  if (!needsLockedMemory(vmi)) return undefined;
-  const processes = await readProcesses(options.procRoot);
-  const daemon = processes.find((p) => p.ppid === launcherPid && p.command === "virtqemud");
-  if (!daemon) return undefined;
-  const bytes = virtqemudMemlockBytes(vmi, options.ratio);
-  setLimit(options, daemon.pid, bytes);
-  return { pid: daemon.pid, command: daemon.command, bytes };
+  return adjust(
+    vmi,
+    options,
+    (processes) => processes.find((p) => p.ppid === launcherPid && p.command === "virtqemud"),
+    virtqemudMemlockBytes,
+  );
+}
+
+/** QEMU among the children of the launcher's parent; throws when there is none. */
+function qemuOf(processes: ProcessEntry[], launcherPid: number): ProcessEntry {
+  const launcher = processes.find((p) => p.pid === launcherPid);
+  if (!launcher) throw new Error(`no process ${launcherPid} (the launcher) found`);
+  const children = processes.filter((p) => p.ppid === launcher.ppid);
+  for (const prefix of QEMU_PREFIXES) {
+    const qemu = children.find((p) => p.command.startsWith(prefix));
+    if (qemu) return qemu;
+  }
+  throw new Error(`no QEMU process found under process ${launcher.ppid} child processes`);
 }
 
 /**
  * Sets QEMU's limit for a VMI that pins its memory (undefined when it does not). QEMU is a
  * child of the launcher's parent. Throws when the launcher or its QEMU cannot be found.
  */
-export async function adjustQemuMemlock(
+export function adjustQemuMemlock(
   vmi: VirtualMachineInstance,
   launcherPid: number,
   options: MemlockOptions = {},
 ): Promise<MemlockSet | undefined> {
-  if (!needsLockedMemory(vmi)) return undefined;
-  const processes = await readProcesses(options.procRoot);
-  const launcher = processes.find((p) => p.pid === launcherPid);
-  if (!launcher) throw new Error(`no process ${launcherPid} (the launcher) found`);
-  const children = processes.filter((p) => p.ppid === launcher.ppid);
-  let qemu: ProcessEntry | undefined;
-  for (const prefix of QEMU_PREFIXES) {
-    qemu = children.find((p) => p.command.startsWith(prefix));
-    if (qemu) break;
-  }
-  if (!qemu) {
-    throw new Error(`no QEMU process found under process ${launcher.ppid} child processes`);
-  }
-  const bytes = qemuMemlockBytes(vmi, options.ratio);
-  setLimit(options, qemu.pid, bytes);
-  return { pid: qemu.pid, command: qemu.command, bytes };
+  return adjust(vmi, options, (processes) => qemuOf(processes, launcherPid), qemuMemlockBytes);
 }
