@@ -772,41 +772,25 @@ export class VmiController extends KeyedController {
   }
 
   /**
-   * KubeVirt mode: the bindings of the interfaces to plug into the running VMI are built in
-   * its pod (those built already, as on a migration target, are left as they are). A failure
-   * is a Warning Event and the sync goes on, as in virt-handler.
+   * KubeVirt mode, as virt-handler's `setupNetwork` of a running VMI (nic_hotplug.ts): the
+   * bindings of interfaces to plug are built in its pod (those built already, as on a
+   * migration target, are left as they are), and those of absent interfaces the domain let
+   * go of are taken down. A failure is a `NicHotplug` Warning Event and the sync goes on.
    */
-  async #plugNetworks(vmi: VirtualMachineInstance, names: string[]): Promise<void> {
-    try {
-      const target = await this.#d.provider.podNetwork(vmi);
-      if (!target) throw new Error("the VMI's launcher pod cannot be looked into yet");
-      await this.#d.networks.setup(vmi, target, new Set(names));
-    } catch (error) {
-      this.record(vmi, "Warning", "NicHotplug", describe(error));
-      log.warn("Cannot build the network of interfaces to plug: {error}", {
-        key: vmiKey(vmi.metadata),
-        interfaces: names,
-        error,
-      });
-    }
-  }
-
-  /**
-   * KubeVirt mode: the bindings of absent interfaces the domain let go of are taken down in
-   * the pod (nic_hotplug.ts); a failure is a Warning Event, as in virt-handler.
-   */
-  async #unplugNetworks(vmi: VirtualMachineInstance): Promise<void> {
+  async #liveUpdateNetworks(vmi: VirtualMachineInstance, toPlug: string[]): Promise<void> {
     const gone = interfacesToUnplug(vmi);
-    if (gone.length === 0) return;
+    if (toPlug.length === 0 && gone.length === 0) return;
     try {
       const target = await this.#d.provider.podNetwork(vmi);
       if (!target) throw new Error("the VMI's launcher pod cannot be looked into yet");
-      await this.#d.networks.unplug(vmi, target, gone);
+      if (toPlug.length > 0) await this.#d.networks.setup(vmi, target, new Set(toPlug));
+      if (gone.length > 0) await this.#d.networks.unplug(vmi, target, gone);
     } catch (error) {
       this.record(vmi, "Warning", "NicHotplug", describe(error));
-      log.warn("Cannot take down the network of unplugged interfaces: {error}", {
+      log.warn("Cannot change the networks of the running VMI: {error}", {
         key: vmiKey(vmi.metadata),
-        interfaces: gone.map((g) => g.name),
+        plug: toPlug,
+        unplug: gone.map((g) => g.name),
         error,
       });
     }
@@ -895,10 +879,9 @@ export class VmiController extends KeyedController {
         if (path) await client.virtualMachineMemoryDump(vmi, path);
       }
     }
-    if (alive && toPlug.length > 0 && this.#synced.get(uid) !== spec) {
-      await this.#plugNetworks(vmi, toPlug);
+    if (alive && !this.#d.standIn) {
+      await this.#liveUpdateNetworks(vmi, this.#synced.get(uid) !== spec ? toPlug : []);
     }
-    if (alive && !this.#d.standIn) await this.#unplugNetworks(vmi);
     if (alive && this.#d.standIn) await this.#hotplugInPlace(vmi, client);
     if (alive && !this.#d.standIn) await this.#hotplugSriov(vmi, client);
     if (alive && this.#synced.get(uid) === spec) {

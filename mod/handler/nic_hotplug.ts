@@ -17,11 +17,7 @@
  */
 import type { VirtualMachineInstance } from "../api/mod.ts";
 import { hashedPodInterfaceName, isLinkName } from "../network/mod.ts";
-import { INFO_SOURCE_MULTUS } from "./status.ts";
-
-function tags(infoSource: string | undefined): string[] {
-  return infoSource ? infoSource.split(", ") : [];
-}
+import { hasInfoSource, INFO_SOURCE_MULTUS } from "./status.ts";
 
 /**
  * The names of the VMI's interfaces to plug: not `absent`, with `multus-status` and without
@@ -36,9 +32,8 @@ export function interfacesToPlug(vmi: VirtualMachineInstance): string[] {
   );
   const networks = new Set((vmi.spec.networks ?? []).map((n) => n.name));
   return (vmi.status?.interfaces ?? []).flatMap((s) => {
-    const t = tags(s.infoSource);
     return s.name && present.has(s.name) && networks.has(s.name) &&
-        t.includes(INFO_SOURCE_MULTUS) && !t.includes("domain")
+        hasInfoSource(s.infoSource, INFO_SOURCE_MULTUS) && !hasInfoSource(s.infoSource, "domain")
       ? [s.name]
       : [];
   });
@@ -65,7 +60,7 @@ export function interfacesToUnplug(vmi: VirtualMachineInstance): InterfaceToUnpl
   return (vmi.spec.networks ?? []).flatMap((network) => {
     if (!absent.has(network.name) || network.multus == null) return [];
     const entry = (vmi.status?.interfaces ?? []).find((s) => s.name === network.name);
-    if (!entry || tags(entry.infoSource).includes("domain")) return [];
+    if (!entry || hasInfoSource(entry.infoSource, "domain")) return [];
     const reported = entry.podInterfaceName;
     return [{
       name: network.name,

@@ -11,7 +11,7 @@
  * @module
  */
 import type { VirtualMachineInstance } from "../api/mod.ts";
-import { INFO_SOURCE_MULTUS } from "./status.ts";
+import { hasInfoSource, INFO_SOURCE_MULTUS } from "./status.ts";
 
 const FIRST_STEP_MS = 3_000;
 const FACTOR = 1.8;
@@ -45,10 +45,6 @@ export class LimitedBackoff {
   }
 }
 
-function tags(infoSource: string | undefined): string[] {
-  return infoSource ? infoSource.split(", ") : [];
-}
-
 /**
  * Whether the VMI has SR-IOV interfaces Multus reported in its pod that its domain does not
  * have yet: those with `multus-status` outnumber those with both it and `domain`.
@@ -59,8 +55,8 @@ export function sriovInterfacesToPlug(vmi: VirtualMachineInstance): boolean {
   );
   if (sriov.size === 0) return false;
   const entries = (vmi.status?.interfaces ?? []).filter((s) => s.name && sriov.has(s.name));
-  const reported = entries.filter((s) => tags(s.infoSource).includes(INFO_SOURCE_MULTUS));
-  const attached = reported.filter((s) => tags(s.infoSource).includes("domain"));
+  const reported = entries.filter((s) => hasInfoSource(s.infoSource, INFO_SOURCE_MULTUS));
+  const attached = reported.filter((s) => hasInfoSource(s.infoSource, "domain"));
   return reported.length !== attached.length;
 }
 

@@ -260,6 +260,11 @@ function familyOfAddress(address: string): 4 | 6 {
 /** KubeVirt's `infoSource` tag of an interface that Multus reported on the launcher pod. */
 export const INFO_SOURCE_MULTUS = "multus-status";
 
+/** Whether an `infoSource` has `tag` (KubeVirt's tags are joined with ", "). */
+export function hasInfoSource(infoSource: string | undefined, tag: string): boolean {
+  return infoSource ? infoSource.split(", ").includes(tag) : false;
+}
+
 /** `infoSource` with `tag` added once (KubeVirt's tags are joined with ", "). */
 function addInfoSource(infoSource: string | undefined, tag: string): string {
   const tags = infoSource ? infoSource.split(", ") : [];
@@ -354,7 +359,7 @@ export function interfacesFromDomain(
     ordered.push(entry);
   }
   for (const reported of sources.previous ?? []) {
-    if (!reported.name || !reported.infoSource?.split(", ").includes(INFO_SOURCE_MULTUS)) continue;
+    if (!reported.name || !hasInfoSource(reported.infoSource, INFO_SOURCE_MULTUS)) continue;
     const entry = ordered.find((e) => e.name === reported.name);
     if (entry) {
       entry.infoSource = addInfoSource(entry.infoSource, INFO_SOURCE_MULTUS);
